@@ -1,0 +1,69 @@
+"""Pipelined chain algorithms rooted at one rank: broadcast flows down the chain, reduce flows up it."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .base import Call, Schedule, Steps, split
+from .registry import register
+
+
+@register(
+    "broadcast",
+    "chain",
+    "Pipelined chain from the root: each rank forwards chunk k while chunk k+1 arrives.",
+    steps="p-1 + chunks",
+    bytes="n",
+)
+def broadcast_chain(st: Steps, call: Call) -> Schedule:
+    assert call.recv is not None
+    p, r = st.size, st.rank
+    if p == 1:
+        return
+    pos = (r - call.root) % p
+    prev, nxt = (r - 1) % p, (r + 1) % p
+    pieces = split(call.recv, st.num_chunks(call.recv.nbytes))
+    if pos == 0:
+        yield tuple(st.send(nxt, piece) for piece in pieces)
+        return
+    sends = []
+    for req, piece in [(st.recv(prev, piece), piece) for piece in pieces]:
+        yield (req,)
+        if pos < p - 1:
+            sends.append(st.send(nxt, piece))
+    yield tuple(sends)
+
+
+@register(
+    "reduce",
+    "chain",
+    "Pipelined chain towards the root: each rank reduces chunk k into its running sum and passes it on.",
+    steps="p-1 + chunks",
+    bytes="n",
+)
+def reduce_chain(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.op is not None
+    p, r = st.size, st.rank
+    pos = (r - call.root) % p
+    at_root = pos == 0
+    acc = call.recv if at_root else st.mem.scratch(call.send.shape[0], call.dtype)
+    assert acc is not None
+    if p > 1:
+        toward_root, away = (r - 1) % p, (r + 1) % p
+        k = st.num_chunks(call.send.nbytes)
+        ins = split(call.send, k)
+        if pos == p - 1:  # the far end starts the chain with its own data
+            yield tuple(st.send(toward_root, piece) for piece in ins)
+            return
+        outs = split(acc, k)
+        pending = deque(st.recv_reduce(away, ins[c], outs[c], call.op) for c in range(k))
+        sends = []
+        for c in range(k):
+            yield (pending.popleft(),)
+            if not at_root:
+                sends.append(st.send(toward_root, outs[c]))
+        yield tuple(sends)
+    else:
+        st.mem.copy(acc, call.send)
+    if at_root and call.op.averages:
+        st.mem.scale(acc, p)

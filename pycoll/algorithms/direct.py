@@ -1,0 +1,80 @@
+"""Direct algorithms, where every rank talks to its peers at once: gather, scatter, alltoall, barrier."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Call, Schedule, Steps
+from .registry import register
+
+
+_EMPTY = np.empty(0, np.uint8)
+
+
+@register("gather", "linear", "The root receives every rank's block directly.", steps="1", bytes="(p-1)/p · n at the root")
+def gather_linear(st: Steps, call: Call) -> Schedule:
+    p, r = st.size, st.rank
+    if r != call.root:
+        assert call.send is not None
+        yield (st.send(call.root, call.send),)
+        return
+    assert call.recv is not None
+    blocks = [call.recv[d : d + c] for c, d in zip(call.counts, call.displs)]
+    yield tuple(st.recv(i, blocks[i]) for i in range(p) if i != r)
+    if not call.in_place:
+        assert call.send is not None
+        st.mem.copy(blocks[r], call.send)
+
+
+@register("scatter", "linear", "The root sends every rank its block directly.", steps="1", bytes="(p-1)/p · n at the root")
+def scatter_linear(st: Steps, call: Call) -> Schedule:
+    p, r = st.size, st.rank
+    if r != call.root:
+        assert call.recv is not None
+        yield (st.recv(call.root, call.recv),)
+        return
+    assert call.send is not None
+    blocks = [call.send[d : d + c] for c, d in zip(call.counts, call.displs)]
+    yield tuple(st.send(i, blocks[i]) for i in range(p) if i != r)
+    if not call.in_place:
+        assert call.recv is not None
+        st.mem.copy(call.recv, blocks[r])
+
+
+@register(
+    "alltoall",
+    "pairwise",
+    "At step s each rank sends to rank+s and receives from rank-s; all steps are posted at once.",
+    steps="p-1",
+    bytes="(p-1)/p · n",
+)
+def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None
+    p, r = st.size, st.rank
+    source = call.send
+    if call.in_place:  # blocks are overwritten while they are still to be sent: send from a copy
+        source = st.mem.scratch(call.send.shape[0], call.dtype)
+        st.mem.copy(source, call.send)
+    out = [call.recv[d : d + c] for c, d in zip(call.counts, call.displs)]
+    inp = [source[d : d + c] for c, d in zip(call.send_counts, call.send_displs)]
+    reqs = []
+    for s in range(1, p):
+        reqs.append(st.recv((r - s) % p, out[(r - s) % p]))
+        reqs.append(st.send((r + s) % p, inp[(r + s) % p]))
+    yield tuple(reqs)
+    st.mem.copy(out[r], inp[r])
+
+
+@register(
+    "barrier",
+    "dissemination",
+    "Dissemination barrier: in round k each rank signals rank+2^k and waits for rank-2^k.",
+    steps="ceil(log2 p)",
+    bytes="0",
+)
+def barrier_dissemination(st: Steps, call: Call) -> Schedule:
+    p, r = st.size, st.rank
+    distance = 1
+    while distance < p:  # messages carry no payload
+        yield (st.send((r + distance) % p, _EMPTY), st.recv((r - distance) % p, _EMPTY))
+        distance *= 2

@@ -1,0 +1,720 @@
+"""The communicator: mpi4py's buffer and object API, argument checks, and dispatch to algorithms."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import struct
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from . import buffers, datatypes
+from . import ops as _ops
+from .algorithms import Call, Steps, select
+from .buffers import IN_PLACE, Buf, VBuf
+from .errors import InvalidArgumentError, PycollError
+from .memory import backend
+from .ops import Op
+from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
+from .request import Request, Status
+from .runtime import Runtime
+
+UNDEFINED = -32766
+
+# Collective kinds as they travel in message headers (append only).
+_KINDS = {
+    "allreduce": 1,
+    "reduce_scatter": 2,
+    "allgather": 3,
+    "broadcast": 4,
+    "reduce": 5,
+    "alltoall": 6,
+    "gather": 7,
+    "scatter": 8,
+    "barrier": 9,
+}
+_KIND_NAMES = {v: k for k, v in _KINDS.items()}
+_WORLD_CTX = 2
+
+
+def _describe(sig: Sig) -> str:
+    name = _KIND_NAMES.get(sig.kind, f"kind {sig.kind}")
+    parts = []
+    if sig.count:
+        parts.append(f"count={sig.count}")
+    if sig.dtype:
+        parts.append(f"dtype={datatypes.from_code(sig.dtype).name}")
+    if sig.op:
+        parts.append(f"op={_ops.BY_CODE[sig.op].name}")
+    if name in ("broadcast", "reduce", "gather", "scatter"):
+        parts.append(f"root={sig.root}")
+    if sig.vhash:
+        parts.append(f"counts#{sig.vhash & 0xFFFF:04x}")
+    return f"{name}({', '.join(parts)})"
+
+
+def _vhash(values: Sequence[int]) -> int:
+    digest = hashlib.blake2b(struct.pack(f"<{len(values)}q", *values), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def _child_ctx(parent: int, counter: int, tag: Any) -> int:
+    digest = hashlib.blake2b(repr((parent, counter, tag)).encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "little") & ~1) % ((1 << 63) - 2) + 4  # even, never the world or control ctx
+
+
+class Comm:
+    """An intracommunicator: a group of ranks with its own message contexts and timeout."""
+
+    def __init__(self, runtime: Runtime, world_ranks: list[int], ctx: int, name: str) -> None:
+        self._rt = runtime
+        self._engine = runtime.engine
+        self._world = world_ranks
+        self._to_comm = {w: i for i, w in enumerate(world_ranks)}
+        self._rank = self._to_comm[runtime.rank]
+        self._size = len(world_ranks)
+        self._ctx = ctx  # even: point-to-point; ctx | 1: collectives
+        self._seq = 0
+        self._children = 0
+        self._freed = False
+        self._name = name
+        self.timeout: float = runtime.timeout
+
+    # ---- identity --------------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return self._rank
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._size
+
+    def Get_name(self) -> str:  # noqa: N802
+        return self._name
+
+    def Set_name(self, name: str) -> None:  # noqa: N802
+        self._name = name
+
+    def Is_inter(self) -> bool:  # noqa: N802
+        return False
+
+    def Is_intra(self) -> bool:  # noqa: N802
+        return True
+
+    def world_to_comm(self, world_rank: int) -> int:
+        """This communicator's rank for a world rank (unchanged if not a member)."""
+        return self._to_comm.get(world_rank, world_rank)
+
+    def world_rank(self, rank: int) -> int:
+        """The world rank of one of this communicator's ranks."""
+        return self._world[rank]
+
+    def __repr__(self) -> str:
+        return f"<pycoll.Comm {self._name} rank {self._rank}/{self._size}>"
+
+    # ---- plumbing --------------------------------------------------------------------------
+    def _live(self, opname: str) -> None:
+        if self._freed:
+            raise InvalidArgumentError("the communicator was freed", op=opname, rank=self._rank)
+        err = self._engine.broken(self._ctx)
+        if err is not None:
+            from .errors import CommunicatorBrokenError
+
+            raise CommunicatorBrokenError(
+                f"an earlier failure broke this communicator: {err}", op=opname, rank=self._rank
+            )
+
+    def _owner(self, opname: str, ctx: int) -> Owner:
+        return Owner(opname, ctx, self._rank, self._to_comm.__getitem__, self._world, _describe)
+
+    def _check_root(self, root: int, opname: str) -> int:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self._size:
+            raise InvalidArgumentError(f"root {root!r} is not a rank of this {self._size}-rank communicator", op=opname, rank=self._rank)
+        return int(root)
+
+    def _check_op(self, op: Any, dtype: np.dtype, opname: str) -> Op:
+        try:
+            resolved = _ops.resolve(op)
+        except TypeError as exc:
+            raise InvalidArgumentError(str(exc), op=opname, rank=self._rank) from None
+        reason = resolved.check(dtype)
+        if reason:
+            raise InvalidArgumentError(reason, op=opname, rank=self._rank)
+        return resolved
+
+    def _sig(self, call: Call, count: int = 0, vhash: int = 0, op: Optional[Op] = None) -> Sig:
+        code = datatypes.from_numpy(call.dtype).code if call.coll != "barrier" else 0
+        return Sig(_KINDS[call.coll], code, op.code if op else 0, call.root, count, vhash)
+
+    def _schedule(self, label: str, call: Call, sig: Sig) -> Schedule:
+        """Number the call, pick the algorithm and start it."""
+        self._live(label)
+        self._seq += 1
+        opname = f"{label} #{self._seq}"
+        owner = self._owner(opname, self._ctx | 1)
+        steps = Steps(
+            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host")
+        )
+        algo = select(call, self._size)
+        return self._engine.start(Schedule(algo.run(steps, call), owner))
+
+    def _finish(self, sched: Schedule) -> None:
+        try:
+            self._engine.wait_schedule(sched, self.timeout)
+        except PycollError:
+            raise
+        if sched.error is not None:
+            self._engine.abort(sched.owner, sched.error)
+            raise sched.error
+
+    def _run(self, label: str, call: Call, sig: Sig) -> None:
+        self._finish(self._schedule(label, call, sig))
+
+    def _start(self, label: str, call: Call, sig: Sig) -> Request:
+        sched = self._schedule(label, call, sig)
+        return Request(self._engine, self, schedule=sched)
+
+    # ---- argument resolution -----------------------------------------------------------------
+    def _recv(self, spec: Any, opname: str) -> Buf:
+        if spec is IN_PLACE:
+            raise InvalidArgumentError("MPI.IN_PLACE is not allowed as the receive buffer here", op=opname, rank=self._rank)
+        return buffers.parse(spec, "recvbuf", opname, writable=True)
+
+    def _send(self, spec: Any, opname: str) -> Buf:
+        if spec is IN_PLACE:
+            raise InvalidArgumentError("MPI.IN_PLACE is not allowed as the send buffer here", op=opname, rank=self._rank)
+        return buffers.parse(spec, "sendbuf", opname)
+
+    def _same_type(self, a: np.dtype, b: np.dtype, opname: str) -> None:
+        if a != b:
+            raise InvalidArgumentError(f"sendbuf holds {a.name} but recvbuf holds {b.name}", op=opname, rank=self._rank)
+
+    def _distinct(self, send: np.ndarray, recv: np.ndarray, opname: str) -> None:
+        if buffers.overlaps(send, recv):
+            raise InvalidArgumentError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE instead", op=opname, rank=self._rank)
+
+    def _whole(self, count: int, parts: int, what: str, opname: str) -> int:
+        if count % parts:
+            raise InvalidArgumentError(f"{what} has {count} elements, not a multiple of {parts} ranks", op=opname, rank=self._rank)
+        return count // parts
+
+    # ---- reductions ----------------------------------------------------------------------------
+    def _allreduce_call(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Call, Sig]:
+        name = "Allreduce"
+        recv = self._recv(recvbuf, name)
+        if sendbuf is IN_PLACE:
+            send = recv
+        else:
+            send = self._send(sendbuf, name)
+            self._same_type(send.dtype, recv.dtype, name)
+            if send.count != recv.count:
+                raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf {recv.count}", op=name, rank=self._rank)
+            self._distinct(send.array, recv.array, name)
+        o = self._check_op(op, recv.dtype, name)
+        call = Call("allreduce", recv.dtype, send.array, recv.array, o, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, recv.count, op=o)
+
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
+        self._run("Allreduce", *self._allreduce_call(sendbuf, recvbuf, op))
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
+        return self._start("Iallreduce", *self._allreduce_call(sendbuf, recvbuf, op))
+
+    def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
+        name = "Reduce"
+        root = self._check_root(root, name)
+        at_root = self._rank == root
+        if sendbuf is IN_PLACE:
+            if not at_root:
+                raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
+            recv = self._recv(recvbuf, name)
+            send = recv
+        else:
+            send = self._send(sendbuf, name)
+            recv = self._recv(recvbuf, name) if at_root else None
+            if recv is not None:
+                self._same_type(send.dtype, recv.dtype, name)
+                if recv.count != send.count:
+                    raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf {recv.count}", op=name, rank=self._rank)
+                self._distinct(send.array, recv.array, name)
+        o = self._check_op(op, send.dtype, name)
+        call = Call("reduce", send.dtype, send.array, recv.array if recv else None, o, root=root, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, send.count, op=o)
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> None:  # noqa: N802
+        self._run("Reduce", *self._reduce_call(sendbuf, recvbuf, op, root))
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Ireduce", *self._reduce_call(sendbuf, recvbuf, op, root))
+
+    def _reduce_scatter_call(
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]], op: Any, name: str
+    ) -> tuple[Call, Sig]:
+        recv = self._recv(recvbuf, name)
+        if recvcounts is None:  # Reduce_scatter_block: every rank gets recvbuf's count
+            if sendbuf is IN_PLACE:
+                each = self._whole(recv.count, self._size, "recvbuf (in place)", name)
+            else:
+                each = recv.count
+            counts = [each] * self._size
+        else:
+            try:
+                counts = [int(c) for c in recvcounts]
+            except TypeError:
+                raise InvalidArgumentError("recvcounts must be a sequence of integers", op=name, rank=self._rank) from None
+            if len(counts) != self._size or min(counts, default=0) < 0:
+                raise InvalidArgumentError(
+                    f"recvcounts needs {self._size} non-negative entries, got {list(counts)}", op=name, rank=self._rank
+                )
+        total = sum(counts)
+        if sendbuf is IN_PLACE:
+            if recv.count < total:
+                raise InvalidArgumentError(f"in place, recvbuf needs {total} elements, has {recv.count}", op=name, rank=self._rank)
+            send_arr = recv.array[:total]
+        else:
+            send = self._send(sendbuf, name)
+            self._same_type(send.dtype, recv.dtype, name)
+            if send.count != total:
+                raise InvalidArgumentError(f"sendbuf needs {total} elements (sum of recvcounts), has {send.count}", op=name, rank=self._rank)
+            if recv.count < counts[self._rank]:
+                raise InvalidArgumentError(f"recvbuf needs {counts[self._rank]} elements, has {recv.count}", op=name, rank=self._rank)
+            self._distinct(send.array, recv.array, name)
+            send_arr = send.array
+        o = self._check_op(op, recv.dtype, name)
+        call = Call("reduce_scatter", recv.dtype, send_arr, recv.array, o, counts=counts, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, total, _vhash(counts), op=o)
+
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
+        self._run("Reduce_scatter_block", *self._reduce_scatter_call(sendbuf, recvbuf, None, op, "Reduce_scatter_block"))
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
+        return self._start(
+            "Ireduce_scatter_block", *self._reduce_scatter_call(sendbuf, recvbuf, None, op, "Ireduce_scatter_block")
+        )
+
+    def Reduce_scatter(  # noqa: N802
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
+    ) -> None:
+        if recvcounts is None:
+            recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
+        self._run("Reduce_scatter", *self._reduce_scatter_call(sendbuf, recvbuf, recvcounts, op, "Reduce_scatter"))
+
+    def Ireduce_scatter(  # noqa: N802
+        self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
+    ) -> Request:
+        if recvcounts is None:
+            recvcounts = self._gather_counts(recvbuf, "Ireduce_scatter")
+        return self._start("Ireduce_scatter", *self._reduce_scatter_call(sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter"))
+
+    def _gather_counts(self, recvbuf: Any, name: str) -> list[int]:
+        """Without recvcounts, each rank's recvbuf size is its count (one extra allgather)."""
+        mine = np.array([self._recv(recvbuf, name).count], np.int64)
+        counts = np.empty(self._size, np.int64)
+        self.Allgather(mine, counts)
+        return [int(c) for c in counts]
+
+    # ---- data movement -------------------------------------------------------------------------
+    def _bcast_call(self, buf: Any, root: int) -> tuple[Call, Sig]:
+        name = "Bcast"
+        root = self._check_root(root, name)
+        b = buffers.parse(buf, "buf", name, writable=self._rank != root)
+        call = Call("broadcast", b.dtype, recv=b.array, root=root)
+        return call, self._sig(call, b.count)
+
+    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+        self._run("Bcast", *self._bcast_call(buf, root))
+
+    def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Ibcast", *self._bcast_call(buf, root))
+
+    def _allgather_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
+        name = "Allgatherv" if vector else "Allgather"
+        if vector:
+            rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
+        else:
+            r = self._recv(recvbuf, name)
+            each = self._whole(r.count, self._size, "recvbuf", name)
+            rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
+        mine = rv.counts[self._rank]
+        send_arr = None
+        if sendbuf is not IN_PLACE:
+            s = self._send(sendbuf, name)
+            self._same_type(s.dtype, rv.dtype, name)
+            if s.count != mine:
+                raise InvalidArgumentError(f"sendbuf has {s.count} elements, recvbuf expects {mine} from this rank", op=name, rank=self._rank)
+            self._distinct(s.array, rv.array, name)
+            send_arr = s.array
+        call = Call("allgather", rv.dtype, send_arr, rv.array, counts=rv.counts, displs=rv.displs, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._run("Allgather", *self._allgather_call(sendbuf, recvbuf, False))
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._start("Iallgather", *self._allgather_call(sendbuf, recvbuf, False))
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._run("Allgatherv", *self._allgather_call(sendbuf, recvbuf, True))
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._start("Iallgatherv", *self._allgather_call(sendbuf, recvbuf, True))
+
+    def _gather_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
+        name = "Gatherv" if vector else "Gather"
+        root = self._check_root(root, name)
+        at_root = self._rank == root
+        if sendbuf is IN_PLACE and not at_root:
+            raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
+        send = None if sendbuf is IN_PLACE else self._send(sendbuf, name)
+        recv_arr, counts, displs = None, [], []
+        dtype = send.dtype if send is not None else None
+        if at_root:
+            if vector:
+                rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
+            else:
+                r = self._recv(recvbuf, name)
+                each = self._whole(r.count, self._size, "recvbuf", name)
+                rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
+            recv_arr, counts, displs, dtype = rv.array, rv.counts, rv.displs, rv.dtype
+            if send is not None:
+                self._same_type(send.dtype, rv.dtype, name)
+                if send.count != counts[root]:
+                    raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf expects {counts[root]}", op=name, rank=self._rank)
+                self._distinct(send.array, rv.array, name)
+        assert dtype is not None
+        call = Call(
+            "gather", dtype, send.array if send else None, recv_arr, root=root, counts=counts, displs=displs, in_place=send is None
+        )
+        return call, self._sig(call)
+
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        self._run("Gather", *self._gather_call(sendbuf, recvbuf, root, False))
+
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Igather", *self._gather_call(sendbuf, recvbuf, root, False))
+
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        self._run("Gatherv", *self._gather_call(sendbuf, recvbuf, root, True))
+
+    def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
+        name = "Scatterv" if vector else "Scatter"
+        root = self._check_root(root, name)
+        at_root = self._rank == root
+        if recvbuf is IN_PLACE and not at_root:
+            raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
+        recv = None if recvbuf is IN_PLACE else buffers.parse(recvbuf, "recvbuf", name, writable=True)
+        send_arr, counts, displs = None, [], []
+        dtype = recv.dtype if recv is not None else None
+        if at_root:
+            if vector:
+                sv = buffers.parse_vector(sendbuf, "sendbuf", name, self._size)
+            else:
+                s = self._send(sendbuf, name)
+                each = self._whole(s.count, self._size, "sendbuf", name)
+                sv = VBuf(s.array, s.dtype, [each] * self._size, [i * each for i in range(self._size)])
+            send_arr, counts, displs, dtype = sv.array, sv.counts, sv.displs, sv.dtype
+            if recv is not None:
+                self._same_type(sv.dtype, recv.dtype, name)
+                if recv.count != counts[root]:
+                    raise InvalidArgumentError(f"recvbuf has {recv.count} elements, sendbuf gives {counts[root]}", op=name, rank=self._rank)
+                self._distinct(sv.array, recv.array, name)
+        assert dtype is not None
+        call = Call(
+            "scatter", dtype, send_arr, recv.array if recv else None, root=root, counts=counts, displs=displs, in_place=recv is None
+        )
+        return call, self._sig(call)
+
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        self._run("Scatter", *self._scatter_call(sendbuf, recvbuf, root, False))
+
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Iscatter", *self._scatter_call(sendbuf, recvbuf, root, False))
+
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
+        self._run("Scatterv", *self._scatter_call(sendbuf, recvbuf, root, True))
+
+    def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
+        name = "Alltoallv" if vector else "Alltoall"
+        p = self._size
+        if vector:
+            rv = buffers.parse_vector(recvbuf, "recvbuf", name, p, writable=True)
+            sv = rv if sendbuf is IN_PLACE else buffers.parse_vector(sendbuf, "sendbuf", name, p)
+        else:
+            r = self._recv(recvbuf, name)
+            each = self._whole(r.count, p, "recvbuf", name)
+            rv = VBuf(r.array, r.dtype, [each] * p, [i * each for i in range(p)])
+            if sendbuf is IN_PLACE:
+                sv = rv
+            else:
+                s = self._send(sendbuf, name)
+                if s.count != r.count:
+                    raise InvalidArgumentError(f"sendbuf has {s.count} elements, recvbuf {r.count}", op=name, rank=self._rank)
+                sv = VBuf(s.array, s.dtype, rv.counts, rv.displs)
+        if sv is not rv:
+            self._same_type(sv.dtype, rv.dtype, name)
+            self._distinct(sv.array, rv.array, name)
+        call = Call(
+            "alltoall",
+            rv.dtype,
+            sv.array,
+            rv.array,
+            counts=rv.counts,
+            displs=rv.displs,
+            send_counts=sv.counts,
+            send_displs=sv.displs,
+            in_place=sendbuf is IN_PLACE,
+        )
+        return call, self._sig(call, 0 if vector else rv.counts[0])
+
+    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._run("Alltoall", *self._alltoall_call(sendbuf, recvbuf, False))
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._start("Ialltoall", *self._alltoall_call(sendbuf, recvbuf, False))
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._run("Alltoallv", *self._alltoall_call(sendbuf, recvbuf, True))
+
+    def _barrier_call(self) -> tuple[Call, Sig]:
+        call = Call("barrier", np.dtype(np.uint8))
+        return call, self._sig(call)
+
+    def Barrier(self) -> None:  # noqa: N802
+        self._run("Barrier", *self._barrier_call())
+
+    def Ibarrier(self) -> Request:  # noqa: N802
+        return self._start("Ibarrier", *self._barrier_call())
+
+    # ---- point-to-point ------------------------------------------------------------------------
+    def _peer(self, peer: int, opname: str, allow_any: bool) -> int:
+        if peer == PROC_NULL or (allow_any and peer == ANY_SOURCE):
+            return peer
+        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
+            raise InvalidArgumentError(f"rank {peer!r} is not in this {self._size}-rank communicator", op=opname, rank=self._rank)
+        return self._world[int(peer)]
+
+    def _tag(self, tag: int, opname: str, allow_any: bool) -> int:
+        if not isinstance(tag, (int, np.integer)) or (tag < 0 and not (allow_any and tag == ANY_TAG)):
+            raise InvalidArgumentError(f"tag {tag!r} must be a non-negative integer", op=opname, rank=self._rank)
+        return int(tag)
+
+    def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Request:
+        self._live(opname)
+        peer = self._peer(dest, opname, False)
+        tag = self._tag(tag, opname, False)
+        if peer == PROC_NULL:
+            return Request.completed()
+        owner = self._owner(f"{opname}(dest={dest}, tag={tag})", self._ctx)
+        req = self._engine.isend(peer, arr, self._ctx, tag, P2P_SIG, owner)
+        return Request(self._engine, self, p2p=req)
+
+    def _irecv_array(
+        self, arr: Optional[np.ndarray], source: int, tag: int, opname: str, finish: Optional[Callable] = None
+    ) -> Request:
+        self._live(opname)
+        peer = self._peer(source, opname, True)
+        tag = self._tag(tag, opname, True)
+        if peer == PROC_NULL:
+            return Request.completed(Status(PROC_NULL, ANY_TAG, 0))
+        owner = self._owner(f"{opname}(source={source}, tag={tag})", self._ctx)
+        req = self._engine.irecv(peer, arr, self._ctx, tag, None, owner)
+        return Request(self._engine, self, p2p=req, finish=finish)
+
+    def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        return self._isend_array(buffers.parse(buf, "buf", "Isend").array, dest, tag, "Isend")
+
+    def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        self._isend_array(buffers.parse(buf, "buf", "Send").array, dest, tag, "Send").Wait()
+
+    Ssend = Send
+    Rsend = Send
+    Bsend = Send
+
+    def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
+        return self._irecv_array(buffers.parse(buf, "buf", "Irecv", writable=True).array, source, tag, "Irecv")
+
+    def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
+        self._irecv_array(buffers.parse(buf, "buf", "Recv", writable=True).array, source, tag, "Recv").Wait(status)
+
+    def Sendrecv(  # noqa: N802
+        self,
+        sendbuf: Any,
+        dest: int,
+        sendtag: int = 0,
+        recvbuf: Any = None,
+        source: int = ANY_SOURCE,
+        recvtag: int = ANY_TAG,
+        status: Optional[Status] = None,
+    ) -> None:
+        rreq = self.Irecv(recvbuf, source, recvtag)
+        sreq = self.Isend(sendbuf, dest, sendtag)
+        Request.Waitall([rreq, sreq], [status, None] if status is not None else None)
+
+    # ---- Python objects (pickle) ---------------------------------------------------------------
+    @staticmethod
+    def _dumps(obj: Any) -> np.ndarray:
+        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+
+    @staticmethod
+    def _loads(data: np.ndarray) -> Any:
+        return pickle.loads(data.tobytes())
+
+    def _allgather_bytes(self, data: np.ndarray) -> list[np.ndarray]:
+        sizes = np.empty(self._size, np.int64)
+        self.Allgather(np.array([data.size], np.int64), sizes)
+        out = np.empty(int(sizes.sum()), np.uint8)
+        counts = [int(s) for s in sizes]
+        displs = [int(d) for d in np.concatenate(([0], np.cumsum(sizes)[:-1]))]
+        self.Allgatherv(data, [out, counts, displs])
+        return [out[d : d + c] for c, d in zip(counts, displs)]
+
+    def bcast(self, obj: Any = None, root: int = 0) -> Any:
+        root = self._check_root(root, "bcast")
+        data = self._dumps(obj) if self._rank == root else None
+        size = np.array([data.size if data is not None else 0], np.int64)
+        self.Bcast(size, root)
+        if data is None:
+            data = np.empty(int(size[0]), np.uint8)
+        self.Bcast(data, root)
+        return obj if self._rank == root else self._loads(data)
+
+    def allgather(self, sendobj: Any) -> list[Any]:
+        return [self._loads(b) for b in self._allgather_bytes(self._dumps(sendobj))]
+
+    def allreduce(self, sendobj: Any, op: Any = _ops.SUM) -> Any:
+        o = _ops.resolve(op)
+        return o.reduce_objects(self.allgather(sendobj))
+
+    def gather(self, sendobj: Any, root: int = 0) -> Optional[list[Any]]:
+        root = self._check_root(root, "gather")
+        data = self._dumps(sendobj)
+        sizes = np.empty(self._size, np.int64) if self._rank == root else None
+        self.Gather(np.array([data.size], np.int64), sizes, root)
+        if self._rank != root:
+            self.Gatherv(data, None, root)
+            return None
+        assert sizes is not None
+        counts = [int(s) for s in sizes]
+        out = np.empty(sum(counts), np.uint8)
+        displs = [int(d) for d in np.concatenate(([0], np.cumsum(sizes)[:-1]))]
+        self.Gatherv(data, [out, counts, displs], root)
+        return [self._loads(out[d : d + c]) for c, d in zip(counts, displs)]
+
+    def reduce(self, sendobj: Any, op: Any = _ops.SUM, root: int = 0) -> Any:
+        o = _ops.resolve(op)
+        values = self.gather(sendobj, root)
+        return o.reduce_objects(values) if values is not None else None
+
+    def scatter(self, sendobj: Optional[Sequence[Any]] = None, root: int = 0) -> Any:
+        root = self._check_root(root, "scatter")
+        size = np.empty(1, np.int64)
+        if self._rank == root:
+            if sendobj is None or len(sendobj) != self._size:
+                raise InvalidArgumentError(f"scatter needs a sequence of {self._size} objects at the root", op="scatter", rank=self._rank)
+            parts = [self._dumps(o) for o in sendobj]
+            sizes = np.array([p.size for p in parts], np.int64)
+            self.Scatter(sizes, size, root)
+            self.Scatterv([np.concatenate(parts) if parts else np.empty(0, np.uint8), [int(s) for s in sizes]], np.empty(parts[root].size, np.uint8), root)
+            return sendobj[root]
+        self.Scatter(None, size, root)
+        data = np.empty(int(size[0]), np.uint8)
+        self.Scatterv(None, data, root)
+        return self._loads(data)
+
+    def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
+        if len(sendobj) != self._size:
+            raise InvalidArgumentError(f"alltoall needs a sequence of {self._size} objects", op="alltoall", rank=self._rank)
+        parts = [self._dumps(o) for o in sendobj]
+        scounts = np.array([p.size for p in parts], np.int64)
+        rcounts = np.empty(self._size, np.int64)
+        self.Alltoall(scounts, rcounts)
+        out = np.empty(int(rcounts.sum()), np.uint8)
+        send = np.concatenate(parts) if parts else np.empty(0, np.uint8)
+        self.Alltoallv([send, [int(c) for c in scounts]], [out, [int(c) for c in rcounts]])
+        displs = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
+        return [self._loads(out[int(d) : int(d) + int(c)]) for c, d in zip(rcounts, displs)]
+
+    def barrier(self) -> None:
+        self.Barrier()
+
+    def send(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self._isend_array(self._dumps(obj), dest, tag, "send").Wait()
+
+    def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return self._isend_array(self._dumps(obj), dest, tag, "isend")
+
+    def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        return self._irecv_array(None, source, tag, "recv", finish=self._loads).wait(status)
+
+    def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
+        return self._irecv_array(None, source, tag, "irecv", finish=self._loads)
+
+    def sendrecv(
+        self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Optional[Status] = None
+    ) -> Any:
+        rreq = self.irecv(None, source, recvtag)
+        self.isend(sendobj, dest, sendtag).Wait()
+        return rreq.wait(status)
+
+    # ---- communicator management ---------------------------------------------------------------
+    def Split(self, color: int = 0, key: int = 0) -> "Comm":  # noqa: N802
+        self._live("Split")
+        self._children += 1
+        table = self.allgather((int(color), int(key)))
+        if color == UNDEFINED or color is None:
+            return COMM_NULL  # type: ignore[return-value]
+        members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
+        world = [self._world[r] for _, r in members]
+        ctx = _child_ctx(self._ctx, self._children, ("split", int(color)))
+        child = Comm(self._rt, world, ctx, f"{self._name}.split({color})")
+        child.timeout = self.timeout
+        return child
+
+    def Dup(self) -> "Comm":  # noqa: N802
+        self._live("Dup")
+        self._children += 1
+        child = Comm(self._rt, list(self._world), _child_ctx(self._ctx, self._children, "dup"), f"{self._name}.dup")
+        child.timeout = self.timeout
+        return child
+
+    Clone = Dup
+
+    def Free(self) -> None:  # noqa: N802
+        self._live("Free")
+        self._freed = True
+
+    def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
+        """Stop this process at once with ``errorcode``; the launcher then stops the others."""
+        os._exit(errorcode)
+
+
+class _NullComm:
+    """``MPI.COMM_NULL``: compares equal only to itself; any call on it is an error."""
+
+    def __repr__(self) -> str:
+        return "<pycoll.MPI.COMM_NULL>"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        raise InvalidArgumentError(f"{name} called on MPI.COMM_NULL")
+
+
+COMM_NULL = _NullComm()
+
+
+def world_comm(runtime: Runtime) -> Comm:
+    return Comm(runtime, list(range(runtime.size)), _WORLD_CTX, "MPI_COMM_WORLD")
+
+
+def self_comm(runtime: Runtime) -> Comm:
+    return Comm(runtime, [runtime.rank], _child_ctx(_WORLD_CTX, -1, ("self", runtime.rank)), "MPI_COMM_SELF")

@@ -1,0 +1,105 @@
+"""Registry of every PYCOLL_* environment knob, declared next to the code that reads it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Generic, TypeVar
+
+T = TypeVar("T")
+
+_REGISTRY: dict[str, "Param"] = {}
+
+
+@dataclass(frozen=True)
+class Param(Generic[T]):
+    """One environment knob: its name, default, parser and a one-line doc."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None or raw == "":
+            return self.default
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}={raw!r} is not valid: {exc}") from None
+
+    def is_set(self) -> bool:
+        return bool(os.environ.get(self.name))
+
+
+def _parse_bool(raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected 0/1, true/false, yes/no or on/off")
+
+
+def parse_size(raw: str) -> int:
+    """Parse a byte count such as ``65536``, ``64K``, ``1M`` or ``2G``."""
+    text = raw.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if text.endswith(suffix):
+            text, scale = text[:-1], factor
+            break
+    value = int(float(text) * scale)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def param(name: str, default: T, parse: Callable[[str], T], doc: str) -> Param[T]:
+    """Declare a knob; its name must start with PYCOLL_ and be declared once."""
+    if not name.startswith("PYCOLL_"):
+        raise ValueError(f"knob {name} must start with PYCOLL_")
+    if name in _REGISTRY:
+        raise ValueError(f"knob {name} declared twice")
+    p = Param(name, default, parse, doc)
+    _REGISTRY[name] = p
+    return p
+
+
+def bool_param(name: str, default: bool, doc: str) -> Param[bool]:
+    return param(name, default, _parse_bool, doc)
+
+
+def size_param(name: str, default: int, doc: str) -> Param[int]:
+    return param(name, default, parse_size, doc)
+
+
+def float_param(name: str, default: float, doc: str) -> Param[float]:
+    return param(name, default, float, doc)
+
+
+def int_param(name: str, default: int, doc: str) -> Param[int]:
+    return param(name, default, int, doc)
+
+
+def str_param(name: str, default: str, doc: str) -> Param[str]:
+    return param(name, default, str, doc)
+
+
+def all_params() -> list[Param]:
+    """Every declared knob, after importing the modules that declare them."""
+    import pycoll.algorithms  # noqa: F401  (declares PYCOLL_ALGO, PYCOLL_CHUNK_SIZE)
+    import pycoll.bootstrap  # noqa: F401
+    import pycoll.comm  # noqa: F401
+    import pycoll.launcher  # noqa: F401
+    import pycoll.p2p  # noqa: F401
+    import pycoll.transport  # noqa: F401
+
+    return sorted(_REGISTRY.values(), key=lambda p: p.name)
+
+
+TIMEOUT = float_param(
+    "PYCOLL_TIMEOUT", 300.0, "Seconds any wait may last before it raises pycoll.TimeoutError (per communicator: `comm.timeout`)."
+)
+DEBUG = str_param("PYCOLL_DEBUG", "WARN", "Log level of the `pycoll` logger: WARN, INFO or DEBUG.")

@@ -1,0 +1,84 @@
+"""The pycoll exception hierarchy: every error names the operation, the ranks and the cause."""
+
+from __future__ import annotations
+
+import builtins
+from typing import Iterable, Optional
+
+
+class PycollError(Exception):
+    """Base class of every error pycoll raises (also available as ``MPI.Exception``).
+
+    Attributes:
+        op: the operation, e.g. ``"Allreduce #12"``.
+        rank: the rank that raised, in the communicator of the operation (None if unknown).
+        peers: the other ranks involved in the cause.
+        cause: a short sentence saying what went wrong.
+    """
+
+    def __init__(
+        self,
+        cause: str,
+        *,
+        op: Optional[str] = None,
+        rank: Optional[int] = None,
+        peers: Iterable[int] = (),
+    ) -> None:
+        self.cause = cause
+        self.op = op
+        self.rank = rank
+        self.peers = tuple(peers)
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.op:
+            where.append(self.op)
+        if self.rank is not None:
+            where.append(f"rank {self.rank}")
+        if self.peers:
+            label = "peer" if len(self.peers) == 1 else "peers"
+            where.append(f"{label} {', '.join(str(p) for p in self.peers)}")
+        prefix = f"[{'; '.join(where)}] " if where else ""
+        return prefix + self.cause
+
+    def __reduce__(self):  # keep the keyword fields across pickling
+        return (_rebuild, (type(self), self.cause, self.op, self.rank, self.peers))
+
+    def Get_error_class(self) -> int:  # noqa: N802 - mpi4py name
+        return 1
+
+    def Get_error_string(self) -> str:  # noqa: N802 - mpi4py name
+        return str(self)
+
+
+def _rebuild(cls, cause, op, rank, peers):
+    return cls(cause, op=op, rank=rank, peers=peers)
+
+
+class InvalidArgumentError(PycollError, ValueError):
+    """A call's arguments are wrong on this rank: dtype, count, buffer, root, op. Nothing was sent."""
+
+
+class MismatchError(InvalidArgumentError):
+    """Ranks called different collectives, or the same one with different arguments."""
+
+
+class TimeoutError(PycollError, builtins.TimeoutError):  # noqa: A001 - deliberate name
+    """A wait lasted longer than the communicator's timeout."""
+
+
+class PeerFailureError(PycollError, ConnectionError):
+    """A peer process died, closed its connection, or sent a malformed message."""
+
+
+class ProtocolError(PeerFailureError):
+    """A message from a peer did not follow pycoll's wire format."""
+
+
+class RemoteError(PycollError):
+    """Another rank failed inside this operation and aborted it; the cause is that rank's error."""
+
+
+class CommunicatorBrokenError(PycollError):
+    """An earlier failure left this communicator unusable; create a new one."""

@@ -1,0 +1,155 @@
+"""Process-wide start-up and shutdown: bootstrap, transport choice per peer, channels and the p2p engine."""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import threading
+from typing import Optional
+
+from . import config
+from .bootstrap import BootstrapInfo, bootstrap, publish_all
+from .bootstrap.store import barrier as store_barrier
+from .errors import InvalidArgumentError
+from .p2p import Engine
+from .transport import Channel, PeerInfo, choose, make_transports
+
+HOSTID = config.str_param(
+    "PYCOLL_HOSTID",
+    "",
+    "Override the host identity; ranks with equal ids use shared memory. Default: hostname, boot id and network namespace.",
+)
+
+log = logging.getLogger("pycoll")
+
+
+def host_id() -> str:
+    """Ranks share memory only if this matches: same machine (boot id) and same network namespace."""
+    override = HOSTID.get()
+    if override:
+        return override
+    parts = [socket.gethostname()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        pass
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
+def _setup_logging() -> None:
+    level = config.DEBUG.get().upper()
+    logger = logging.getLogger("pycoll")
+    if level in ("WARN", "WARNING") and not logger.handlers:
+        logger.setLevel(logging.WARNING)
+        return
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("pycoll %(process)d %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(getattr(logging, level, logging.INFO))
+
+
+class Runtime:
+    """Everything one process holds for pycoll: its rank, peers, channels and engine."""
+
+    def __init__(self, timeout: Optional[float] = None) -> None:
+        _setup_logging()
+        self.timeout = config.TIMEOUT.get() if timeout is None else timeout
+        self.info: BootstrapInfo = bootstrap(self.timeout)
+        self.rank, self.size = self.info.rank, self.info.size
+        transports = make_transports()
+        me = PeerInfo(
+            rank=self.rank,
+            host_id=host_id(),
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            transports=[t.name for t in transports if t.enabled()],
+        )
+        for t in transports:
+            if t.name in me.transports and self.size > 1:
+                addr = t.listen(me, self.info.store_host)
+                if addr is not None:
+                    me.addresses[t.name] = addr
+        raw = publish_all(self.info, "pycoll/peers", json.dumps(me.to_json()).encode(), self.timeout)
+        self.peers = [PeerInfo.from_json(json.loads(r)) for r in raw]
+        self.me = self.peers[self.rank]
+        by_transport: dict[str, list[PeerInfo]] = {t.name: [] for t in transports}
+        for peer in self.peers:
+            chosen = choose(transports, self.me, peer)
+            if chosen is None:
+                raise InvalidArgumentError(
+                    f"no transport reaches rank {peer.rank} (this rank enables {me.transports}, it enables {peer.transports})",
+                    op="init",
+                    rank=self.rank,
+                    peers=[peer.rank],
+                )
+            by_transport[chosen.name].append(peer)
+        self.transport_of = {p.rank: name for name, ps in by_transport.items() for p in ps}
+
+        def job_barrier(name: str) -> None:
+            if self.info.store is not None:
+                store_barrier(self.info.store, f"pycoll/{name}", self.size, self.timeout)
+
+        channels: dict[int, Channel] = {}
+        self._transports = transports
+        for t in transports:  # every rank runs every transport's set-up so their barriers line up
+            channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, job_barrier, self.timeout))
+        job_barrier("connected")
+        self.engine = Engine(self.rank, channels)
+        self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
+        self.hosts = len({p.host_id for p in self.peers})
+        log.info(
+            "rank %d/%d up (launcher %s, %d hosts): %s",
+            self.rank,
+            self.size,
+            self.info.launcher,
+            self.hosts,
+            ", ".join(f"{r}:{n}" for r, n in sorted(self.transport_of.items())),
+        )
+        self._closed = False
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Drain queued sends, tell peers we are gone, release segments and sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        try:
+            self.engine.flush(min(self.timeout, 10.0))
+        finally:
+            self.engine.close()
+            for t in self._transports:
+                t.close()
+            self.info.close()
+
+
+_runtime: Optional[Runtime] = None
+_lock = threading.Lock()
+
+
+def get_runtime(timeout: Optional[float] = None) -> Runtime:
+    global _runtime
+    with _lock:
+        if _runtime is None:
+            _runtime = Runtime(timeout)
+        return _runtime
+
+
+def current() -> Optional[Runtime]:
+    return _runtime
+
+
+def shutdown() -> None:
+    global _runtime
+    with _lock:
+        if _runtime is not None:
+            _runtime.close()

@@ -1,0 +1,101 @@
+"""The transport interface: ordered, non-blocking byte channels to one peer each. No collectives here."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+
+@dataclass
+class PeerInfo:
+    """What one rank publishes about itself at start-up."""
+
+    rank: int
+    host_id: str  # equal on ranks that share memory (same machine, same network namespace)
+    hostname: str
+    pid: int
+    transports: list[str]  # the transports this rank enabled, in priority order
+    addresses: dict[str, Any] = field(default_factory=dict)  # transport name -> its listen address
+
+    def to_json(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "PeerInfo":
+        return cls(**d)
+
+
+class Channel(abc.ABC):
+    """An ordered byte stream to one peer. Every call returns at once; none blocks."""
+
+    kind: str = "?"
+
+    def __init__(self, peer: int) -> None:
+        self.peer = peer  # world rank of the other end
+
+    @abc.abstractmethod
+    def send_some(self, data: memoryview) -> int:
+        """Accept up to ``len(data)`` bytes (copied out before return); 0 when there is no room."""
+
+    @abc.abstractmethod
+    def recv_some(self, out: memoryview) -> int:
+        """Copy up to ``len(out)`` received bytes into ``out``; 0 when none have arrived."""
+
+    @abc.abstractmethod
+    def peek(self) -> memoryview:
+        """A zero-copy view of received, unconsumed, contiguous bytes (possibly empty)."""
+
+    @abc.abstractmethod
+    def consume(self, n: int) -> None:
+        """Release the first ``n`` bytes that ``peek`` showed."""
+
+    def fileno(self) -> Optional[int]:
+        """A descriptor that becomes readable when data arrives, or None if the channel must be polled."""
+        return None
+
+    def check_alive(self) -> Optional[str]:
+        """None while the peer looks alive, else the reason it is not (called when a wait is idle)."""
+        return None
+
+    def has_pending_output(self) -> bool:
+        """True while bytes accepted by send_some are still queued inside the channel."""
+        return False
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Tell the peer we are gone and release resources; idempotent."""
+
+
+Barrier = Callable[[str], None]
+
+
+class Transport(abc.ABC):
+    """Builds channels of one kind. Set-up runs once per process, in three steps driven by the p2p layer."""
+
+    name: str = "?"
+
+    def enabled(self) -> bool:
+        """False if this transport is switched off or unusable in this process."""
+        return True
+
+    def listen(self, me: PeerInfo, store_host: str) -> Any:
+        """Start accepting connections; return the address to publish (JSON-serialisable) or None."""
+        return None
+
+    @abc.abstractmethod
+    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
+        """Whether this transport can reach ``peer``; must give the same answer on both sides."""
+
+    @abc.abstractmethod
+    def connect(
+        self, me: PeerInfo, peers: list[PeerInfo], job_id: str, barrier: Barrier, timeout: float
+    ) -> dict[int, Channel]:
+        """Open a channel to every peer in ``peers`` (all of which chose this transport).
+
+        Every rank calls this for every transport, with a possibly empty list, so that
+        ``barrier(name)`` (a job-wide barrier) can be used to order the set-up.
+        """
+
+    def close(self) -> None:
+        """Release listening sockets and other set-up resources."""

@@ -1,0 +1,221 @@
+"""Shared-memory transport: single-producer/single-consumer byte rings in /dev/shm between ranks of one host."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Optional
+
+from ..config import bool_param, size_param, str_param
+from ..errors import PeerFailureError
+from .base import Barrier, Channel, PeerInfo, Transport
+
+SHM_DISABLE = bool_param("PYCOLL_SHM_DISABLE", False, "Set to 1 to turn the shared-memory transport off (ranks of one host then use TCP).")
+SHM_BUFFER = size_param(
+    "PYCOLL_SHM_BUFFER", 4 << 20, "Bytes of each shared-memory ring (one per ordered pair of ranks on a host); rounded up to 4 KiB."
+)
+SHM_DIR = str_param("PYCOLL_SHM_DIR", "/dev/shm", "Directory (a tmpfs) that holds the shared-memory segments while they are set up.")
+
+# Ring header: four 64-byte lines so the two writers never share a cache line.
+_TAIL, _HEAD, _SENDER_STATE, _RECEIVER_STATE = 0, 64, 128, 192
+_HEADER = 256
+_OPEN, _CLOSED = 0, 1
+
+
+def segment_path(job_id: str, rank: int) -> str:
+    return os.path.join(SHM_DIR.get(), f"pycoll-{job_id}-{rank}")
+
+
+def _process_alive(pid: int) -> bool:
+    """False if ``pid`` has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+class _Ring:
+    """One ring inside a mapped segment: counters in the header, data after it."""
+
+    def __init__(self, mem: memoryview, offset: int, capacity: int) -> None:
+        self.capacity = capacity
+        header = mem[offset : offset + _HEADER]
+        self.tail = header[_TAIL : _TAIL + 8].cast("Q")
+        self.head = header[_HEAD : _HEAD + 8].cast("Q")
+        self.sender_state = header[_SENDER_STATE : _SENDER_STATE + 8].cast("Q")
+        self.receiver_state = header[_RECEIVER_STATE : _RECEIVER_STATE + 8].cast("Q")
+        self.data = mem[offset + _HEADER : offset + _HEADER + capacity]
+
+    def release(self) -> None:
+        for mv in (self.tail, self.head, self.sender_state, self.receiver_state, self.data):
+            try:
+                mv.release()
+            except BufferError:  # an array still views it; the mapping goes away with the process
+                pass
+
+
+class ShmChannel(Channel):
+    """Sends into the ring that lives in the peer's segment; receives from the ring in our own."""
+
+    kind = "shm"
+
+    def __init__(self, peer: int, peer_pid: int, out_ring: _Ring, in_ring: _Ring, owner: "ShmTransport") -> None:
+        super().__init__(peer)
+        self.peer_pid = peer_pid
+        self._out = out_ring
+        self._in = in_ring
+        self._owner = owner
+        self._tail = out_ring.tail[0]  # bytes we have written (only we write it)
+        self._head = in_ring.head[0]  # bytes we have consumed (only we write it)
+        self._closed = False
+
+    def send_some(self, data: memoryview) -> int:
+        ring = self._out
+        cap = ring.capacity
+        free = cap - (self._tail - ring.head[0])
+        n = min(free, len(data))
+        if n <= 0:
+            if ring.receiver_state[0] == _CLOSED:
+                raise PeerFailureError(f"rank {self.peer} closed its shared-memory channel", peers=[self.peer])
+            return 0
+        pos = self._tail % cap
+        first = min(n, cap - pos)
+        ring.data[pos : pos + first] = data[:first]
+        if n > first:
+            ring.data[: n - first] = data[first:n]
+        self._tail += n
+        ring.tail[0] = self._tail  # publish after the bytes are in place
+        return n
+
+    def peek(self) -> memoryview:
+        ring = self._in
+        avail = ring.tail[0] - self._head
+        if avail == 0:
+            if ring.sender_state[0] == _CLOSED:
+                raise PeerFailureError(f"rank {self.peer} closed its shared-memory channel", peers=[self.peer])
+            return ring.data[:0]
+        pos = self._head % ring.capacity
+        return ring.data[pos : pos + min(avail, ring.capacity - pos)]
+
+    def consume(self, n: int) -> None:
+        self._head += n
+        self._in.head[0] = self._head
+
+    def recv_some(self, out: memoryview) -> int:
+        got = 0
+        while got < len(out):
+            view = self.peek()
+            if not view:
+                break
+            n = min(len(view), len(out) - got)
+            out[got : got + n] = view[:n]
+            self.consume(n)
+            got += n
+        return got
+
+    def check_alive(self) -> Optional[str]:
+        if self._in.sender_state[0] == _CLOSED or self._out.receiver_state[0] == _CLOSED:
+            return f"rank {self.peer} closed its shared-memory channel"
+        if not _process_alive(self.peer_pid):
+            return f"rank {self.peer} (pid {self.peer_pid}) exited"
+        return None
+
+    def has_pending_output(self) -> bool:
+        return self._out.head[0] != self._tail
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._out.sender_state[0] = _CLOSED
+        self._in.receiver_state[0] = _CLOSED
+        self._out.release()
+        self._in.release()
+        self._owner._channel_closed()
+
+
+class _Segment:
+    """A mapped file in /dev/shm holding this rank's inbound rings, one per same-host peer."""
+
+    def __init__(self, path: str, size: int, create: bool) -> None:
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)
+            self.mmap = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+        self.view = memoryview(self.mmap)
+
+    def close(self) -> None:
+        try:
+            self.view.release()
+            self.mmap.close()
+        except BufferError:  # a ring view is still alive somewhere; the mapping goes with the process
+            pass
+
+
+class ShmTransport(Transport):
+    """Each rank creates one segment with an inbound ring per local peer; peers map it, then it is unlinked."""
+
+    name = "shm"
+
+    def __init__(self) -> None:
+        self.capacity = (max(SHM_BUFFER.get(), 4096) + 4095) // 4096 * 4096
+        self._segments: list[_Segment] = []
+        self._open_channels = 0
+
+    def enabled(self) -> bool:
+        return not SHM_DISABLE.get() and os.path.isdir(SHM_DIR.get())
+
+    def can_connect(self, me: PeerInfo, peer: PeerInfo) -> bool:
+        return me.rank != peer.rank and me.host_id == peer.host_id
+
+    def _ring_offset(self, index: int) -> int:
+        return index * (_HEADER + self.capacity)
+
+    def connect(
+        self, me: PeerInfo, peers: list[PeerInfo], job_id: str, barrier: Barrier, timeout: float
+    ) -> dict[int, Channel]:
+        # Ring k of rank r's segment receives from r's k-th local peer (sorted by rank).
+        own_path = segment_path(job_id, me.rank)
+        own: Optional[_Segment] = None
+        channels: dict[int, Channel] = {}
+        try:
+            if peers:
+                own = _Segment(own_path, self._ring_offset(len(peers)), create=True)
+                self._segments.append(own)
+            barrier("shm-created")
+            for index, peer in enumerate(sorted(peers, key=lambda p: p.rank)):
+                theirs = _Segment(segment_path(job_id, peer.rank), self._ring_offset(len(peers)), create=False)
+                self._segments.append(theirs)
+                # The peer's local peers are the same group with it swapped for us.
+                group = sorted([p.rank for p in peers if p.rank != peer.rank] + [me.rank])
+                out_ring = _Ring(theirs.view, self._ring_offset(group.index(me.rank)), self.capacity)
+                in_ring = _Ring(own.view, self._ring_offset(index), self.capacity)  # type: ignore[union-attr]
+                channels[peer.rank] = ShmChannel(peer.rank, peer.pid, out_ring, in_ring, self)
+            self._open_channels = len(channels)
+            barrier("shm-attached")
+        finally:
+            # Every peer has mapped it (or set-up failed): the name is no longer needed, so nothing can leak.
+            if own is not None:
+                try:
+                    os.unlink(own_path)
+                except FileNotFoundError:
+                    pass
+        return channels
+
+    def _channel_closed(self) -> None:
+        self._open_channels -= 1
+        if self._open_channels <= 0:
+            self.close()
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._segments.clear()
