@@ -132,8 +132,8 @@ class Comm:
                 f"an earlier failure broke this communicator: {err}", op=opname, rank=self._rank
             )
 
-    def _owner(self, opname: str, ctx: int) -> Owner:
-        return Owner(opname, ctx, self._rank, self._to_comm.__getitem__, self._world, _describe)
+    def _owner(self, opname: str, ctx: int, tag: int = -1) -> Owner:
+        return Owner(opname, ctx, self._rank, self._to_comm.__getitem__, self._world, _describe, tag)
 
     def _check_root(self, root: int, opname: str) -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self._size:
@@ -159,7 +159,7 @@ class Comm:
         self._live(label)
         self._seq += 1
         opname = f"{label} #{self._seq}"
-        owner = self._owner(opname, self._ctx | 1)
+        owner = self._owner(opname, self._ctx | 1, self._seq)
         steps = Steps(
             self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host")
         )
@@ -167,19 +167,27 @@ class Comm:
         return self._engine.start(Schedule(algo.run(steps, call), owner))
 
     def _finish(self, sched: Schedule) -> None:
-        try:
-            self._engine.wait_schedule(sched, self.timeout)
-        except PycollError:
-            raise
+        self._engine.wait_schedule(sched, self.timeout)
         if sched.error is not None:
             self._engine.abort(sched.owner, sched.error)
             raise sched.error
 
-    def _run(self, label: str, call: Call, sig: Sig) -> None:
-        self._finish(self._schedule(label, call, sig))
+    def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple) -> tuple[Call, Sig]:
+        """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us."""
+        self._live(label)
+        try:
+            return build(*args)
+        except InvalidArgumentError as err:
+            self._seq += 1  # every rank consumes this call's number, so the next call still lines up
+            owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
+            self._engine.notify_skip(owner, err)
+            raise
 
-    def _start(self, label: str, call: Call, sig: Sig) -> Request:
-        sched = self._schedule(label, call, sig)
+    def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any) -> None:
+        self._finish(self._schedule(label, *self._resolve(label, build, args)))
+
+    def _start(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any) -> Request:
+        sched = self._schedule(label, *self._resolve(label, build, args))
         return Request(self._engine, self, schedule=sched)
 
     # ---- argument resolution -----------------------------------------------------------------
@@ -223,10 +231,10 @@ class Comm:
         return call, self._sig(call, recv.count, op=o)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
-        self._run("Allreduce", *self._allreduce_call(sendbuf, recvbuf, op))
+        self._run("Allreduce", self._allreduce_call, sendbuf, recvbuf, op)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
-        return self._start("Iallreduce", *self._allreduce_call(sendbuf, recvbuf, op))
+        return self._start("Iallreduce", self._allreduce_call, sendbuf, recvbuf, op)
 
     def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
         name = "Reduce"
@@ -250,10 +258,10 @@ class Comm:
         return call, self._sig(call, send.count, op=o)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> None:  # noqa: N802
-        self._run("Reduce", *self._reduce_call(sendbuf, recvbuf, op, root))
+        self._run("Reduce", self._reduce_call, sendbuf, recvbuf, op, root)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Ireduce", *self._reduce_call(sendbuf, recvbuf, op, root))
+        return self._start("Ireduce", self._reduce_call, sendbuf, recvbuf, op, root)
 
     def _reduce_scatter_call(
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]], op: Any, name: str
@@ -293,32 +301,33 @@ class Comm:
         return call, self._sig(call, total, _vhash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
-        self._run("Reduce_scatter_block", *self._reduce_scatter_call(sendbuf, recvbuf, None, op, "Reduce_scatter_block"))
+        self._run("Reduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Reduce_scatter_block")
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
-        return self._start(
-            "Ireduce_scatter_block", *self._reduce_scatter_call(sendbuf, recvbuf, None, op, "Ireduce_scatter_block")
-        )
+        return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block")
 
     def Reduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
     ) -> None:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
-        self._run("Reduce_scatter", *self._reduce_scatter_call(sendbuf, recvbuf, recvcounts, op, "Reduce_scatter"))
+        self._run("Reduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Reduce_scatter")
 
     def Ireduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
     ) -> Request:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Ireduce_scatter")
-        return self._start("Ireduce_scatter", *self._reduce_scatter_call(sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter"))
+        return self._start("Ireduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter")
 
     def _gather_counts(self, recvbuf: Any, name: str) -> list[int]:
         """Without recvcounts, each rank's recvbuf size is its count (one extra allgather)."""
-        mine = np.array([self._recv(recvbuf, name).count], np.int64)
+        try:
+            mine = self._recv(recvbuf, name).count
+        except InvalidArgumentError:
+            mine = 0  # the call itself will reject the buffer and tell the peers
         counts = np.empty(self._size, np.int64)
-        self.Allgather(mine, counts)
+        self.Allgather(np.array([mine], np.int64), counts)
         return [int(c) for c in counts]
 
     # ---- data movement -------------------------------------------------------------------------
@@ -330,10 +339,10 @@ class Comm:
         return call, self._sig(call, b.count)
 
     def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Bcast", *self._bcast_call(buf, root))
+        self._run("Bcast", self._bcast_call, buf, root)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Ibcast", *self._bcast_call(buf, root))
+        return self._start("Ibcast", self._bcast_call, buf, root)
 
     def _allgather_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Allgatherv" if vector else "Allgather"
@@ -356,16 +365,16 @@ class Comm:
         return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Allgather", *self._allgather_call(sendbuf, recvbuf, False))
+        self._run("Allgather", self._allgather_call, sendbuf, recvbuf, False)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Iallgather", *self._allgather_call(sendbuf, recvbuf, False))
+        return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Allgatherv", *self._allgather_call(sendbuf, recvbuf, True))
+        self._run("Allgatherv", self._allgather_call, sendbuf, recvbuf, True)
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Iallgatherv", *self._allgather_call(sendbuf, recvbuf, True))
+        return self._start("Iallgatherv", self._allgather_call, sendbuf, recvbuf, True)
 
     def _gather_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Gatherv" if vector else "Gather"
@@ -396,13 +405,13 @@ class Comm:
         return call, self._sig(call)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Gather", *self._gather_call(sendbuf, recvbuf, root, False))
+        self._run("Gather", self._gather_call, sendbuf, recvbuf, root, False)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Igather", *self._gather_call(sendbuf, recvbuf, root, False))
+        return self._start("Igather", self._gather_call, sendbuf, recvbuf, root, False)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Gatherv", *self._gather_call(sendbuf, recvbuf, root, True))
+        self._run("Gatherv", self._gather_call, sendbuf, recvbuf, root, True)
 
     def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Scatterv" if vector else "Scatter"
@@ -433,13 +442,13 @@ class Comm:
         return call, self._sig(call)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Scatter", *self._scatter_call(sendbuf, recvbuf, root, False))
+        self._run("Scatter", self._scatter_call, sendbuf, recvbuf, root, False)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Iscatter", *self._scatter_call(sendbuf, recvbuf, root, False))
+        return self._start("Iscatter", self._scatter_call, sendbuf, recvbuf, root, False)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Scatterv", *self._scatter_call(sendbuf, recvbuf, root, True))
+        self._run("Scatterv", self._scatter_call, sendbuf, recvbuf, root, True)
 
     def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Alltoallv" if vector else "Alltoall"
@@ -475,23 +484,23 @@ class Comm:
         return call, self._sig(call, 0 if vector else rv.counts[0])
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Alltoall", *self._alltoall_call(sendbuf, recvbuf, False))
+        self._run("Alltoall", self._alltoall_call, sendbuf, recvbuf, False)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Ialltoall", *self._alltoall_call(sendbuf, recvbuf, False))
+        return self._start("Ialltoall", self._alltoall_call, sendbuf, recvbuf, False)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Alltoallv", *self._alltoall_call(sendbuf, recvbuf, True))
+        self._run("Alltoallv", self._alltoall_call, sendbuf, recvbuf, True)
 
     def _barrier_call(self) -> tuple[Call, Sig]:
         call = Call("barrier", np.dtype(np.uint8))
         return call, self._sig(call)
 
     def Barrier(self) -> None:  # noqa: N802
-        self._run("Barrier", *self._barrier_call())
+        self._run("Barrier", self._barrier_call)
 
     def Ibarrier(self) -> Request:  # noqa: N802
-        return self._start("Ibarrier", *self._barrier_call())
+        return self._start("Ibarrier", self._barrier_call)
 
     # ---- point-to-point ------------------------------------------------------------------------
     def _peer(self, peer: int, opname: str, allow_any: bool) -> int:

@@ -22,6 +22,8 @@ class MemoryBackend(Protocol):
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray: ...
 
+    def release(self, arr: np.ndarray) -> None: ...
+
 
 class HostMemory:
     """NumPy arrays in host memory; reductions are ufuncs writing through ``out=`` (no temporaries)."""
@@ -39,9 +41,25 @@ class HostMemory:
         if arr.size:
             np.divide(arr, arr.dtype.type(divisor), out=arr)
 
+    def __init__(self) -> None:
+        self._free: list[np.ndarray] = []  # byte buffers handed back by finished calls
+
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
-        """A flat array of ``count`` elements (contents undefined)."""
-        return np.empty(count, dtype)
+        """A flat array of ``count`` elements (contents undefined), from the pool when one is big enough."""
+        nbytes = count * dtype.itemsize
+        for i, raw in enumerate(self._free):
+            if raw.nbytes >= nbytes:
+                del self._free[i]
+                return raw[:nbytes].view(dtype)
+        return np.empty(max(nbytes, 64), np.uint8)[:nbytes].view(dtype)
+
+    def release(self, arr: np.ndarray) -> None:
+        """Give a scratch array back once nothing reads or writes it any more."""
+        raw = arr.base if arr.base is not None else arr
+        while raw.base is not None:
+            raw = raw.base
+        if isinstance(raw, np.ndarray) and len(self._free) < 4:
+            self._free.append(raw)
 
 
 HOST = HostMemory()

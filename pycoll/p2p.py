@@ -45,7 +45,8 @@ _SMALL = 16 << 10
 _PAD_SINK = memoryview(bytearray(ALIGN))  # payloads up to this size travel in one buffer with their header
 
 CONTROL_CTX = (1 << 64) - 1
-_ABORT_TAG = 1
+_ABORT_TAG = 1  # a rank failed inside an operation: the communicator is broken
+_SKIP_TAG = 2  # a rank rejected its arguments before taking part: only that call fails
 
 
 class Sig(NamedTuple):
@@ -72,6 +73,7 @@ class Owner:
     to_comm: Callable[[int], int]  # world rank -> communicator rank
     members: Sequence[int] = ()  # world ranks of the communicator
     describe: Callable[[Sig], str] = lambda s: str(s)
+    tag: int = -1  # the collective's sequence number (-1 for point-to-point)
 
     def error(self, cls: type, cause: str, world_peers: Iterable[int] = ()) -> PycollError:
         return cls(cause, op=self.op, rank=self.rank, peers=sorted({self.to_comm(p) for p in world_peers}))
@@ -225,7 +227,8 @@ class Engine:
         self._posted: list[RecvRequest] = []
         self._unexpected: list[_Unexpected] = []
         self._dead: dict[int, str] = {}  # world rank -> why its channel failed
-        self._broken: dict[int, PycollError] = {}  # ctx base -> the abort that broke it
+        self._broken: dict[int, tuple[PycollError, int]] = {}  # ctx base -> (the abort, first failed call)
+        self._skipped: dict[tuple[int, int], RemoteError] = {}  # (ctx, seq) -> why a peer skipped that call
         self._schedules: list[Schedule] = []
         self._post_seq = 0
         self._order = sorted(channels)
@@ -270,9 +273,8 @@ class Engine:
         ufunc: Any = None,
     ) -> RecvRequest:
         req = RecvRequest(owner, peer, ctx, tag, sig, dst, local, ufunc)
-        base = ctx & ~1
-        if base in self._broken:
-            req.fail(self._broken[base])
+        if self._is_broken_for(owner):
+            req.fail(self._with_rank(self._broken[ctx & ~1][0], owner))
             return req
         # An unexpected message that matches takes precedence, in arrival order.
         for i, u in enumerate(self._unexpected):
@@ -496,60 +498,95 @@ class Engine:
             base = int(info["ctx"])
         except (ValueError, KeyError, UnicodeDecodeError):
             raise ProtocolError(f"malformed control message from rank {src}", peers=[src]) from None
+        peers = [info["rank"]] if info.get("rank") is not None else []
+        if msg.tag == _SKIP_TAG:
+            err = RemoteError(
+                f"rank {info.get('rank')} rejected its arguments and skipped this call ({info.get('cause', '?')})",
+                op=info.get("op"),
+                peers=peers,
+            )
+            err.skipped = True  # type: ignore[attr-defined]
+            key = (base, int(info.get("seq", -1)))
+            for sched in self._schedules:
+                if (sched.owner.ctx, sched.owner.tag) == key:
+                    sched.fail(self._with_rank(err, sched.owner))
+                    return
+            self._skipped[key] = err
+            return
         err = RemoteError(
             f"rank {info.get('rank')} failed ({info.get('error', 'error')}: {info.get('cause', '?')})",
             op=info.get("op"),
-            peers=[info.get("rank")] if info.get("rank") is not None else (),
+            peers=peers,
         )
-        self.break_ctx(base, err)
+        self.break_ctx(base & ~1, err, int(info.get("seq", -1)))
 
-    def break_ctx(self, base: int, err: PycollError) -> None:
-        """Fail everything pending on a communicator's two contexts (collective and p2p)."""
+    def _is_broken_for(self, owner: Owner) -> bool:
+        """Calls numbered before the failed one finish normally; that one, later ones and p2p fail."""
+        entry = self._broken.get(owner.ctx & ~1)
+        return entry is not None and (owner.tag < 0 or entry[1] < 0 or owner.tag >= entry[1])
+
+    def break_ctx(self, base: int, err: PycollError, seq: int) -> None:
+        """Fail what is pending on a communicator from collective ``seq`` on (all of it if seq < 0)."""
         if base in self._broken:
             return
-        self._broken[base] = err
-        for req in [r for r in self._posted if r.ctx & ~1 == base]:
+        self._broken[base] = (err, seq)
+        for req in [r for r in self._posted if self._is_broken_for(r.owner)]:
             self._posted.remove(req)
             req.fail(self._with_rank(err, req.owner))
         for sched in self._schedules:
-            if sched.owner.ctx & ~1 == base:
+            if self._is_broken_for(sched.owner):
                 sched.fail(self._with_rank(err, sched.owner))
 
     @staticmethod
     def _with_rank(err: PycollError, owner: Owner) -> PycollError:
         if isinstance(err, RemoteError) and err.rank is None:
-            return RemoteError(err.cause, op=err.op or owner.op, rank=owner.rank, peers=err.peers)
+            out = RemoteError(err.cause, op=err.op or owner.op, rank=owner.rank, peers=err.peers)
+            out.skipped = getattr(err, "skipped", False)  # type: ignore[attr-defined]
+            return out
         return err
 
     def broken(self, ctx: int) -> Optional[PycollError]:
-        return self._broken.get(ctx & ~1)
+        entry = self._broken.get(ctx & ~1)
+        return entry[0] if entry is not None else None
+
+    def _tell_members(self, owner: Owner, err: PycollError, tag: int, ctx: int) -> list[SendRequest]:
+        body = json.dumps(
+            {"ctx": ctx, "seq": owner.tag, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause}
+        ).encode()
+        payload = np.frombuffer(body, np.uint8)
+        return [
+            self.isend(p, payload, CONTROL_CTX, tag, P2P_SIG, owner)
+            for p in owner.members
+            if p != self.rank and p not in self._dead
+        ]
+
+    def notify_skip(self, owner: Owner, err: PycollError) -> None:
+        """Tell the other members that this rank will not take part in collective ``owner.tag``."""
+        self._tell_members(owner, err, _SKIP_TAG, owner.ctx)
 
     def abort(self, owner: Owner, err: PycollError) -> None:
         """Tell the communicator's other members that this operation failed here, then break it locally."""
         base = owner.ctx & ~1
-        if base in self._broken:
+        if base in self._broken or getattr(err, "skipped", False):
             return
-        body = json.dumps(
-            {"ctx": base, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause}
-        ).encode()
-        payload = np.frombuffer(body, np.uint8)
-        reqs = [
-            self.isend(p, payload, CONTROL_CTX, _ABORT_TAG, P2P_SIG, owner)
-            for p in owner.members
-            if p != self.rank and p not in self._dead
-        ]
-        self._broken[base] = err
+        reqs = self._tell_members(owner, err, _ABORT_TAG, base)
+        self._broken[base] = (err, owner.tag)
         deadline = time.monotonic() + 1.0  # best effort: a peer that does not drain is probably dead
         while not all(r.done for r in reqs) and time.monotonic() < deadline:
             if not self.progress():
                 time.sleep(0.0005)
         for sched in self._schedules:
-            if sched.owner.ctx & ~1 == base:
+            if self._is_broken_for(sched.owner):
                 sched.fail(err)
 
     # ---- waiting ---------------------------------------------------------------------------
     def start(self, sched: Schedule) -> Schedule:
         """Begin a schedule; it runs in the background of every later wait."""
+        self.progress()  # a notice that a peer skipped this call may be waiting
+        skipped = self._skipped.pop((sched.owner.ctx, sched.owner.tag), None)
+        if skipped is not None:
+            sched.fail(self._with_rank(skipped, sched.owner))
+            return sched
         sched.advance()
         if not sched.done:
             self._schedules.append(sched)

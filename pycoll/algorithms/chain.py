@@ -67,3 +67,5 @@ def reduce_chain(st: Steps, call: Call) -> Schedule:
         st.mem.copy(acc, call.send)
     if at_root and call.op.averages:
         st.mem.scale(acc, p)
+    if not at_root:
+        st.mem.release(acc)

@@ -82,12 +82,16 @@ def allreduce_ring(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     counts = even_counts(call.recv.shape[0], p)
     displs = offsets(counts)
-    outs = blocks_of(call.recv, counts, displs)
+    # Partial sums live in scratch: user memory is written only once every rank's
+    # call has been checked along the ring (a mismatch then leaves it untouched).
+    scratch = st.mem.scratch(call.recv.shape[0], call.dtype)
+    parts = blocks_of(scratch, counts, displs)
     ins = blocks_of(call.send, counts, displs)
-    yield from reduce_scatter_ring(st, ins, lambda b: outs[b], outs[r], call.op)
+    yield from reduce_scatter_ring(st, ins, lambda b: parts[b], parts[r], call.op)
     if call.op.averages:
-        st.mem.scale(outs[r], p)
-    yield from allgather_ring(st, outs, outs[r])
+        st.mem.scale(parts[r], p)
+    yield from allgather_ring(st, blocks_of(call.recv, counts, displs), parts[r])
+    st.mem.release(scratch)
 
 
 @register(
@@ -101,14 +105,15 @@ def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
     p, r = st.size, st.rank
     ins = blocks_of(call.send, call.counts, offsets(call.counts))
-    scratch = st.mem.scratch(call.send.shape[0], call.dtype) if p > 2 else call.send[:0]
+    # Partial sums and the result stay in scratch until the end: in place, the result goes to the
+    # start of the input buffer, which other blocks still need; and a mismatch leaves user memory alone.
+    scratch = st.mem.scratch(call.send.shape[0], call.dtype)
     parts = blocks_of(scratch, call.counts, offsets(call.counts))
-    # In place, the result goes to the start of the input buffer, which other blocks still need.
-    final = st.mem.scratch(call.counts[r], call.dtype) if call.in_place else call.recv[: call.counts[r]]
-    yield from reduce_scatter_ring(st, ins, lambda b: parts[b], final, call.op)
+    yield from reduce_scatter_ring(st, ins, lambda b: parts[b], parts[r], call.op)
     if call.op.averages:
-        st.mem.scale(final, p)
-    st.mem.copy(call.recv[: call.counts[r]], final)
+        st.mem.scale(parts[r], p)
+    st.mem.copy(call.recv[: call.counts[r]], parts[r])
+    st.mem.release(scratch)
 
 
 @register(

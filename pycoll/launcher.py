@@ -1,0 +1,267 @@
+"""The local launcher `pycoll run -n N CMD ...`: a start-up store, N ranks, and their clean-up."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Any, Optional
+
+from pycoll.bootstrap.store import TCPStoreServer
+from pycoll.config import float_param
+
+LAUNCH_GRACE = float_param(
+    "PYCOLL_LAUNCH_GRACE",
+    10.0,
+    "`pycoll run`: seconds the other ranks get to finish after one rank failed, before SIGTERM then SIGKILL.",
+)
+# Seconds between SIGTERM and SIGKILL when the launcher stops ranks.
+_TERM_TO_KILL = 3.0
+_PREFIX = "pycoll run"
+
+
+def _status_text(code: int) -> str:
+    """Describe a Popen return code (negative: killed by a signal)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (signal {-code})"
+    return f"exited with code {code}"
+
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def _say(msg: str) -> None:
+    print(f"{_PREFIX}: {msg}", file=sys.stderr, flush=True)
+
+
+class _Tagger:
+    """Copies a child's pipe to our stream line by line, each line prefixed with ``[rank] ``."""
+
+    def __init__(self, rank: int, pipe: IO[bytes], out: Any, lock: threading.Lock) -> None:
+        self.thread = threading.Thread(target=self._run, args=(rank, pipe, out, lock), daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def _run(rank: int, pipe: IO[bytes], out: Any, lock: threading.Lock) -> None:
+        tag = f"[{rank}] ".encode()
+        binary = getattr(out, "buffer", None)
+        with pipe:
+            for line in iter(pipe.readline, b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                with lock:
+                    if binary is not None:
+                        binary.write(tag + line)
+                        binary.flush()
+                    else:
+                        out.write((tag + line).decode(errors="replace"))
+                        out.flush()
+
+
+class _Job:
+    """The running ranks: spawn, wait, signal, and stop them."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
+        self.taggers: list[_Tagger] = []
+
+    def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool) -> None:
+        pipe = subprocess.PIPE if tag_output else None
+        # Own process group per rank: we forward signals ourselves and can kill whole trees.
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=None if rank == 0 else subprocess.DEVNULL,
+            stdout=pipe,
+            stderr=pipe,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        if tag_output:
+            lock = _OUTPUT_LOCK
+            assert proc.stdout is not None and proc.stderr is not None
+            self.taggers.append(_Tagger(rank, proc.stdout, sys.stdout, lock))
+            self.taggers.append(_Tagger(rank, proc.stderr, sys.stderr, lock))
+        threading.Thread(target=self._reap, args=(rank, proc), daemon=True).start()
+
+    def _reap(self, rank: int, proc: subprocess.Popen) -> None:
+        self.exits.put((rank, proc.wait()))
+
+    def running(self) -> list[subprocess.Popen]:
+        return [p for p in self.procs if p.poll() is None]
+
+    def signal_all(self, sig: int) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, sig)  # the rank and anything it started
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stop(self) -> None:
+        """SIGTERM every group, then SIGKILL what is left after _TERM_TO_KILL seconds."""
+        if self.running():
+            self.signal_all(signal.SIGTERM)
+            deadline = time.monotonic() + _TERM_TO_KILL
+            for proc in self.procs:
+                try:
+                    proc.wait(max(deadline - time.monotonic(), 0.0))
+                except subprocess.TimeoutExpired:
+                    pass
+        # Kill every group, even of ranks that exited: their children may linger.
+        self.signal_all(signal.SIGKILL)
+        for proc in self.procs:
+            proc.wait()
+        for tagger in self.taggers:
+            tagger.thread.join(timeout=5.0)
+
+
+_OUTPUT_LOCK = threading.Lock()
+
+
+def _cleanup_shm(job_id: Optional[bytes]) -> None:
+    """Remove the /dev/shm segments the ranks of this job may have left."""
+    if not job_id:
+        return
+    text = job_id.decode(errors="replace")
+    if not re.fullmatch(r"[0-9A-Za-z_.-]+", text):
+        return  # never glob with an odd id
+    dirs = {"/dev/shm", os.environ.get("PYCOLL_SHM_DIR") or "/dev/shm"}  # PYCOLL_SHM_DIR: see pycoll.transport.shm
+    for d in dirs:
+        for path in glob.glob(os.path.join(glob.escape(d), f"pycoll-{text}-*")):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def launch(
+    n: int,
+    cmd: list[str],
+    *,
+    env: Optional[dict[str, str]] = None,
+    timeout: Optional[float] = None,
+    tag_output: bool = False,
+) -> int:
+    """Run ``cmd`` as ``n`` ranks on this host; return 0, the first failed rank's code, or 124 on timeout."""
+    if n < 1:
+        raise ValueError(f"-n must be at least 1, got {n}")
+    if not cmd:
+        raise ValueError("no command to run")
+    grace = LAUNCH_GRACE.get()
+    job = _Job()
+    stop_requests: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_requests.append(signum)
+        # First signal: forward it. A second one: kill at once.
+        job.signal_all(signum if len(stop_requests) == 1 else signal.SIGKILL)
+
+    in_main = threading.current_thread() is threading.main_thread()
+    old_handlers = {}
+    if in_main:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, on_signal)
+    server = TCPStoreServer("127.0.0.1", 0)
+    host, port = server.start()
+    try:
+        base = dict(os.environ)
+        base.update(env or {})
+        for rank in range(n):
+            child_env = dict(base)
+            child_env.update(
+                PYCOLL_RANK=str(rank),
+                PYCOLL_SIZE=str(n),
+                PYCOLL_LOCAL_RANK=str(rank),
+                PYCOLL_LOCAL_SIZE=str(n),
+                PYCOLL_STORE_ADDR=f"{host}:{port}",
+            )
+            try:
+                job.spawn(rank, cmd, child_env, tag_output)
+            except OSError as exc:
+                _say(f"cannot start rank {rank} ({' '.join(cmd)}): {exc}")
+                return 127
+        if stop_requests:  # a signal came while we were still spawning
+            job.signal_all(stop_requests[0])
+        return _wait(job, n, grace, timeout)
+    finally:
+        job.stop()
+        if in_main:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
+        job_id = server.get_local("job_id")
+        server.stop()
+        _cleanup_shm(job_id)
+
+
+def _wait(job: _Job, n: int, grace: float, timeout: Optional[float]) -> int:
+    """Wait for the ranks; apply the grace period after a failure and the job timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    failed: Optional[tuple[int, int]] = None
+    grace_end: Optional[float] = None
+    done = 0
+    while done < n:
+        now = time.monotonic()
+        limits = [t for t in (deadline, grace_end) if t is not None]
+        wait_s = min(limits) - now if limits else None
+        try:
+            # Bounded waits keep the main thread responsive to signals.
+            rank, code = job.exits.get(timeout=0.5 if wait_s is None else max(min(wait_s, 0.5), 0.0))
+        except queue.Empty:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                _say(f"timeout after {timeout:g} s; stopping {len(job.running())} running rank(s)")
+                return 124
+            if grace_end is not None and now >= grace_end:
+                _say(f"stopping {len(job.running())} rank(s) still running {grace:g} s after rank {failed[0]} failed")
+                break
+            continue
+        done += 1
+        if code != 0 and failed is None:
+            failed = (rank, code)
+            _say(f"rank {rank} {_status_text(code)}")
+            grace_end = time.monotonic() + grace
+    if failed is not None:
+        return _exit_code(failed[1])
+    return 0
+
+
+def add_run_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """Register ``pycoll run``."""
+    p = subparsers.add_parser(
+        "run",
+        help="run a command as N local ranks",
+        description="Run CMD as N ranks on this host, like `mpiexec -n N CMD`.",
+    )
+    p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
+    p.add_argument("--tag-output", action="store_true", help="prefix every output line with [rank]")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="kill the job after S seconds (exit 124)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments")
+    p.set_defaults(func=run_command)
+    return p
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Entry point of ``pycoll run``."""
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        _say("no command given (usage: pycoll run -n N [--tag-output] [--timeout S] [--] CMD ...)")
+        return 2
+    if args.n < 1:
+        _say(f"-n must be at least 1, got {args.n}")
+        return 2
+    return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output)

@@ -1,0 +1,290 @@
+"""Tests of `pycoll run`: exit codes, tagged output, timeouts, grace kills, signals and clean-up."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pycoll.launcher import launch
+
+REPO = Path(__file__).resolve().parents[1]
+# Variables that would make a child think another launcher started it.
+_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+_LAUNCHER_PREFIXES = ("PYCOLL_", "SLURM_", "PMI_", "PMIX_", "OMPI_", "TORCHELASTIC_")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS and not k.startswith(_LAUNCHER_PREFIXES)
+    }
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
+
+
+def pycoll_run(args: list[str], script: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
+    """Run `python -m pycoll run ARGS -- python -c SCRIPT` and capture its output."""
+    cmd = [sys.executable, "-m", "pycoll", "run", *args, "--", sys.executable, "-c", textwrap.dedent(script)]
+    return subprocess.run(cmd, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
+
+
+def alive(pid: int) -> bool:
+    """True if pid runs (a zombie waiting for a non-reaping init counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_for_files(paths: list[Path], limit: float = 30.0) -> None:
+    deadline = time.monotonic() + limit
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
+        time.sleep(0.05)
+
+
+def read_pids(tmp_path: Path) -> list[int]:
+    return [int(p.read_text()) for p in sorted(tmp_path.glob("pid*"))]
+
+
+# Every rank writes its pid (and its sleeping grandchild's) into DIR.
+PIDS = """
+import os, pathlib, subprocess, sys
+d = pathlib.Path(os.environ["DIR"]); r = os.environ["PYCOLL_RANK"]
+kid = subprocess.Popen(["sleep", "1000"])
+(d / f"pid{r}.kid").write_text(str(kid.pid))
+(d / f"pid{r}").write_text(str(os.getpid()))
+"""
+
+
+@pytest.mark.timeout(60)
+def test_all_ranks_succeed():
+    res = pycoll_run(
+        ["-n", "3"],
+        """
+        import os
+        print("rank", os.environ["PYCOLL_RANK"], "of", os.environ["PYCOLL_SIZE"],
+              os.environ["PYCOLL_LOCAL_RANK"], os.environ["PYCOLL_LOCAL_SIZE"], os.environ["PYCOLL_STORE_ADDR"])
+        """,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.splitlines())
+    assert [ln.split()[:6] for ln in lines] == [["rank", str(r), "of", "3", str(r), "3"] for r in range(3)]
+    assert len({ln.split()[6] for ln in lines}) == 1 and lines[0].split()[6].startswith("127.0.0.1:")
+    assert res.stderr == ""
+
+
+@pytest.mark.timeout(60)
+def test_failing_rank_code_is_returned_and_named():
+    res = pycoll_run(["-n", "3"], "import os, sys; sys.exit(3 if os.environ['PYCOLL_RANK'] == '1' else 0)")
+    assert res.returncode == 3
+    assert "rank 1 exited with code 3" in res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_rank_killed_by_signal_gives_128_plus_signal():
+    res = pycoll_run(
+        ["-n", "2"],
+        "import os, signal\nif os.environ['PYCOLL_RANK'] == '0': os.kill(os.getpid(), signal.SIGKILL)",
+    )
+    assert res.returncode == 128 + signal.SIGKILL
+    assert "rank 0 was killed by SIGKILL" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_tag_output_prefixes_every_line():
+    res = pycoll_run(
+        ["-n", "2", "--tag-output"],
+        """
+        import os, sys
+        r = os.environ["PYCOLL_RANK"]
+        print(f"out {r} a"); print(f"out {r} b")
+        sys.stderr.write(f"err {r} no newline")
+        """,
+    )
+    assert res.returncode == 0, res.stderr
+    assert sorted(res.stdout.splitlines()) == ["[0] out 0 a", "[0] out 0 b", "[1] out 1 a", "[1] out 1 b"]
+    assert sorted(res.stderr.splitlines()) == ["[0] err 0 no newline", "[1] err 1 no newline"]
+    # Lines of one rank keep their order.
+    assert [ln for ln in res.stdout.splitlines() if ln.startswith("[1]")] == ["[1] out 1 a", "[1] out 1 b"]
+
+
+@pytest.mark.timeout(90)
+def test_timeout_returns_124_and_leaves_nothing_running(tmp_path):
+    res = pycoll_run(
+        ["-n", "3", "--timeout", "6"],
+        PIDS
+        + """
+import signal, time
+if r == "2":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # needs the SIGKILL
+time.sleep(1000)
+""",
+        DIR=str(tmp_path),
+    )
+    assert res.returncode == 124, res.stderr
+    assert "timeout after 6 s" in res.stderr
+    pids = read_pids(tmp_path)
+    assert len(pids) == 6  # 3 ranks, each with a child: all started before the timeout
+    assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+def test_grace_kill_of_rank_that_hangs_after_another_failed(tmp_path):
+    res = pycoll_run(
+        ["-n", "2"],
+        PIDS
+        + """
+import signal, time
+if r == "0":
+    while not (d / "pid1").exists():
+        time.sleep(0.05)
+    sys.exit(5)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+time.sleep(1000)
+""",
+        DIR=str(tmp_path),
+        PYCOLL_LAUNCH_GRACE="0.5",
+    )
+    assert res.returncode == 5, res.stderr
+    assert "rank 0 exited with code 5" in res.stderr
+    pids = read_pids(tmp_path)
+    assert len(pids) == 4 and [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+def test_grace_lets_other_ranks_finish(tmp_path):
+    res = pycoll_run(
+        ["-n", "2"],
+        """
+        import os, pathlib, sys, time
+        d = pathlib.Path(os.environ["DIR"])
+        if os.environ["PYCOLL_RANK"] == "0":
+            sys.exit(4)
+        time.sleep(1)
+        (d / "finished").write_text("yes")
+        """,
+        DIR=str(tmp_path),
+        PYCOLL_LAUNCH_GRACE="30",
+    )
+    assert res.returncode == 4
+    assert (tmp_path / "finished").exists()
+
+
+@pytest.mark.timeout(90)
+def test_sigint_is_forwarded_to_every_rank(tmp_path):
+    script = textwrap.dedent(
+        """
+        import os, pathlib, signal, time
+        d = pathlib.Path(os.environ["DIR"]); r = os.environ["PYCOLL_RANK"]
+        def on_int(signum, frame):
+            (d / f"sigint{r}").write_text("got it")
+            os._exit(7)
+        signal.signal(signal.SIGINT, on_int)
+        (d / f"pid{r}").write_text(str(os.getpid()))
+        time.sleep(1000)
+        """
+    )
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", script]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(DIR=str(tmp_path)), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"])
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 7, err
+    assert (tmp_path / "sigint0").exists() and (tmp_path / "sigint1").exists()
+    assert [p for p in read_pids(tmp_path) if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_launcher_stops_the_job(tmp_path):
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", PIDS + "import time; time.sleep(1000)"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(DIR=str(tmp_path)), stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1", tmp_path / "pid0.kid", tmp_path / "pid1.kid"])
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert [p for p in read_pids(tmp_path) if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+def test_shm_files_of_the_job_are_removed(tmp_path):
+    other = Path(f"/dev/shm/pycoll-notthisjob{os.getpid()}-0")
+    if not Path("/dev/shm").is_dir():
+        pytest.skip("no /dev/shm on this system")
+    other.write_bytes(b"keep")
+    try:
+        res = pycoll_run(
+            ["-n", "2"],
+            """
+            import os, pathlib
+            from pycoll.bootstrap import bootstrap, publish_all
+            info = bootstrap(30)
+            pathlib.Path(f"/dev/shm/pycoll-{info.job_id}-{info.rank}").write_bytes(b"x")
+            publish_all(info, "made", b"1", 30)
+            print(info.job_id)
+            """,
+        )
+        assert res.returncode == 0, res.stderr
+        job_ids = set(res.stdout.split())
+        assert len(job_ids) == 1
+        assert glob.glob(f"/dev/shm/pycoll-{job_ids.pop()}-*") == []
+        assert other.exists()
+    finally:
+        other.unlink(missing_ok=True)
+
+
+@pytest.mark.timeout(60)
+def test_missing_command_returns_127():
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", "/nonexistent/pycoll-test-binary"]
+    res = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 127
+    assert "cannot start rank 0" in res.stderr
+
+
+@pytest.mark.timeout(60)
+def test_cli_usage_errors():
+    base = [sys.executable, "-m", "pycoll", "run"]
+    no_cmd = subprocess.run(base + ["-n", "2"], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert no_cmd.returncode == 2 and "no command" in no_cmd.stderr
+    no_n = subprocess.run(base + ["true"], cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert no_n.returncode == 2 and "-n" in no_n.stderr
+    # Without "--" the command's own options are left to it.
+    plain = subprocess.run(
+        base + ["-n", "1", sys.executable, "-c", "import sys; print(sys.argv[1:])", "-x", "--y"],
+        cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.strip() == "['-x', '--y']"
+
+
+@pytest.mark.timeout(60)
+def test_programmatic_launch(tmp_path, monkeypatch):
+    for k in list(os.environ):
+        if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES):
+            monkeypatch.delenv(k)
+    script = "import os, pathlib; pathlib.Path(os.environ['DIR'], os.environ['PYCOLL_RANK']).write_text(os.environ['FOO'])"
+    code = launch(3, [sys.executable, "-c", script], env={"DIR": str(tmp_path), "FOO": "bar"}, timeout=50)
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "1", "2"]
+    assert {p.read_text() for p in tmp_path.iterdir()} == {"bar"}
+    assert launch(2, [sys.executable, "-c", "import sys; sys.exit(9)"], timeout=50) == 9
+    with pytest.raises(ValueError):
+        launch(0, ["true"])
