@@ -58,7 +58,7 @@ def _bootstrap_status() -> str:
 def info_command(args: argparse.Namespace) -> int:
     """Entry point of ``pycoll info``."""
     rows = [
-        ("pycoll", _version("pycoll")),
+        ("pycoll", _import_status("pycoll")),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("numpy", _import_status("numpy")),
     ]
