@@ -144,8 +144,12 @@ def _is_datatype(x: Any) -> bool:
     return isinstance(x, (Datatype, np.dtype, type, str))
 
 
-def parse(spec: Any, what: str, op: str, *, writable: bool = False) -> Buf:
-    """Resolve ``buf``, ``[buf, count]``, ``[buf, dtype]`` or ``[buf, count, dtype]``."""
+def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int = 1) -> Buf:
+    """Resolve ``buf``, ``[buf, count]``, ``[buf, dtype]`` or ``[buf, count, dtype]``.
+
+    With ``blocks`` > 1 (one block per rank, as in Allgather's recvbuf) an explicit count is per
+    block, and without one each block is ``len // blocks`` elements, as in mpi4py.
+    """
     count: Optional[int] = None
     dtype: Optional[np.dtype] = None
     obj = spec
@@ -173,11 +177,15 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False) -> Buf:
     if count is not None:
         if count < 0:
             raise InvalidArgumentError(f"{what}: count {count} is negative", op=op)
-        if count > arr.shape[0]:
+        if count * blocks > arr.shape[0]:
+            per = f" ({blocks} blocks of {count})" if blocks > 1 else ""
             raise InvalidArgumentError(
-                f"{what}: count {count} exceeds the buffer's {arr.shape[0]} {arr.dtype.name} elements", op=op
+                f"{what}: count {count * blocks}{per} exceeds the buffer's {arr.shape[0]} {arr.dtype.name} elements",
+                op=op,
             )
-        arr = arr[:count]
+        arr = arr[: count * blocks]
+    elif blocks > 1:
+        arr = arr[: arr.shape[0] // blocks * blocks]
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(f"{what} is read-only", op=op)
     return Buf(arr, arr.dtype)

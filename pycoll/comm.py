@@ -191,15 +191,15 @@ class Comm:
         return Request(self._engine, self, schedule=sched)
 
     # ---- argument resolution -----------------------------------------------------------------
-    def _recv(self, spec: Any, opname: str) -> Buf:
+    def _recv(self, spec: Any, opname: str, blocks: int = 1) -> Buf:
         if spec is IN_PLACE:
             raise InvalidArgumentError("MPI.IN_PLACE is not allowed as the receive buffer here", op=opname, rank=self._rank)
-        return buffers.parse(spec, "recvbuf", opname, writable=True)
+        return buffers.parse(spec, "recvbuf", opname, writable=True, blocks=blocks)
 
-    def _send(self, spec: Any, opname: str) -> Buf:
+    def _send(self, spec: Any, opname: str, blocks: int = 1) -> Buf:
         if spec is IN_PLACE:
             raise InvalidArgumentError("MPI.IN_PLACE is not allowed as the send buffer here", op=opname, rank=self._rank)
-        return buffers.parse(spec, "sendbuf", opname)
+        return buffers.parse(spec, "sendbuf", opname, blocks=blocks)
 
     def _same_type(self, a: np.dtype, b: np.dtype, opname: str) -> None:
         if a != b:
@@ -288,7 +288,7 @@ class Comm:
                 raise InvalidArgumentError(f"in place, recvbuf needs {total} elements, has {recv.count}", op=name, rank=self._rank)
             send_arr = recv.array[:total]
         else:
-            send = self._send(sendbuf, name)
+            send = self._send(sendbuf, name, blocks=self._size if recvcounts is None else 1)
             self._same_type(send.dtype, recv.dtype, name)
             if send.count != total:
                 raise InvalidArgumentError(f"sendbuf needs {total} elements (sum of recvcounts), has {send.count}", op=name, rank=self._rank)
@@ -349,8 +349,8 @@ class Comm:
         if vector:
             rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
         else:
-            r = self._recv(recvbuf, name)
-            each = self._whole(r.count, self._size, "recvbuf", name)
+            r = self._recv(recvbuf, name, blocks=self._size)
+            each = r.count // self._size
             rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
         mine = rv.counts[self._rank]
         send_arr = None
@@ -389,8 +389,8 @@ class Comm:
             if vector:
                 rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
             else:
-                r = self._recv(recvbuf, name)
-                each = self._whole(r.count, self._size, "recvbuf", name)
+                r = self._recv(recvbuf, name, blocks=self._size)
+                each = r.count // self._size
                 rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
             recv_arr, counts, displs, dtype = rv.array, rv.counts, rv.displs, rv.dtype
             if send is not None:
@@ -426,8 +426,8 @@ class Comm:
             if vector:
                 sv = buffers.parse_vector(sendbuf, "sendbuf", name, self._size)
             else:
-                s = self._send(sendbuf, name)
-                each = self._whole(s.count, self._size, "sendbuf", name)
+                s = self._send(sendbuf, name, blocks=self._size)
+                each = s.count // self._size
                 sv = VBuf(s.array, s.dtype, [each] * self._size, [i * each for i in range(self._size)])
             send_arr, counts, displs, dtype = sv.array, sv.counts, sv.displs, sv.dtype
             if recv is not None:
@@ -457,13 +457,13 @@ class Comm:
             rv = buffers.parse_vector(recvbuf, "recvbuf", name, p, writable=True)
             sv = rv if sendbuf is IN_PLACE else buffers.parse_vector(sendbuf, "sendbuf", name, p)
         else:
-            r = self._recv(recvbuf, name)
-            each = self._whole(r.count, p, "recvbuf", name)
+            r = self._recv(recvbuf, name, blocks=p)
+            each = r.count // p
             rv = VBuf(r.array, r.dtype, [each] * p, [i * each for i in range(p)])
             if sendbuf is IN_PLACE:
                 sv = rv
             else:
-                s = self._send(sendbuf, name)
+                s = self._send(sendbuf, name, blocks=p)
                 if s.count != r.count:
                     raise InvalidArgumentError(f"sendbuf has {s.count} elements, recvbuf {r.count}", op=name, rank=self._rank)
                 sv = VBuf(s.array, s.dtype, rv.counts, rv.displs)

@@ -61,8 +61,15 @@ def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     for s in range(1, p):
         reqs.append(st.recv((r - s) % p, out[(r - s) % p]))
         reqs.append(st.send((r + s) % p, inp[(r + s) % p]))
-    yield tuple(reqs)
+    try:
+        yield tuple(reqs)
+    except GeneratorExit:  # the call failed: in place, put the caller's input back
+        if call.in_place:
+            st.mem.copy(call.send, source)
+        raise
     st.mem.copy(out[r], inp[r])
+    if call.in_place:
+        st.mem.release(source)
 
 
 @register(
