@@ -12,7 +12,7 @@ import numpy as np
 
 from . import buffers, datatypes
 from . import ops as _ops
-from .algorithms import Call, Steps, select
+from .algorithms import CHECK_CALLS, Call, Steps, select, verify_call
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import InvalidArgumentError, PycollError
 from .memory import backend
@@ -163,8 +163,15 @@ class Comm:
         steps = Steps(
             self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host")
         )
-        algo = select(call, self._size)
-        return self._engine.start(Schedule(algo.run(steps, call), owner))
+        gen = select(call, self._size).run(steps, call)
+        if CHECK_CALLS.get() and self._size > 1:
+            gen = self._checked(steps, sig, gen)
+        return self._engine.start(Schedule(gen, owner))
+
+    @staticmethod
+    def _checked(steps: Steps, sig: Sig, gen):
+        yield from verify_call(steps, sig, _describe)
+        yield from gen
 
     def _finish(self, sched: Schedule) -> None:
         self._engine.wait_schedule(sched, self.timeout)
@@ -181,7 +188,7 @@ class Comm:
             self._seq += 1  # every rank consumes this call's number, so the next call still lines up
             owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
             self._engine.notify_skip(owner, err)
-            raise
+            raise InvalidArgumentError(err.cause, op=owner.op, rank=self._rank, peers=err.peers) from None
 
     def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any) -> None:
         self._finish(self._schedule(label, *self._resolve(label, build, args)))

@@ -505,7 +505,7 @@ class Engine:
                 op=info.get("op"),
                 peers=peers,
             )
-            err.skipped = True  # type: ignore[attr-defined]
+            err.contained = True  # type: ignore[attr-defined]  # only this call fails; nothing to abort
             key = (base, int(info.get("seq", -1)))
             for sched in self._schedules:
                 if (sched.owner.ctx, sched.owner.tag) == key:
@@ -514,8 +514,7 @@ class Engine:
             self._skipped[key] = err
             return
         err = RemoteError(
-            f"rank {info.get('rank')} failed ({info.get('error', 'error')}: {info.get('cause', '?')})",
-            op=info.get("op"),
+            f"rank {info.get('rank')} failed in {info.get('op', '?')} ({info.get('error', 'error')}: {info.get('cause', '?')})",
             peers=peers,
         )
         self.break_ctx(base & ~1, err, int(info.get("seq", -1)))
@@ -540,8 +539,8 @@ class Engine:
     @staticmethod
     def _with_rank(err: PycollError, owner: Owner) -> PycollError:
         if isinstance(err, RemoteError) and err.rank is None:
-            out = RemoteError(err.cause, op=err.op or owner.op, rank=owner.rank, peers=err.peers)
-            out.skipped = getattr(err, "skipped", False)  # type: ignore[attr-defined]
+            out = RemoteError(err.cause, op=owner.op, rank=owner.rank, peers=err.peers)
+            out.contained = getattr(err, "contained", False)  # type: ignore[attr-defined]
             return out
         return err
 
@@ -567,7 +566,7 @@ class Engine:
     def abort(self, owner: Owner, err: PycollError) -> None:
         """Tell the communicator's other members that this operation failed here, then break it locally."""
         base = owner.ctx & ~1
-        if base in self._broken or getattr(err, "skipped", False):
+        if base in self._broken or getattr(err, "contained", False):
             return
         reqs = self._tell_members(owner, err, _ABORT_TAG, base)
         self._broken[base] = (err, owner.tag)

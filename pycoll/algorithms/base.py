@@ -89,13 +89,17 @@ class Steps:
         self.mem = mem
         self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
 
-    def send(self, peer: int, arr: np.ndarray) -> Request:
-        """Send ``arr`` to ``peer``; the request completes once the bytes are out of ``arr``."""
-        return self.engine.isend(self._world[peer], arr, self._ctx, self._tag, self._sig, self._owner)
+    @property
+    def owner(self) -> Owner:
+        return self._owner
 
-    def recv(self, peer: int, arr: np.ndarray) -> Request:
+    def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
+        """Send ``arr`` to ``peer``; the request completes once the bytes are out of ``arr``."""
+        return self.engine.isend(self._world[peer], arr, self._ctx, self._tag, sig or self._sig, self._owner)
+
+    def recv(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
         """Receive exactly ``arr.nbytes`` bytes from ``peer`` into ``arr``."""
-        return self.engine.irecv(self._world[peer], arr, self._ctx, self._tag, self._sig, self._owner)
+        return self.engine.irecv(self._world[peer], arr, self._ctx, self._tag, sig or self._sig, self._owner)
 
     def recv_reduce(self, peer: int, local: np.ndarray, out: np.ndarray, op: Op) -> Request:
         """Receive from ``peer`` and write ``out = op(local, incoming)`` as bytes arrive (no staging array)."""

@@ -1,0 +1,269 @@
+"""Data-movement collectives (Bcast, gathers, scatters, all-to-all, Barrier) over dtypes x counts x roots."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import COUNTS, case, sentinel
+
+
+def _lab(name, dt, count, inplace=False, root=None):
+    s = f"{name} dtype={np.dtype(dt).name} count={count} {'in-place' if inplace else 'out-of-place'}"
+    return s if root is None else s + f" root={root}"
+
+
+def vcounts(count, n):
+    """Uneven per-rank counts (rank 0 gets count-1, so count 1 gives a zero-size block)."""
+    return [max(0, count + q - 1) if count else 0 for q in range(n)]
+
+
+def vlayout(counts, gap=2):
+    """Displacements placing blocks in reverse rank order with ``gap`` unused elements between them."""
+    n = len(counts)
+    displs = [0] * n
+    pos = gap
+    for q in reversed(range(n)):
+        displs[q] = pos
+        pos += counts[q] + gap
+    return displs, pos  # pos = total length incl. gaps
+
+
+@case
+def case_bcast(ctx):
+    comm = ctx.comm
+    i = 0
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            # the root rotates with the dtype/count so every root sees many dtypes
+            for root in sorted({i % ctx.size, (i + 1) % ctx.size}):
+                data = ctx.data(dt, count, root, "bcast", i)
+                buf = data.copy() if ctx.rank == root else sentinel(dt, count)
+                comm.Bcast(buf, root=root)
+                ctx.check(_lab("Bcast", dt, count, root=root), buf, data)
+            i += 1
+
+
+@case
+def case_allgather(ctx):
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            parts = [ctx.data(dt, count, q) for q in range(n)]
+            expected = np.concatenate(parts) if n else parts[0]
+            mine = parts[r].copy()
+            recv = sentinel(dt, count * n)
+            comm.Allgather(mine, recv)
+            ctx.check(_lab("Allgather", dt, count), recv, expected)
+            ctx.check(_lab("Allgather", dt, count) + " (sendbuf unchanged)", mine, parts[r])
+            recv = sentinel(dt, count * n)
+            recv[r * count:(r + 1) * count] = parts[r]
+            comm.Allgather(MPI.IN_PLACE, recv)
+            ctx.check(_lab("Allgather", dt, count, True), recv, expected)
+
+
+@case
+def case_allgatherv(ctx):
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            counts = vcounts(count, n)
+            displs, total = vlayout(counts)
+            parts = [ctx.data(dt, counts[q], q) for q in range(n)]
+            expected = sentinel(dt, total)
+            for q in range(n):
+                expected[displs[q]:displs[q] + counts[q]] = parts[q]
+            lab = _lab("Allgatherv", dt, count) + f" counts={counts} displs={displs}"
+            mine = parts[r].copy()
+            recv = sentinel(dt, total)
+            comm.Allgatherv(mine, ctx.vspec(recv, counts, displs))
+            ctx.check(lab, recv, expected)
+            ctx.check(lab + " (sendbuf unchanged)", mine, parts[r])
+            # in place: this rank's block is already at its displacement
+            recv = sentinel(dt, total)
+            recv[displs[r]:displs[r] + counts[r]] = parts[r]
+            comm.Allgatherv(MPI.IN_PLACE, ctx.vspec(recv, counts, displs))
+            ctx.check(lab.replace("out-of-place", "in-place"), recv, expected)
+            # contiguous layout with a tuple counts and no gaps
+            cdispl = [sum(counts[:q]) for q in range(n)]
+            recv = sentinel(dt, sum(counts))
+            comm.Allgatherv(mine, ctx.vspec(recv, tuple(counts), tuple(cdispl)))
+            ctx.check(lab + " contiguous", recv, np.concatenate(parts))
+
+
+@case
+def case_gather(ctx):
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    i = 0
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            parts = [ctx.data(dt, count, q, i) for q in range(n)]
+            expected = np.concatenate(parts)
+            for inplace in (False, True):
+                root = (i // 2 + i % 2) % n  # every root gets both variants
+                i += 1
+                lab = _lab("Gather", dt, count, inplace, root)
+                mine = parts[r].copy()
+                if r == root:
+                    recv = sentinel(dt, count * n)
+                    if inplace:
+                        recv[r * count:(r + 1) * count] = parts[r]
+                        comm.Gather(MPI.IN_PLACE, recv, root=root)
+                    else:
+                        comm.Gather(mine, recv, root=root)
+                    ctx.check(lab, recv, expected)
+                else:
+                    comm.Gather(mine, None, root=root)
+                ctx.check(lab + " (sendbuf unchanged)", mine, parts[r])
+
+
+@case
+def case_gatherv(ctx):
+    comm = ctx.comm
+    n, r = ctx.size, ctx.rank
+    i = 0
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            root = i % n
+            i += 1
+            counts = vcounts(count, n)
+            displs, total = vlayout(counts)
+            parts = [ctx.data(dt, counts[q], q) for q in range(n)]
+            lab = _lab("Gatherv", dt, count, root=root) + f" counts={counts}"
+            mine = parts[r].copy()
+            if r == root:
+                recv = sentinel(dt, total)
+                comm.Gatherv(mine, ctx.vspec(recv, counts, displs), root=root)
+                expected = sentinel(dt, total)
+                for q in range(n):
+                    expected[displs[q]:displs[q] + counts[q]] = parts[q]
+                ctx.check(lab, recv, expected)
+            else:
+                comm.Gatherv(mine, None, root=root)
+            ctx.check(lab + " (sendbuf unchanged)", mine, parts[r])
+
+
+@case
+def case_scatter(ctx):
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    i = 0
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            for inplace in (False, True):
+                root = (i // 2 + i % 2) % n  # every root gets both variants
+                i += 1
+                full = ctx.data(dt, count * n, root, i)
+                lab = _lab("Scatter", dt, count, inplace, root)
+                expected = full[r * count:(r + 1) * count]
+                if r == root:
+                    send = full.copy()
+                    if inplace:
+                        comm.Scatter(send, MPI.IN_PLACE, root=root)
+                        ctx.check(lab + " (root's sendbuf unchanged)", send, full)
+                        continue
+                    recv = sentinel(dt, count)
+                    comm.Scatter(send, recv, root=root)
+                    ctx.check(lab + " (sendbuf unchanged)", send, full)
+                else:
+                    recv = sentinel(dt, count)
+                    comm.Scatter(None, recv, root=root)
+                ctx.check(lab, recv, expected)
+
+
+@case
+def case_scatterv(ctx):
+    comm = ctx.comm
+    n, r = ctx.size, ctx.rank
+    i = 0
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            root = i % n
+            i += 1
+            counts = vcounts(count, n)
+            displs, total = vlayout(counts)
+            full = ctx.data(dt, total, root, i)
+            lab = _lab("Scatterv", dt, count, root=root) + f" counts={counts}"
+            recv = sentinel(dt, counts[r])
+            if r == root:
+                send = full.copy()
+                comm.Scatterv(ctx.vspec(send, counts, displs), recv, root=root)
+                ctx.check(lab + " (sendbuf unchanged)", send, full)
+            else:
+                comm.Scatterv(None, recv, root=root)
+            ctx.check(lab, recv, full[displs[r]:displs[r] + counts[r]])
+
+
+@case
+def case_alltoall(ctx):
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            sends = [ctx.data(dt, count * n, q) for q in range(n)]
+            expected = np.concatenate([sends[q][r * count:(r + 1) * count] for q in range(n)])
+            lab = _lab("Alltoall", dt, count)
+            mine = sends[r].copy()
+            recv = sentinel(dt, count * n)
+            comm.Alltoall(mine, recv)
+            ctx.check(lab, recv, expected)
+            ctx.check(lab + " (sendbuf unchanged)", mine, sends[r])
+            buf = sends[r].copy()
+            comm.Alltoall(MPI.IN_PLACE, buf)
+            ctx.check(_lab("Alltoall", dt, count, True), buf, expected)
+
+
+@case
+def case_alltoallv(ctx):
+    comm = ctx.comm
+    ctx.require("Alltoallv")
+    n, r = ctx.size, ctx.rank
+    for dt in ctx.dtypes():
+        for count in COUNTS:
+            # rank q sends (count + q + p) % 4 * count//3 ... kept simple: c(q->p) = max(0, count + q - p)
+            def c(q, p):
+                return max(0, count + q - p) if count else 0
+
+            def layout(cnts):
+                displs, total = vlayout(cnts, gap=1)
+                return displs, total
+
+            scounts = [c(r, p) for p in range(n)]
+            sdispls, stotal = layout(scounts)
+            rcounts = [c(q, r) for q in range(n)]
+            rdispls, rtotal = layout(rcounts)
+            sendbufs = {}
+            for q in range(n):
+                qs = [c(q, p) for p in range(n)]
+                qd, qt = layout(qs)
+                sendbufs[q] = (ctx.data(dt, qt, q), qs, qd)
+            mine = sendbufs[r][0].copy()
+            expected = sentinel(dt, rtotal)
+            for q in range(n):
+                qbuf, qs, qd = sendbufs[q]
+                expected[rdispls[q]:rdispls[q] + rcounts[q]] = qbuf[qd[r]:qd[r] + qs[r]]
+            recv = sentinel(dt, rtotal)
+            comm.Alltoallv(ctx.vspec(mine, scounts, sdispls), ctx.vspec(recv, rcounts, rdispls))
+            lab = _lab("Alltoallv", dt, count)
+            ctx.check(lab, recv, expected)
+            ctx.check(lab + " (sendbuf unchanged)", mine, sendbufs[r][0])
+
+
+@case
+def case_barrier(ctx):
+    """Barrier orders side effects: every rank's file exists once everyone left a barrier."""
+    import os
+
+    comm = ctx.comm
+    for _ in range(5):
+        comm.Barrier()
+    if ctx.out_dir:
+        path = os.path.join(ctx.out_dir, f"barrier.{ctx.rank}")
+        with open(path, "w") as fh:
+            fh.write("x")
+        comm.Barrier()
+        missing = [q for q in range(ctx.size) if not os.path.exists(os.path.join(ctx.out_dir, f"barrier.{q}"))]
+        ctx.expect(not missing, "Barrier", f"files of ranks {missing} missing after Barrier")
+        comm.Barrier()

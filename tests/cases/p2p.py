@@ -1,0 +1,294 @@
+"""Point-to-point: tags, ANY_SOURCE/ANY_TAG with Status, self-send, ordering, large bidirectional messages, objects."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from . import case, reduce_ref, sentinel
+
+
+@case
+def case_ring_send_recv(ctx):
+    """Each rank Sends to the right and Recvs from the left (even ranks send first; no reliance on buffering)."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    right, left = (r + 1) % n, (r - 1) % n
+    for dt in (np.float64, np.int8, np.complex64):
+        for count in (0, 1, 1000):
+            out = ctx.data(dt, count, r)
+            inbuf = sentinel(dt, count)
+            if r % 2 == 0:
+                comm.Send(out, dest=right, tag=3)
+                comm.Recv(inbuf, source=left, tag=3)
+            else:
+                comm.Recv(inbuf, source=left, tag=3)
+                comm.Send(out, dest=right, tag=3)
+            ctx.check(f"ring Send/Recv dtype={np.dtype(dt).name} count={count}", inbuf, ctx.data(dt, count, left))
+            if count == 0:
+                st = MPI.Status()
+                if r % 2 == 0:
+                    comm.Send(out, dest=right, tag=30)
+                    comm.Recv(inbuf, source=left, tag=30, status=st)
+                else:
+                    comm.Recv(inbuf, source=left, tag=30, status=st)
+                    comm.Send(out, dest=right, tag=30)
+                ctx.check_equal("empty message: status count", st.Get_count(MPI.BYTE), 0)
+                ctx.check_equal("empty message: status (source, tag)", (st.Get_source(), st.Get_tag()), (left, 30))
+            ctx.check("Send sendbuf unchanged", out, ctx.data(dt, count, r))
+
+
+@case
+def case_tags_out_of_order(ctx):
+    """Messages with different tags can be received in a different order than sent."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    if r == 0:
+        a = np.arange(10, dtype=np.int32)
+        b = np.arange(10, 30, dtype=np.int32)
+        c = np.arange(30, 35, dtype=np.int32)
+        reqs = [comm.Isend(a, dest=1, tag=5), comm.Isend(b, dest=1, tag=7), comm.Isend(c, dest=1, tag=9)]
+        MPI.Request.Waitall(reqs)
+    elif r == 1:
+        b = np.zeros(20, np.int32)
+        comm.Recv(b, source=0, tag=7)
+        a = np.zeros(10, np.int32)
+        comm.Recv(a, source=0, tag=5)
+        c = np.zeros(5, np.int32)
+        st = MPI.Status()
+        comm.Recv(c, source=0, tag=MPI.ANY_TAG, status=st)
+        ctx.check("tag 7 first", b, np.arange(10, 30, dtype=np.int32))
+        ctx.check("tag 5 second", a, np.arange(10, dtype=np.int32))
+        ctx.check("ANY_TAG last", c, np.arange(30, 35, dtype=np.int32))
+        ctx.check_equal("ANY_TAG status tag", st.Get_tag(), 9)
+        ctx.check_equal("ANY_TAG status source", st.Get_source(), 0)
+    comm.Barrier()
+
+
+@case
+def case_any_source_status(ctx):
+    """Rank 0 receives one message from every other rank with ANY_SOURCE/ANY_TAG; Status says who and how much."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    if r == 0:
+        seen = {}
+        for _ in range(n - 1):
+            buf = sentinel(np.float64, 64)
+            st = MPI.Status()
+            comm.Recv(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+            src, tag = st.Get_source(), st.Get_tag()
+            cnt = st.Get_count(MPI.DOUBLE)
+            ctx.check_equal(f"status tag of message from {src}", tag, 100 + src)
+            ctx.check_equal(f"Get_count(DOUBLE) from {src}", cnt, 3 * src)
+            ctx.check_equal(f"Get_count() (bytes) from {src}", st.Get_count(), 3 * src * 8)
+            ctx.check(f"payload from {src}", buf[:cnt], np.full(cnt, src, np.float64))
+            ctx.check(f"tail beyond count from {src}", buf[cnt:], sentinel(np.float64, 64 - cnt))
+            seen[src] = seen.get(src, 0) + 1
+        ctx.check_equal("each source seen once", seen, {q: 1 for q in range(1, n)})
+    else:
+        comm.Send(np.full(3 * r, r, np.float64), dest=0, tag=100 + r)
+    comm.Barrier()
+    # specific source, ANY_TAG
+    if r == n - 1:
+        comm.Send(np.array([1, 2, 3], np.int16), dest=0, tag=42)
+    elif r == 0:
+        st = MPI.Status()
+        buf = np.zeros(3, np.int16)
+        comm.Recv(buf, source=n - 1, tag=MPI.ANY_TAG, status=st)
+        ctx.check_equal("specific source ANY_TAG: tag", st.Get_tag(), 42)
+        ctx.check_equal("specific source ANY_TAG: source", st.Get_source(), n - 1)
+        ctx.check("specific source ANY_TAG: data", buf, np.array([1, 2, 3], np.int16))
+    comm.Barrier()
+
+
+@case
+def case_self_send(ctx):
+    """A rank sends to itself (Isend + Recv, Irecv + Send, Sendrecv)."""
+    comm, MPI = ctx.comm, ctx.MPI
+    r = ctx.rank
+    for count in (0, 5, 300000):
+        out = ctx.data(np.float32, count, r)
+        inbuf = sentinel(np.float32, count)
+        req = comm.Isend(out, dest=r, tag=11)
+        comm.Recv(inbuf, source=r, tag=11)
+        req.Wait()
+        ctx.check(f"self Isend/Recv count={count}", inbuf, out)
+        inbuf = sentinel(np.float32, count)
+        req = comm.Irecv(inbuf, source=r, tag=12)
+        comm.Send(out, dest=r, tag=12)
+        req.Wait()
+        ctx.check(f"self Irecv/Send count={count}", inbuf, out)
+    if hasattr(comm, "Sendrecv"):
+        out = ctx.data(np.int64, 50, r)
+        inbuf = np.zeros(50, np.int64)
+        comm.Sendrecv(out, dest=r, sendtag=1, recvbuf=inbuf, source=r, recvtag=1)
+        ctx.check("self Sendrecv", inbuf, out)
+    else:
+        ctx.note("Sendrecv not available")
+    obj_req = None
+    if hasattr(comm, "isend"):
+        obj_req = comm.isend({"self": r}, dest=r, tag=13)
+        ctx.check_equal("self isend/recv object", comm.recv(source=r, tag=13), {"self": r})
+        obj_req.wait()
+
+
+@case
+def case_non_overtaking(ctx):
+    """Messages between one pair with one tag arrive in the order sent."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    k = 20
+    if r == 1:
+        reqs = [comm.Isend(np.full(4 + j, j, np.int32), dest=0, tag=8) for j in range(k)]
+        MPI.Request.Waitall(reqs)
+    elif r == 0:
+        for j in range(k):
+            buf = np.zeros(4 + j, np.int32)
+            comm.Recv(buf, source=1, tag=8)
+            ctx.check(f"message {j} in order", buf, np.full(4 + j, j, np.int32))
+    comm.Barrier()
+
+
+@case
+def case_large_bidirectional(ctx):
+    """8 MB messages both ways at once between every pair of neighbours, without deadlock."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    count = 1 << 20  # float64 -> 8 MB
+    right, left = (r + 1) % n, (r - 1) % n
+    # (a) Irecv posted, then blocking Send, then Wait
+    out = ctx.data(np.float64, count, r, "a")
+    inbuf = np.zeros(count, np.float64)
+    req = comm.Irecv(inbuf, source=left, tag=21)
+    comm.Send(out, dest=right, tag=21)
+    req.Wait()
+    ctx.check("Irecv+Send ring 8 MB", inbuf, ctx.data(np.float64, count, left, "a"))
+    # (b) Isend both ways, then blocking Recv
+    out = ctx.data(np.float64, count, r, "b")
+    inbuf = np.zeros(count, np.float64)
+    req = comm.Isend(out, dest=left, tag=22)
+    comm.Recv(inbuf, source=right, tag=22)
+    req.Wait()
+    ctx.check("Isend+Recv reverse ring 8 MB", inbuf, ctx.data(np.float64, count, right, "b"))
+    # (c) pairs exchange with all four requests at once
+    partner = r ^ 1
+    if partner < n:
+        out = ctx.data(np.uint8, 3 * count + 1, r, "c")
+        inbuf = np.zeros(3 * count + 1, np.uint8)
+        reqs = [comm.Irecv(inbuf, source=partner, tag=23), comm.Isend(out, dest=partner, tag=23)]
+        MPI.Request.Waitall(reqs)
+        ctx.check("pairwise Isend/Irecv 3 MB", inbuf, ctx.data(np.uint8, 3 * count + 1, partner, "c"))
+    # (d) Sendrecv, when present
+    if hasattr(comm, "Sendrecv"):
+        out = ctx.data(np.int32, count, r, "d")
+        inbuf = np.zeros(count, np.int32)
+        comm.Sendrecv(out, dest=right, sendtag=24, recvbuf=inbuf, source=left, recvtag=24)
+        ctx.check("Sendrecv ring 4 MB", inbuf, ctx.data(np.int32, count, left, "d"))
+
+
+@case
+def case_irecv_test_poll(ctx):
+    """Irecv completed by polling Test(); Status of a wildcard Wait."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    if r == 0:
+        buf = np.zeros(1000, np.int64)
+        req = comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        comm.Barrier()  # the sender sends only after this
+        deadline = time.monotonic() + 60
+        st0 = MPI.Status()
+        while not req.Test(st0):  # the call that returns True fills the status
+            if time.monotonic() > deadline:
+                ctx.fail("Irecv Test", "never completed")
+                break
+            time.sleep(0.0005)
+        ctx.check_equal("Irecv (polled) status (source, tag, count)", (st0.Get_source(), st0.Get_tag(), st0.Get_count(MPI.INT64_T)), (n - 1, 76, 1000))
+        ctx.check("Irecv (polled)", buf, np.arange(1000, dtype=np.int64))
+        st = MPI.Status()
+        req2 = comm.Irecv(buf, source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG)
+        req2.Wait(st)
+        ctx.check_equal("Wait(status) source", st.Get_source(), n - 1)
+        ctx.check_equal("Wait(status) tag", st.Get_tag(), 77)
+        ctx.check_equal("Wait(status) count", st.Get_count(MPI.INT64_T), 10)
+    else:
+        comm.Barrier()
+        if r == n - 1:
+            comm.Send(np.arange(1000, dtype=np.int64), dest=0, tag=76)
+            comm.Send(np.arange(10, dtype=np.int64), dest=0, tag=77)
+    # no rank may start the next case (and send to rank 0) while rank 0 has a wildcard receive posted
+    comm.Barrier()
+
+
+@case
+def case_objects(ctx):
+    """send/recv of Python objects with tags and wildcards."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    if r != 0:
+        comm.send({"from": r, "data": list(range(r))}, dest=0, tag=r)
+    else:
+        got = {}
+        for _ in range(n - 1):
+            st = MPI.Status()
+            obj = comm.recv(source=MPI.ANY_SOURCE, tag=MPI.ANY_TAG, status=st)
+            got[obj["from"]] = obj
+            ctx.check_equal("recv status source", st.Get_source(), obj["from"])
+            ctx.check_equal("recv status tag", st.Get_tag(), obj["from"])
+        ctx.check_equal("recv objects", got, {q: {"from": q, "data": list(range(q))} for q in range(1, n)})
+    comm.Barrier()
+    if r == 0:
+        comm.send("second", dest=n - 1, tag=5)
+        comm.send("first", dest=n - 1, tag=4)
+    elif r == n - 1:
+        ctx.check_equal("recv by tag 4", comm.recv(source=0, tag=4), "first")
+        ctx.check_equal("recv by tag 5", comm.recv(source=0, tag=5), "second")
+    comm.Barrier()
+
+
+@case
+def case_p2p_with_collectives(ctx):
+    """Outstanding Irecv/Isend across collectives: the two kinds of traffic do not mix."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    inbuf = np.zeros(100, np.float64)
+    rreq = comm.Irecv(inbuf, source=left, tag=0)
+    out = np.full(100, r, np.float64)
+    sreq = comm.Isend(out, dest=right, tag=0)
+    a = np.full(100, r + 1, np.float64)
+    b = np.zeros(100, np.float64)
+    comm.Allreduce(a, b, op=MPI.SUM)
+    comm.Barrier()
+    MPI.Request.Waitall([rreq, sreq])
+    ctx.check("Allreduce with p2p outstanding", b, np.full(100, n * (n + 1) / 2))
+    ctx.check("Irecv across collectives", inbuf, np.full(100, left, np.float64))
+    # the other way round: a nonblocking collective outstanding across blocking p2p
+    big = ctx.data(np.float32, 200000, r)
+    big_out = np.zeros(200000, np.float32)
+    creq = comm.Iallreduce(big, big_out, op=MPI.SUM)
+    got = np.zeros(1000, np.int32)
+    if n > 1:
+        if r % 2 == 0:
+            comm.Send(np.full(1000, r, np.int32), dest=right, tag=0)
+            comm.Recv(got, source=left, tag=0)
+        else:
+            comm.Recv(got, source=left, tag=0)
+            comm.Send(np.full(1000, r, np.int32), dest=right, tag=0)
+        ctx.check("p2p while Iallreduce outstanding", got, np.full(1000, left, np.int32))
+    creq.Wait()
+    ctx.check("Iallreduce across p2p", big_out, reduce_ref("SUM", [ctx.data(np.float32, 200000, q) for q in range(n)], np.float32))
