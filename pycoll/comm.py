@@ -14,7 +14,7 @@ from . import buffers, datatypes
 from . import ops as _ops
 from .algorithms import CHECK_CALLS, Call, Steps, select, verify_call
 from .buffers import IN_PLACE, Buf, VBuf
-from .errors import InvalidArgumentError, PycollError
+from .errors import InvalidArgumentError
 from .memory import backend
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
@@ -208,6 +208,16 @@ class Comm:
             raise InvalidArgumentError("MPI.IN_PLACE is not allowed as the send buffer here", op=opname, rank=self._rank)
         return buffers.parse(spec, "sendbuf", opname, blocks=blocks)
 
+    def _per_rank(self, spec: Any, what: str, opname: str, vector: bool, writable: bool) -> VBuf:
+        """One block per rank: ``[buf, counts, displs]`` if vector, else ``len // size`` (or the spec's count) each."""
+        if vector:
+            return buffers.parse_vector(spec, what, opname, self._size, writable=writable)
+        if spec is IN_PLACE:
+            raise InvalidArgumentError(f"MPI.IN_PLACE is not allowed as {what} here", op=opname, rank=self._rank)
+        b = buffers.parse(spec, what, opname, writable=writable, blocks=self._size)
+        each = b.count // self._size
+        return VBuf(b.array, b.dtype, [each] * self._size, [i * each for i in range(self._size)])
+
     def _same_type(self, a: np.dtype, b: np.dtype, opname: str) -> None:
         if a != b:
             raise InvalidArgumentError(f"sendbuf holds {a.name} but recvbuf holds {b.name}", op=opname, rank=self._rank)
@@ -353,12 +363,7 @@ class Comm:
 
     def _allgather_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Allgatherv" if vector else "Allgather"
-        if vector:
-            rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
-        else:
-            r = self._recv(recvbuf, name, blocks=self._size)
-            each = r.count // self._size
-            rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
+        rv = self._per_rank(recvbuf, "recvbuf", name, vector, writable=True)
         mine = rv.counts[self._rank]
         send_arr = None
         if sendbuf is not IN_PLACE:
@@ -393,12 +398,7 @@ class Comm:
         recv_arr, counts, displs = None, [], []
         dtype = send.dtype if send is not None else None
         if at_root:
-            if vector:
-                rv = buffers.parse_vector(recvbuf, "recvbuf", name, self._size, writable=True)
-            else:
-                r = self._recv(recvbuf, name, blocks=self._size)
-                each = r.count // self._size
-                rv = VBuf(r.array, r.dtype, [each] * self._size, [i * each for i in range(self._size)])
+            rv = self._per_rank(recvbuf, "recvbuf", name, vector, writable=True)
             recv_arr, counts, displs, dtype = rv.array, rv.counts, rv.displs, rv.dtype
             if send is not None:
                 self._same_type(send.dtype, rv.dtype, name)
@@ -430,12 +430,7 @@ class Comm:
         send_arr, counts, displs = None, [], []
         dtype = recv.dtype if recv is not None else None
         if at_root:
-            if vector:
-                sv = buffers.parse_vector(sendbuf, "sendbuf", name, self._size)
-            else:
-                s = self._send(sendbuf, name, blocks=self._size)
-                each = s.count // self._size
-                sv = VBuf(s.array, s.dtype, [each] * self._size, [i * each for i in range(self._size)])
+            sv = self._per_rank(sendbuf, "sendbuf", name, vector, writable=False)
             send_arr, counts, displs, dtype = sv.array, sv.counts, sv.displs, sv.dtype
             if recv is not None:
                 self._same_type(sv.dtype, recv.dtype, name)
@@ -459,21 +454,12 @@ class Comm:
 
     def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Alltoallv" if vector else "Alltoall"
-        p = self._size
-        if vector:
-            rv = buffers.parse_vector(recvbuf, "recvbuf", name, p, writable=True)
-            sv = rv if sendbuf is IN_PLACE else buffers.parse_vector(sendbuf, "sendbuf", name, p)
-        else:
-            r = self._recv(recvbuf, name, blocks=p)
-            each = r.count // p
-            rv = VBuf(r.array, r.dtype, [each] * p, [i * each for i in range(p)])
-            if sendbuf is IN_PLACE:
-                sv = rv
-            else:
-                s = self._send(sendbuf, name, blocks=p)
-                if s.count != r.count:
-                    raise InvalidArgumentError(f"sendbuf has {s.count} elements, recvbuf {r.count}", op=name, rank=self._rank)
-                sv = VBuf(s.array, s.dtype, rv.counts, rv.displs)
+        rv = self._per_rank(recvbuf, "recvbuf", name, vector, writable=True)
+        sv = rv if sendbuf is IN_PLACE else self._per_rank(sendbuf, "sendbuf", name, vector, writable=False)
+        if not vector and sv.counts != rv.counts:
+            raise InvalidArgumentError(
+                f"sendbuf has {sum(sv.counts)} elements, recvbuf {sum(rv.counts)}", op=name, rank=self._rank
+            )
         if sv is not rv:
             self._same_type(sv.dtype, rv.dtype, name)
             self._distinct(sv.array, rv.array, name)

@@ -16,7 +16,6 @@ import numpy as np
 
 from .config import float_param
 from .errors import (
-    InvalidArgumentError,
     MismatchError,
     PeerFailureError,
     ProtocolError,

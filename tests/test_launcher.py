@@ -72,8 +72,9 @@ def test_all_ranks_succeed():
         ["-n", "3"],
         """
         import os
-        print("rank", os.environ["PYCOLL_RANK"], "of", os.environ["PYCOLL_SIZE"],
-              os.environ["PYCOLL_LOCAL_RANK"], os.environ["PYCOLL_LOCAL_SIZE"], os.environ["PYCOLL_STORE_ADDR"])
+        e = os.environ
+        line = f"rank {e['PYCOLL_RANK']} of {e['PYCOLL_SIZE']} {e['PYCOLL_LOCAL_RANK']} {e['PYCOLL_LOCAL_SIZE']} {e['PYCOLL_STORE_ADDR']}\\n"
+        os.write(1, line.encode())  # one write: ranks share the pipe, and unbuffered prints would interleave
         """,
     )
     assert res.returncode == 0, res.stderr

@@ -1,0 +1,100 @@
+"""The p2p engine in one process, over loopback channels: framing, matching, reduce-on-receive and failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycoll.errors import MismatchError, PeerFailureError, ProtocolError, TimeoutError
+from pycoll.p2p import ANY_SOURCE, ANY_TAG, Engine, Owner, Sig
+from pycoll.transport.loopback import LoopbackChannel
+
+
+def owner(op: str = "test", ctx: int = 2) -> Owner:
+    return Owner(op, ctx, 0, lambda w: w, [0, 1])
+
+
+def engine() -> Engine:
+    # Rank 0 with a "peer" 1 whose channel loops back: what we send to 1 arrives as if from 1.
+    return Engine(0, {1: LoopbackChannel(1)})
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 1000, 70_000])
+def test_roundtrip_sizes(count: int) -> None:
+    eng = engine()
+    data = np.arange(count, dtype=np.float64)
+    out = np.full(count, -1.0)
+    s = eng.isend(1, data, 2, 5, Sig(), owner())
+    r = eng.irecv(1, out, 2, 5, None, owner())
+    eng.wait_requests([s, r], 5.0, owner())
+    assert s.error is None and r.error is None
+    np.testing.assert_array_equal(out, data)
+    assert r.nbytes == data.nbytes and r.source == 1 and r.recv_tag == 5
+
+
+def test_unexpected_message_is_buffered_then_matched_by_tag() -> None:
+    eng = engine()
+    first, second = np.arange(10, dtype=np.int32), np.arange(10, 20, dtype=np.int32)
+    eng.isend(1, first, 2, 1, Sig(), owner())
+    eng.isend(1, second, 2, 2, Sig(), owner())
+    eng.progress()  # both arrive before any receive is posted
+    got2, got1 = np.empty(10, np.int32), np.empty(10, np.int32)
+    r2 = eng.irecv(1, got2, 2, 2, None, owner())
+    r1 = eng.irecv(ANY_SOURCE, got1, 2, ANY_TAG, None, owner())
+    eng.wait_requests([r1, r2], 5.0, owner())
+    np.testing.assert_array_equal(got2, second)
+    np.testing.assert_array_equal(got1, first)
+
+
+def test_recv_reduce_writes_op_of_local_and_incoming() -> None:
+    eng = engine()
+    incoming, local = np.arange(50_000, dtype=np.float32), np.full(50_000, 2.0, np.float32)
+    out = np.empty_like(local)
+    eng.isend(1, incoming, 3, 0, Sig(kind=1), owner(ctx=3))
+    r = eng.irecv(1, out, 3, 0, Sig(kind=1), owner(ctx=3), local=local, ufunc=np.add)
+    eng.wait_requests([r], 5.0, owner(ctx=3))
+    np.testing.assert_array_equal(out, incoming + 2.0)
+
+
+def test_signature_mismatch_fails_before_writing() -> None:
+    eng = engine()
+    out = np.zeros(4, np.int64)
+    eng.isend(1, np.ones(4, np.int64), 3, 0, Sig(kind=1, count=4), owner("Allreduce #1", 3))
+    r = eng.irecv(1, out, 3, 0, Sig(kind=3, count=4), owner("Allgather #1", 3))
+    eng.wait_requests([r], 5.0, owner())
+    assert isinstance(r.error, MismatchError)
+    assert r.error.op == "Allgather #1" and r.error.peers == (1,)
+    assert "kind=1" in r.error.cause and "kind=3" in r.error.cause  # both calls are described
+    assert (out == 0).all()
+
+
+def test_truncation_is_an_error() -> None:
+    eng = engine()
+    eng.isend(1, np.ones(8, np.int32), 2, 0, Sig(), owner())
+    r = eng.irecv(1, np.zeros(4, np.int32), 2, 0, None, owner("Recv"))
+    eng.wait_requests([r], 5.0, owner())
+    assert isinstance(r.error, MismatchError) and "does not fit" in r.error.cause
+
+
+def test_malformed_header_fails_the_peer_with_protocol_error() -> None:
+    eng = engine()
+    r = eng.irecv(1, np.zeros(4, np.int32), 2, 0, None, owner("Recv"))
+    eng.channels[1].send_some(memoryview(b"\xff" * 64))  # not a pycoll frame
+    eng.wait_requests([r], 5.0, owner("Recv"))
+    assert isinstance(r.error, PeerFailureError)
+    assert "malformed" in r.error.cause and r.error.peers == (1,)
+    with pytest.raises(ProtocolError):
+        from pycoll.p2p import _Inbound
+
+        st = _Inbound()
+        st.hdr[:] = b"\0" * 64
+        eng._on_header(1, st)  # magic byte missing
+
+
+def test_wait_times_out_naming_the_silent_peer() -> None:
+    eng = engine()
+    r = eng.irecv(1, np.zeros(1), 2, 0, None, owner("Recv #1"))
+    with pytest.raises(TimeoutError) as info:
+        eng.wait_requests([r], 0.2, owner("Recv #1"))
+    assert info.value.op == "Recv #1" and info.value.peers == (1,)
+    assert "timed out after 0.2 s" in str(info.value)
