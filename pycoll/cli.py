@@ -82,6 +82,8 @@ def add_info_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
 SUBCOMMANDS: list[tuple[str, Union[AddParser, str]]] = [
     ("run", "pycoll.launcher:add_run_parser"),
     ("info", add_info_parser),
+    ("plot", "pycoll.perf.plot:add_plot_parser"),
+    ("perf", "pycoll.perf.options:add_perf_parser"),
 ]
 
 

@@ -1,0 +1,188 @@
+"""Command-line options of `pycoll perf` (nccl-tests' flags) and the parsed, validated settings."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional
+
+from pycoll.config import parse_size
+
+PEERS = ("pycoll", "mpi", "gloo", "nccl")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+OPS = ("sum", "prod", "min", "max", "avg")
+# nccl-tests type name -> NumPy dtype name; aliases map to the nccl-tests spelling below.
+DTYPES = {
+    "float": "float32", "double": "float64", "half": "float16", "bfloat16": "bfloat16",
+    "int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64", "uint64": "uint64",
+}
+DTYPE_ALIASES = {"float32": "float", "float64": "double", "float16": "half", "bf16": "bfloat16", "int": "int32",
+                 "char": "int8", "uint": "uint32"}
+ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1,
+            "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+
+
+@dataclass
+class PerfOptions:
+    """Validated `pycoll perf` settings."""
+
+    nps: list[int] = field(default_factory=lambda: [2])
+    peers: list[str] = field(default_factory=lambda: list(PEERS))
+    collectives: list[str] = field(default_factory=lambda: list(COLLECTIVES))
+    minbytes: int = 8
+    maxbytes: int = 256 << 20
+    stepfactor: int = 2
+    iters: int = 20
+    warmup: int = 5
+    check: int = 1
+    dtype: str = "float"
+    op: str = "sum"
+    inplace: str = "both"
+    root: int = 0
+    json: Optional[str] = None
+    progress: bool = True
+    timeout: float = 600.0
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def np_dtype(self) -> str:
+        return DTYPES[self.dtype]
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.np_dtype]
+
+    def sizes(self) -> list[int]:
+        """-b, then times -f until past -e (as nccl-tests)."""
+        out, size = [], self.minbytes
+        while size <= self.maxbytes:
+            out.append(size)
+            size *= self.stepfactor
+        return out
+
+    def modes(self) -> list[bool]:
+        """The in-place flags measured: out-of-place first."""
+        return {"both": [False, True], "out": [False], "in": [True]}[self.inplace]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def command(self) -> str:
+        """The command line as typed, or an equivalent one when built without argv."""
+        if self.argv:
+            return " ".join(["pycoll", "perf", *self.argv])
+        flags = [f"--np {','.join(map(str, self.nps))}", f"--peers {','.join(self.peers)}",
+                 f"-C {','.join(self.collectives)}", f"-b {self.minbytes} -e {self.maxbytes} -f {self.stepfactor}",
+                 f"-n {self.iters} -w {self.warmup} -c {self.check} -d {self.dtype} -o {self.op}",
+                 f"--inplace {self.inplace} -r {self.root}"]
+        return " ".join(["pycoll", "perf", *flags])
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: {exc}") from None
+
+
+def _choices_list(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(bad) or 'empty list'}; choose from {', '.join(choices)}")
+        return list(dict.fromkeys(items))
+    return parse
+
+
+def _np_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad rank counts {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"rank counts must be >= 1, got {text!r}")
+    return values
+
+
+def _positive(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _dtype(text: str) -> str:
+    name = DTYPE_ALIASES.get(text, text)
+    if name not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown type {text!r}; choose from {', '.join(DTYPES)}")
+    return name
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The nccl-tests style flags."""
+    p.add_argument("--np", type=_np_list, default=[2], metavar="N[,N...]", help="rank counts, e.g. 1,2,4 (default 2)")
+    p.add_argument("--peers", type=_choices_list(PEERS), default=list(PEERS), metavar="LIST",
+                   help=f"implementations to compare, run one after another (default {','.join(PEERS)})")
+    p.add_argument("-C", "--coll", "--collectives", dest="collectives", type=_choices_list(COLLECTIVES),
+                   default=list(COLLECTIVES), metavar="LIST", help=f"collectives (default {','.join(COLLECTIVES)})")
+    p.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size, K/M/G suffixes (default 8)")
+    p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, metavar="SIZE", help="largest size (default 256M)")
+    p.add_argument("-f", "--stepfactor", type=_positive(2), default=2, metavar="F", help="size multiplier (default 2)")
+    p.add_argument("-n", "--iters", type=_positive(1), default=20, help="timed iterations per size (default 20)")
+    p.add_argument("-w", "--warmup_iters", dest="warmup", type=_positive(0), default=5, help="warm-up iterations (default 5)")
+    p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results against NumPy (default 1)")
+    p.add_argument("-d", "--datatype", dest="dtype", type=_dtype, default="float", help="nccl-tests type name (default float)")
+    p.add_argument("-o", "--op", choices=OPS, default="sum", help="reduction op (default sum)")
+    p.add_argument("--inplace", choices=("both", "in", "out"), default="both", help="which buffer modes (default both)")
+    p.add_argument("-r", "--root", type=_positive(0), default=0, help="root of broadcast and reduce (default 0)")
+    p.add_argument("--json", metavar="FILE", default=None, help="write all records to FILE")
+    p.add_argument("--no-progress", dest="progress", action="store_false",
+                   help="no progress bar (it is drawn on stderr only when stderr is a terminal)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds each job may run (default 600)")
+
+
+def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> PerfOptions:
+    """Cross-checks that single flags can't do; errors go through parser.error (exit 2)."""
+    if ns.minbytes > ns.maxbytes:
+        parser.error(f"-b {ns.minbytes} is larger than -e {ns.maxbytes}")
+    if ns.minbytes == 0:
+        parser.error("-b must be at least 1 byte")
+    if ns.root >= min(ns.np):
+        parser.error(f"--root {ns.root} is not a rank of the smallest job ({min(ns.np)} ranks)")
+    keys = PerfOptions.__dataclass_fields__.keys()
+    values = {k: getattr(ns, k) for k in keys if hasattr(ns, k) and k != "nps"}
+    return PerfOptions(nps=ns.np, argv=list(argv), **values)
+
+
+def build_parser(prog: str = "pycoll perf") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="nccl-tests style bandwidth sweeps of pycoll, MPI, Gloo and NCCL.")
+    add_arguments(p)
+    return p
+
+
+def parse_args(argv: list[str]) -> PerfOptions:
+    """Parse `pycoll perf` arguments (without the subcommand name)."""
+    parser = build_parser()
+    return from_namespace(parser.parse_args(argv), parser, argv)
+
+
+def _perf_command(args: argparse.Namespace) -> int:
+    from pycoll.perf.sweep import run_sweep  # heavy part imported only when perf runs
+    import sys
+    argv = sys.argv[2:] if sys.argv[1:2] == ["perf"] else []  # else: command() rebuilds it
+    return run_sweep(from_namespace(args, args._perf_parser, argv))
+
+
+def add_perf_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """Register `pycoll perf`."""
+    p = subparsers.add_parser("perf", help="nccl-tests style sweeps: pycoll against mpi4py, Gloo and NCCL",
+                              description="nccl-tests style bandwidth sweeps of pycoll, MPI, Gloo and NCCL.")
+    add_arguments(p)
+    p.set_defaults(func=_perf_command, _perf_parser=p)
+    return p

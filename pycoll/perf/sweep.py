@@ -1,0 +1,180 @@
+"""The `pycoll perf` driver: runs each peer over each rank count, one job at a time, and reports."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+import numpy as np
+
+import pycoll
+from pycoll.perf import peers as peers_mod
+from pycoll.perf import report, worker
+from pycoll.perf.metrics import median
+from pycoll.perf.options import PerfOptions
+
+LIMIT_BYTES = 64 << 20
+
+
+def measure_limits(nbytes: int = LIMIT_BYTES, repeats: int = 3) -> dict[str, float]:
+    """This process's memory bandwidth: np.copyto and np.add(a, b, out=c) on float32 arrays, GB/s of size/time."""
+    n = nbytes // 4
+    a, b, c = np.ones(n, np.float32), np.full(n, 2.0, np.float32), np.empty(n, np.float32)
+    np.copyto(c, a)  # touch the pages first
+    copy_t, add_t = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(c, a)
+        copy_t.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        np.add(a, b, out=c)
+        add_t.append(time.perf_counter() - t0)
+    return {"copy_GBps": round(nbytes / median(copy_t) / 1e9, 3), "reduce_GBps": round(nbytes / median(add_t) / 1e9, 3)}
+
+
+def worker_spec(opts: PerfOptions, peer: str) -> dict[str, Any]:
+    return {"peer": peer, "collectives": opts.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
+            "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
+            "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root}
+
+
+def parse_line(line: str) -> Optional[dict[str, Any]]:
+    """A worker record, or None for any other output."""
+    if not line.startswith(worker.MARKER):
+        return None
+    try:
+        rec = json.loads(line[len(worker.MARKER):])
+    except json.JSONDecodeError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def run_job(cmd: list[str], env: dict[str, str], timeout: float, progress: report.Progress,
+            label: str) -> tuple[list[dict[str, Any]], Optional[str]]:
+    """Run one job, parse its records as they arrive; returns (records, failure or None)."""
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryFile("w+") as errf:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=errf, text=True, bufsize=1)
+        deadline = time.monotonic() + timeout
+        failure: Optional[str] = None
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                proc.kill()
+                failure = f"timed out after {timeout:g} s"
+                break
+            if not sel.select(timeout=min(left, 1.0)):
+                continue
+            line = proc.stdout.readline()
+            if not line:
+                break
+            rec = parse_line(line)
+            if rec is not None:
+                records.append(rec)
+                if "error" not in rec:
+                    progress.advance(f"{label} {rec['collective']} {report.human(rec['bytes'])}")
+        sel.close()
+        rc = proc.wait()
+        if failure is None and rc != 0:
+            errf.seek(0)
+            tail = [ln for ln in errf.read().strip().splitlines() if ln.strip()][-3:]
+            failure = f"exit code {rc}" + (": " + " | ".join(tail) if tail else "")
+    return records, failure
+
+
+def _in_process(opts: PerfOptions, peer: str) -> tuple[list[dict[str, Any]], Optional[str]]:
+    records: list[dict[str, Any]] = []
+    worker.run_peer(worker_spec(opts, peer), records.append)
+    return records, None
+
+
+def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]]) -> None:
+    for coll in opts.collectives:
+        recs = [r for r in records if r["collective"] == coll and "error" not in r]
+        errors = [r for r in records if r["collective"] == coll and "error" in r]
+        nranks = (recs or errors or [{"nranks": 0}])[0]["nranks"]
+        if recs:
+            print(report.format_block(peer, nranks, coll, opts.dtype, opts.op, recs, opts.modes()))
+        for e in errors:
+            print(f"# peer {peer}, {e['nranks']} ranks, {coll}: failed ({e['error']})")
+        if recs or errors:
+            print(flush=True)
+
+
+def run_sweep(opts: PerfOptions) -> int:
+    """Entry point of `pycoll perf`; returns the exit code (1 when a job failed or a result was wrong)."""
+    in_mpi = peers_mod.inside_mpi_job()
+    rank0 = True
+    if in_mpi:
+        rank0 = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0"
+    out = sys.stdout if rank0 else open(os.devnull, "w")
+    stdout, sys.stdout = sys.stdout, out
+    try:
+        return _sweep(opts, in_mpi, rank0)
+    finally:
+        sys.stdout = stdout
+
+
+def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
+    limits = measure_limits()
+    print(f"# {opts.command()}")
+    print(f"# limit: copy {limits['copy_GBps']:.2f} GB/s, reduce {limits['reduce_GBps']:.2f} GB/s")
+    skipped: dict[str, str] = {}
+    runnable = []
+    for peer in opts.peers:
+        reason = peers_mod.unavailable(peer, in_mpi, opts.dtype)
+        if reason:
+            skipped[peer] = reason
+            print(f"{peer}: skipped ({reason})")
+        else:
+            runnable.append(peer)
+    nps = opts.nps
+    if in_mpi:
+        print("# inside an mpiexec job: running on its ranks in-process, --np ignored")
+        nps = [0]
+    print(flush=True)
+    per_job = len(opts.collectives) * len(opts.sizes()) * len(opts.modes())
+    progress = report.Progress(len(nps) * len(runnable) * per_job, opts.progress and sys.stderr.isatty() and rank0)
+    records: list[dict[str, Any]] = []
+    failed = False
+    for n in nps:
+        for peer in runnable:
+            label = f"{peer} np={n}" if n else peer
+            start = progress.done
+            if in_mpi:
+                recs, failure = _in_process(opts, peer)
+            else:
+                cmd, env = peers_mod.launch_command(peer, n, json.dumps(worker_spec(opts, peer)))
+                recs, failure = run_job(cmd, env, opts.timeout, progress, label)
+            progress.done = start + per_job  # sizes skipped by rounding still count
+            progress.clear()
+            _print_blocks(opts, peer, recs)
+            if failure:
+                failed = True
+                print(f"# peer {peer}, {n} ranks: job failed ({failure})", flush=True)
+            failed |= any("error" in r for r in recs)
+            records += [r for r in recs if "error" not in r]
+    progress.clear()
+    wrong = sum(r["wrong"] for r in records)
+    if opts.check:
+        print(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'WRONG'}")
+    if opts.json and rank0:
+        meta = {"command": opts.command(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "host": socket.gethostname(), "cpus": os.cpu_count() or 1, "python": platform.python_version(),
+                "pycoll": pycoll.__version__, "peers_skipped": skipped}
+        report.write_json(opts.json, meta, limits, records)
+        print(f"# wrote {len(records)} records to {opts.json}")
+    return 1 if failed or wrong else 0

@@ -1,0 +1,342 @@
+"""Rank side of `pycoll perf`: times collectives with one backend and prints `@@PERF` JSON lines on rank 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from pycoll.perf import metrics
+
+MARKER = "@@PERF "
+Emit = Callable[[dict[str, Any]], None]
+# A prepared call: run() does one collective; result() gives this rank's output as float64 (None: nothing to check).
+Prepared = tuple[Callable[[], None], Callable[[], Optional[np.ndarray]]]
+
+
+def np_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def inputs(rank: int, length: int, op: str) -> np.ndarray:
+    """Small integers (1..3, or 1..2 for prod) so every dtype and every sum is exact."""
+    mod = 2 if op == "prod" else 3
+    return ((np.arange(length, dtype=np.int64) + rank) % mod + 1).astype(np.float64)
+
+
+def _reduce(arrays: list[np.ndarray], op: str) -> np.ndarray:
+    stack = np.stack(arrays)
+    return {"sum": stack.sum, "avg": stack.mean, "prod": stack.prod, "min": stack.min, "max": stack.max}[op](axis=0)
+
+
+def expected(coll: str, rank: int, n: int, count: int, op: str, root: int, dtype: str) -> Optional[np.ndarray]:
+    """NumPy reference of this rank's output, in float64 rounded through the dtype."""
+    if coll == "allreduce":
+        ref = _reduce([inputs(r, count, op) for r in range(n)], op)
+    elif coll == "reduce":
+        if rank != root:
+            return None
+        ref = _reduce([inputs(r, count, op) for r in range(n)], op)
+    elif coll == "broadcast":
+        ref = inputs(root, count, op)
+    elif coll == "allgather":
+        ref = np.concatenate([inputs(r, count, op) for r in range(n)])
+    elif coll == "reduce_scatter":
+        ref = _reduce([inputs(r, n * count, op) for r in range(n)], op)[rank * count:(rank + 1) * count]
+    elif coll == "alltoall":
+        ref = np.concatenate([inputs(r, n * count, op)[rank * count:(rank + 1) * count] for r in range(n)])
+    else:
+        raise ValueError(coll)
+    return ref.astype(np_dtype(dtype)).astype(np.float64)
+
+
+def count_wrong(got: Optional[np.ndarray], ref: Optional[np.ndarray], dtype: str, op: str) -> int:
+    if ref is None:
+        return 0
+    if got is None or got.shape != ref.shape:
+        return int(ref.size)
+    if np.issubdtype(np_dtype(dtype), np.integer):
+        tol = 1.0 if op == "avg" else 0.0  # integer averages may round either way
+        return int(np.count_nonzero(np.abs(got - ref) > tol))
+    rtol = 1e-2 if dtype in ("float16", "bfloat16") else 1e-5
+    return int(np.count_nonzero(~np.isclose(got, ref, rtol=rtol, atol=0.0)))
+
+
+class Backend:
+    """One peer's API: rank/size, barrier, sync, object gather and the collectives."""
+
+    name = ""
+    rank = 0
+    size = 1
+
+    def barrier(self) -> None: ...
+
+    def sync(self) -> None: ...
+
+    def gather(self, obj: Any) -> list[Any]: ...
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared: ...
+
+    def close(self) -> None: ...
+
+
+class _MpiStyle(Backend):
+    """pycoll.MPI and mpi4py share the buffer API; only the module differs."""
+
+    def __init__(self, name: str, mpi: Any, native_avg: bool) -> None:
+        self.name, self.MPI, self.native_avg = name, mpi, native_avg
+        self.comm = mpi.COMM_WORLD
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+
+    def barrier(self) -> None:
+        self.comm.Barrier()
+
+    def gather(self, obj: Any) -> list[Any]:
+        return self.comm.gather(obj, root=0) or []
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
+        MPI, comm, n, rank = self.MPI, self.comm, self.size, self.rank
+        dt = np_dtype(dtype)
+        avg = op == "avg" and not self.native_avg  # mpi4py has no AVG: SUM, then divide (timed)
+        mop = MPI.SUM if avg else getattr(MPI, op.upper())
+        big = n * count if coll in ("reduce_scatter", "alltoall") else count
+        send = inputs(rank, big, op).astype(dt)
+        recv = np.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=dt)
+        ip = MPI.IN_PLACE
+
+        def scale(a: np.ndarray) -> None:
+            if avg:
+                if np.issubdtype(dt, np.integer):
+                    np.floor_divide(a, n, out=a)
+                else:
+                    np.divide(a, n, out=a)
+
+        out = recv
+        if coll == "allreduce":
+            if inplace:
+                out = send
+                run = lambda: (comm.Allreduce(ip, send, op=mop), scale(send))
+            else:
+                run = lambda: (comm.Allreduce(send, recv, op=mop), scale(recv))
+        elif coll == "reduce_scatter":
+            if inplace:
+                out = send[:count]
+                run = lambda: (comm.Reduce_scatter_block(ip, send, op=mop), scale(send[:count]))
+            else:
+                run = lambda: (comm.Reduce_scatter_block(send, recv, op=mop), scale(recv))
+        elif coll == "allgather":
+            if inplace:
+                recv[rank * count:(rank + 1) * count] = send
+                run = lambda: comm.Allgather(ip, recv)
+            else:
+                run = lambda: comm.Allgather(send, recv)
+        elif coll == "broadcast":
+            # MPI has no out-of-place Bcast: both modes broadcast one buffer that the root filled
+            out = send
+            run = lambda: comm.Bcast(send, root=root)
+        elif coll == "reduce":
+            if inplace and rank == root:
+                out = send
+                run = lambda: (comm.Reduce(ip, send, op=mop, root=root), scale(send))
+            elif inplace:
+                run = lambda: comm.Reduce(send, None, op=mop, root=root)
+            else:
+                run = lambda: (comm.Reduce(send, recv, op=mop, root=root), rank == root and scale(recv))
+        elif coll == "alltoall":
+            if inplace:
+                out = send
+                run = lambda: comm.Alltoall(ip, send)
+            else:
+                run = lambda: comm.Alltoall(send, recv)
+        else:
+            raise ValueError(coll)
+        return run, lambda: out.astype(np.float64)
+
+
+class _Torch(Backend):
+    """torch.distributed with gloo (CPU tensors) or nccl (CUDA tensors)."""
+
+    def __init__(self, name: str) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist, self.name = torch, dist, name
+        env = os.environ
+        for src, dst in (("PYCOLL_RANK", "RANK"), ("PYCOLL_SIZE", "WORLD_SIZE")):
+            if src in env:
+                env[dst] = env[src]
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        self.device = torch.device("cpu")
+        if name == "nccl":
+            local = int(env.get("PYCOLL_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
+            self.device = torch.device("cuda", local % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(name, init_method="env://")
+        self.rank, self.size = dist.get_rank(), dist.get_world_size()
+
+    def barrier(self) -> None:
+        self.dist.barrier()
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    def gather(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.size
+        self.dist.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        self.dist.destroy_process_group()
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
+        torch, dist, n, rank = self.torch, self.dist, self.size, self.rank
+        tdt = getattr(torch, dtype)
+        avg = op == "avg" and self.name != "nccl"  # gloo has no AVG: SUM, then divide (timed)
+        top = dist.ReduceOp.SUM if avg else getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper()))
+        big = n * count if coll in ("reduce_scatter", "alltoall") else count
+        send = torch.from_numpy(inputs(rank, big, op)).to(tdt).to(self.device)
+        recv = torch.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=tdt, device=self.device)
+
+        def scale(t: Any) -> None:
+            if avg:
+                t.div_(n, rounding_mode="floor") if not t.is_floating_point() else t.div_(n)
+
+        out = recv
+        if coll == "allreduce":
+            if inplace:
+                out = send
+                run = lambda: (dist.all_reduce(send, op=top), scale(send))
+            else:  # torch has no out-of-place all_reduce: copy, then reduce in place (both timed)
+                run = lambda: (recv.copy_(send), dist.all_reduce(recv, op=top), scale(recv))
+        elif coll == "reduce_scatter":
+            if inplace:
+                out = send.narrow(0, rank * count, count)
+                run = lambda: (dist.reduce_scatter_tensor(out, send, op=top), scale(out))
+            else:
+                run = lambda: (dist.reduce_scatter_tensor(recv, send, op=top), scale(recv))
+        elif coll == "allgather":
+            if inplace:
+                part = recv.narrow(0, rank * count, count)
+                part.copy_(send)
+                run = lambda: dist.all_gather_into_tensor(recv, part)
+            else:
+                run = lambda: dist.all_gather_into_tensor(recv, send)
+        elif coll == "broadcast":
+            out = send  # as for MPI: one buffer, filled on the root
+            run = lambda: dist.broadcast(send, src=root)
+        elif coll == "reduce":
+            if inplace:
+                out = send
+                run = lambda: (dist.reduce(send, dst=root, op=top), rank == root and scale(send))
+            else:  # copy, then reduce in place (both timed)
+                run = lambda: (recv.copy_(send), dist.reduce(recv, dst=root, op=top), rank == root and scale(recv))
+        elif coll == "alltoall":
+            if inplace:  # no in-place all_to_all_single: copy to scratch, exchange back (both timed)
+                out, tmp = send, torch.empty_like(send)
+                run = lambda: (tmp.copy_(send), dist.all_to_all_single(send, tmp))
+            else:
+                run = lambda: dist.all_to_all_single(recv, send)
+        else:
+            raise ValueError(coll)
+        if coll == "reduce" and rank != root:
+            return run, lambda: None
+        return run, lambda: out.to(torch.float64).cpu().numpy()
+
+
+def make_backend(peer: str) -> Backend:
+    """Select the peer's API."""
+    if peer == "pycoll":
+        from pycoll import MPI as pmpi
+        return _MpiStyle("pycoll", pmpi, native_avg=True)
+    if peer == "mpi":
+        from mpi4py import MPI as mmpi
+        return _MpiStyle("mpi", mmpi, native_avg=False)
+    if peer in ("gloo", "nccl"):
+        return _Torch(peer)
+    raise ValueError(f"unknown peer {peer!r}")
+
+
+def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool) -> Optional[dict[str, Any]]:
+    """One row: warm-up, timed loop (barrier before each iteration), optional check."""
+    n, dtype, op, root = b.size, spec["np_dtype"], spec["op"], spec["root"]
+    nbytes, count = metrics.round_size(coll, size, spec["itemsize"], n)
+    run, result = b.prepare(coll, inplace, count, dtype, op, root)
+    for _ in range(spec["warmup"]):
+        run()
+    b.sync()
+    times = []
+    for _ in range(spec["iters"]):
+        b.barrier()
+        t0 = time.perf_counter()
+        run()
+        b.sync()
+        times.append((time.perf_counter() - t0) * 1e6)
+    wrong = 0
+    if spec["check"]:
+        run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
+        run()
+        b.sync()
+        wrong = count_wrong(result(), expected(coll, b.rank, n, count, op, root, dtype), dtype, op)
+    gathered = b.gather((times, wrong))
+    if b.rank != 0:
+        return None
+    t = metrics.slowest_rank_time([g[0] for g in gathered])
+    return {
+        "peer": b.name, "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
+        "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
+        "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
+        "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
+        "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
+        "wrong": int(sum(g[1] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
+    }
+
+
+def run_peer(spec: dict[str, Any], emit: Emit) -> int:
+    """Run every (collective, size, mode) of spec with spec['peer']; rank 0 emits records or errors."""
+    b = make_backend(spec["peer"])
+    try:
+        for coll in spec["collectives"]:
+            try:
+                seen: set[int] = set()
+                for size in spec["sizes"]:
+                    nbytes, count = metrics.round_size(coll, size, spec["itemsize"], b.size)
+                    if count == 0 or nbytes in seen:  # too small for this many ranks, or a repeat after rounding
+                        continue
+                    seen.add(nbytes)
+                    for inplace in spec["modes"]:
+                        rec = measure(b, spec, coll, size, inplace)
+                        if rec is not None:
+                            emit(rec)
+            except Exception as exc:  # e.g. an op or dtype the backend lacks; raised alike on every rank
+                if b.rank == 0:
+                    emit({"peer": b.name, "collective": coll, "nranks": b.size,
+                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+                    traceback.print_exc(file=sys.stderr)
+    finally:
+        b.close()
+    return 0
+
+
+def _print_record(rec: dict[str, Any]) -> None:
+    print(MARKER + json.dumps(rec), flush=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "--spec":
+        print("usage: python -m pycoll.perf.worker --spec JSON", file=sys.stderr)
+        return 2
+    return run_peer(json.loads(argv[1]), _print_record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,219 @@
+"""Tests of `pycoll perf`: options, nccl-tests bandwidth math, report formatting, JSON, and one tiny real sweep."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pycoll.perf import metrics, options, peers, report, sweep, worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_sizes_with_suffixes_and_expansion() -> None:
+    o = options.parse_args(["-b", "1K", "-e", "1M", "-f", "4"])
+    assert (o.minbytes, o.maxbytes, o.stepfactor) == (1024, 1 << 20, 4)
+    assert o.sizes() == [1024, 4096, 16384, 65536, 262144, 1048576]
+    assert options.parse_args(["-b", "8", "-e", "100", "-f", "2"]).sizes() == [8, 16, 32, 64]  # stops below -e
+    assert options.parse_args(["-b", "2G", "-e", "2G"]).sizes() == [2 << 30]
+
+
+def test_defaults_match_nccl_tests() -> None:
+    o = options.parse_args([])
+    assert (o.minbytes, o.maxbytes, o.stepfactor, o.iters, o.warmup, o.check) == (8, 256 << 20, 2, 20, 5, 1)
+    assert (o.dtype, o.np_dtype, o.itemsize, o.op, o.root, o.modes()) == ("float", "float32", 4, "sum", 0, [False, True])
+    assert o.peers == ["pycoll", "mpi", "gloo", "nccl"] and len(o.collectives) == 6
+
+
+def test_lists_and_flags() -> None:
+    o = options.parse_args(["--np", "1,2,4", "--peers", "mpi,pycoll", "-C", "allgather,alltoall", "-n", "3", "-w", "0",
+                            "-c", "0", "-d", "int", "-o", "max", "--inplace", "in", "-r", "0", "--json", "x.json",
+                            "--no-progress"])
+    assert o.nps == [1, 2, 4] and o.peers == ["mpi", "pycoll"] and o.collectives == ["allgather", "alltoall"]
+    assert (o.iters, o.warmup, o.check, o.dtype, o.itemsize, o.op, o.modes(), o.json, o.progress) == \
+        (3, 0, 0, "int32", 4, "max", [True], "x.json", False)
+    assert options.parse_args(["--coll", "broadcast"]).collectives == ["broadcast"]
+    assert options.parse_args(["--collectives", "reduce"]).collectives == ["reduce"]
+    assert options.parse_args(["-d", "half"]).itemsize == 2
+    assert options.parse_args(["-d", "float64"]).dtype == "double"
+
+
+@pytest.mark.parametrize("argv", [
+    ["-b", "lots"], ["-b", "-3"], ["-b", "1M", "-e", "1K"], ["-f", "1"], ["-n", "0"], ["--np", "0"], ["--np", "a,b"],
+    ["--peers", "pycoll,foo"], ["-C", "allreduce,scan"], ["-d", "float128"], ["-o", "xor"], ["-c", "2"],
+    ["--inplace", "maybe"], ["--np", "1,2", "-r", "1"],
+])
+def test_bad_values_are_argparse_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        options.parse_args(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_cli_registers_perf_lazily() -> None:
+    code = ("import sys; from pycoll.cli import build_parser; build_parser(); "
+            "print('pycoll.perf.sweep' in sys.modules, 'pycoll.perf.worker' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "False"]
+    from pycoll.cli import build_parser
+    args = build_parser().parse_args(["perf", "--np", "2", "-b", "1K"])
+    assert args.command == "perf" and args.np == [2] and args.minbytes == 1024
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def test_bus_factors() -> None:
+    assert metrics.bus_factor("allreduce", 4) == pytest.approx(1.5)
+    assert metrics.bus_factor("allreduce", 1) == 0.0
+    for coll in ("reduce_scatter", "allgather", "alltoall"):
+        assert metrics.bus_factor(coll, 4) == pytest.approx(0.75)
+        assert metrics.bus_factor(coll, 8) == pytest.approx(0.875)
+    assert metrics.bus_factor("broadcast", 8) == 1.0 and metrics.bus_factor("reduce", 3) == 1.0
+    with pytest.raises(ValueError):
+        metrics.bus_factor("scan", 2)
+
+
+def test_algbw_busbw_by_hand() -> None:
+    # 1 MiB in 812.3 us: 1048576 / 812.3e-6 s = 1.29087 GB/s
+    assert metrics.algbw(1 << 20, 812.3) == pytest.approx(1.290872, rel=1e-5)
+    assert metrics.busbw("allreduce", 2, 1 << 20, 812.3) == pytest.approx(1.290872, rel=1e-5)
+    # 256 MB allreduce on 8 ranks in 10 ms: algbw 26.8435 GB/s, busbw * 14/8 = 46.976
+    assert metrics.busbw("allreduce", 8, 256 << 20, 10_000) == pytest.approx(46.97620, rel=1e-5)
+    assert metrics.busbw("allgather", 4, 4_000_000, 1000) == pytest.approx(3.0)
+    assert metrics.algbw(100, 0) == 0.0
+
+
+def test_count_rounding() -> None:
+    assert metrics.round_size("allreduce", 1 << 20, 4, 2) == (1 << 20, 262144)
+    assert metrics.round_size("allreduce", 1030, 4, 3) == (1028, 257)       # whole elements
+    assert metrics.round_size("broadcast", 7, 8, 1) == (0, 0)
+    assert metrics.round_size("allgather", 1024, 4, 3) == (1020, 85)        # per-rank count, size = count*4*3
+    assert metrics.round_size("reduce_scatter", 1000, 2, 4) == (1000, 125)
+    assert metrics.round_size("alltoall", 1000, 8, 3) == (984, 41)
+
+
+def test_slowest_rank_median() -> None:
+    # per iteration max over ranks: [3, 5, 4, 9] -> median 4.5
+    assert metrics.slowest_rank_time([[1, 5, 4, 2], [3, 2, 1, 9]]) == 4.5
+    assert metrics.median([5.0, 1.0, 3.0]) == 3.0
+
+
+def test_reference_results_and_wrong_count() -> None:
+    ref = worker.expected("allreduce", 0, 3, 5, "sum", 0, "float32")
+    assert ref.tolist() == [6.0] * 5  # 1+2+3 in every column
+    assert worker.expected("reduce", 1, 2, 4, "sum", 0, "float32") is None
+    ag = worker.expected("allgather", 0, 2, 2, "sum", 0, "float32")
+    assert ag.tolist() == [1, 2, 2, 3]
+    a2a = worker.expected("alltoall", 1, 2, 2, "sum", 0, "int32")
+    assert a2a.tolist() == [3, 1, 1, 2]  # block 1 of rank 0 ([1,2,3,1]) then of rank 1 ([2,3,1,2])
+    assert worker.count_wrong(ref, ref, "float32", "sum") == 0
+    bad = ref.copy()
+    bad[[1, 3]] = 0
+    assert worker.count_wrong(bad, ref, "float32", "sum") == 2
+    assert worker.count_wrong(None, ref, "float32", "sum") == 5
+
+
+# ---------------------------------------------------------------- report
+
+
+def _rec(size: int, inplace: bool, busbw: float, coll: str = "allreduce") -> dict[str, Any]:
+    return {"peer": "pycoll", "collective": coll, "nranks": 2, "bytes": size, "count": size // 4, "dtype": "float",
+            "op": "sum", "root": -1, "inplace": inplace, "time_us": 10.0, "algbw_GBps": busbw, "busbw_GBps": busbw,
+            "wrong": 0, "iters": 2, "warmup": 1}
+
+
+def test_table_columns_and_footer() -> None:
+    recs = [_rec(1024, False, 1.0), _rec(1024, True, 2.0), _rec(4096, False, 3.0), _rec(4096, True, 6.0)]
+    text = report.format_block("pycoll", 2, "allreduce", "float", "sum", recs, [False, True])
+    lines = text.splitlines()
+    assert lines[0] == "# peer pycoll, 2 ranks, allreduce, dtype float, op sum"
+    assert "out-of-place" in lines[1] and "in-place" in lines[1]
+    for col in ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"):
+        assert col in lines[2]
+    assert lines[2].count("busbw") == 2
+    row = lines[4].split()
+    assert row[:5] == ["1024", "256", "float", "sum", "-1"] and len(row) == 13
+    assert lines[-1] == "# Avg bus bandwidth : 3.0000"  # mean of 1, 2, 3, 6
+    only_in = report.format_block("mpi", 2, "allgather", "float", "sum", recs[1::2], [True])
+    assert "out-of-place" not in only_in and "op none" in only_in.splitlines()[0]
+    assert only_in.splitlines()[-1].endswith(": 4.0000")
+
+
+def test_progress_bar() -> None:
+    assert report.Progress.line(12, 48, "pycoll np=2 allreduce 1M", 10) == "[##........] 12/48 pycoll np=2 allreduce 1M"
+    buf = io.StringIO()
+    p = report.Progress(4, True, buf)
+    p.advance("x")
+    p.clear()
+    assert buf.getvalue().startswith("\r[#####") and "1/4 x" in buf.getvalue()
+    quiet = io.StringIO()
+    report.Progress(4, False, quiet).advance("x")
+    assert quiet.getvalue() == ""
+    assert [report.human(n) for n in (512, 1024, 3 << 20, 1536)] == ["512", "1K", "3M", "1536"]
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    meta = {"command": "pycoll perf", "date": "2026-01-01T00:00:00+00:00", "host": "h", "cpus": 2, "python": "3.11.7",
+            "pycoll": "0.1.0", "peers_skipped": {"nccl": "no CUDA GPU on this machine"}}
+    limits = {"copy_GBps": 8.1, "reduce_GBps": 5.2}
+    path = tmp_path / "p.json"
+    report.write_json(str(path), meta, limits, [_rec(1024, False, 1.0)])
+    assert report.read_json(str(path)) == {"meta": meta, "limits": limits, "records": [_rec(1024, False, 1.0)]}
+
+
+def test_marker_parsing() -> None:
+    assert sweep.parse_line(worker.MARKER + '{"a": 1}\n') == {"a": 1}
+    assert sweep.parse_line("hello\n") is None and sweep.parse_line(worker.MARKER + "{oops") is None
+
+
+def test_limit_measurement_positive() -> None:
+    lim = sweep.measure_limits(4 << 20, repeats=2)
+    assert set(lim) == {"copy_GBps", "reduce_GBps"} and lim["copy_GBps"] > 0 and lim["reduce_GBps"] > 0
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.timeout(120)
+def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    argv = ["--np", "1,2", "--peers", "pycoll,mpi,gloo,nccl", "-C", "allreduce,allgather", "-b", "1K", "-e", "4K",
+            "-f", "4", "-n", "2", "-w", "1", "--json", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^# limit: copy [0-9.]+ GB/s, reduce [0-9.]+ GB/s$", proc.stdout, re.M)
+    data = json.loads(out.read_text())
+    assert set(data) == {"meta", "limits", "records"}
+    assert data["limits"]["copy_GBps"] > 0 and data["meta"]["command"].startswith("pycoll perf --np 1,2")
+    expect = {"pycoll"}
+    for peer in ("mpi", "gloo", "nccl"):
+        reason = peers.unavailable(peer)
+        if reason:
+            assert data["meta"]["peers_skipped"][peer] == reason
+            assert f"{peer}: skipped ({reason})" in proc.stdout
+        else:
+            expect.add(peer)
+    if importlib.util.find_spec("torch") is None or not __import__("torch").cuda.is_available():
+        assert "nccl: skipped (no CUDA GPU on this machine)" in proc.stdout or "nccl" not in expect
+    got = {(r["peer"], r["nranks"], r["collective"], r["bytes"], r["inplace"]) for r in data["records"]}
+    want = {(p, n, c, s, ip) for p in expect for n in (1, 2) for c in ("allreduce", "allgather")
+            for s in (1024, 4096) for ip in (False, True)}
+    assert got == want
+    assert all(r["wrong"] == 0 for r in data["records"])
+    fields = {"peer", "collective", "nranks", "bytes", "count", "dtype", "op", "root", "inplace", "time_us",
+              "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
+    assert all(set(r) == fields for r in data["records"])
+    assert proc.stdout.count("# Avg bus bandwidth : ") == len(expect) * 2 * 2
