@@ -12,7 +12,7 @@ import numpy as np
 
 from . import buffers, datatypes
 from . import ops as _ops
-from .algorithms import CHECK_CALLS, Call, Steps, select, verify_call
+from .algorithms import CHECK_CALLS, Call, Layout, Steps, select, verify_call
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import InvalidArgumentError
 from .memory import backend
@@ -81,6 +81,7 @@ class Comm:
         self._freed = False
         self._name = name
         self.timeout: float = runtime.timeout
+        self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks])
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -161,9 +162,10 @@ class Comm:
         opname = f"{label} #{self._seq}"
         owner = self._owner(opname, self._ctx | 1, self._seq)
         steps = Steps(
-            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host")
+            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
+            self._layout,
         )
-        gen = select(call, self._size).run(steps, call)
+        gen = select(call, self._layout).run(steps, call)
         if CHECK_CALLS.get() and self._size > 1:
             gen = self._checked(steps, sig, gen)
         return self._engine.start(Schedule(gen, owner))

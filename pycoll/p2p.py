@@ -658,6 +658,7 @@ class Engine:
                 self._channel_failed(peer, reason)
 
     def _timed_out(self, owner: Owner, timeout: float, pending: Iterable[Request]) -> None:
+        pending = [x for r in pending for x in getattr(r, "requests", (r,))]  # waits on any of several groups
         waiting_on = sorted({r.peer for r in pending if not r.done and r.peer >= 0})
         sends = sorted({r.peer for r in pending if isinstance(r, SendRequest) and not r.done})
         what = f"waiting for ranks {', '.join(str(owner.to_comm(p)) for p in waiting_on)}" if waiting_on else "waiting"

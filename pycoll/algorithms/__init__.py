@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from . import chain, direct, ring  # noqa: F401  (importing registers them)
-from .base import CHUNK_SIZE, Call, Steps
+from . import chain, direct, halving_doubling, hierarchical, ring, tree  # noqa: F401  (importing registers them)
+from .base import CHUNK_SIZE, Call, Layout, Steps
 from .check import CHECK_CALLS, verify_call
-from .registry import ALGO, ALGORITHMS, COLLECTIVES, Algorithm, register, select
+from .cost import CostModel
+from .registry import ALGO, ALGORITHMS, COLLECTIVES, Algorithm, last_choice, ranked, register, select
 
-__all__ = ["CHECK_CALLS", "verify_call", "ALGO", "ALGORITHMS", "CHUNK_SIZE", "COLLECTIVES", "Algorithm", "Call", "Steps", "register", "select"]
+__all__ = [
+    "CHECK_CALLS", "verify_call", "ALGO", "ALGORITHMS", "CHUNK_SIZE", "COLLECTIVES", "Algorithm", "Call", "CostModel",
+    "Layout", "Steps", "last_choice", "ranked", "register", "select",
+]

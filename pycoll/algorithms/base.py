@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Optional
+from typing import Generator, Optional, Sequence
 
 import numpy as np
 
@@ -39,9 +40,20 @@ class Call:
 
     @property
     def nbytes(self) -> int:
-        """The message size selection uses: bytes of the largest user buffer on this rank."""
+        """Bytes of the largest user buffer on this rank."""
         sizes = [a.nbytes for a in (self.send, self.recv) if a is not None]
         return max(sizes, default=0)
+
+    @property
+    def size_bytes(self) -> int:
+        """The message size selection uses, the same on every rank: the whole vector (nccl-tests' size)."""
+        if self.counts and self.coll in ("reduce_scatter", "allgather", "gather", "scatter"):
+            return sum(self.counts) * self.dtype.itemsize
+        if self.coll == "reduce" and self.send is not None:
+            return self.send.nbytes
+        if self.coll in ("allreduce", "broadcast") and self.recv is not None:
+            return self.recv.nbytes
+        return self.nbytes
 
 
 def even_counts(n: int, parts: int) -> list[int]:
@@ -63,6 +75,58 @@ def split(arr: np.ndarray, parts: int) -> list[np.ndarray]:
     return [arr[o : o + c] for o, c in zip(offsets(even_counts(arr.shape[0], parts)), even_counts(arr.shape[0], parts))]
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where a communicator's ranks live: ``host_of[r]`` numbers rank r's host (0, 1, ... in order of first rank)."""
+
+    host_of: tuple[int, ...]
+
+    @staticmethod
+    def from_ids(ids: Sequence[str]) -> "Layout":
+        first: dict[str, int] = {}
+        return Layout(tuple(first.setdefault(i, len(first)) for i in ids))
+
+    @staticmethod
+    def flat(size: int) -> "Layout":
+        return Layout((0,) * size)
+
+    @property
+    def size(self) -> int:
+        return len(self.host_of)
+
+    @property
+    def hosts(self) -> int:
+        return max(self.host_of, default=-1) + 1
+
+    @property
+    def groups(self) -> list[list[int]]:
+        """Ranks of each host, in rank order."""
+        out: list[list[int]] = [[] for _ in range(self.hosts)]
+        for r, h in enumerate(self.host_of):
+            out[h].append(r)
+        return out
+
+    @property
+    def local_sizes(self) -> list[int]:
+        return [len(g) for g in self.groups]
+
+    @property
+    def uniform(self) -> bool:
+        """Every host holds the same number of ranks."""
+        return len(set(self.local_sizes)) <= 1
+
+    def sub(self, members: Sequence[int]) -> "Layout":
+        return Layout.from_ids([str(self.host_of[m]) for m in members])
+
+
+# Message lanes within one call: a schedule that runs phases or trees side by side gives each its own
+# lane, so their messages between the same two ranks can never be matched out of order. Lanes nest
+# (a phase's lane can hold sub-lanes), up to LANE_DEPTH levels of LANE_FANOUT - 1 lanes each.
+LANE_FANOUT = 4
+LANE_DEPTH = 6
+LANES = LANE_FANOUT**LANE_DEPTH  # tags per call
+
+
 class Steps:
     """The verbs of one collective call. Peers are ranks of the communicator; the engine sees world ranks."""
 
@@ -71,27 +135,51 @@ class Steps:
         engine: Engine,
         rank: int,
         size: int,
-        world: list[int],
+        world: Sequence[int],
         ctx: int,
         tag: int,
         sig: Sig,
         owner: Owner,
         mem: MemoryBackend,
+        layout: Optional[Layout] = None,
     ) -> None:
         self.engine = engine
         self.rank = rank
         self.size = size
         self._world = world
         self._ctx = ctx
-        self._tag = tag
+        self._seq = tag
+        self._lane = 0
+        self._tag = tag * LANES
         self._sig = sig
         self._owner = owner
         self.mem = mem
+        self.layout = layout or Layout.flat(size)
         self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
 
     @property
     def owner(self) -> Owner:
         return self._owner
+
+    def lane(self, index: int) -> "Steps":
+        """The same verbs on sub-lane ``index`` (1 <= index < LANE_FANOUT) of this one."""
+        if not 1 <= index < LANE_FANOUT:
+            raise ValueError(f"lane {index} out of range 1..{LANE_FANOUT - 1}")
+        lane = self._lane * LANE_FANOUT + index
+        if lane >= LANES:
+            raise ValueError(f"lanes nest deeper than {LANE_DEPTH} levels")
+        other = copy.copy(self)
+        other._lane, other._tag = lane, self._seq * LANES + lane
+        return other
+
+    def sub(self, members: Sequence[int], lane: Optional[int] = None) -> "Steps":
+        """Verbs over a subgroup: peer i of the result is ``members[i]`` here; this rank must be a member."""
+        other = self.lane(lane) if lane is not None else copy.copy(self)
+        other.rank = list(members).index(self.rank)
+        other.size = len(members)
+        other._world = [self._world[m] for m in members]
+        other.layout = self.layout.sub(members)
+        return other
 
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
         """Send ``arr`` to ``peer``; the request completes once the bytes are out of ``arr``."""
@@ -110,3 +198,86 @@ class Steps:
     def num_chunks(self, largest_block_bytes: int) -> int:
         """How many chunks every block is cut into, so that chunk k exists in every block."""
         return max(1, math.ceil(largest_block_bytes / self.chunk_bytes))
+
+
+def pieces_of(segments: Sequence[np.ndarray], k: int) -> list[np.ndarray]:
+    """Cut each segment into ``k`` near-equal pieces: ``k * len(segments)`` pieces in order."""
+    return [piece for seg in segments for piece in split(seg, k)]
+
+
+def blocks_of(arr: np.ndarray, counts: Sequence[int], displs: Optional[Sequence[int]] = None) -> list[np.ndarray]:
+    """Views of ``arr``: block i holds ``counts[i]`` elements from ``displs[i]`` (default: packed in order)."""
+    displs = offsets(list(counts)) if displs is None else displs
+    return [arr[d : d + c] for c, d in zip(counts, displs)]
+
+
+def binary_tree(p: int) -> tuple[list[int], list[list[int]]]:
+    """A binary tree over positions 0..p-1 whose odd positions are all leaves: (parent, children).
+
+    Position 0 is the root. Position x > 0 with lowest set bit b has children x - b/2 and the
+    largest x + b/2^i still below p; the root's one child is the largest power of two below p.
+    """
+    children: list[list[int]] = [[] for _ in range(p)]
+    if p > 1:
+        children[0].append(1 << ((p - 1).bit_length() - 1))
+    for x in range(1, p):
+        half = (x & -x) >> 1
+        if half:
+            children[x].append(x - half)
+            while half and x + half >= p:
+                half >>= 1
+            if half:
+                children[x].append(x + half)
+    parent = [-1] * p
+    for x, kids in enumerate(children):
+        for c in kids:
+            parent[c] = x
+    return parent, children
+
+
+class _FirstReady:
+    """Waitable that is done once any one group of requests is all done (or any request failed)."""
+
+    __slots__ = ("groups", "peer")
+
+    def __init__(self, groups: list[tuple]) -> None:
+        self.groups = groups
+        self.peer = -1
+
+    @property
+    def requests(self) -> list:
+        return [r for g in self.groups for r in g]
+
+    @property
+    def error(self):
+        return next((r.error for g in self.groups for r in g if r.done and r.error is not None), None)
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or any(all(r.done for r in g) for g in self.groups)
+
+
+def concurrently(*schedules: Schedule) -> Schedule:
+    """Run several schedules of one call side by side (they should use different lanes); done when all are."""
+    live: list[tuple[Schedule, tuple]] = []
+    for gen in schedules:
+        try:
+            live.append((gen, tuple(next(gen))))
+        except StopIteration:
+            pass
+    while live:
+        moved = False
+        for i, (gen, waits) in enumerate(live):
+            if waits is None or not all(r.done for r in waits):
+                continue
+            failed = next((r.error for r in waits if r.error is not None), None)
+            if failed is not None:
+                raise failed
+            try:
+                live[i] = (gen, tuple(gen.send(None)))
+            except StopIteration:
+                live[i] = (gen, None)  # type: ignore[assignment]
+            moved = True
+        live = [(g, w) for g, w in live if w is not None]
+        if live and not moved:
+            yield (_FirstReady([w for _, w in live]),)

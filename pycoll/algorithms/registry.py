@@ -9,7 +9,9 @@ from typing import Callable, Optional
 
 from ..config import str_param
 from ..errors import InvalidArgumentError
-from .base import Call, Schedule, Steps
+from . import cost as cost_model
+from .base import Call, Layout, Schedule, Steps
+from .cost import CostModel
 
 log = logging.getLogger("pycoll")
 
@@ -31,7 +33,8 @@ COLLECTIVES = (
     "barrier",
 )
 
-Refusal = Callable[[Call, int], Optional[str]]
+Refusal = Callable[[Call, Layout], Optional[str]]
+Cost = Callable[[CostModel, float, Layout], float]
 
 
 @dataclass(frozen=True)
@@ -45,24 +48,35 @@ class Algorithm:
     bytes: str  # bandwidth term: bytes each rank sends, in n = message bytes
     run: Callable[[Steps, Call], Schedule]
     refuse: Optional[Refusal] = None
+    cost: Optional[Cost] = None  # seconds predicted by the model for n bytes on a layout
 
-    def refusal(self, call: Call, size: int) -> Optional[str]:
-        return self.refuse(call, size) if self.refuse else None
+    def refusal(self, call: Call, layout: Layout) -> Optional[str]:
+        return self.refuse(call, layout) if self.refuse else None
+
+    def predict(self, model: CostModel, nbytes: float, layout: Layout) -> float:
+        return self.cost(model, nbytes, layout) if self.cost else 0.0
 
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
 
 
 def register(
-    collective: str, name: str, description: str, *, steps: str, bytes: str, refuse: Optional[Refusal] = None
+    collective: str,
+    name: str,
+    description: str,
+    *,
+    steps: str,
+    bytes: str,
+    refuse: Optional[Refusal] = None,
+    cost: Optional[Cost] = None,
 ) -> Callable[[Callable[[Steps, Call], Schedule]], Callable[[Steps, Call], Schedule]]:
-    """Decorator: add an algorithm under ``collective``/``name`` (registration order is preference order)."""
+    """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered."""
 
     def wrap(fn: Callable[[Steps, Call], Schedule]) -> Callable[[Steps, Call], Schedule]:
         table = ALGORITHMS[collective]
         if name in table:
             raise ValueError(f"algorithm {collective}:{name} registered twice")
-        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse)
+        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost)
         return fn
 
     return wrap
@@ -87,20 +101,60 @@ def parse_override(text: str) -> dict[str, str]:
     return chosen
 
 
-def select(call: Call, size: int) -> Algorithm:
-    """The algorithm for this call: the override if it accepts, else the first registered that accepts."""
+@dataclass
+class Choice:
+    """The last selection made in this process, for logs and `pycoll perf`."""
+
+    collective: str = ""
+    algorithm: str = ""
+    nbytes: int = 0
+    reason: str = ""
+
+
+last_choice = Choice()
+
+
+def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> list[tuple[float, Algorithm]]:
+    """The algorithms that accept this call, cheapest first by the model (registration order breaks ties)."""
+    model = model or cost_model.current()
+    out = []
+    for algo in ALGORITHMS[call.coll].values():
+        reason = algo.refusal(call, layout)
+        if reason is None:
+            out.append((algo.predict(model, call.size_bytes, layout), algo))
+        else:
+            log.debug("%s: %s declined: %s", call.coll, algo.name, reason)
+    out.sort(key=lambda pair: pair[0])  # stable: equal costs keep registration order
+    return out
+
+
+def select(call: Call, layout: Layout) -> Algorithm:
+    """The algorithm for this call: the override if it accepts, else the cheapest by the cost model.
+
+    Every input (message size, layout, model constants) is the same on every rank, so all ranks choose alike.
+    """
+    if isinstance(layout, int):
+        layout = Layout.flat(layout)
     table = ALGORITHMS[call.coll]
     forced = parse_override(ALGO.get()).get(call.coll)
     if forced is not None:
         algo = table[forced]
-        reason = algo.refusal(call, size)
+        reason = algo.refusal(call, layout)
         if reason is None:
-            return algo
-        log.warning("PYCOLL_ALGO %s:%s declined this call (%s); using the default", call.coll, forced, reason)
-    for algo in table.values():
-        reason = algo.refusal(call, size)
-        if reason is None:
-            log.debug("%s: %s selected for %d bytes on %d ranks", call.coll, algo.name, call.nbytes, size)
-            return algo
-        log.debug("%s: %s declined: %s", call.coll, algo.name, reason)
-    raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
+            return _chose(call, algo, "forced by PYCOLL_ALGO")
+        log.warning("PYCOLL_ALGO %s:%s declined this call (%s); choosing by cost", call.coll, forced, reason)
+    options = ranked(call, layout)
+    if not options:
+        raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
+    if len(options) == 1:
+        return _chose(call, options[0][1], "the only one that accepts")
+    why = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
+    return _chose(call, options[0][1], f"cheapest predicted ({why}; {layout.size} ranks on {layout.hosts} hosts)")
+
+
+def _chose(call: Call, algo: Algorithm, reason: str) -> Algorithm:
+    last_choice.collective, last_choice.algorithm = call.coll, algo.name
+    last_choice.nbytes, last_choice.reason = call.size_bytes, reason
+    if log.isEnabledFor(logging.INFO):
+        log.info("%s of %d bytes: %s, %s", call.coll, call.size_bytes, algo.name, reason)
+    return algo

@@ -7,67 +7,91 @@ from typing import Callable
 
 import numpy as np
 
-from .base import Call, Schedule, Steps, even_counts, offsets, split
+from .base import Call, Schedule, Steps, blocks_of, even_counts, pieces_of
 from .registry import register
 
 
 def reduce_scatter_ring(
-    st: Steps, inputs: list[np.ndarray], partial: Callable[[int], np.ndarray], final: np.ndarray, op
+    st: Steps,
+    inputs: list[list[np.ndarray]],
+    partial: Callable[[int], list[np.ndarray]],
+    final: list[np.ndarray],
+    op,
 ) -> Schedule:
-    """Leave ``final`` = op over all ranks of block ``st.rank``.
+    """Leave ``final`` = op over all ranks of block ``st.rank``. Blocks are lists of k pieces (k equal for all).
 
     ``inputs[b]`` is this rank's contribution to block b; ``partial(b)`` is where partial sums of block b
     may be kept (it may be ``inputs[b]`` itself for in-place calls). At step s a rank receives block
-    (r-s-2) from its left, reduces it with its own contribution, and forwards it at step s+1.
+    (r-s-2) from its left, reduces it with its own contribution, and forwards it at step s+1; the
+    pieces pipeline, so piece c of step s+1 leaves while piece c+1 of step s arrives.
     """
     p, r = st.size, st.rank
     if p == 1:
-        st.mem.copy(final, inputs[0])
+        for dst, src in zip(final, inputs[0]):
+            st.mem.copy(dst, src)
         return
     left, right = (r - 1) % p, (r + 1) % p
-    k = st.num_chunks(max(a.nbytes for a in inputs))
-    pieces = [split(a, k) for a in inputs]
+    k = len(final)
 
     def target(s: int) -> list[np.ndarray]:
-        return split(final, k) if s == p - 2 else split(partial((r - s - 2) % p), k)
+        return final if s == p - 2 else partial((r - s - 2) % p)
 
-    sends = [st.send(right, piece) for piece in pieces[(r - 1) % p]]
-    out0 = target(0)
-    pending = deque((0, c, st.recv_reduce(left, pieces[(r - 2) % p][c], out0[c], op)) for c in range(k))
-    outs = {0: out0}
+    sends = [st.send(right, piece) for piece in inputs[(r - 1) % p]]
+    outs = {0: target(0)}
+    pending = deque((0, c, st.recv_reduce(left, inputs[(r - 2) % p][c], outs[0][c], op)) for c in range(k))
     while pending:
         s, c, req = pending.popleft()
         yield (req,)
-        if s + 1 <= p - 2:  # forward the chunk just reduced, and expect the next step's chunk
+        if s + 1 <= p - 2:  # forward the piece just reduced, and expect the next step's piece
             sends.append(st.send(right, outs[s][c]))
             if s + 1 not in outs:
                 outs[s + 1] = target(s + 1)
             b = (r - s - 3) % p
-            pending.append((s + 1, c, st.recv_reduce(left, pieces[b][c], outs[s + 1][c], op)))
+            pending.append((s + 1, c, st.recv_reduce(left, inputs[b][c], outs[s + 1][c], op)))
     yield tuple(sends)
 
 
-def allgather_ring(st: Steps, blocks: list[np.ndarray], mine: np.ndarray) -> Schedule:
-    """Fill ``blocks[b]`` with rank b's block; this rank's comes from ``mine`` (copied in last)."""
+def allgather_ring(st: Steps, blocks: list[list[np.ndarray]], mine: list[np.ndarray]) -> Schedule:
+    """Fill ``blocks[b]`` (lists of k pieces) with rank b's block; this rank's comes from ``mine``, copied in last."""
     p, r = st.size, st.rank
     if p > 1:
         left, right = (r - 1) % p, (r + 1) % p
-        k = st.num_chunks(max(max(b.nbytes for b in blocks), mine.nbytes))
-        pieces = [split(b, k) for b in blocks]
-        sends = [st.send(right, piece) for piece in split(mine, k)]
-        pending = deque((0, c, st.recv(left, pieces[(r - 1) % p][c])) for c in range(k))
+        k = len(mine)
+        sends = [st.send(right, piece) for piece in mine]
+        pending = deque((0, c, st.recv(left, blocks[(r - 1) % p][c])) for c in range(k))
         while pending:
             s, c, req = pending.popleft()
             yield (req,)
             if s + 1 <= p - 2:
-                sends.append(st.send(right, pieces[(r - s - 1) % p][c]))
-                pending.append((s + 1, c, st.recv(left, pieces[(r - s - 2) % p][c])))
+                sends.append(st.send(right, blocks[(r - s - 1) % p][c]))
+                pending.append((s + 1, c, st.recv(left, blocks[(r - s - 2) % p][c])))
         yield tuple(sends)
-    st.mem.copy(blocks[r], mine)
+    for dst, src in zip(blocks[r], mine):
+        st.mem.copy(dst, src)
 
 
-def blocks_of(arr: np.ndarray, counts: list[int], displs: list[int]) -> list[np.ndarray]:
-    return [arr[d : d + c] for c, d in zip(counts, displs)]
+def chunked(st: Steps, blocks: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """Blocks given as lists of segments, cut so every block has the same number of pipelined pieces."""
+    largest = max((seg.nbytes for segs in blocks for seg in segs), default=0)
+    k = st.num_chunks(largest)
+    return [pieces_of(segs, k) for segs in blocks]
+
+
+def ring_allreduce(st: Steps, send: np.ndarray, recv: np.ndarray, op) -> Schedule:
+    """Allreduce of ``send`` into ``recv`` (they may be the same array) over the ranks of ``st``."""
+    p, r = st.size, st.rank
+    counts = even_counts(recv.shape[0], p)
+    # Partial sums live in scratch: user memory is written only once every rank's
+    # call has been checked along the ring (a mismatch then leaves it untouched).
+    scratch = st.mem.scratch(recv.shape[0], recv.dtype)
+    parts = chunked(st, [[b] for b in blocks_of(scratch, counts)])
+    ins = chunked(st, [[b] for b in blocks_of(send, counts)])
+    yield from reduce_scatter_ring(st, ins, parts.__getitem__, parts[r], op)
+    if op.averages:
+        for piece in parts[r]:
+            st.mem.scale(piece, p)
+    yield from allgather_ring(st, chunked(st, [[b] for b in blocks_of(recv, counts)]), parts[r])
+    st.mem.release(scratch)
 
 
 @register(
@@ -76,22 +100,11 @@ def blocks_of(arr: np.ndarray, counts: list[int], displs: list[int]) -> list[np.
     "Ring reduce-scatter then ring allgather, pipelined in chunks; bandwidth-optimal.",
     steps="2(p-1)",
     bytes="2(p-1)/p · n",
+    cost=lambda m, n, lay: m.ring(lay, 2 * (lay.size - 1), 2 * (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n),
 )
 def allreduce_ring(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
-    p, r = st.size, st.rank
-    counts = even_counts(call.recv.shape[0], p)
-    displs = offsets(counts)
-    # Partial sums live in scratch: user memory is written only once every rank's
-    # call has been checked along the ring (a mismatch then leaves it untouched).
-    scratch = st.mem.scratch(call.recv.shape[0], call.dtype)
-    parts = blocks_of(scratch, counts, displs)
-    ins = blocks_of(call.send, counts, displs)
-    yield from reduce_scatter_ring(st, ins, lambda b: parts[b], parts[r], call.op)
-    if call.op.averages:
-        st.mem.scale(parts[r], p)
-    yield from allgather_ring(st, blocks_of(call.recv, counts, displs), parts[r])
-    st.mem.release(scratch)
+    yield from ring_allreduce(st, call.send, call.recv, call.op)
 
 
 @register(
@@ -100,19 +113,21 @@ def allreduce_ring(st: Steps, call: Call) -> Schedule:
     "Ring reduce-scatter, pipelined in chunks; partial sums of other ranks' blocks live in scratch.",
     steps="p-1",
     bytes="(p-1)/p · n",
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n),
 )
 def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
     p, r = st.size, st.rank
-    ins = blocks_of(call.send, call.counts, offsets(call.counts))
     # Partial sums and the result stay in scratch until the end: in place, the result goes to the
     # start of the input buffer, which other blocks still need; and a mismatch leaves user memory alone.
     scratch = st.mem.scratch(call.send.shape[0], call.dtype)
-    parts = blocks_of(scratch, call.counts, offsets(call.counts))
-    yield from reduce_scatter_ring(st, ins, lambda b: parts[b], parts[r], call.op)
+    parts = chunked(st, [[b] for b in blocks_of(scratch, call.counts)])
+    ins = chunked(st, [[b] for b in blocks_of(call.send, call.counts)])
+    yield from reduce_scatter_ring(st, ins, parts.__getitem__, parts[r], call.op)
+    mine = blocks_of(scratch, call.counts)[r]
     if call.op.averages:
-        st.mem.scale(parts[r], p)
-    st.mem.copy(call.recv[: call.counts[r]], parts[r])
+        st.mem.scale(mine, p)
+    st.mem.copy(call.recv[: call.counts[r]], mine)
     st.mem.release(scratch)
 
 
@@ -122,9 +137,11 @@ def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     "Ring allgather (also Allgatherv), pipelined in chunks; bandwidth-optimal.",
     steps="p-1",
     bytes="(p-1)/p · n",
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n),
 )
 def allgather_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
     blocks = blocks_of(call.recv, call.counts, call.displs)
     mine = blocks[st.rank] if call.in_place or call.send is None else call.send
-    yield from allgather_ring(st, blocks, mine)
+    *pieces, own = chunked(st, [[b] for b in blocks] + [[mine]])
+    yield from allgather_ring(st, pieces, own)

@@ -1,0 +1,148 @@
+"""The cost model that ranks algorithms: latency x steps + bytes / bandwidth, per link class, with saved constants.
+
+Two link classes: ``shm`` (ranks on one host) and ``net`` (ranks on different hosts). Each has a
+latency per message step and a bandwidth per rank. Reductions cost bytes / ``reduce_GBps``, and every
+message costs ``msg_us`` of CPU (the Python engine's per-message work, which chunking multiplies).
+When a host holds more ranks than it has cores, CPU-bound terms stretch by ``local ranks / cores``.
+
+`pycoll tune` measures the constants on the machine at hand and saves them (see ``save``); otherwise
+the defaults below, measured on a 2-core VM, apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Optional
+
+from ..config import str_param
+from .base import Layout
+
+TUNE_FILE = str_param(
+    "PYCOLL_TUNE_FILE",
+    "",
+    "Cost-model constants written by `pycoll tune` (default: ~/.cache/pycoll/tuning.json when present, else built-in defaults).",
+)
+
+
+def default_path() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "pycoll", "tuning.json")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Constants of the model; see the module docstring for what each term means."""
+
+    shm_latency_us: float = 60.0
+    shm_GBps: float = 4.0
+    net_latency_us: float = 120.0
+    net_GBps: float = 1.0
+    reduce_GBps: float = 6.0
+    msg_us: float = 25.0
+    cores: int = 0  # 0: os.cpu_count() of the rank that loads the model
+    chunk_bytes: int = 512 << 10
+    source: str = field(default="built-in defaults", compare=False)
+
+    # ---- building blocks the algorithms' cost functions use -------------------------------------
+    def over(self, lay: Layout) -> float:
+        """How much CPU-bound work stretches when a host runs more ranks than it has cores."""
+        cores = self.cores or os.cpu_count() or 1
+        return max(1.0, max(lay.local_sizes, default=1) / cores)
+
+    def link(self, lay: Layout) -> tuple[float, float]:
+        """(latency s, bandwidth B/s) of the slowest link between the layout's ranks."""
+        if lay.hosts > 1:
+            return self.net_latency_us * 1e-6, self.net_GBps * 1e9
+        return self.shm_latency_us * 1e-6, self.shm_GBps * 1e9
+
+    def messages(self, nbytes: float) -> int:
+        """Pipelined messages a transfer of ``nbytes`` is cut into."""
+        return max(1, math.ceil(nbytes / self.chunk_bytes))
+
+    def phase(self, lay: Layout, steps: float, nbytes: float, *, reduced: float = 0.0, flows: float = 1.0,
+              messages: Optional[float] = None) -> float:
+        """Seconds for ``steps`` dependent message steps moving ``nbytes`` per rank over the layout's slowest link.
+
+        ``flows`` ranks of one host share the host's network link at once; ``reduced`` bytes are
+        combined by each rank; ``messages`` defaults to one pipelined message per chunk per step.
+        """
+        lat, bw = self.link(lay)
+        over = self.over(lay)
+        msgs = steps * self.messages(nbytes / max(steps, 1)) if messages is None else messages
+        cpu = steps * lat + msgs * self.msg_us * 1e-6 + reduced / (self.reduce_GBps * 1e9)
+        if lay.hosts > 1:
+            return cpu * over + nbytes * flows / bw
+        return (cpu + nbytes / bw) * over
+
+    def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0) -> float:
+        """A ring in rank order: each host's link carries one flow per place the ring leaves the host."""
+        p = lay.size
+        leaving = [0] * max(lay.hosts, 1)
+        for r in range(p):
+            if lay.host_of[r] != lay.host_of[(r + 1) % p]:
+                leaving[lay.host_of[r]] += 1
+        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]))
+
+    def flows(self, lay: Layout) -> float:
+        """Flows sharing a host link when every rank may talk off-host at once."""
+        return float(max(lay.local_sizes, default=1)) if lay.hosts > 1 else 1.0
+
+    # ---- persistence ---------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(data: dict[str, Any], source: str = "") -> "CostModel":
+        known = {f.name for f in fields(CostModel)}
+        values = {k: v for k, v in data.items() if k in known}
+        if source:
+            values["source"] = source
+        return CostModel(**values)
+
+    def save(self, path: Optional[str] = None) -> str:
+        path = path or TUNE_FILE.get() or default_path()
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_json(), f, indent=2)
+        os.replace(tmp, path)
+        return path
+
+
+def load(path: Optional[str] = None) -> CostModel:
+    """The tuned constants from ``path``, PYCOLL_TUNE_FILE or the default file, else the built-in defaults."""
+    explicit = path or TUNE_FILE.get()
+    candidate = explicit or default_path()
+    try:
+        with open(candidate) as f:
+            return CostModel.from_json(json.load(f), source=candidate)
+    except FileNotFoundError:
+        if explicit:
+            raise
+        return CostModel()
+
+
+_current: Optional[CostModel] = None
+
+
+def current() -> CostModel:
+    """The model in force in this process (set by the runtime from rank 0's, so all ranks agree)."""
+    global _current
+    if _current is None:
+        _current = load()
+    return _current
+
+
+def use(model: Optional[CostModel]) -> None:
+    global _current
+    _current = model
+
+
+def log2ceil(p: int) -> int:
+    return max(0, (p - 1).bit_length())
+
+
+def pow2floor(p: int) -> int:
+    return 1 << (p.bit_length() - 1) if p > 0 else 0

@@ -1,0 +1,198 @@
+"""Hierarchical algorithms: shared memory inside each host, the network only between hosts.
+
+Allreduce: an intra-host reduce-scatter leaves local rank j with part j of its host's sum; ranks with
+the same local index then allreduce their part across hosts (one flow per local rank, all at once);
+an intra-host allgather spreads the result. Hosts with fewer ranks are fine: the vector is cut into
+as many parts as the smallest host has ranks, and extra local ranks hold empty parts.
+
+Reduce-scatter and allgather split the vector into cells (host h, local index j) = the block of
+host h's j-th rank, and need the same number of ranks on every host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import ops as _ops
+
+from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts
+from .cost import CostModel
+from .registry import ALGORITHMS, ranked, register
+from .ring import allgather_ring, chunked, reduce_scatter_ring
+
+_INTRA_RS, _INTER, _INTRA_AG = 1, 2, 3  # message lanes of the three phases
+
+
+def _refuse_flat(call: Call, lay: Layout) -> str | None:
+    if lay.hosts < 2:
+        return "all ranks share one host"
+    if lay.hosts == lay.size:
+        return "every host holds a single rank"
+    return None
+
+
+def _refuse_grid(call: Call, lay: Layout) -> str | None:
+    return _refuse_flat(call, lay) or (None if lay.uniform else "hosts hold different numbers of ranks")
+
+
+def _column(lay: Layout, j: int) -> list[int]:
+    """The ranks with local index ``j``, one per host that has such a rank."""
+    return [g[j] for g in lay.groups if j < len(g)]
+
+
+def _inter_model(m: CostModel, flows: int) -> CostModel:
+    """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link."""
+    return dataclasses.replace(m, net_GBps=m.net_GBps / max(flows, 1))
+
+
+def _inner_allreduce(m: CostModel, n: float, hosts: int, flows: int) -> tuple[float, str]:
+    """Cheapest flat allreduce among ``hosts`` ranks (one per host) for ``n`` bytes."""
+    lay = Layout(tuple(range(hosts)))
+    probe = Call("allreduce", np.dtype(np.uint8), recv=np.empty(0, np.uint8))
+    options = [(a.predict(_inter_model(m, flows), n, lay), a.name) for a in ALGORITHMS["allreduce"].values()
+               if a.name != "hierarchical" and a.refusal(probe, lay) is None]
+    return min(options) if options else (0.0, "ring")
+
+
+def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
+    parts = min(lay.local_sizes)
+    local = max(lay.local_sizes)
+    intra = Layout.flat(local)
+    shm = m.ring(intra, local - 1, (local - 1) / local * n, reduced=(local - 1) / local * n) if local > 1 else 0.0
+    inner, _ = _inner_allreduce(m, n / parts, lay.hosts, parts)
+    return 2 * shm + inner
+
+
+@register(
+    "allreduce",
+    "hierarchical",
+    "Intra-host ring reduce-scatter, inter-host allreduce per local index, intra-host ring allgather.",
+    steps="2(L-1) + inter-host allreduce of n/L on H ranks",
+    bytes="2(L-1)/L · n in the host + 2(H-1)/H · n/L across hosts",
+    refuse=_refuse_flat,
+    cost=_hier_allreduce_cost,
+)
+def allreduce_hierarchical(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    lay = st.layout
+    host = lay.groups[lay.host_of[st.rank]]
+    j = host.index(st.rank)
+    parts = min(lay.local_sizes)
+    n = call.recv.shape[0]
+    counts = even_counts(n, parts) + [0] * (len(host) - parts)
+    scratch = st.mem.scratch(n, call.dtype)
+
+    # 1. reduce-scatter inside the host: local rank j ends with part j of the host's sum
+    intra = st.sub(host, lane=_INTRA_RS)
+    ins = chunked(intra, [[b] for b in blocks_of(call.send, counts)])
+    work = chunked(intra, [[b] for b in blocks_of(scratch, counts)])
+    yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
+    part = blocks_of(scratch, counts)[j]
+
+    # 2. allreduce of that part among the ranks with the same local index on the other hosts
+    if j < parts:
+        column = st.sub(_column(lay, j), lane=_INTER)
+        from . import cost as cost_model  # the model in force, as selection uses it
+
+        _, name = _inner_allreduce(cost_model.current(), part.nbytes, column.size, parts)
+        summing = _ops.SUM if call.op.averages else call.op  # average once, over all ranks, below
+        inner = Call("allreduce", call.dtype, send=part, recv=part, op=summing, in_place=True)
+        yield from ALGORITHMS["allreduce"][name].run(column, inner)
+    if call.op.averages:
+        st.mem.scale(part, st.size)
+
+    # 3. allgather inside the host
+    out = chunked(intra, [[b] for b in blocks_of(call.recv, counts)])
+    own = chunked(intra, [[b] for b in blocks_of(scratch, counts)])[j]
+    yield from allgather_ring(st.sub(host, lane=_INTRA_AG), out, own)
+    st.mem.release(scratch)
+
+
+def _cells(arr: np.ndarray, counts: list[int], displs: list[int] | None = None) -> list[np.ndarray]:
+    return blocks_of(arr, counts, displs)
+
+
+def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float:
+    local, hosts = max(lay.local_sizes), lay.hosts
+    shm = m.ring(Layout.flat(local), local - 1, (local - 1) / local * n, reduced=((local - 1) / local * n) if reduced else 0)
+    net_model = _inter_model(m, local)
+    chunk = n / local
+    net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
+                         reduced=((hosts - 1) / hosts * chunk) if reduced else 0)
+    return shm + net
+
+
+@register(
+    "reduce_scatter",
+    "hierarchical",
+    "Intra-host ring reduce-scatter by local index, then inter-host ring reduce-scatter per local index.",
+    steps="(L-1) + (H-1)",
+    bytes="(L-1)/L · n in the host + (H-1)/H · n/L across hosts",
+    refuse=_refuse_grid,
+    cost=lambda m, n, lay: _hier_grid_cost(m, n, lay, True),
+)
+def reduce_scatter_hierarchical(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    lay = st.layout
+    groups = lay.groups
+    host = groups[lay.host_of[st.rank]]
+    j = host.index(st.rank)
+    total = call.send.shape[0]
+    scratch = st.mem.scratch(total, call.dtype)
+    send_cells, work_cells = _cells(call.send, call.counts), _cells(scratch, call.counts)
+
+    def column_of(cells: list[np.ndarray], jj: int) -> list[np.ndarray]:
+        return [cells[g[jj]] for g in groups]
+
+    # 1. inside the host, local rank j sums column j (the blocks of every host's j-th rank)
+    intra = st.sub(host, lane=_INTRA_RS)
+    ins = chunked(intra, [column_of(send_cells, jj) for jj in range(len(host))])
+    work = chunked(intra, [column_of(work_cells, jj) for jj in range(len(host))])
+    yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
+
+    # 2. across hosts, the column's ranks reduce-scatter it: each keeps its own block
+    column = st.sub(_column(lay, j), lane=_INTER)
+    mine = call.recv[: call.counts[st.rank]]
+    cells = chunked(column, [[c] for c in column_of(work_cells, j)] + [[mine]])
+    *parts, final = cells
+    yield from reduce_scatter_ring(column, parts, parts.__getitem__, final, call.op)
+    if call.op.averages:
+        st.mem.scale(mine, st.size)
+    st.mem.release(scratch)
+
+
+@register(
+    "allgather",
+    "hierarchical",
+    "Inter-host ring allgather per local index, then intra-host ring allgather of the gathered columns.",
+    steps="(H-1) + (L-1)",
+    bytes="(H-1)/H · n/L across hosts + (L-1)/L · n in the host",
+    refuse=_refuse_grid,
+    cost=lambda m, n, lay: _hier_grid_cost(m, n, lay, False),
+)
+def allgather_hierarchical(st: Steps, call: Call) -> Schedule:
+    assert call.recv is not None
+    lay = st.layout
+    groups = lay.groups
+    host = groups[lay.host_of[st.rank]]
+    j = host.index(st.rank)
+    cells = _cells(call.recv, call.counts, call.displs)
+    mine = cells[st.rank] if call.in_place or call.send is None else call.send
+
+    def column_of(jj: int) -> list[np.ndarray]:
+        return [cells[g[jj]] for g in groups]
+
+    # 1. across hosts: gather column j
+    column = st.sub(_column(lay, j), lane=_INTER)
+    *pieces, own = chunked(column, [[c] for c in column_of(j)] + [[mine]])
+    yield from allgather_ring(column, pieces, own)
+
+    # 2. inside the host: every local rank contributes its column
+    intra = st.sub(host, lane=_INTRA_AG)
+    blocks = chunked(intra, [column_of(jj) for jj in range(len(host))])
+    yield from allgather_ring(intra, blocks, blocks[j])
+
+
+__all__ = ["allreduce_hierarchical", "reduce_scatter_hierarchical", "allgather_hierarchical", "ranked"]

@@ -1,0 +1,178 @@
+"""Tree algorithms: double binary tree allreduce, and pipelined binary-tree broadcast and reduce."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from .base import Call, Layout, Schedule, Steps, binary_tree, blocks_of, concurrently, even_counts, pieces_of
+from .cost import CostModel, log2ceil
+from .registry import register
+
+
+class Tree:
+    """One binary tree over a communicator's ranks, rank ``r`` at position ``position(r)``."""
+
+    def __init__(self, p: int, rank_at: list[int]) -> None:
+        parent, children = binary_tree(p)
+        pos = {rank: x for x, rank in enumerate(rank_at)}
+        self.parent = {rank: (rank_at[parent[x]] if parent[x] >= 0 else None) for rank, x in pos.items()}
+        self.children = {rank: [rank_at[c] for c in children[x]] for rank, x in pos.items()}
+        self.root = rank_at[0]
+
+
+def rooted_tree(p: int, root: int) -> Tree:
+    return Tree(p, [(root + x) % p for x in range(p)])
+
+
+def double_tree(p: int) -> tuple[Tree, Tree]:
+    """Two trees in which no rank is interior twice: the second mirrors the first (even p) or shifts it by one (odd p).
+
+    The first tree's leaves are the odd ranks; in the second, the odd ranks land on even positions, so
+    each rank forwards data in at most one tree (Sanders, Speck and Traeff's two-tree scheme).
+    """
+    first = Tree(p, list(range(p)))
+    second = Tree(p, [p - 1 - x for x in range(p)] if p % 2 == 0 else [(x + 1) % p for x in range(p)])
+    return first, second
+
+
+def reduce_up(st: Steps, tree: Tree, ins: list[np.ndarray], acc: list[np.ndarray], op,
+              done: Optional[list[np.ndarray]] = None) -> Schedule:
+    """Pipelined reduction of ``ins`` (k pieces) towards the root; the root's sums land in ``done``.
+
+    Interior ranks keep partial sums in ``acc``: the first child's pieces reduce on arrival, the
+    second child's land in the other half of ``acc``'s pair and are folded in once both are there.
+    """
+    r = st.rank
+    parent, kids = tree.parent[r], tree.children[r]
+    k = len(ins)
+    sends = []
+    if not kids:
+        if parent is not None:
+            sends = [st.send(parent, piece) for piece in ins]
+        elif done is not None:
+            for dst, src in zip(done, ins):
+                st.mem.copy(dst, src)
+        yield tuple(sends)
+        return
+    spare = st.mem.scratch(sum(a.shape[0] for a in acc), acc[0].dtype) if len(kids) > 1 else None
+    spares = blocks_of(spare, [a.shape[0] for a in acc]) if spare is not None else []
+    firsts = [st.recv_reduce(kids[0], ins[c], acc[c], op) for c in range(k)]
+    seconds = [st.recv(kids[1], spares[c]) for c in range(k)] if spare is not None else []
+    for c in range(k):
+        yield (firsts[c], seconds[c]) if seconds else (firsts[c],)
+        if seconds:
+            st.mem.reduce(op, acc[c], spares[c], acc[c])
+        if parent is not None:
+            sends.append(st.send(parent, acc[c]))
+        elif done is not None:
+            st.mem.copy(done[c], acc[c])
+    yield tuple(sends)
+    if spare is not None:
+        st.mem.release(spare)
+
+
+def broadcast_down(st: Steps, tree: Tree, pieces: list[np.ndarray], have: Optional[list] = None) -> Schedule:
+    """Pipelined broadcast of ``pieces`` from the root; ``have`` (root only) are requests that fill them first."""
+    r = st.rank
+    parent, kids = tree.parent[r], tree.children[r]
+    arriving = [st.recv(parent, piece) for piece in pieces] if parent is not None else list(have or [])
+    sends = []
+    for c, piece in enumerate(pieces):
+        if c < len(arriving):
+            yield (arriving[c],)
+        sends.extend(st.send(kid, piece) for kid in kids)
+    yield tuple(sends)
+
+
+def _tree_allreduce(st: Steps, tree: Tree, ins: list[np.ndarray], acc: list[np.ndarray], outs: list[np.ndarray],
+                    op, size: int) -> Schedule:
+    at_root = tree.parent[st.rank] is None
+    yield from reduce_up(st, tree, ins, acc, op, done=outs if at_root else None)
+    if at_root and op.averages:
+        for piece in outs:
+            st.mem.scale(piece, size)
+    yield from broadcast_down(st, tree, outs)
+
+
+def _tree_cost(m: CostModel, n: float, lay: Layout) -> float:
+    depth = log2ceil(lay.size + 1)
+    k = m.messages(n / 2)
+    # up and down each tree: depth steps plus one per further chunk; a rank sends about 2n in all
+    return m.phase(lay, 2 * (depth + k - 1), 2 * n, reduced=n, flows=m.flows(lay), messages=6 * k)
+
+
+@register(
+    "allreduce",
+    "tree",
+    "Double binary tree: each half of the vector is reduced up one tree and broadcast down it, pipelined in chunks.",
+    steps="2(log2 p + chunks)",
+    bytes="2 n (each rank forwards in one tree)",
+    cost=lambda m, n, lay: _tree_cost(m, n, lay) if lay.size > 1 else 0.0,
+)
+def allreduce_tree(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    p = st.size
+    if p == 1:
+        st.mem.copy(call.recv, call.send)
+        return
+    halves = even_counts(call.recv.shape[0], 2)
+    k = st.num_chunks(call.recv[: halves[0]].nbytes)
+    scratch = st.mem.scratch(call.recv.shape[0], call.dtype)
+    trees = double_tree(p)
+    runs = []
+    for i, (tree, ins, acc, outs) in enumerate(
+        zip(trees, blocks_of(call.send, halves), blocks_of(scratch, halves), blocks_of(call.recv, halves))
+    ):
+        runs.append(_tree_allreduce(st.lane(1 + i), tree, pieces_of([ins], k), pieces_of([acc], k),
+                                    pieces_of([outs], k), call.op, p))
+    yield from concurrently(*runs)
+    st.mem.release(scratch)
+
+
+@register(
+    "broadcast",
+    "tree",
+    "Pipelined binary tree from the root: log2 p deep, so small messages arrive in few steps.",
+    steps="log2 p + chunks",
+    bytes="2 n at interior ranks",
+    cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, 2 * n, flows=m.flows(lay),
+                                   messages=2 * m.messages(n)) if lay.size > 1 else 0.0,
+)
+def broadcast_tree(st: Steps, call: Call) -> Schedule:
+    assert call.recv is not None
+    if st.size == 1:
+        return
+    yield from broadcast_down(st, rooted_tree(st.size, call.root), pieces_of([call.recv], st.num_chunks(call.recv.nbytes)))
+
+
+@register(
+    "reduce",
+    "tree",
+    "Pipelined binary tree towards the root: log2 p deep; interior ranks fold two children per chunk.",
+    steps="log2 p + chunks",
+    bytes="n",
+    cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, n, reduced=2 * n,
+                                   flows=m.flows(lay), messages=2 * m.messages(n)) if lay.size > 1 else 0.0,
+)
+def reduce_tree(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.op is not None
+    p, r = st.size, st.rank
+    at_root = r == call.root
+    if p == 1:
+        assert call.recv is not None
+        st.mem.copy(call.recv, call.send)
+    else:
+        tree = rooted_tree(p, call.root)
+        k = st.num_chunks(call.send.nbytes)
+        ins = pieces_of([call.send], k)
+        acc = st.mem.scratch(call.send.shape[0], call.dtype) if tree.children[r] else None
+        accs = pieces_of([acc], k) if acc is not None else []
+        done = pieces_of([call.recv], k) if at_root and call.recv is not None else None
+        yield from reduce_up(st, tree, ins, accs, call.op, done=done)
+        if acc is not None:
+            st.mem.release(acc)
+    if at_root and call.op.averages:
+        assert call.recv is not None
+        st.mem.scale(call.recv, p)
