@@ -84,6 +84,7 @@ SUBCOMMANDS: list[tuple[str, Union[AddParser, str]]] = [
     ("info", add_info_parser),
     ("plot", "pycoll.perf.plot:add_plot_parser"),
     ("perf", "pycoll.perf.options:add_perf_parser"),
+    ("tune", "pycoll.tune:add_tune_parser"),
 ]
 
 

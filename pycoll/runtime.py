@@ -11,6 +11,8 @@ import threading
 from typing import Optional
 
 from . import config
+from .algorithms import cost
+from .algorithms.cost import CostModel
 from .bootstrap import BootstrapInfo, bootstrap, publish_all
 from .bootstrap.store import barrier as store_barrier
 from .errors import InvalidArgumentError
@@ -104,6 +106,7 @@ class Runtime:
             channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, job_barrier, self.timeout))
         job_barrier("connected")
         self.engine = Engine(self.rank, channels)
+        self.cost_model = self._agree_on_cost_model()
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
         self.hosts = len({p.host_id for p in self.peers})
         log.info(
@@ -116,6 +119,21 @@ class Runtime:
         )
         self._closed = False
         atexit.register(self.close)
+
+    def _agree_on_cost_model(self) -> CostModel:
+        """Rank 0's cost model for every rank: algorithm choices must be identical everywhere."""
+        store = self.info.store
+        if self.rank == 0:
+            model = cost.load()
+            if store is not None and self.size > 1:
+                store.set("pycoll/cost_model", json.dumps(model.to_json()).encode())
+        else:
+            assert store is not None
+            data = json.loads(store.get("pycoll/cost_model", self.timeout))
+            model = CostModel.from_json(data, source=f"{data.get('source', '?')} (from rank 0)")
+        cost.use(model)
+        log.info("cost model: %s", model.source)
+        return model
 
     def close(self) -> None:
         """Drain queued sends, tell peers we are gone, release segments and sockets."""

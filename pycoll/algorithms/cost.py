@@ -23,8 +23,10 @@ from .base import Layout
 TUNE_FILE = str_param(
     "PYCOLL_TUNE_FILE",
     "",
-    "Cost-model constants written by `pycoll tune` (default: ~/.cache/pycoll/tuning.json when present, else built-in defaults).",
+    "Cost-model constants written by `pycoll tune` (default: ~/.cache/pycoll/tuning.json when present, else built-in "
+    "defaults; `builtin` forces the defaults).",
 )
+BUILTIN = "builtin"
 
 
 def default_path() -> str:
@@ -114,6 +116,8 @@ class CostModel:
 def load(path: Optional[str] = None) -> CostModel:
     """The tuned constants from ``path``, PYCOLL_TUNE_FILE or the default file, else the built-in defaults."""
     explicit = path or TUNE_FILE.get()
+    if explicit == BUILTIN:
+        return CostModel()
     candidate = explicit or default_path()
     try:
         with open(candidate) as f:

@@ -70,9 +70,14 @@ def register(
     refuse: Optional[Refusal] = None,
     cost: Optional[Cost] = None,
 ) -> Callable[[Callable[[Steps, Call], Schedule]], Callable[[Steps, Call], Schedule]]:
-    """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered."""
+    """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered.
+
+    ``refuse(call, layout)`` returns why the algorithm cannot serve a call, from the call's size and the
+    layout only; ``cost(model, nbytes, layout)`` predicts its time in seconds.
+    """
 
     def wrap(fn: Callable[[Steps, Call], Schedule]) -> Callable[[Steps, Call], Schedule]:
+        _cache.clear()
         table = ALGORITHMS[collective]
         if name in table:
             raise ValueError(f"algorithm {collective}:{name} registered twice")
@@ -128,6 +133,23 @@ def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> lis
     return out
 
 
+_cache: dict[tuple, list[tuple[float, Algorithm]]] = {}
+
+
+def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, call: Call) -> list[tuple[float, Algorithm]]:
+    """``ranked`` memoised per (collective, size, layout, model): repeated calls skip the model.
+
+    Refusals may depend only on these (and on nothing else in the call) for the cache to hold.
+    """
+    key = (coll, nbytes, layout, model)
+    hit = _cache.get(key)
+    if hit is None:
+        if len(_cache) > 4096:
+            _cache.clear()
+        hit = _cache[key] = ranked(call, layout, model)
+    return hit
+
+
 def select(call: Call, layout: Layout) -> Algorithm:
     """The algorithm for this call: the override if it accepts, else the cheapest by the cost model.
 
@@ -143,7 +165,7 @@ def select(call: Call, layout: Layout) -> Algorithm:
         if reason is None:
             return _chose(call, algo, "forced by PYCOLL_ALGO")
         log.warning("PYCOLL_ALGO %s:%s declined this call (%s); choosing by cost", call.coll, forced, reason)
-    options = ranked(call, layout)
+    options = _ranked_cached(call.coll, call.size_bytes, layout, cost_model.current(), call)
     if not options:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
