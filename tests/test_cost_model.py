@@ -99,7 +99,11 @@ def test_fit_recovers_constants_from_timings_of_a_known_model() -> None:
     assert misfit(fitted, points, lay) < 1e-3
     # per-step latency and per-message CPU cost trade off at small sizes (one message per step); their sum does not
     assert fitted.shm_latency_us + fitted.msg_us == pytest.approx(305.0, rel=0.05)
-    assert fitted.shm_GBps == pytest.approx(2.0, rel=0.1)
+    assert fitted.shm_GBps == pytest.approx(2.0, rel=0.25)  # trades off a little against the reduction speed
+    from pycoll.tune import predicted
+
+    for pt in points:
+        assert predicted(fitted, pt, lay) == pytest.approx(pt["seconds"], rel=0.1), pt
 
 
 def test_model_file_round_trip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
