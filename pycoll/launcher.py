@@ -1,4 +1,4 @@
-"""The local launcher `pycoll run -n N CMD ...`: a start-up store, N ranks, and their clean-up."""
+"""The local launcher `pycoll run -n N CMD ...`: a start-up store, N ranks (or on virtual hosts), and their clean-up."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import glob
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Optional
+from typing import IO, Any, Optional, Sequence
 
 from pycoll.bootstrap.store import TCPStoreServer
 from pycoll.config import float_param
@@ -147,6 +148,30 @@ def _cleanup_shm(job_id: Optional[bytes]) -> None:
                 pass
 
 
+def plan_hosts(n: int, hosts: Optional[int] = None, ranks_per_host: Optional[Sequence[int]] = None) -> list[int]:
+    """Ranks on each virtual host: the explicit list, else contiguous blocks as even as possible (larger first)."""
+    if ranks_per_host is not None:
+        counts = [int(c) for c in ranks_per_host]
+        if hosts is not None and len(counts) != hosts:
+            raise ValueError(f"--ranks-per-host lists {len(counts)} hosts but --hosts is {hosts}")
+        if not counts or min(counts) < 1:
+            raise ValueError(f"--ranks-per-host needs at least one rank per host, got {','.join(map(str, counts))}")
+        if sum(counts) != n:
+            raise ValueError(f"--ranks-per-host adds up to {sum(counts)} ranks but -n is {n}")
+        return counts
+    if hosts is None or hosts < 1:
+        raise ValueError(f"--hosts must be at least 1, got {hosts}")
+    if n < hosts:
+        raise ValueError(f"-n {n} leaves hosts without ranks (--hosts {hosts})")
+    base, extra = divmod(n, hosts)
+    return [base + (1 if h < extra else 0) for h in range(hosts)]
+
+
+def _start_store(host: str) -> tuple[TCPStoreServer, tuple[str, int]]:
+    server = TCPStoreServer(host, 0)
+    return server, server.start()
+
+
 def launch(
     n: int,
     cmd: list[str],
@@ -154,12 +179,23 @@ def launch(
     env: Optional[dict[str, str]] = None,
     timeout: Optional[float] = None,
     tag_output: bool = False,
+    hosts: Optional[int] = None,
+    ranks_per_host: Optional[Sequence[int]] = None,
+    link_rate: Optional[str] = None,
 ) -> int:
-    """Run ``cmd`` as ``n`` ranks on this host; return 0, the first failed rank's code, or 124 on timeout."""
+    """Run ``cmd`` as ``n`` ranks; return 0, the first failed rank's code, or 124 on timeout.
+
+    With ``hosts`` or ``ranks_per_host`` the ranks run on virtual hosts (pycoll.netns), in contiguous
+    blocks, each rank inside its host's network namespace; the store listens in host 0's namespace.
+    ``link_rate`` (e.g. "1gbit") shapes every virtual link. Raises NetnsError if namespaces can't be made.
+    """
     if n < 1:
         raise ValueError(f"-n must be at least 1, got {n}")
     if not cmd:
         raise ValueError("no command to run")
+    placement = plan_hosts(n, hosts, ranks_per_host) if hosts is not None or ranks_per_host is not None else None
+    if link_rate and placement is None:
+        raise ValueError("--link-rate needs --hosts")
     grace = LAUNCH_GRACE.get()
     job = _Job()
     stop_requests: list[int] = []
@@ -174,35 +210,61 @@ def launch(
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
-    server = TCPStoreServer("127.0.0.1", 0)
-    host, port = server.start()
+    vhosts = None
+    server: Optional[TCPStoreServer] = None
     try:
+        if placement is None:
+            server = TCPStoreServer("127.0.0.1", 0)
+            host, port = server.start()
+            where = [(0, rank, n) for rank in range(n)]  # (host, local rank, local size) per rank
+        else:
+            from pycoll import netns
+
+            vhosts = netns.VirtualHosts(len(placement), rate=link_rate).create()
+            # A socket belongs to the namespace it was created in: make the store's in host 0.
+            server, (host, port) = vhosts.call(0, _start_store, vhosts.addresses[0])
+            where = [(h, i, c) for h, c in enumerate(placement) for i in range(c)]
         base = dict(os.environ)
         base.update(env or {})
         for rank in range(n):
+            h, local_rank, local_size = where[rank]
             child_env = dict(base)
             child_env.update(
                 PYCOLL_RANK=str(rank),
                 PYCOLL_SIZE=str(n),
-                PYCOLL_LOCAL_RANK=str(rank),
-                PYCOLL_LOCAL_SIZE=str(n),
+                PYCOLL_LOCAL_RANK=str(local_rank),
+                PYCOLL_LOCAL_SIZE=str(local_size),
                 PYCOLL_STORE_ADDR=f"{host}:{port}",
             )
+            argv = cmd
+            if vhosts is not None:
+                child_env["PYCOLL_SOCKET_ADDR"] = vhosts.addresses[h]  # TCP listens on its own host's address
+                argv = vhosts.exec_prefix(h) + cmd
+                if shutil.which(cmd[0], path=child_env.get("PATH")) is None:  # `ip netns exec` would hide it
+                    _say(f"cannot start rank {rank} ({' '.join(cmd)}): {cmd[0]}: command not found")
+                    return 127
+            if stop_requests and vhosts is not None:  # Ctrl-C during the (slower) set-up: start no more
+                break
             try:
-                job.spawn(rank, cmd, child_env, tag_output)
+                job.spawn(rank, argv, child_env, tag_output)
             except OSError as exc:
                 _say(f"cannot start rank {rank} ({' '.join(cmd)}): {exc}")
                 return 127
-        if stop_requests:  # a signal came while we were still spawning
+        if stop_requests:  # a signal came while we were still setting up
             job.signal_all(stop_requests[0])
+            if len(job.procs) < n:
+                return 128 + stop_requests[0]
         return _wait(job, n, grace, timeout)
     finally:
         job.stop()
+        job_id = server.get_local("job_id") if server is not None else None
+        if server is not None:
+            server.stop()
+        if vhosts is not None:
+            vhosts.close()  # before our handlers go: a second Ctrl-C must not cut the clean-up short
         if in_main:
             for sig, handler in old_handlers.items():
                 signal.signal(sig, handler)
-        job_id = server.get_local("job_id")
-        server.stop()
         _cleanup_shm(job_id)
 
 
@@ -238,16 +300,33 @@ def _wait(job: _Job, n: int, grace: float, timeout: Optional[float]) -> int:
     return 0
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of rank counts: {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("empty list")
+    return values
+
+
 def add_run_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
     """Register ``pycoll run``."""
     p = subparsers.add_parser(
         "run",
         help="run a command as N local ranks",
-        description="Run CMD as N ranks on this host, like `mpiexec -n N CMD`.",
+        description="Run CMD as N ranks on this host, like `mpiexec -n N CMD`. With --hosts, the ranks are "
+        "spread over virtual hosts: network namespaces of this machine, joined by a virtual switch (needs root).",
     )
     p.add_argument("-n", "--np", dest="n", type=int, required=True, help="number of ranks")
     p.add_argument("--tag-output", action="store_true", help="prefix every output line with [rank]")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="kill the job after S seconds (exit 124)")
+    p.add_argument("--hosts", type=int, default=None, metavar="H",
+                   help="place the ranks on H virtual hosts, in contiguous blocks as even as possible")
+    p.add_argument("--ranks-per-host", type=_counts, default=None, metavar="A,B,...",
+                   help="ranks on each virtual host, e.g. 2,1,2 (implies --hosts 3)")
+    p.add_argument("--link-rate", default=None, metavar="RATE",
+                   help="shape every virtual link, both ways, to RATE (tc units: 100mbit, 1gbit, 10gbit)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments")
     p.set_defaults(func=run_command)
     return p
@@ -259,9 +338,36 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        _say("no command given (usage: pycoll run -n N [--tag-output] [--timeout S] [--] CMD ...)")
+        _say("no command given (usage: pycoll run -n N [--hosts H] [--tag-output] [--timeout S] [--] CMD ...)")
         return 2
     if args.n < 1:
         _say(f"-n must be at least 1, got {args.n}")
         return 2
-    return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output)
+    hosts, per_host, rate = args.hosts, args.ranks_per_host, args.link_rate
+    virtual = hosts is not None or per_host is not None
+    try:
+        if virtual:
+            plan_hosts(args.n, hosts, per_host)
+        elif rate:
+            raise ValueError("--link-rate needs --hosts")
+        if rate:
+            from pycoll.netns import parse_rate
+
+            parse_rate(rate)
+    except ValueError as exc:
+        _say(str(exc))
+        return 2
+    if not virtual:
+        return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output)
+    from pycoll import netns
+
+    reason = netns.unavailable(need_tc=bool(rate))
+    if reason:
+        _say(f"--hosts needs network namespaces, which cannot be made here: {reason}")
+        return 1
+    try:
+        return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output,
+                      hosts=hosts, ranks_per_host=per_host, link_rate=rate)
+    except netns.NetnsError as exc:  # the virtual hosts could not be set up
+        _say(str(exc))
+        return 1

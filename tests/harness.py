@@ -276,3 +276,109 @@ def run_cases(
         with open(path) as fh:
             res.startup_errors.append(json.load(fh))
     return res
+
+
+# --------------------------------------------------------------------------------------------
+# virtual hosts (network namespaces, pycoll.netns)
+# --------------------------------------------------------------------------------------------
+
+
+def multihost_unavailable(need_tc: bool = False) -> Optional[str]:
+    """Why ranks cannot run on virtual hosts here (not root, no `ip`, namespaces refused); None when they can."""
+    from pycoll import netns
+
+    return netns.unavailable(need_tc=need_tc)
+
+
+def hosts_launcher_cmd(
+    n: int,
+    argv: Sequence[str],
+    hosts: Optional[int] = 2,
+    ranks_per_host: Optional[Sequence[int]] = None,
+    link_rate: Optional[str] = None,
+    timeout: Optional[float] = None,
+) -> List[str]:
+    """`python -m pycoll run -n N --hosts H [--ranks-per-host A,B] [--link-rate R] -- ARGV`."""
+    cmd = [PYTHON, "-m", "pycoll", "run", "-n", str(n)]
+    if ranks_per_host is not None:
+        cmd += ["--ranks-per-host", ",".join(map(str, ranks_per_host))]
+    elif hosts is not None:
+        cmd += ["--hosts", str(hosts)]
+    if link_rate:
+        cmd += ["--link-rate", link_rate]
+    if timeout is not None:
+        cmd += ["--timeout", str(int(timeout))]
+    return cmd + ["--"] + list(argv)
+
+
+def _is_command(argv: Sequence[str]) -> bool:
+    first = argv[0] if argv else ""
+    return os.path.isabs(first) or os.path.exists(first) or shutil.which(first) is not None
+
+
+def run_on_hosts(
+    cmd_or_cases,
+    hosts: int = 2,
+    n: int = 4,
+    ranks_per_host: Optional[Sequence[int]] = None,
+    link_rate: Optional[str] = None,
+    env: Optional[dict] = None,
+    timeout: float = 120.0,
+    transport: str = "shm",
+    comm_timeout: Optional[float] = 60.0,
+):
+    """Run n ranks on virtual hosts (network namespaces joined by a bridge; see pycoll.netns) and wait.
+
+    ``cmd_or_cases`` is one of:
+      * a str: Python source, run on every rank as ``python -c SOURCE``;
+      * a list whose first item is a program (absolute path, existing file or on PATH): that argv;
+      * otherwise a list of test case ids/patterns of tests/cases, run by tests/rank_main.py.
+    Ranks are placed in contiguous blocks, as even as possible over ``hosts``, or as ``ranks_per_host``
+    says (e.g. [2, 1, 2]); ranks on one host use shared memory, ranks on different hosts TCP.
+    ``link_rate`` (e.g. "1gbit") shapes every link both ways; ``env`` adds to every rank's environment
+    (rank_env(transport, comm_timeout, env): the repo's pycoll importable, a finite PYCOLL_TIMEOUT).
+
+    Returns a Proc (returncode, stdout, stderr, wall_s, timed_out) for a command, or for test cases a
+    Result as run_cases gives (``.proc`` holds the same fields; use ``.assert_ok()``). Skip a test with
+    ``multihost_unavailable()`` first: without root or iproute2 the launcher exits 1.
+    """
+    if isinstance(cmd_or_cases, str):
+        argv = [PYTHON, "-c", cmd_or_cases]
+    elif _is_command(cmd_or_cases):
+        argv = list(cmd_or_cases)
+    else:
+        return run_cases_on_hosts(cmd_or_cases, hosts=hosts, n=n, ranks_per_host=ranks_per_host, link_rate=link_rate,
+                                  env=env, job_timeout=timeout, transport=transport, comm_timeout=comm_timeout)
+    cmd = hosts_launcher_cmd(n, argv, hosts, ranks_per_host, link_rate, timeout)
+    return launch(cmd, rank_env(transport, comm_timeout, env), timeout=timeout + 30)
+
+
+def run_cases_on_hosts(
+    patterns: Sequence[str],
+    hosts: int = 2,
+    n: int = 4,
+    ranks_per_host: Optional[Sequence[int]] = None,
+    link_rate: Optional[str] = None,
+    env: Optional[dict] = None,
+    job_timeout: float = 300.0,
+    transport: str = "shm",
+    comm_timeout: Optional[float] = 60.0,
+    out_dir: Optional[str] = None,
+) -> Result:
+    """run_cases on virtual hosts: every rank runs the cases matching ``patterns``; collects each rank's JSON."""
+    ids = cases.resolve(patterns)
+    out_dir = out_dir or tempfile.mkdtemp(prefix="pycoll-test-")
+    os.makedirs(out_dir, exist_ok=True)
+    argv = [PYTHON, RANK_MAIN, "--out", out_dir, "--impl", "pycoll"] + list(ids)
+    cmd = hosts_launcher_cmd(n, argv, hosts, ranks_per_host, link_rate, job_timeout)
+    proc = launch(cmd, rank_env(transport, comm_timeout, env), timeout=job_timeout + 30)
+    where = f"ranks_per_host={','.join(map(str, ranks_per_host))}" if ranks_per_host else f"hosts={hosts}"
+    res = Result(n, ids, proc, out_dir, f"job: n={n} {where} link_rate={link_rate} cases={len(ids)}")
+    for path in glob.glob(os.path.join(out_dir, "rank*.json")):
+        with open(path) as fh:
+            data = json.load(fh)
+        res.ranks[int(data["rank"])] = data
+    for path in glob.glob(os.path.join(out_dir, "startup-*.json")):
+        with open(path) as fh:
+            res.startup_errors.append(json.load(fh))
+    return res

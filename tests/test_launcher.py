@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import signal
@@ -289,3 +290,42 @@ def test_programmatic_launch(tmp_path, monkeypatch):
     assert launch(2, [sys.executable, "-c", "import sys; sys.exit(9)"], timeout=50) == 9
     with pytest.raises(ValueError):
         launch(0, ["true"])
+
+
+def test_plan_hosts_blocks():
+    from pycoll.launcher import plan_hosts
+
+    assert plan_hosts(4, 2) == [2, 2]
+    assert plan_hosts(5, 3) == [2, 2, 1]
+    assert plan_hosts(7, 3) == [3, 2, 2]
+    assert plan_hosts(3, 1) == [3]
+    assert plan_hosts(5, None, [2, 1, 2]) == [2, 1, 2]
+    assert plan_hosts(5, 3, [1, 3, 1]) == [1, 3, 1]
+    for n, hosts, per_host in [(1, 2, None), (4, 0, None), (5, 2, [2, 1, 2]), (4, None, [2, 1]), (3, None, [3, 0])]:
+        with pytest.raises(ValueError):
+            plan_hosts(n, hosts, per_host)
+
+
+@pytest.mark.timeout(60)
+def test_hosts_usage_errors():
+    base = [sys.executable, "-m", "pycoll", "run"]
+    for args, words in [
+        (["-n", "1", "--hosts", "2"], "leaves hosts without ranks"),
+        (["-n", "3", "--link-rate", "1gbit"], "--link-rate needs --hosts"),
+        (["-n", "3", "--hosts", "2", "--link-rate", "warp9"], "bad link rate"),
+        (["-n", "3", "--ranks-per-host", "1,1"], "adds up to 2"),
+        (["-n", "3", "--hosts", "2", "--ranks-per-host", "1,1,1"], "lists 3 hosts"),
+    ]:
+        res = subprocess.run(base + args + ["true"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 2 and words in res.stderr, (args, res.stderr)
+
+
+def test_hosts_unavailable_is_a_clear_error(monkeypatch, capsys):
+    from pycoll import launcher, netns
+
+    monkeypatch.setattr(netns, "unavailable", lambda need_tc=False: "network namespaces need root")
+    args = argparse.Namespace(cmd=["--", "true"], n=2, hosts=2, ranks_per_host=None, link_rate=None, timeout=None,
+                              tag_output=False)
+    assert launcher.run_command(args) == 1
+    assert "--hosts needs network namespaces" in capsys.readouterr().err

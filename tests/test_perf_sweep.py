@@ -61,6 +61,126 @@ def test_bad_values_are_argparse_errors(argv: list[str], capsys: pytest.CaptureF
     assert "error:" in capsys.readouterr().err
 
 
+def test_hosts_link_rate_and_algos() -> None:
+    from pycoll.algorithms import ALGORITHMS
+
+    o = options.parse_args(["--np", "4", "--hosts", "2", "--link-rate", "1gbit", "-C", "allreduce,allgather",
+                            "--algos", "all"])
+    assert (o.hosts, o.link_rate) == (2, "1gbit")
+    want = [f"{c}:{a}" for c in ("allreduce", "allgather") for a in ALGORITHMS[c]]
+    assert o.algos == want and "--hosts 2 --link-rate 1gbit" in options.PerfOptions(**{
+        **o.to_dict(), "argv": []}).command()
+    groups = dict(o.algo_groups())
+    assert groups["ring"] == [c for c in ("allreduce", "allgather") if "ring" in ALGORITHMS[c]]
+    assert options.parse_args(["-C", "allreduce", "--algos", "allreduce:ring"]).algos == ["allreduce:ring"]
+    assert options.parse_args(["-C", "allreduce", "--algos", "ring"]).algos == ["allreduce:ring"]
+    assert options.parse_args(["--algos", "allreduce:ring,allreduce:ring"]).algos == ["allreduce:ring"]
+    plain = options.parse_args([])
+    assert (plain.hosts, plain.link_rate, plain.algos) == (None, None, [])
+
+
+@pytest.mark.parametrize("argv", [
+    ["--link-rate", "1gbit"], ["--np", "2", "--hosts", "3"], ["--hosts", "0"], ["--hosts", "2", "--link-rate", "1zbit"],
+    ["--hosts", "2", "--link-rate", "fast"], ["-C", "allreduce", "--algos", "allreduce:nosuch"],
+    ["-C", "allreduce", "--algos", "allgather:ring"], ["--algos", "nosuch"], ["--algos", "scan:ring"],
+])
+def test_bad_multihost_and_algo_flags(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        options.parse_args(argv)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_jobs_and_launch_commands() -> None:
+    o = options.parse_args(["--np", "4", "--hosts", "2", "--link-rate", "1gbit", "-C", "allreduce",
+                            "--algos", "allreduce:ring"])
+    jobs = sweep.plan_jobs(o, ["pycoll", "gloo"])
+    assert [(j.label, j.algo, j.collectives, j.env) for j in jobs] == [
+        ("pycoll", "auto", ["allreduce"], {"PYCOLL_ALGO": ""}), ("gloo", None, ["allreduce"], {}),
+        ("pycoll[ring]", "ring", ["allreduce"], {"PYCOLL_ALGO": "allreduce:ring"})]
+    spec = sweep.worker_spec(o, "pycoll", jobs[2])
+    assert (spec["label"], spec["algo"], spec["hosts"], spec["link_rate"], spec["collectives"]) == \
+        ("pycoll[ring]", "ring", 2, "1gbit", ["allreduce"])
+    cmd, env = peers.launch_command("pycoll", 4, "{}", 2, "1gbit", jobs[2].env)
+    assert cmd[cmd.index("run"):cmd.index("--")] == ["run", "-n", "4", "--hosts", "2", "--link-rate", "1gbit"]
+    assert env["PYCOLL_ALGO"] == "allreduce:ring"
+    assert sweep.plan_jobs(options.parse_args([]), ["pycoll"])[0].env == {}  # without --algos: PYCOLL_ALGO as exported
+    cmd, env = peers.launch_command("gloo", 4, "{}", 2)
+    assert "--hosts" in cmd and "MASTER_ADDR" not in env and env["GLOO_SOCKET_IFNAME"] == "veth0" and env["MASTER_PORT"]
+    cmd, env = peers.launch_command("gloo", 4, "{}")
+    assert "--hosts" not in cmd and env["MASTER_ADDR"] == "127.0.0.1"
+    assert "virtual hosts" in (peers.unavailable("mpi", hosts=2) or "")
+    assert peers.unavailable("pycoll", hosts=2) is None
+
+
+def test_algorithm_used_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import pycoll.algorithms as algorithms
+    registry = sys.modules.get("pycoll.algorithms.registry")
+    for mod in (registry, algorithms):
+        if mod is not None:
+            monkeypatch.delattr(mod, "last_choice", raising=False)
+    assert worker.algorithm_used("pycoll", "allreduce") is None  # no hook: nothing recorded
+    for choice, want in [
+        (types.SimpleNamespace(collective="allreduce", algorithm="tree"), "tree"),
+        (types.SimpleNamespace(collective="barrier", algorithm="direct"), None),  # another collective's choice
+        ({"allreduce": types.SimpleNamespace(name="ring")}, "ring"),
+        (lambda coll: "hierarchical", "hierarchical"),
+        (lambda: 1 / 0, None),
+        ("ring", "ring"),
+    ]:
+        monkeypatch.setattr(algorithms, "last_choice", choice, raising=False)
+        assert worker.algorithm_used("pycoll", "allreduce") == want
+    assert worker.algorithm_used("gloo", "allreduce") is None
+
+
+def _algo_rec(peer: str, algo: str, nbytes: int, t: float, hosts: int = 2, used: Any = None) -> dict[str, Any]:
+    return {"peer": peer, "algo": algo, "algo_used": used, "hosts": hosts, "link_rate": "1gbit",
+            "collective": "allreduce", "nranks": 4, "bytes": nbytes, "inplace": False, "time_us": t, "wrong": 0}
+
+
+def _load_algo_selection() -> Any:
+    spec = importlib.util.spec_from_file_location("algo_selection", ROOT / "perf" / "algo_selection.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["algo_selection"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_algo_selection_checker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sel = _load_algo_selection()
+    mib = 1 << 20
+    recs = [
+        _algo_rec("pycoll", "auto", 1024, 100.0), _algo_rec("pycoll[ring]", "ring", 1024, 95.0),
+        _algo_rec("pycoll[tree]", "tree", 1024, 50.0, used="ring"),  # tree declined: left out
+        _algo_rec("pycoll", "auto", mib, 1000.0), _algo_rec("pycoll[ring]", "ring", mib, 2000.0),
+        _algo_rec("pycoll[hierarchical]", "hierarchical", mib, 900.0),
+        _algo_rec("gloo", None, mib, 10.0),  # other peers never count
+    ]
+    rows = sel.compare(recs)
+    assert [(r.key[4], r.best, r.best_us, round(r.ratio, 3), r.ok) for r in rows] == [
+        (1024, "ring", 95.0, 1.053, True), (mib, "hierarchical", 900.0, 1.111, False)]
+    assert [(h.key[4], h.ok) for h in sel.hier_checks(recs)] == [(mib, True)]
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"meta": {}, "limits": {}, "records": recs}))
+    assert sel.main([str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "hierarchical" in out and "1 failed" in out.splitlines()[-1]
+    recs[3]["time_us"] = 980.0  # within 1.10 x 900
+    path.write_text(json.dumps({"meta": {}, "limits": {}, "records": recs}))
+    assert sel.main([str(path)]) == 0
+    recs[3]["time_us"], recs[3]["algo_used"] = 1500.0, "hierarchical"  # slower, though it ran the same algorithm
+    path.write_text(json.dumps({"meta": {}, "limits": {}, "records": recs}))
+    assert sel.main([str(path)]) == 1 and "FAIL (same algorithm" in capsys.readouterr().out
+    assert sel.main([str(path), "--same-algo-passes"]) == 0 and "PASS (same algorithm" in capsys.readouterr().out
+    recs[5]["time_us"] = 2500.0  # hierarchical slower than ring at 1 MiB on 2 hosts
+    path.write_text(json.dumps({"meta": {}, "limits": {}, "records": recs}))
+    assert sel.main([str(path), "--tolerance", "10"]) == 1
+    assert sel.main([str(path), "--hier-min-bytes", "2M", "--tolerance", "10"]) == 0
+    path.write_text(json.dumps({"meta": {}, "limits": {}, "records": [_algo_rec("pycoll", "auto", 8, 1.0)]}))
+    assert sel.main([str(path)]) == 2
+
+
 def test_cli_registers_perf_lazily() -> None:
     code = ("import sys; from pycoll.cli import build_parser; build_parser(); "
             "print('pycoll.perf.sweep' in sys.modules, 'pycoll.perf.worker' in sys.modules)")
@@ -132,6 +252,17 @@ def _rec(size: int, inplace: bool, busbw: float, coll: str = "allreduce") -> dic
     return {"peer": "pycoll", "collective": coll, "nranks": 2, "bytes": size, "count": size // 4, "dtype": "float",
             "op": "sum", "root": -1, "inplace": inplace, "time_us": 10.0, "algbw_GBps": busbw, "busbw_GBps": busbw,
             "wrong": 0, "iters": 2, "warmup": 1}
+
+
+def test_header_with_hosts_and_algo_column() -> None:
+    assert report.header("pycoll[ring]", 4, "allreduce", "float", "sum", 2, "1gbit") == \
+        "# peer pycoll[ring], 4 ranks on 2 hosts (1gbit links), allreduce, dtype float, op sum"
+    assert report.header("pycoll", 4, "allgather", "float", "sum", 3) == \
+        "# peer pycoll, 4 ranks on 3 hosts, allgather, dtype float, op none"
+    recs = [dict(_rec(1024, False, 1.0), algo="auto", algo_used="ring"), dict(_rec(1024, True, 1.0), algo="auto",
+                                                                            algo_used="tree")]
+    lines = report.format_block("pycoll", 2, "allreduce", "float", "sum", recs, [False, True]).splitlines()
+    assert lines[2].endswith("  algo") and lines[4].endswith("  ring/tree")
 
 
 def test_table_columns_and_footer() -> None:
@@ -213,7 +344,11 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
             for s in (1024, 4096) for ip in (False, True)}
     assert got == want
     assert all(r["wrong"] == 0 for r in data["records"])
-    fields = {"peer", "collective", "nranks", "bytes", "count", "dtype", "op", "root", "inplace", "time_us",
-              "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
+    fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "collective", "nranks", "bytes", "count", "dtype",
+              "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
     assert all(set(r) == fields for r in data["records"])
+    assert all(r["hosts"] == 1 and r["link_rate"] is None for r in data["records"])
+    assert {r["algo"] for r in data["records"] if r["peer"] == "pycoll"} == {"auto"}
+    assert all(r["algo"] is None and r["algo_used"] is None for r in data["records"] if r["peer"] != "pycoll")
+    assert data["meta"]["hosts"] == 1 and data["meta"]["algos"] == []
     assert proc.stdout.count("# Avg bus bandwidth : ") == len(expect) * 2 * 2

@@ -42,6 +42,9 @@ class PerfOptions:
     json: Optional[str] = None
     progress: bool = True
     timeout: float = 600.0
+    hosts: Optional[int] = None  # virtual hosts (pycoll.netns); None: all ranks on this host as usual
+    link_rate: Optional[str] = None
+    algos: list[str] = field(default_factory=list)  # forced "collective:name" runs besides the automatic one
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -75,7 +78,19 @@ class PerfOptions:
                  f"-C {','.join(self.collectives)}", f"-b {self.minbytes} -e {self.maxbytes} -f {self.stepfactor}",
                  f"-n {self.iters} -w {self.warmup} -c {self.check} -d {self.dtype} -o {self.op}",
                  f"--inplace {self.inplace} -r {self.root}"]
+        if self.hosts:
+            flags.append(f"--hosts {self.hosts}" + (f" --link-rate {self.link_rate}" if self.link_rate else ""))
+        if self.algos:
+            flags.append(f"--algos {','.join(self.algos)}")
         return " ".join(["pycoll", "perf", *flags])
+
+    def algo_groups(self) -> list[tuple[str, list[str]]]:
+        """Forced runs: (algorithm name, the chosen collectives it is forced for), one job each."""
+        groups: dict[str, list[str]] = {}
+        for item in self.algos:
+            coll, _, name = item.partition(":")
+            groups.setdefault(name, []).append(coll)
+        return [(name, [c for c in self.collectives if c in colls]) for name, colls in groups.items()]
 
 
 def _size(text: str) -> int:
@@ -124,6 +139,44 @@ def _dtype(text: str) -> str:
     return name
 
 
+def _rate(text: str) -> str:
+    from pycoll.netns import parse_rate
+
+    try:
+        parse_rate(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def resolve_algos(spec: Optional[str], collectives: list[str]) -> list[str]:
+    """`--algos` to "collective:name" items: "all" (every registered algorithm of each chosen collective),
+    "coll:name" items, or bare names (that algorithm for each chosen collective that has it). ValueError if unknown."""
+    if not spec:
+        return []
+    from pycoll.algorithms import ALGORITHMS
+
+    out: list[str] = []
+    for item in (t.strip().lower() for t in spec.split(",")):
+        if not item:
+            continue
+        if item == "all":
+            out += [f"{c}:{name}" for c in collectives for name in ALGORITHMS.get(c, {})]
+        elif ":" in item:
+            coll, _, name = item.partition(":")
+            if coll not in collectives:
+                raise ValueError(f"{item}: {coll} is not among the collectives measured (-C {','.join(collectives)})")
+            if name not in ALGORITHMS.get(coll, {}):
+                raise ValueError(f"{item}: {coll} has only {', '.join(ALGORITHMS.get(coll, {})) or 'no algorithms'}")
+            out.append(item)
+        else:
+            found = [f"{c}:{item}" for c in collectives if item in ALGORITHMS.get(c, {})]
+            if not found:
+                raise ValueError(f"no chosen collective has an algorithm named {item!r}")
+            out += found
+    return list(dict.fromkeys(out))
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The nccl-tests style flags."""
     p.add_argument("--np", type=_np_list, default=[2], metavar="N[,N...]", help="rank counts, e.g. 1,2,4 (default 2)")
@@ -145,6 +198,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", dest="progress", action="store_false",
                    help="no progress bar (it is drawn on stderr only when stderr is a terminal)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds each job may run (default 600)")
+    p.add_argument("--hosts", type=_positive(1), default=None, metavar="H",
+                   help="spread each job's ranks over H virtual hosts (network namespaces; needs root)")
+    p.add_argument("--link-rate", dest="link_rate", type=_rate, default=None, metavar="RATE",
+                   help="with --hosts: shape each virtual link to RATE, e.g. 1gbit")
+    p.add_argument("--algos", default=None, metavar="LIST",
+                   help="also run pycoll once per forced algorithm: 'all' or e.g. allreduce:ring,allreduce:tree")
 
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> PerfOptions:
@@ -155,9 +214,17 @@ def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv
         parser.error("-b must be at least 1 byte")
     if ns.root >= min(ns.np):
         parser.error(f"--root {ns.root} is not a rank of the smallest job ({min(ns.np)} ranks)")
+    if ns.link_rate and not ns.hosts:
+        parser.error("--link-rate needs --hosts")
+    if ns.hosts and min(ns.np) < ns.hosts:
+        parser.error(f"--np {min(ns.np)} leaves some of the {ns.hosts} hosts without ranks")
+    try:
+        algos = resolve_algos(ns.algos, ns.collectives)
+    except ValueError as exc:
+        parser.error(f"--algos {exc}")
     keys = PerfOptions.__dataclass_fields__.keys()
-    values = {k: getattr(ns, k) for k in keys if hasattr(ns, k) and k != "nps"}
-    return PerfOptions(nps=ns.np, argv=list(argv), **values)
+    values = {k: getattr(ns, k) for k in keys if hasattr(ns, k) and k not in ("nps", "algos")}
+    return PerfOptions(nps=ns.np, argv=list(argv), algos=algos, **values)
 
 
 def build_parser(prog: str = "pycoll perf") -> argparse.ArgumentParser:

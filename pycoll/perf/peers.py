@@ -28,10 +28,12 @@ def _missing(module: str) -> Optional[str]:
     return None if importlib.util.find_spec(module) is not None else f"{module} is not installed"
 
 
-def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float") -> Optional[str]:
+def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float", hosts: Optional[int] = None) -> Optional[str]:
     """None if the peer can run, else a one-line reason."""
     if peer == "pycoll":
         return None
+    if hosts and not in_mpi and peer in ("mpi", "nccl"):
+        return f"{'mpiexec' if peer == 'mpi' else 'nccl'} is not run on virtual hosts (--hosts); pycoll and gloo are"
     if peer == "mpi":
         if dtype == "bfloat16":
             return "MPI has no bfloat16 datatype"
@@ -66,12 +68,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def launch_command(peer: str, nranks: int, spec_json: str) -> tuple[list[str], dict[str, str]]:
-    """argv and environment of one job: mpiexec for mpi, `pycoll run` for the others."""
+def launch_command(peer: str, nranks: int, spec_json: str, hosts: Optional[int] = None,
+                   link_rate: Optional[str] = None, env_extra: Optional[dict[str, str]] = None
+                   ) -> tuple[list[str], dict[str, str]]:
+    """argv and environment of one job: mpiexec for mpi, `pycoll run` (on virtual hosts with hosts) for the others."""
     worker = [sys.executable, "-m", "pycoll.perf.worker", "--spec", spec_json]
     env = dict(os.environ)
+    env.update(env_extra or {})
     if peer == "mpi":
         return [find_mpiexec() or "mpiexec", "-n", str(nranks), *worker], env
+    run = [sys.executable, "-m", "pycoll", "run", "-n", str(nranks)]
+    if hosts:
+        run += ["--hosts", str(hosts)] + (["--link-rate", link_rate] if link_rate else [])
     if peer in ("gloo", "nccl"):
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    return [sys.executable, "-m", "pycoll", "run", "-n", str(nranks), "--", *worker], env
+        env["MASTER_PORT"] = str(free_port())
+        if hosts:  # the worker takes host 0's address from PYCOLL_STORE_ADDR; gloo must use the virtual link
+            from pycoll.netns import HOST_IFNAME
+
+            env.pop("MASTER_ADDR", None)
+            env["GLOO_SOCKET_IFNAME"] = HOST_IFNAME
+        else:
+            env["MASTER_ADDR"] = "127.0.0.1"
+    return [*run, "--", *worker], env

@@ -11,9 +11,11 @@ from pycoll.perf.metrics import REDUCING
 GROUP = "{:>10} {:>8} {:>8} {:>6}"
 
 
-def header(peer: str, nranks: int, coll: str, dtype: str, op: str) -> str:
+def header(peer: str, nranks: int, coll: str, dtype: str, op: str, hosts: Optional[int] = None,
+           link_rate: Optional[str] = None) -> str:
     opname = op if coll in REDUCING else "none"
-    return f"# peer {peer}, {nranks} ranks, {coll}, dtype {dtype}, op {opname}"
+    where = f" on {hosts} hosts" + (f" ({link_rate} links)" if link_rate else "") if hosts else ""
+    return f"# peer {peer}, {nranks} ranks{where}, {coll}, dtype {dtype}, op {opname}"
 
 
 def _cell(rec: Optional[dict[str, Any]]) -> str:
@@ -28,16 +30,26 @@ def avg_busbw(records: list[dict[str, Any]]) -> float:
     return sum(r["busbw_GBps"] for r in records) / len(records) if records else 0.0
 
 
+def _picked(row: dict[bool, dict[str, Any]]) -> str:
+    """The algorithms pycoll chose at one size (its modes may differ)."""
+    names = dict.fromkeys(str(r.get("algo_used")) for r in row.values() if r.get("algo_used"))
+    return "/".join(names) or "-"
+
+
 def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records: list[dict[str, Any]],
-                 modes: list[bool]) -> str:
-    """Header, column titles, one line per size (out-of-place then in-place groups), footer."""
+                 modes: list[bool], hosts: Optional[int] = None, link_rate: Optional[str] = None) -> str:
+    """Header, column titles, one line per size (out-of-place then in-place groups), footer.
+
+    Records of pycoll's automatic choice that name the algorithm used get a last column, `algo`."""
     left = "#{:>11} {:>12} {:>8} {:>6} {:>6}"
     names = {False: "out-of-place", True: "in-place"}
     width = len(GROUP.format("", "", "", ""))
     cols, units = GROUP.format("time", "algbw", "busbw", "#wrong"), GROUP.format("(us)", "(GB/s)", "(GB/s)", "")
-    lines = [header(peer, nranks, coll, dtype, op),
+    picks = any(r.get("algo") == "auto" and r.get("algo_used") for r in records)
+    lines = [header(peer, nranks, coll, dtype, op, hosts, link_rate),
              left.format("", "", "", "", "") + "".join(f"  {names[m]:^{width}}" for m in modes),
-             left.format("size", "count", "type", "redop", "root") + "".join("  " + cols for _ in modes),
+             left.format("size", "count", "type", "redop", "root") + "".join("  " + cols for _ in modes)
+             + ("  algo" if picks else ""),
              left.format("(B)", "(elements)", "", "", "") + "".join("  " + units for _ in modes)]
     by_size: dict[int, dict[bool, dict[str, Any]]] = {}
     for r in records:
@@ -46,7 +58,8 @@ def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records
         row = by_size[size]
         first = next(iter(row.values()))
         left_cells = " {:>11} {:>12} {:>8} {:>6} {:>6}".format(size, first["count"], first["dtype"], first["op"], first["root"])
-        lines.append(left_cells + "".join("  " + _cell(row.get(m)) for m in modes))
+        pick = f"  {_picked(row)}" if picks else ""
+        lines.append(left_cells + "".join("  " + _cell(row.get(m)) for m in modes) + pick)
     lines.append(f"# Avg bus bandwidth : {avg_busbw(records):.4f}")
     return "\n".join(lines)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -41,8 +43,34 @@ def measure_limits(nbytes: int = LIMIT_BYTES, repeats: int = 3) -> dict[str, flo
     return {"copy_GBps": round(nbytes / median(copy_t) / 1e9, 3), "reduce_GBps": round(nbytes / median(add_t) / 1e9, 3)}
 
 
-def worker_spec(opts: PerfOptions, peer: str) -> dict[str, Any]:
-    return {"peer": peer, "collectives": opts.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
+@dataclass
+class Job:
+    """One peer run per rank count: a peer, or pycoll with algorithms forced through PYCOLL_ALGO."""
+
+    peer: str
+    label: str
+    collectives: list[str]
+    algo: Optional[str] = None  # "auto" for pycoll's own choice, a name when forced, None for other peers
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
+    """The runnable peers, then one `pycoll[name]` job per forced algorithm name."""
+    jobs = [Job(p, p, list(opts.collectives), "auto" if p == "pycoll" else None) for p in runnable]
+    if opts.algos:  # next to forced runs, `pycoll` is the automatic choice even if PYCOLL_ALGO is exported
+        for j in jobs:
+            if j.peer == "pycoll":
+                j.env["PYCOLL_ALGO"] = ""
+    for name, colls in opts.algo_groups():
+        force = ",".join(f"{c}:{name}" for c in colls)
+        jobs.append(Job("pycoll", f"pycoll[{name}]", colls, name, {"PYCOLL_ALGO": force}))
+    return jobs
+
+
+def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None) -> dict[str, Any]:
+    job = job or Job(peer, peer, list(opts.collectives), "auto" if peer == "pycoll" else None)
+    return {"peer": peer, "label": job.label, "algo": job.algo, "hosts": opts.hosts or 1, "link_rate": opts.link_rate,
+            "collectives": job.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
             "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
             "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root}
 
@@ -94,19 +122,30 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, progress: repor
     return records, failure
 
 
-def _in_process(opts: PerfOptions, peer: str) -> tuple[list[dict[str, Any]], Optional[str]]:
+def _in_process(opts: PerfOptions, job: Job) -> tuple[list[dict[str, Any]], Optional[str]]:
     records: list[dict[str, Any]] = []
-    worker.run_peer(worker_spec(opts, peer), records.append)
+    saved = {k: os.environ.get(k) for k in job.env}
+    os.environ.update(job.env)  # PYCOLL_ALGO is read at every call
+    try:
+        worker.run_peer(worker_spec(opts, job.peer, job), records.append)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return records, None
 
 
-def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]]) -> None:
-    for coll in opts.collectives:
+def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]],
+                  collectives: Optional[list[str]] = None) -> None:
+    for coll in collectives or opts.collectives:
         recs = [r for r in records if r["collective"] == coll and "error" not in r]
         errors = [r for r in records if r["collective"] == coll and "error" in r]
         nranks = (recs or errors or [{"nranks": 0}])[0]["nranks"]
         if recs:
-            print(report.format_block(peer, nranks, coll, opts.dtype, opts.op, recs, opts.modes()))
+            print(report.format_block(peer, nranks, coll, opts.dtype, opts.op, recs, opts.modes(),
+                                      hosts=opts.hosts, link_rate=opts.link_rate))
         for e in errors:
             print(f"# peer {peer}, {e['nranks']} ranks, {coll}: failed ({e['error']})")
         if recs or errors:
@@ -133,8 +172,22 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
     print(f"# limit: copy {limits['copy_GBps']:.2f} GB/s, reduce {limits['reduce_GBps']:.2f} GB/s")
     skipped: dict[str, str] = {}
     runnable = []
+    if opts.hosts and in_mpi:
+        print("# inside an mpiexec job: --hosts and --link-rate ignored")
+        opts = dataclasses.replace(opts, hosts=None, link_rate=None)
+    elif opts.hosts:
+        from pycoll import netns
+
+        reason = netns.unavailable(need_tc=bool(opts.link_rate))
+        if reason:
+            print(f"pycoll perf: --hosts needs network namespaces, which cannot be made here: {reason}",
+                  file=sys.stderr)
+            return 1
+        rate = f", links shaped to {opts.link_rate} each way" if opts.link_rate else ""
+        print(f"# ranks on {opts.hosts} virtual hosts (network namespaces){rate}")
+    hosts = opts.hosts
     for peer in opts.peers:
-        reason = peers_mod.unavailable(peer, in_mpi, opts.dtype)
+        reason = peers_mod.unavailable(peer, in_mpi, opts.dtype, hosts)
         if reason:
             skipped[peer] = reason
             print(f"{peer}: skipped ({reason})")
@@ -144,26 +197,31 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
     if in_mpi:
         print("# inside an mpiexec job: running on its ranks in-process, --np ignored")
         nps = [0]
+    jobs = plan_jobs(opts, runnable)
+    if opts.algos:
+        print("# forced algorithms: " + "; ".join(f"{j.label} {j.env['PYCOLL_ALGO']}" for j in jobs if j.algo not in (None, "auto")))
     print(flush=True)
-    per_job = len(opts.collectives) * len(opts.sizes()) * len(opts.modes())
-    progress = report.Progress(len(nps) * len(runnable) * per_job, opts.progress and sys.stderr.isatty() and rank0)
+    per_size = len(opts.sizes()) * len(opts.modes())
+    total = len(nps) * sum(len(j.collectives) for j in jobs) * per_size
+    progress = report.Progress(total, opts.progress and sys.stderr.isatty() and rank0)
     records: list[dict[str, Any]] = []
     failed = False
     for n in nps:
-        for peer in runnable:
-            label = f"{peer} np={n}" if n else peer
+        for job in jobs:
+            label = f"{job.label} np={n}" if n else job.label
             start = progress.done
             if in_mpi:
-                recs, failure = _in_process(opts, peer)
+                recs, failure = _in_process(opts, job)
             else:
-                cmd, env = peers_mod.launch_command(peer, n, json.dumps(worker_spec(opts, peer)))
+                spec = json.dumps(worker_spec(opts, job.peer, job))
+                cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
                 recs, failure = run_job(cmd, env, opts.timeout, progress, label)
-            progress.done = start + per_job  # sizes skipped by rounding still count
+            progress.done = start + len(job.collectives) * per_size  # sizes skipped by rounding still count
             progress.clear()
-            _print_blocks(opts, peer, recs)
+            _print_blocks(opts, job.label, recs, job.collectives)
             if failure:
                 failed = True
-                print(f"# peer {peer}, {n} ranks: job failed ({failure})", flush=True)
+                print(f"# peer {job.label}, {n} ranks: job failed ({failure})", flush=True)
             failed |= any("error" in r for r in recs)
             records += [r for r in recs if "error" not in r]
     progress.clear()
@@ -174,7 +232,8 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
         meta = {"command": opts.command(),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "host": socket.gethostname(), "cpus": os.cpu_count() or 1, "python": platform.python_version(),
-                "pycoll": pycoll.__version__, "peers_skipped": skipped}
+                "pycoll": pycoll.__version__, "peers_skipped": skipped, "hosts": hosts or 1,
+                "link_rate": opts.link_rate if hosts else None, "algos": opts.algos}
         report.write_json(opts.json, meta, limits, records)
         print(f"# wrote {len(records)} records to {opts.json}")
     return 1 if failed or wrong else 0

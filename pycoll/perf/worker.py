@@ -173,7 +173,9 @@ class _Torch(Backend):
         for src, dst in (("PYCOLL_RANK", "RANK"), ("PYCOLL_SIZE", "WORLD_SIZE")):
             if src in env:
                 env[dst] = env[src]
-        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if not env.get("MASTER_ADDR"):  # on virtual hosts: host 0, where `pycoll run` put its store
+            store = env.get("PYCOLL_STORE_ADDR", "")
+            env["MASTER_ADDR"] = store.rpartition(":")[0].strip("[]") or "127.0.0.1"
         self.device = torch.device("cpu")
         if name == "nccl":
             local = int(env.get("PYCOLL_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
@@ -265,6 +267,34 @@ def make_backend(peer: str) -> Backend:
     raise ValueError(f"unknown peer {peer!r}")
 
 
+def algorithm_used(peer: str, coll: str) -> Optional[str]:
+    """The algorithm pycoll's selection picked for the last `coll` call, if pycoll exposes it (else None).
+
+    Reads pycoll.algorithms' ``last_choice``: an object with ``collective`` and ``algorithm`` (or ``name``)
+    attributes, a mapping collective -> choice, or a callable taking the collective; missing or odd: None.
+    """
+    if peer != "pycoll":
+        return None
+    mods = [sys.modules.get("pycoll.algorithms.registry"), sys.modules.get("pycoll.algorithms")]
+    choice = next((getattr(m, "last_choice") for m in mods if m is not None and hasattr(m, "last_choice")), None)
+    try:
+        if isinstance(choice, dict):
+            choice = choice.get(coll)
+        elif callable(choice) and not hasattr(choice, "algorithm"):
+            choice = choice(coll)
+        if choice is None:
+            return None
+        if isinstance(choice, str):
+            return choice or None
+        got = getattr(choice, "collective", coll)
+        name = getattr(choice, "algorithm", None) or getattr(choice, "name", None)
+        if got != coll or not name:
+            return None
+        return str(getattr(name, "name", name))  # an Algorithm object or its name
+    except Exception:  # a hook that changed shape must not break a benchmark
+        return None
+
+
 def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool) -> Optional[dict[str, Any]]:
     """One row: warm-up, timed loop (barrier before each iteration), optional check."""
     n, dtype, op, root = b.size, spec["np_dtype"], spec["op"], spec["root"]
@@ -280,18 +310,23 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
         run()
         b.sync()
         times.append((time.perf_counter() - t0) * 1e6)
+    used = algorithm_used(b.name, coll)
     wrong = 0
     if spec["check"]:
         run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
         run()
         b.sync()
         wrong = count_wrong(result(), expected(coll, b.rank, n, count, op, root, dtype), dtype, op)
-    gathered = b.gather((times, wrong))
+    gathered = b.gather((times, wrong, used))
     if b.rank != 0:
         return None
     t = metrics.slowest_rank_time([g[0] for g in gathered])
+    picks = {g[2] for g in gathered}
     return {
-        "peer": b.name, "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
+        "peer": spec.get("label") or b.name, "algo": spec.get("algo"),
+        "algo_used": picks.pop() if len(picks) == 1 else "/".join(sorted(map(str, picks))),
+        "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"),
+        "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
         "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
         "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
         "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
@@ -318,7 +353,7 @@ def run_peer(spec: dict[str, Any], emit: Emit) -> int:
                             emit(rec)
             except Exception as exc:  # e.g. an op or dtype the backend lacks; raised alike on every rank
                 if b.rank == 0:
-                    emit({"peer": b.name, "collective": coll, "nranks": b.size,
+                    emit({"peer": spec.get("label") or b.name, "collective": coll, "nranks": b.size,
                           "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
                     traceback.print_exc(file=sys.stderr)
     finally:

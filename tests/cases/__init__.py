@@ -37,6 +37,7 @@ MODULES = (
     "p2p",
     "comm_mgmt",
     "errors",
+    "topology",
 )
 
 

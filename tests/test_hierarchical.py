@@ -1,0 +1,38 @@
+"""Hierarchical algorithms on virtual hosts (network namespaces): 2 hosts x 2 ranks and 3 hosts x 1-2 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness
+from pycoll.netns import unavailable
+
+pytestmark = [pytest.mark.ranks, pytest.mark.skipif(unavailable() is not None, reason=f"{unavailable()}")]
+
+ALL_THREE = "allreduce:hierarchical,reduce_scatter:hierarchical,allgather:hierarchical"
+CHECKS = ["reduce.allreduce", "reduce.reduce_scatter", "reduce.reduce_scatter_block", "movement.allgather*",
+          "topology.placement", "topology.chosen_algorithms"]
+
+
+@pytest.mark.timeout(300)
+def test_two_hosts_two_ranks_each(tmp_path) -> None:
+    res = harness.run_cases_on_hosts(CHECKS + ["large.allreduce"], hosts=2, n=4, env={"PYCOLL_ALGO": ALL_THREE},
+                                     out_dir=str(tmp_path), job_timeout=240)
+    res.assert_ok()
+    assert res.records("topology.placement", "host_of")[0] == [0, 0, 1, 1]
+    assert res.records("topology.placement", "transports")[0] == ["self", "shm", "tcp", "tcp"]
+    for coll in ("allreduce", "reduce_scatter", "allgather"):
+        assert set(res.records("topology.chosen_algorithms", coll).values()) == {"hierarchical"}, coll
+
+
+@pytest.mark.timeout(300)
+def test_three_uneven_hosts(tmp_path) -> None:
+    res = harness.run_cases_on_hosts(CHECKS, hosts=3, n=5, ranks_per_host=[2, 1, 2], env={"PYCOLL_ALGO": ALL_THREE},
+                                     out_dir=str(tmp_path), job_timeout=240)
+    res.assert_ok()
+    assert res.records("topology.placement", "host_of")[4] == [0, 0, 1, 2, 2]
+    assert set(res.records("topology.chosen_algorithms", "allreduce").values()) == {"hierarchical"}
+    # hosts of different sizes: the grid algorithms refuse, and the cost model picks a flat one on every rank alike
+    for coll in ("reduce_scatter", "allgather"):
+        chosen = set(res.records("topology.chosen_algorithms", coll).values())
+        assert len(chosen) == 1 and "hierarchical" not in chosen, (coll, chosen)

@@ -1,0 +1,225 @@
+"""Virtual hosts: namespaces made and removed, `pycoll run --hosts` with tcp between hosts and shm within one."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import harness
+from pycoll import netns
+
+ROOT = Path(__file__).resolve().parents[1]
+REASON = netns.unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no virtual hosts here: {REASON}")
+
+# Every rank: check three collectives against NumPy, then that peers on its own host use shm and the others tcp.
+# PLACEMENT is the ranks per host, e.g. "2,1,2". Prints one JSON line per rank.
+RANK_CHECKS = textwrap.dedent("""
+    import json, os, subprocess
+    import numpy as np
+    from pycoll import MPI, netns
+    from pycoll.runtime import current, host_id
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    counts = [int(c) for c in os.environ["PLACEMENT"].split(",")]
+    host_of = [h for h, c in enumerate(counts) for _ in range(c)]
+    me = host_of[rank]
+
+    x = np.arange(1000, dtype=np.float64) * (rank + 1)
+    out = np.empty_like(x)
+    comm.Allreduce(x, out, op=MPI.SUM)
+    assert np.array_equal(out, np.arange(1000) * sum(r + 1 for r in range(size))), "Allreduce"
+    gathered = np.empty(size * 3, dtype=np.int32)
+    comm.Allgather(np.full(3, rank, dtype=np.int32), gathered)
+    assert np.array_equal(gathered, np.repeat(np.arange(size, dtype=np.int32), 3)), "Allgather"
+    b = np.arange(70000, dtype=np.float32) if rank == size - 1 else np.zeros(70000, dtype=np.float32)
+    comm.Bcast(b, root=size - 1)
+    assert np.array_equal(b, np.arange(70000, dtype=np.float32)), "Bcast"
+
+    rt = current()
+    want = {p: "self" if p == rank else ("shm" if host_of[p] == me else "tcp") for p in range(size)}
+    assert rt.transport_of == want, (rt.transport_of, want)
+    assert rt.hosts == len(counts), rt.hosts
+    assert rt.local_ranks == [p for p in range(size) if host_of[p] == me], rt.local_ranks
+    assert int(os.environ["PYCOLL_LOCAL_SIZE"]) == counts[me]
+    assert int(os.environ["PYCOLL_LOCAL_RANK"]) == rank - sum(counts[:me])
+    ns = subprocess.run([netns.ip_binary(), "netns", "identify", str(os.getpid())],
+                        capture_output=True, text=True).stdout.strip()
+    line = {"rank": rank, "host": me, "host_id": host_id(), "netns": ns, "listen": rt.me.addresses.get("tcp")}
+    if os.environ.get("SHOW_QDISC"):
+        line["qdisc"] = subprocess.run([netns.tc_binary(), "qdisc", "show", "dev", netns.HOST_IFNAME],
+                                       capture_output=True, text=True).stdout
+    comm.Barrier()
+    os.write(1, (json.dumps(line) + "\\n").encode())
+""")
+
+
+def _rank_lines(proc: harness.Proc, n: int) -> list[dict]:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    lines = sorted((json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")), key=lambda d: d["rank"])
+    assert [d["rank"] for d in lines] == list(range(n)), proc.stdout
+    return lines
+
+
+def _check_placement(lines: list[dict], counts: list[int]) -> None:
+    host_of = [h for h, c in enumerate(counts) for _ in range(c)]
+    assert [d["host"] for d in lines] == host_of
+    for h in range(len(counts)):
+        on_h = [d for d in lines if d["host"] == h]
+        assert len({d["host_id"] for d in on_h}) == 1 and len({d["netns"] for d in on_h}) == 1
+        assert len({d["listen"][0] for d in on_h}) == 1  # TCP listens on the host's own address
+    assert len({d["host_id"] for d in lines}) == len(counts)
+    assert len({d["listen"][0] for d in lines}) == len(counts)
+    left = set(netns.list_namespaces()) & {d["netns"] for d in lines}
+    assert all(d["netns"].startswith("pycoll-") for d in lines) and not left, f"namespaces left behind: {left}"
+
+
+def _serve_once(listener: socket.socket, out: dict) -> None:
+    conn, _ = listener.accept()
+    with conn:
+        got = 0
+        while chunk := conn.recv(1 << 16):
+            got += len(chunk)
+        out["got"] = got
+
+
+@pytest.mark.timeout(60)
+def test_virtual_hosts_are_made_joined_and_removed() -> None:
+    root_links = subprocess.run([netns.ip_binary(), "-o", "link"], capture_output=True, text=True).stdout
+    with netns.VirtualHosts(3) as vh:
+        assert set(vh.names + [vh.switch]) <= set(netns.list_namespaces())
+        assert len(set(vh.addresses)) == 3 and all(ipaddress.ip_address(a) in vh.subnet for a in vh.addresses)
+        ids = [vh.run(i, [sys.executable, "-c", "from pycoll.runtime import host_id; print(host_id())"],
+                      capture_output=True, text=True, check=True, cwd=ROOT).stdout.strip() for i in range(3)]
+        assert len(set(ids)) == 3  # distinct hosts to pycoll
+        addr = vh.run(2, [netns.ip_binary(), "-4", "-o", "addr", "show", "dev", netns.HOST_IFNAME],
+                      capture_output=True, text=True)
+        assert f"{vh.addresses[2]}/24" in addr.stdout
+        # host 1 and host 2 reach a listener in host 0, through the switch namespace
+        for client in (1, 2):
+            listener = vh.call(0, socket.create_server, (vh.addresses[0], 0))
+            port = listener.getsockname()[1]
+            code = (f"import socket; s = socket.create_connection(('{vh.addresses[0]}', {port}), timeout=10); "
+                    "s.sendall(b'x' * 100000); s.close()")
+            got: dict = {}
+            t = threading.Thread(target=_serve_once, args=(listener, got))
+            t.start()
+            vh.run(client, [sys.executable, "-c", code], check=True, timeout=30)
+            t.join(10)
+            listener.close()
+            assert got.get("got") == 100000
+        # the root namespace is not connected to them
+        assert not any(ip in subprocess.run([netns.ip_binary(), "-4", "-o", "addr"], capture_output=True,
+                                            text=True).stdout for ip in vh.addresses)
+        names = vh.names + [vh.switch]
+    assert not set(names) & set(netns.list_namespaces())
+    assert subprocess.run([netns.ip_binary(), "-o", "link"], capture_output=True, text=True).stdout.count("\n") == \
+        root_links.count("\n")
+
+
+@pytest.mark.timeout(60)
+def test_namespaces_removed_after_an_exception() -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        with netns.VirtualHosts(2) as vh:
+            names = vh.names + [vh.switch]
+            raise RuntimeError("boom")
+    assert not set(names) & set(netns.list_namespaces())
+
+
+@pytest.mark.timeout(60)
+def test_link_rate_shapes_both_directions() -> None:
+    reason = netns.unavailable(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    with netns.VirtualHosts(2, rate="100mbit") as vh:
+        for i in range(2):
+            for side in (False, True):
+                q = vh.qdiscs(i, switch_side=side)
+                assert "tbf" in q and "rate 100Mbit" in q, q
+        # 2 MB at 100 Mbit/s takes ~0.16 s; unshaped veth moves it in a few ms
+        listener = vh.call(0, socket.create_server, (vh.addresses[0], 0))
+        got: dict = {}
+        t = threading.Thread(target=_serve_once, args=(listener, got))
+        t.start()
+        sender = vh.call(1, socket.create_connection, (vh.addresses[0], listener.getsockname()[1]), 10)
+        t0 = time.monotonic()
+        sender.sendall(b"x" * (2 << 20))
+        sender.close()
+        t.join(20)
+        elapsed = time.monotonic() - t0
+        listener.close()
+        assert got.get("got") == 2 << 20 and elapsed > 0.1, elapsed
+
+
+@pytest.mark.timeout(120)
+def test_pycoll_run_two_hosts() -> None:
+    proc = harness.run_on_hosts(RANK_CHECKS, hosts=2, n=4, env={"PLACEMENT": "2,2"}, timeout=90)
+    _check_placement(_rank_lines(proc, 4), [2, 2])
+
+
+@pytest.mark.timeout(120)
+def test_pycoll_run_uneven_hosts_with_link_rate() -> None:
+    reason = netns.unavailable(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    proc = harness.run_on_hosts(RANK_CHECKS, hosts=3, n=5, ranks_per_host=[2, 1, 2], link_rate="1gbit",
+                                env={"PLACEMENT": "2,1,2", "SHOW_QDISC": "1"}, timeout=90)
+    lines = _rank_lines(proc, 5)
+    _check_placement(lines, [2, 1, 2])
+    for d in lines:
+        assert "tbf" in d["qdisc"] and "rate 1Gbit" in d["qdisc"], d["qdisc"]
+
+
+@pytest.mark.timeout(120)
+def test_perf_on_hosts_with_forced_algorithms(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    argv = ["--np", "2", "--hosts", "2", "--peers", "pycoll", "-C", "allreduce", "-b", "1K", "-e", "4K", "-f", "4",
+            "-n", "2", "-w", "1", "--algos", "allreduce:ring", "--json", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True, cwd=ROOT,
+                          timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    assert {r["peer"] for r in data["records"]} == {"pycoll", "pycoll[ring]"}
+    assert {r["algo"] for r in data["records"]} == {"auto", "ring"}
+    assert all(r["hosts"] == 2 and r["link_rate"] is None and r["wrong"] == 0 for r in data["records"])
+    assert "# peer pycoll, 2 ranks on 2 hosts, allreduce" in proc.stdout
+    check = subprocess.run([sys.executable, str(ROOT / "perf" / "algo_selection.py"), str(out)], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode in (0, 1) and "allreduce np=2 hosts=2" in check.stdout, check.stdout + check.stderr
+
+
+def _owned(pid: int) -> list[str]:
+    return [n for n in netns.list_namespaces() if n.startswith(f"pycoll-{pid}-")]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["fail", "timeout", "sigint"])
+def test_namespaces_removed_when_the_job_ends(how: str) -> None:
+    script = "import os, sys, time\nif os.environ['PYCOLL_RANK'] == '1': sys.exit(5)\ntime.sleep(0.5)"
+    args = ["-n", "3", "--hosts", "2"]
+    if how != "fail":
+        script = "import time; time.sleep(100)"
+        args += ["--timeout", "3"] if how == "timeout" else []
+    cmd = [sys.executable, "-m", "pycoll", "run", *args, "--", sys.executable, "-c", script]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=harness.rank_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    if how == "sigint":
+        deadline = time.monotonic() + 30
+        while len(_owned(proc.pid)) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, "the virtual hosts never appeared"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == {"fail": 5, "timeout": 124, "sigint": 130}[how], err
+    assert _owned(proc.pid) == [], f"left behind: {_owned(proc.pid)}"
