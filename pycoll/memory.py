@@ -25,6 +25,9 @@ class MemoryBackend(Protocol):
     def release(self, arr: np.ndarray) -> None: ...
 
 
+_POOLED = 6  # scratch buffers kept for reuse
+
+
 class HostMemory:
     """NumPy arrays in host memory; reductions are ufuncs writing through ``out=`` (no temporaries)."""
 
@@ -45,21 +48,24 @@ class HostMemory:
         self._free: list[np.ndarray] = []  # byte buffers handed back by finished calls
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
-        """A flat array of ``count`` elements (contents undefined), from the pool when one is big enough."""
+        """A flat array of ``count`` elements (contents undefined): the smallest pooled buffer that fits, else a new one."""
         nbytes = count * dtype.itemsize
-        for i, raw in enumerate(self._free):
-            if raw.nbytes >= nbytes:
-                del self._free[i]
-                return raw[:nbytes].view(dtype)
+        fits = [i for i, raw in enumerate(self._free) if raw.nbytes >= nbytes]
+        if fits:
+            raw = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+            return raw[:nbytes].view(dtype)
         return np.empty(max(nbytes, 64), np.uint8)[:nbytes].view(dtype)
 
     def release(self, arr: np.ndarray) -> None:
-        """Give a scratch array back once nothing reads or writes it any more."""
+        """Give a scratch array back once nothing reads or writes it any more; the pool keeps the largest few."""
         raw = arr.base if arr.base is not None else arr
         while raw.base is not None:
             raw = raw.base
-        if isinstance(raw, np.ndarray) and len(self._free) < 4:
-            self._free.append(raw)
+        if not isinstance(raw, np.ndarray):
+            return
+        self._free.append(raw)
+        if len(self._free) > _POOLED:  # drop the smallest: fresh large buffers cost page faults on every call
+            del self._free[min(range(len(self._free)), key=lambda i: self._free[i].nbytes)]
 
 
 HOST = HostMemory()

@@ -136,6 +136,33 @@ def fit(start: CostModel, points: list[dict[str, Any]], layout: Layout, params: 
     return best
 
 
+def fit_corrections(model: CostModel, points: list[dict[str, Any]], layout: Layout) -> CostModel:
+    """Per algorithm, the latency and bandwidth factors (a, b) that best fit its timings: a·L + b·B ~ T.
+
+    Least squares on relative error, so that small and large messages weigh alike; factors stay positive.
+    """
+    scope = model.scope(layout)
+    base = dataclasses.replace(model, corrections=tuple(c for c in model.corrections if not c[0].endswith(f"@{scope}")))
+    fitted = dict((c[0], (c[1], c[2])) for c in base.corrections)
+    by_algo: dict[str, list[dict[str, Any]]] = {}
+    for pt in points:
+        by_algo.setdefault(f"{pt['collective']}:{pt['algorithm']}", []).append(pt)
+    for key, pts in by_algo.items():
+        coll, name = key.split(":")
+        algo = ALGORITHMS[coll][name]
+        rows, target = [], []
+        for pt in pts:
+            lat, bw = base.split(algo.cost, pt["bytes"], layout)
+            rows.append([lat / pt["seconds"], bw / pt["seconds"]])
+            target.append(1.0)
+        a, b = np.linalg.lstsq(np.array(rows), np.array(target), rcond=None)[0]
+        if a <= 0 or b <= 0:  # one term alone explains the timings better: fit a single common factor
+            both = np.array(rows).sum(axis=1)
+            a = b = float(np.sum(both) / np.sum(both * both))
+        fitted[f"{key}@{scope}"] = (round(float(a), 4), round(float(b), 4))
+    return dataclasses.replace(base, corrections=tuple(sorted((k, v[0], v[1]) for k, v in fitted.items())))
+
+
 def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
     from . import MPI
 
@@ -150,7 +177,8 @@ def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
     if layout.hosts == 1:
         start = dataclasses.replace(start, reduce_GBps=measure_reduce_GBps())
     before = misfit(start, points, layout)
-    model = fit(start, points, layout, params)
+    model = fit(dataclasses.replace(start, corrections=()), points, layout, params)
+    model = fit_corrections(dataclasses.replace(model, corrections=start.corrections), points, layout)
     after = misfit(model, points, layout)
     model = dataclasses.replace(model, source=f"pycoll tune on {layout.size} ranks, {layout.hosts} hosts, "
                                                f"{time.strftime('%Y-%m-%d %H:%M')}")

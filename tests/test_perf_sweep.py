@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import io
 import json
@@ -352,3 +353,16 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
     assert all(r["algo"] is None and r["algo_used"] is None for r in data["records"] if r["peer"] != "pycoll")
     assert data["meta"]["hosts"] == 1 and data["meta"]["algos"] == []
     assert proc.stdout.count("# Avg bus bandwidth : ") == len(expect) * 2 * 2
+
+
+def test_rounds_flag_and_median_merge() -> None:
+    opts = options.parse_args(["--rounds", "3"])
+    assert opts.rounds == 3 and "--rounds 3" in dataclasses.replace(opts, argv=[]).command()
+    base = {"peer": "pycoll", "algo": "auto", "collective": "allreduce", "nranks": 4, "bytes": 1 << 20,
+            "inplace": False, "wrong": 0}
+    rounds = [[dict(base, time_us=t)] for t in (300.0, 100.0, 200.0)]
+    (merged,) = sweep.merge_rounds(rounds)
+    assert merged["time_us"] == 200.0 and merged["rounds"] == 3 and merged["round_times_us"] == [100.0, 200.0, 300.0]
+    assert merged["algbw_GBps"] == pytest.approx((1 << 20) / 200e-6 / 1e9, rel=1e-3)
+    assert merged["busbw_GBps"] == pytest.approx(merged["algbw_GBps"] * 2 * 3 / 4, rel=1e-3)
+    assert sweep.merge_rounds([[dict(base, time_us=5.0, round=0)]]) == [dict(base, time_us=5.0)]

@@ -11,6 +11,8 @@ the defaults below, measured on a 2-core VM, apply.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -45,7 +47,32 @@ class CostModel:
     msg_us: float = 25.0
     cores: int = 0  # 0: os.cpu_count() of the rank that loads the model
     chunk_bytes: int = 512 << 10
+    # Per-algorithm scale factors fitted by `pycoll tune`: ("allreduce:ring@shm", latency x, bandwidth x).
+    corrections: tuple[tuple[str, float, float], ...] = ()
     source: str = field(default="built-in defaults", compare=False)
+
+    # ---- per-algorithm corrections ----------------------------------------------------------------
+    @staticmethod
+    def scope(lay: Layout) -> str:
+        return "net" if lay.hosts > 1 else "shm"
+
+    def correction(self, key: str) -> tuple[float, float]:
+        for name, lat, bw in self.corrections:
+            if name == key:
+                return lat, bw
+        return 1.0, 1.0
+
+    @functools.cached_property
+    def latency_only(self) -> "CostModel":
+        """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
+        inf = float("inf")
+        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, corrections=())
+
+    def split(self, cost_fn, nbytes: float, lay: Layout) -> tuple[float, float]:
+        """(latency part, bandwidth part) of an uncorrected cost function's prediction."""
+        total = cost_fn(self, nbytes, lay)
+        lat = cost_fn(self.latency_only, nbytes, lay)
+        return lat, max(total - lat, 0.0)
 
     # ---- building blocks the algorithms' cost functions use -------------------------------------
     def over(self, lay: Layout) -> float:
@@ -93,12 +120,15 @@ class CostModel:
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["corrections"] = {name: [lat, bw] for name, lat, bw in self.corrections}
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any], source: str = "") -> "CostModel":
         known = {f.name for f in fields(CostModel)}
         values = {k: v for k, v in data.items() if k in known}
+        values["corrections"] = tuple(sorted((k, float(v[0]), float(v[1])) for k, v in dict(values.get("corrections") or {}).items()))
         if source:
             values["source"] = source
         return CostModel(**values)

@@ -53,8 +53,19 @@ class Algorithm:
     def refusal(self, call: Call, layout: Layout) -> Optional[str]:
         return self.refuse(call, layout) if self.refuse else None
 
+    @property
+    def key(self) -> str:
+        return f"{self.collective}:{self.name}"
+
     def predict(self, model: CostModel, nbytes: float, layout: Layout) -> float:
-        return self.cost(model, nbytes, layout) if self.cost else 0.0
+        """Seconds the model predicts, with the latency and bandwidth factors `pycoll tune` fitted for this algorithm."""
+        if self.cost is None:
+            return 0.0
+        a, b = model.correction(f"{self.key}@{model.scope(layout)}")
+        if a == b == 1.0:
+            return self.cost(model, nbytes, layout)
+        lat, bw = model.split(self.cost, nbytes, layout)
+        return a * lat + b * bw
 
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}

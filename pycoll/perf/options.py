@@ -45,6 +45,7 @@ class PerfOptions:
     hosts: Optional[int] = None  # virtual hosts (pycoll.netns); None: all ranks on this host as usual
     link_rate: Optional[str] = None
     algos: list[str] = field(default_factory=list)  # forced "collective:name" runs besides the automatic one
+    rounds: int = 1  # every job this many times, order rotated each round; the median per point is reported
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -82,6 +83,8 @@ class PerfOptions:
             flags.append(f"--hosts {self.hosts}" + (f" --link-rate {self.link_rate}" if self.link_rate else ""))
         if self.algos:
             flags.append(f"--algos {','.join(self.algos)}")
+        if self.rounds > 1:
+            flags.append(f"--rounds {self.rounds}")
         return " ".join(["pycoll", "perf", *flags])
 
     def algo_groups(self) -> list[tuple[str, list[str]]]:
@@ -204,6 +207,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --hosts: shape each virtual link to RATE, e.g. 1gbit")
     p.add_argument("--algos", default=None, metavar="LIST",
                    help="also run pycoll once per forced algorithm: 'all' or e.g. allreduce:ring,allreduce:tree")
+    p.add_argument("--rounds", type=_positive(1), default=1, metavar="R",
+                   help="run every job R times, rotating the job order each round, and report each point's median "
+                        "time over the rounds: peers then share the machine's drifts alike (default 1)")
 
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> PerfOptions:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 import pycoll
+from pycoll.perf import metrics
 from pycoll.perf import peers as peers_mod
 from pycoll.perf import report, worker
 from pycoll.perf.metrics import median
@@ -152,6 +153,27 @@ def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]],
             print(flush=True)
 
 
+def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One record per point: the median time over the rounds that measured it, bandwidths recomputed from it."""
+    if len(per_round) == 1:
+        return [{k: v for k, v in r.items() if k != "round"} for r in per_round[0]]
+    points: dict[tuple, list[dict[str, Any]]] = {}
+    for recs in per_round:
+        for r in recs:
+            key = (r["peer"], r.get("algo"), r["collective"], r["nranks"], r["bytes"], r["inplace"])
+            points.setdefault(key, []).append(r)
+    out = []
+    for recs in points.values():
+        times = sorted(r["time_us"] for r in recs)
+        t = median(times)
+        first = recs[0]
+        out.append({k: v for k, v in first.items() if k != "round"} | {
+            "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(first["bytes"], t), 4),
+            "busbw_GBps": round(metrics.busbw(first["collective"], first["nranks"], first["bytes"], t), 4),
+            "wrong": sum(r["wrong"] for r in recs), "rounds": len(recs), "round_times_us": times})
+    return out
+
+
 def run_sweep(opts: PerfOptions) -> int:
     """Entry point of `pycoll perf`; returns the exit code (1 when a job failed or a result was wrong)."""
     in_mpi = peers_mod.inside_mpi_job()
@@ -206,24 +228,36 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
     progress = report.Progress(total, opts.progress and sys.stderr.isatty() and rank0)
     records: list[dict[str, Any]] = []
     failed = False
+    rounds = 1 if in_mpi else opts.rounds
+    progress.total *= rounds
     for n in nps:
-        for job in jobs:
-            label = f"{job.label} np={n}" if n else job.label
-            start = progress.done
-            if in_mpi:
-                recs, failure = _in_process(opts, job)
-            else:
-                spec = json.dumps(worker_spec(opts, job.peer, job))
-                cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
-                recs, failure = run_job(cmd, env, opts.timeout, progress, label)
-            progress.done = start + len(job.collectives) * per_size  # sizes skipped by rounding still count
-            progress.clear()
-            _print_blocks(opts, job.label, recs, job.collectives)
-            if failure:
-                failed = True
-                print(f"# peer {job.label}, {n} ranks: job failed ({failure})", flush=True)
-            failed |= any("error" in r for r in recs)
-            records += [r for r in recs if "error" not in r]
+        per_round: list[list[dict[str, Any]]] = []
+        for rnd in range(rounds):
+            done_round: list[dict[str, Any]] = []
+            for job in jobs[rnd % len(jobs):] + jobs[: rnd % len(jobs)] if jobs else []:
+                label = f"{job.label} np={n}" if n else job.label
+                start = progress.done
+                if in_mpi:
+                    recs, failure = _in_process(opts, job)
+                else:
+                    spec = json.dumps(worker_spec(opts, job.peer, job))
+                    cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
+                    recs, failure = run_job(cmd, env, opts.timeout, progress, label)
+                progress.done = start + len(job.collectives) * per_size  # sizes skipped by rounding still count
+                progress.clear()
+                if rounds == 1:
+                    _print_blocks(opts, job.label, recs, job.collectives)
+                if failure:
+                    failed = True
+                    print(f"# peer {job.label}, {n} ranks: job failed ({failure})", flush=True)
+                failed |= any("error" in r for r in recs)
+                done_round += [dict(r, round=rnd) for r in recs if "error" not in r]
+            per_round.append(done_round)
+        merged = merge_rounds(per_round)
+        if rounds > 1:
+            for job in jobs:
+                _print_blocks(opts, job.label, [r for r in merged if r["peer"] == job.label], job.collectives)
+        records += merged
     progress.clear()
     wrong = sum(r["wrong"] for r in records)
     if opts.check:
