@@ -5,6 +5,8 @@ times each algorithm of allreduce, reduce-scatter, allgather and broadcast at a 
 at a time; rank 0 then fits the model's constants so that predicted times match the measured ones
 (least squares on log time ratios), and saves them. A single-host job fits the shared-memory and CPU
 constants; a multi-host job fits only the network ones and keeps the rest from the file it updates.
+Last, it keeps each algorithm's measured / predicted ratio at every timed size of this exact layout, so
+that on this layout selection follows the timings where the model's shape cannot.
 """
 
 from __future__ import annotations
@@ -23,68 +25,41 @@ import numpy as np
 
 from .algorithms import ALGORITHMS, CHUNK_SIZE, Call, Layout, cost
 from .algorithms.cost import CostModel
+from .perf import metrics
 
 SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast")
-LOCAL_PARAMS = ("shm_latency_us", "shm_GBps", "msg_us", "reduce_GBps")
+# reduce_GBps is measured directly (np.add), not fitted: it trades off against shm_GBps and would drift to nonsense.
+LOCAL_PARAMS = ("shm_latency_us", "shm_GBps", "msg_us")
 NET_PARAMS = ("net_latency_us", "net_GBps")
 
 
 # ---- in the job -------------------------------------------------------------------------------------
 
 
-def _time_call(comm: Any, coll: str, nbytes: int, iters: int) -> float:
-    """Median over ``iters`` of the slowest rank's time for one call of ``nbytes`` float32 bytes."""
-    p = comm.Get_size()
-    n = max(nbytes // 4, 1)
-    if coll in ("reduce_scatter", "allgather"):
-        n = max(n // p, 1)  # nbytes is the whole vector, as nccl-tests counts it
-    send = np.ones(n * (p if coll == "reduce_scatter" else 1), np.float32)
-    recv = np.empty(n * (p if coll == "allgather" else 1), np.float32)
-    run = {
-        "allreduce": lambda: comm.Allreduce(send, recv),
-        "reduce_scatter": lambda: comm.Reduce_scatter_block(send, recv),
-        "allgather": lambda: comm.Allgather(send, recv),
-        "broadcast": lambda: comm.Bcast(send, root=0),
-    }[coll]
-    run()  # warm-up: pages, pools, connections
-    times = np.empty(iters)
-    slowest = np.empty(1)
-    for i in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        run()
-        times[i] = time.perf_counter() - t0
-    comm.Allreduce(np.array([np.median(times)]), slowest, op=_max())
-    return float(slowest[0])
-
-
-def _max() -> Any:
-    from . import MPI
-
-    return MPI.MAX
-
-
 def measure(comm: Any, sizes: tuple[int, ...], iters: int, layout: Layout) -> list[dict[str, Any]]:
-    """Time every algorithm that accepts the layout, forced through PYCOLL_ALGO, at every size."""
-    points = []
+    """Time every algorithm that accepts the layout, forced through PYCOLL_ALGO, at every size.
+
+    The algorithms of one size are timed together, iteration by iteration (the perf worker's interleaving),
+    so the machine's drifts do not pass for differences between them. Rank 0 returns the points.
+    """
+    from .perf import worker
+
+    backend = worker.make_backend("pycoll")
     probe = {c: Call(c, np.dtype(np.float32), recv=np.empty(0, np.float32)) for c in COLLECTIVES}
-    saved = os.environ.get("PYCOLL_ALGO")
-    try:
-        for coll in COLLECTIVES:
-            for name, algo in ALGORITHMS[coll].items():
-                if algo.cost is None or algo.refusal(probe[coll], layout) is not None:
-                    continue
-                os.environ["PYCOLL_ALGO"] = f"{coll}:{name}"
-                for nbytes in sizes:
-                    reps = iters if nbytes <= (1 << 20) else max(3, iters // 3)
-                    points.append({"collective": coll, "algorithm": name, "bytes": nbytes,
-                                   "seconds": _time_call(comm, coll, nbytes, reps)})
-    finally:
-        if saved is None:
-            os.environ.pop("PYCOLL_ALGO", None)
-        else:
-            os.environ["PYCOLL_ALGO"] = saved
+    points = []
+    for coll in COLLECTIVES:
+        runs = [{"label": name, "algo": name, "env": {"PYCOLL_ALGO": f"{coll}:{name}"}}
+                for name, algo in ALGORITHMS[coll].items()
+                if algo.cost is not None and algo.refusal(probe[coll], layout) is None]
+        for nbytes in sizes:
+            spec = {"np_dtype": "float32", "dtype": "float32", "itemsize": 4, "op": "sum", "root": 0, "warmup": 1,
+                    "check": False, "iters": iters if nbytes <= (1 << 20) else max(3, iters // 3)}
+            if metrics.round_size(coll, nbytes, 4, comm.Get_size())[1] == 0:
+                continue
+            for row in worker.measure(backend, spec, coll, nbytes, False, runs):
+                points.append({"collective": coll, "algorithm": row["algo"], "bytes": row["bytes"],
+                               "seconds": row["time_us"] * 1e-6})
     return points
 
 
@@ -163,6 +138,20 @@ def fit_corrections(model: CostModel, points: list[dict[str, Any]], layout: Layo
     return dataclasses.replace(base, corrections=tuple(sorted((k, v[0], v[1]) for k, v in fitted.items())))
 
 
+def fit_residuals(model: CostModel, points: list[dict[str, Any]], layout: Layout) -> CostModel:
+    """Per algorithm, measured / predicted time at each timed size of this exact layout (other layouts' are kept)."""
+    where = f"@{model.layout_key(layout)}"
+    base = dataclasses.replace(model, residuals=tuple(r for r in model.residuals if not r[0].endswith(where)))
+    tables: dict[str, dict[int, float]] = {}
+    for pt in points:
+        pred = predicted(base, pt, layout)
+        if pred > 0 and pt["seconds"] > 0:
+            key = f"{pt['collective']}:{pt['algorithm']}{where}"
+            tables.setdefault(key, {})[int(pt["bytes"])] = round(pt["seconds"] / pred, 4)
+    fresh = tuple((k, tuple(sorted(t.items()))) for k, t in tables.items())
+    return dataclasses.replace(base, residuals=tuple(sorted(base.residuals + fresh)))
+
+
 def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
     from . import MPI
 
@@ -178,18 +167,20 @@ def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
         start = dataclasses.replace(start, reduce_GBps=measure_reduce_GBps())
     before = misfit(start, points, layout)
     model = fit(dataclasses.replace(start, corrections=()), points, layout, params)
-    model = fit_corrections(dataclasses.replace(model, corrections=start.corrections), points, layout)
+    model = fit_corrections(dataclasses.replace(model, corrections=start.corrections, residuals=()), points, layout)
+    smooth = misfit(model, points, layout)  # the model's own fit, before the measured residuals
+    model = fit_residuals(dataclasses.replace(model, residuals=start.residuals), points, layout)
     after = misfit(model, points, layout)
     model = dataclasses.replace(model, source=f"pycoll tune on {layout.size} ranks, {layout.hosts} hosts, "
                                                f"{time.strftime('%Y-%m-%d %H:%M')}")
     path = model.save(out or None)
     report = {"path": path, "layout": list(layout.host_of), "fitted": list(params), "misfit_before": before,
-              "misfit_after": after, "model": model.to_json(), "points": [
+              "misfit_model": smooth, "misfit_after": after, "model": model.to_json(), "points": [
                   dict(pt, predicted=predicted(model, pt, layout)) for pt in points]}
     with open(path + ".points.json", "w") as f:
         json.dump(report, f, indent=1)
-    print(f"pycoll tune: fitted {', '.join(params)} on {len(points)} timings "
-          f"(rms log error {math.sqrt(before):.2f} -> {math.sqrt(after):.2f}); saved {path}")
+    print(f"pycoll tune: fitted {', '.join(params)} on {len(points)} timings (rms log error {math.sqrt(before):.2f} "
+          f"-> {math.sqrt(smooth):.2f}; measured residuals kept for layout {model.layout_key(layout)}); saved {path}")
     for name in params:
         print(f"  {name} = {getattr(model, name):.4g}")
     return 0

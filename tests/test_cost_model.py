@@ -14,7 +14,7 @@ import pytest
 
 from pycoll.algorithms import ALGORITHMS, Call, CostModel, Layout, select
 from pycoll.algorithms import cost
-from pycoll.tune import fit, misfit
+from pycoll.tune import fit, fit_residuals, misfit, predicted
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 F32 = np.dtype(np.float32)
@@ -100,8 +100,6 @@ def test_fit_recovers_constants_from_timings_of_a_known_model() -> None:
     # per-step latency and per-message CPU cost trade off at small sizes (one message per step); their sum does not
     assert fitted.shm_latency_us + fitted.msg_us == pytest.approx(305.0, rel=0.05)
     assert fitted.shm_GBps == pytest.approx(2.0, rel=0.25)  # trades off a little against the reduction speed
-    from pycoll.tune import predicted
-
     for pt in points:
         assert predicted(fitted, pt, lay) == pytest.approx(pt["seconds"], rel=0.1), pt
 
@@ -117,6 +115,56 @@ def test_model_file_round_trip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> Non
         cost.load()
 
 
+def test_residuals_interpolate_in_log_space_and_apply_to_their_layout_only() -> None:
+    m = CostModel(residuals=(("allreduce:ring@hosts=0.0.0.0", ((1024, 2.0), (4096, 0.5))),))
+    key = "allreduce:ring@" + m.layout_key(Layout.flat(4))
+    assert key == "allreduce:ring@hosts=0.0.0.0"
+    assert m.residual(key, 1024) == pytest.approx(2.0)
+    assert m.residual(key, 2048) == pytest.approx(1.0)  # half way in log size, geometric mean of the ratios
+    assert m.residual(key, 8) == pytest.approx(2.0) and m.residual(key, 1 << 30) == pytest.approx(0.5)  # clamped
+    assert m.residual("allreduce:ring@hosts=0.0.1.1", 1024) == 1.0 and m.residual("allreduce:tree@hosts=0.0.0.0", 1024) == 1.0
+    ring = ALGORITHMS["allreduce"]["ring"]
+    plain = dataclasses.replace(m, residuals=())
+    assert ring.predict(m, 1024, Layout.flat(4)) == pytest.approx(2.0 * ring.predict(plain, 1024, Layout.flat(4)))
+    assert ring.predict(m, 1024, Layout.flat(5)) == pytest.approx(ring.predict(plain, 1024, Layout.flat(5)))
+
+
+def test_fitted_residuals_make_selection_follow_the_timings_where_they_were_taken() -> None:
+    lay, other = Layout((0, 0, 1, 1)), Layout((0, 0, 0, 1, 1, 1))
+    base = CostModel(cores=64)
+    sizes = (64 << 10, 128 << 10, 256 << 10)
+    model_pick = {n: select(_allreduce(n), lay).name for n in sizes}
+    # Timings in which tree wins at 128K only, by 20%, and every other algorithm runs as the model says.
+    points = []
+    for name, algo in ALGORITHMS["allreduce"].items():
+        if algo.refusal(_allreduce(8), lay) is not None:
+            continue
+        for n in sizes:
+            t = algo.predict(base, n, lay)
+            if name == "tree" and n == 128 << 10:
+                t = 0.8 * min(a.predict(base, n, lay) for a in ALGORITHMS["allreduce"].values()
+                              if a.refusal(_allreduce(8), lay) is None)
+            points.append({"collective": "allreduce", "algorithm": name, "bytes": n, "seconds": t})
+    tuned = fit_residuals(base, points, lay)
+    assert misfit(tuned, points, lay) < 1e-6  # the timed points are reproduced
+    cost.use(tuned)
+    assert select(_allreduce(128 << 10), lay).name == "tree"
+    assert {n: select(_allreduce(n), lay).name for n in (64 << 10, 256 << 10)} == {
+        n: model_pick[n] for n in (64 << 10, 256 << 10)}
+    cost.use(base)
+    untouched = select(_allreduce(128 << 10), other).name
+    cost.use(tuned)
+    assert select(_allreduce(128 << 10), other).name == untouched  # another layout: the model alone
+    again = fit_residuals(tuned, points[:3], lay)  # re-tuning a layout replaces its tables, keeps the others
+    assert {k for k, _ in again.residuals} == {f"allreduce:{p['algorithm']}@hosts=0.0.1.1" for p in points[:3]}
+
+
+def test_model_file_round_trip_keeps_residuals(tmp_path) -> None:
+    m = CostModel(residuals=(("allreduce:ring@hosts=0.0", ((8, 1.5), (1 << 20, 0.9))),),
+                  corrections=(("allreduce:ring@shm", 0.5, 2.0),))
+    assert cost.load(m.save(str(tmp_path / "r.json"))) == m
+
+
 @pytest.mark.timeout(120)
 def test_pycoll_tune_fits_and_saves(tmp_path) -> None:
     out = tmp_path / "tuning.json"
@@ -127,7 +175,10 @@ def test_pycoll_tune_fits_and_saves(tmp_path) -> None:
     model = cost.load(str(out))
     assert "pycoll tune on 2 ranks, 1 hosts" in json.loads(out.read_text())["source"]
     report = json.loads((tmp_path / "tuning.json.points.json").read_text())
-    assert report["fitted"] == ["shm_latency_us", "shm_GBps", "msg_us", "reduce_GBps"]
-    assert report["misfit_after"] <= report["misfit_before"]
+    assert report["fitted"] == ["shm_latency_us", "shm_GBps", "msg_us"]
+    assert 0.1 < model.reduce_GBps < 1000  # measured with np.add on this machine, not fitted
+    assert report["misfit_model"] <= report["misfit_before"]
+    assert report["misfit_after"] < 1e-6  # the residuals reproduce every timing on the tuned layout
+    assert {k.split("@")[1] for k, _ in model.residuals} == {"hosts=0.0"}
     assert {pt["algorithm"] for pt in report["points"] if pt["collective"] == "allreduce"} >= {"ring", "tree", "doubling"}
     assert model.shm_GBps > 0 and "rms log error" in proc.stdout

@@ -366,3 +366,68 @@ def test_rounds_flag_and_median_merge() -> None:
     assert merged["algbw_GBps"] == pytest.approx((1 << 20) / 200e-6 / 1e9, rel=1e-3)
     assert merged["busbw_GBps"] == pytest.approx(merged["algbw_GBps"] * 2 * 3 / 4, rel=1e-3)
     assert sweep.merge_rounds([[dict(base, time_us=5.0, round=0)]]) == [dict(base, time_us=5.0)]
+
+
+class _FakeBackend(worker.Backend):
+    """One rank that records which PYCOLL_ALGO each timed call ran under."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def barrier(self) -> None:
+        pass
+
+    def sync(self) -> None:
+        pass
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> worker.Prepared:
+        env = __import__("os").environ.get("PYCOLL_ALGO", "")
+        return (lambda: self.calls.append(env)), (lambda: None)
+
+
+def test_interleaved_variants_alternate_per_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYCOLL_ALGO", "")
+    b = _FakeBackend()
+    spec = {"np_dtype": "float32", "dtype": "float", "itemsize": 4, "op": "sum", "root": 0, "warmup": 1, "iters": 4,
+            "check": False, "label": "pycoll", "algo": "auto"}
+    runs = worker._variants(dict(spec, variants=[
+        {"label": "pycoll[ring]", "algo": "ring", "env": {"PYCOLL_ALGO": "allreduce:ring"}, "collectives": ["allreduce"]},
+        {"label": "pycoll[tree]", "algo": "tree", "env": {"PYCOLL_ALGO": "allreduce:tree"}, "collectives": ["allreduce"]},
+        {"label": "pycoll[x]", "algo": "x", "env": {"PYCOLL_ALGO": "allgather:x"}, "collectives": ["allgather"]},
+    ]), "allreduce")
+    rows = worker.measure(b, spec, "allreduce", 1024, False, runs)
+    assert [r["peer"] for r in rows] == ["pycoll", "pycoll[ring]", "pycoll[tree]"]  # the allgather one is left out
+    assert [r["algo"] for r in rows] == ["auto", "ring", "tree"]
+    a, r, t = "", "allreduce:ring", "allreduce:tree"
+    timed = b.calls[3:]  # after one warm-up call each
+    assert b.calls[:3] == [a, r, t]
+    assert timed == [a, r, t, r, t, a, t, a, r, a, r, t]  # each iteration starts one variant later
+    assert __import__("os").environ["PYCOLL_ALGO"] == ""  # restored after every call
+    assert all(row["iters"] == 4 and row["time_us"] >= 0 for row in rows)
+
+
+@pytest.mark.timeout(120)
+def test_interleaved_forced_algorithms_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "algos.json"
+    argv = ["--np", "3", "--peers", "pycoll", "-C", "allreduce", "-b", "1K", "-e", "64K", "-f", "8", "-n", "2",
+            "-w", "1", "--inplace", "out", "--algos", "allreduce:ring,allreduce:tree", "--interleave",
+            "--json", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "# forced algorithms (interleaved in the automatic job)" in proc.stdout
+    recs = json.loads(out.read_text())["records"]
+    by_peer: dict[str, list[dict[str, Any]]] = {}
+    for r in recs:
+        by_peer.setdefault(r["peer"], []).append(r)
+    assert set(by_peer) == {"pycoll", "pycoll[ring]", "pycoll[tree]"}
+    for peer, name in (("pycoll[ring]", "ring"), ("pycoll[tree]", "tree")):
+        assert [r["bytes"] for r in by_peer[peer]] == [1024, 8192, 65536]
+        assert all(r["algo"] == name and r["algo_used"] == name and r["wrong"] == 0 for r in by_peer[peer])
+    assert all(r["algo"] == "auto" and r["wrong"] == 0 for r in by_peer["pycoll"])
+    assert proc.stdout.count("# Avg bus bandwidth : ") == 3

@@ -1,12 +1,13 @@
 """The cost model that ranks algorithms: latency x steps + bytes / bandwidth, per link class, with saved constants.
 
 Two link classes: ``shm`` (ranks on one host) and ``net`` (ranks on different hosts). Each has a
-latency per message step and a bandwidth per rank. Reductions cost bytes / ``reduce_GBps``, and every
+latency per message step and a bandwidth per rank. Reductions cost bytes / ``reduce_GBps``, copies bytes / ``copy_GBps``, and every
 message costs ``msg_us`` of CPU (the Python engine's per-message work, which chunking multiplies).
 When a host holds more ranks than it has cores, CPU-bound terms stretch by ``local ranks / cores``.
 
 `pycoll tune` measures the constants on the machine at hand and saves them (see ``save``); otherwise
-the defaults below, measured on a 2-core VM, apply.
+the defaults below, measured on a 2-core VM, apply. On the exact layout it timed, tune also keeps each
+algorithm's measured / predicted ratio per size (``residuals``), so selection there follows the timings.
 """
 
 from __future__ import annotations
@@ -47,8 +48,17 @@ class CostModel:
     msg_us: float = 25.0
     cores: int = 0  # 0: os.cpu_count() of the rank that loads the model
     chunk_bytes: int = 512 << 10
+    # Arena algorithms (one host): a meeting of all ranks on shared flags, one pulled chunk, the chunk's size,
+    # and the speed of a plain or cross-memory copy.
+    arena_sync_us: float = 6.0
+    arena_step_us: float = 8.0
+    arena_chunk: int = 256 << 10
+    copy_GBps: float = 6.0
     # Per-algorithm scale factors fitted by `pycoll tune`: ("allreduce:ring@shm", latency x, bandwidth x).
     corrections: tuple[tuple[str, float, float], ...] = ()
+    # Measured / predicted time at the sizes `pycoll tune` timed, per algorithm and exact layout (see ``residual``):
+    # ("allreduce:ring@hosts=0.0.1.1", ((bytes, ratio), ...)).
+    residuals: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
     source: str = field(default="built-in defaults", compare=False)
 
     # ---- per-algorithm corrections ----------------------------------------------------------------
@@ -62,11 +72,36 @@ class CostModel:
                 return lat, bw
         return 1.0, 1.0
 
+    @staticmethod
+    def layout_key(lay: Layout) -> str:
+        """The exact layout a residual table was measured on: each rank's host, e.g. ``hosts=0.0.1.1``."""
+        return "hosts=" + ".".join(map(str, lay.host_of))
+
+    def residual(self, key: str, nbytes: float) -> float:
+        """The tuned ratio measured / predicted for ``key`` at ``nbytes``; 1.0 where the layout was never timed.
+
+        Between timed sizes the ratio is interpolated linearly in log(size) and log(ratio); beyond them
+        it stays at the nearest timed size's.
+        """
+        for name, table in self.residuals:
+            if name != key:
+                continue
+            x = math.log(max(nbytes, 1.0))
+            pts = [(math.log(max(b, 1)), math.log(r)) for b, r in table]
+            if x <= pts[0][0]:
+                return math.exp(pts[0][1])
+            for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+                if x <= x1:
+                    w = (x - x0) / (x1 - x0) if x1 > x0 else 1.0
+                    return math.exp(y0 + w * (y1 - y0))
+            return math.exp(pts[-1][1])
+        return 1.0
+
     @functools.cached_property
     def latency_only(self) -> "CostModel":
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
-        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, corrections=())
+        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, corrections=(), residuals=())
 
     def split(self, cost_fn, nbytes: float, lay: Layout) -> tuple[float, float]:
         """(latency part, bandwidth part) of an uncorrected cost function's prediction."""
@@ -122,6 +157,7 @@ class CostModel:
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["corrections"] = {name: [lat, bw] for name, lat, bw in self.corrections}
+        out["residuals"] = {name: [[b, r] for b, r in table] for name, table in self.residuals}
         return out
 
     @staticmethod
@@ -129,6 +165,8 @@ class CostModel:
         known = {f.name for f in fields(CostModel)}
         values = {k: v for k, v in data.items() if k in known}
         values["corrections"] = tuple(sorted((k, float(v[0]), float(v[1])) for k, v in dict(values.get("corrections") or {}).items()))
+        values["residuals"] = tuple(sorted(
+            (k, tuple(sorted((int(b), float(r)) for b, r in v))) for k, v in dict(values.get("residuals") or {}).items() if v))
         if source:
             values["source"] = source
         return CostModel(**values)

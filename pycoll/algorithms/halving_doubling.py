@@ -103,12 +103,18 @@ def _fold_in(st: Steps, fold: Fold, send: np.ndarray, work: np.ndarray, op) -> S
 # ---- allreduce ---------------------------------------------------------------------------------
 
 
+def _halving_messages(m: CostModel, n: float, p2: int) -> int:
+    """Pipelined messages of log2 p2 halving rounds (n/2, n/4, ... n/p2 bytes); doubling sends the same, reversed."""
+    return sum(m.messages(n / (1 << k)) for k in range(1, log2ceil(p2) + 1))
+
+
 def _rabenseifner_cost(m: CostModel, n: float, lay: Layout) -> float:
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
     steps = 2 * log2ceil(p2) + extra
+    msgs = 2 * _halving_messages(m, n, p2) + (2 * m.messages(n) if extra else 0)
     return m.phase(lay, steps, 2 * (p2 - 1) / p2 * n + extra * n, reduced=(p2 - 1) / p2 * n + (extra / 2) * n,
-                   flows=m.flows(lay))
+                   flows=m.flows(lay), messages=msgs)
 
 
 @register(
@@ -199,7 +205,8 @@ def _halving_cost(m: CostModel, n: float, lay: Layout) -> float:
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
     return m.phase(lay, log2ceil(p2) + extra, (p2 - 1) / p2 * n + (n if extra else 0),
-                   reduced=(p2 - 1) / p2 * n + (n if extra else 0), flows=m.flows(lay))
+                   reduced=(p2 - 1) / p2 * n + (n if extra else 0), flows=m.flows(lay),
+                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0))
 
 
 @register(
@@ -244,15 +251,20 @@ def reduce_scatter_halving(st: Steps, call: Call) -> Schedule:
     st.mem.release(work)
 
 
+def _allgather_doubling_cost(m: CostModel, n: float, lay: Layout) -> float:
+    p2 = pow2floor(lay.size)
+    extra = 2 if p2 != lay.size else 0
+    return m.phase(lay, log2ceil(p2) + extra, (lay.size - 1) / lay.size * n + (n if extra else 0), flows=m.flows(lay),
+                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0))
+
+
 @register(
     "allgather",
     "doubling",
     "Recursive doubling: log2 p rounds, each doubling what a rank holds; any p by folding.",
     steps="log2 p (+2 if p is not a power of two)",
     bytes="(p-1)/p · n (+n on folded ranks)",
-    cost=lambda m, n, lay: m.phase(lay, log2ceil(pow2floor(lay.size)) + (2 if lay.size & (lay.size - 1) else 0),
-                                   (lay.size - 1) / lay.size * n + (n if lay.size & (lay.size - 1) else 0),
-                                   flows=m.flows(lay)) if lay.size > 1 else 0.0,
+    cost=lambda m, n, lay: _allgather_doubling_cost(m, n, lay) if lay.size > 1 else 0.0,
 )
 def allgather_doubling(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from ..config import str_param
 from ..errors import InvalidArgumentError
@@ -58,14 +58,19 @@ class Algorithm:
         return f"{self.collective}:{self.name}"
 
     def predict(self, model: CostModel, nbytes: float, layout: Layout) -> float:
-        """Seconds the model predicts, with the latency and bandwidth factors `pycoll tune` fitted for this algorithm."""
+        """Seconds the model predicts, with the latency and bandwidth factors `pycoll tune` fitted for this algorithm,
+        and on a layout that tune timed, its measured residual at this size."""
         if self.cost is None:
             return 0.0
         a, b = model.correction(f"{self.key}@{model.scope(layout)}")
         if a == b == 1.0:
-            return self.cost(model, nbytes, layout)
-        lat, bw = model.split(self.cost, nbytes, layout)
-        return a * lat + b * bw
+            t = self.cost(model, nbytes, layout)
+        else:
+            lat, bw = model.split(self.cost, nbytes, layout)
+            t = a * lat + b * bw
+        if model.residuals:
+            t *= model.residual(f"{self.key}@{model.layout_key(layout)}", nbytes)
+        return t
 
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {c: {} for c in COLLECTIVES}
@@ -124,7 +129,11 @@ class Choice:
     collective: str = ""
     algorithm: str = ""
     nbytes: int = 0
-    reason: str = ""
+    why: Union[str, Callable[[], str]] = ""  # the reason, or a function that writes it (only when asked for)
+
+    @property
+    def reason(self) -> str:
+        return self.why if isinstance(self.why, str) else self.why()
 
 
 last_choice = Choice()
@@ -145,14 +154,19 @@ def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> lis
 
 
 _cache: dict[tuple, list[tuple[float, Algorithm]]] = {}
+_cache_model: list[Optional[CostModel]] = [None]  # the model the cache was filled with (compared by identity)
 
 
 def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, call: Call) -> list[tuple[float, Algorithm]]:
-    """``ranked`` memoised per (collective, size, layout, model): repeated calls skip the model.
+    """``ranked`` memoised per (collective, size, layout) for the model in force: repeated calls skip the model.
 
-    Refusals may depend only on these (and on nothing else in the call) for the cache to hold.
+    The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
+    than the lookup saves. Refusals may depend only on these (and on nothing else in the call) for the cache to hold.
     """
-    key = (coll, nbytes, layout, model)
+    if _cache_model[0] is not model:
+        _cache.clear()
+        _cache_model[0] = model
+    key = (coll, nbytes, layout)
     hit = _cache.get(key)
     if hit is None:
         if len(_cache) > 4096:
@@ -181,13 +195,16 @@ def select(call: Call, layout: Layout) -> Algorithm:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
         return _chose(call, options[0][1], "the only one that accepts")
-    why = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
-    return _chose(call, options[0][1], f"cheapest predicted ({why}; {layout.size} ranks on {layout.hosts} hosts)")
+    def why() -> str:  # written only when logged or asked for: formatting every candidate costs more than selecting
+        each = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
+        return f"cheapest predicted ({each}; {layout.size} ranks on {layout.hosts} hosts)"
+
+    return _chose(call, options[0][1], why)
 
 
-def _chose(call: Call, algo: Algorithm, reason: str) -> Algorithm:
+def _chose(call: Call, algo: Algorithm, why: Union[str, Callable[[], str]]) -> Algorithm:
     last_choice.collective, last_choice.algorithm = call.coll, algo.name
-    last_choice.nbytes, last_choice.reason = call.size_bytes, reason
+    last_choice.nbytes, last_choice.why = call.size_bytes, why
     if log.isEnabledFor(logging.INFO):
-        log.info("%s of %d bytes: %s, %s", call.coll, call.size_bytes, algo.name, reason)
+        log.info("%s of %d bytes: %s, %s", call.coll, call.size_bytes, algo.name, last_choice.reason)
     return algo

@@ -45,6 +45,7 @@ class PerfOptions:
     hosts: Optional[int] = None  # virtual hosts (pycoll.netns); None: all ranks on this host as usual
     link_rate: Optional[str] = None
     algos: list[str] = field(default_factory=list)  # forced "collective:name" runs besides the automatic one
+    interleave: bool = False  # forced algorithms run inside the automatic pycoll job, per point
     rounds: int = 1  # every job this many times, order rotated each round; the median per point is reported
     argv: list[str] = field(default_factory=list)
 
@@ -83,6 +84,8 @@ class PerfOptions:
             flags.append(f"--hosts {self.hosts}" + (f" --link-rate {self.link_rate}" if self.link_rate else ""))
         if self.algos:
             flags.append(f"--algos {','.join(self.algos)}")
+        if self.interleave:
+            flags.append("--interleave")
         if self.rounds > 1:
             flags.append(f"--rounds {self.rounds}")
         return " ".join(["pycoll", "perf", *flags])
@@ -207,6 +210,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --hosts: shape each virtual link to RATE, e.g. 1gbit")
     p.add_argument("--algos", default=None, metavar="LIST",
                    help="also run pycoll once per forced algorithm: 'all' or e.g. allreduce:ring,allreduce:tree")
+    p.add_argument("--interleave", action="store_true",
+                   help="with --algos: measure the forced algorithms inside the automatic pycoll job, alternating "
+                        "with it iteration by iteration, so that the machine's drifts do not pass for an algorithm's")
     p.add_argument("--rounds", type=_positive(1), default=1, metavar="R",
                    help="run every job R times, rotating the job order each round, and report each point's median "
                         "time over the rounds: peers then share the machine's drifts alike (default 1)")

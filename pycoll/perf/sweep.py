@@ -53,6 +53,7 @@ class Job:
     collectives: list[str]
     algo: Optional[str] = None  # "auto" for pycoll's own choice, a name when forced, None for other peers
     env: dict[str, str] = field(default_factory=dict)
+    variants: list["Job"] = field(default_factory=list)  # forced runs interleaved in this job (--interleave)
 
 
 def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
@@ -62,9 +63,14 @@ def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
         for j in jobs:
             if j.peer == "pycoll":
                 j.env["PYCOLL_ALGO"] = ""
+    auto = next((j for j in jobs if j.peer == "pycoll"), None)
     for name, colls in opts.algo_groups():
         force = ",".join(f"{c}:{name}" for c in colls)
-        jobs.append(Job("pycoll", f"pycoll[{name}]", colls, name, {"PYCOLL_ALGO": force}))
+        forced = Job("pycoll", f"pycoll[{name}]", colls, name, {"PYCOLL_ALGO": force})
+        if opts.interleave and auto is not None:
+            auto.variants.append(forced)  # measured inside the automatic job, right after it at every point
+        else:
+            jobs.append(forced)
     return jobs
 
 
@@ -73,7 +79,9 @@ def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None) -> dict
     return {"peer": peer, "label": job.label, "algo": job.algo, "hosts": opts.hosts or 1, "link_rate": opts.link_rate,
             "collectives": job.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
             "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
-            "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root}
+            "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root,
+            "variants": [{"label": v.label, "algo": v.algo, "env": v.env, "collectives": v.collectives}
+                         for v in job.variants]}
 
 
 def parse_line(line: str) -> Optional[dict[str, Any]]:
@@ -221,10 +229,12 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
         nps = [0]
     jobs = plan_jobs(opts, runnable)
     if opts.algos:
-        print("# forced algorithms: " + "; ".join(f"{j.label} {j.env['PYCOLL_ALGO']}" for j in jobs if j.algo not in (None, "auto")))
+        forced = [j for job in jobs for j in [job] + job.variants if j.algo not in (None, "auto")]
+        where = " (interleaved in the automatic job)" if opts.interleave else ""
+        print(f"# forced algorithms{where}: " + "; ".join(f"{j.label} {j.env['PYCOLL_ALGO']}" for j in forced))
     print(flush=True)
     per_size = len(opts.sizes()) * len(opts.modes())
-    total = len(nps) * sum(len(j.collectives) for j in jobs) * per_size
+    total = len(nps) * sum(len(j.collectives) for job in jobs for j in [job] + job.variants) * per_size
     progress = report.Progress(total, opts.progress and sys.stderr.isatty() and rank0)
     records: list[dict[str, Any]] = []
     failed = False
@@ -243,10 +253,12 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
                     spec = json.dumps(worker_spec(opts, job.peer, job))
                     cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
                     recs, failure = run_job(cmd, env, opts.timeout, progress, label)
-                progress.done = start + len(job.collectives) * per_size  # sizes skipped by rounding still count
+                progress.done = start + sum(len(j.collectives) for j in [job] + job.variants) * per_size
                 progress.clear()
                 if rounds == 1:
-                    _print_blocks(opts, job.label, recs, job.collectives)
+                    for part in [job] + job.variants:
+                        _print_blocks(opts, part.label, [r for r in recs if r.get("peer") in (part.label, None)
+                                                         or "error" in r and part is job], part.collectives)
                 if failure:
                     failed = True
                     print(f"# peer {job.label}, {n} ranks: job failed ({failure})", flush=True)
@@ -255,8 +267,8 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
             per_round.append(done_round)
         merged = merge_rounds(per_round)
         if rounds > 1:
-            for job in jobs:
-                _print_blocks(opts, job.label, [r for r in merged if r["peer"] == job.label], job.collectives)
+            for part in [p for job in jobs for p in [job] + job.variants]:
+                _print_blocks(opts, part.label, [r for r in merged if r["peer"] == part.label], part.collectives)
         records += merged
     progress.clear()
     wrong = sum(r["wrong"] for r in records)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -295,44 +296,87 @@ def algorithm_used(peer: str, coll: str) -> Optional[str]:
         return None
 
 
-def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool) -> Optional[dict[str, Any]]:
-    """One row: warm-up, timed loop (barrier before each iteration), optional check."""
+def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool,
+            variants: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
+    """Rows of one point: warm-up, timed loop (barrier before each iteration), optional check.
+
+    With several ``variants`` (the job itself, then forced algorithms of --interleave), their iterations
+    alternate, each iteration starting one variant later, so drifts of a shared machine hit all alike.
+    """
     n, dtype, op, root = b.size, spec["np_dtype"], spec["op"], spec["root"]
     nbytes, count = metrics.round_size(coll, size, spec["itemsize"], n)
-    run, result = b.prepare(coll, inplace, count, dtype, op, root)
-    for _ in range(spec["warmup"]):
-        run()
+    runs = variants or [{}]
+    prepared = []
+    for v in runs:
+        with _env(v.get("env", {})):
+            run, _ = b.prepare(coll, inplace, count, dtype, op, root)
+            for _ in range(spec["warmup"]):
+                run()
+        prepared.append(run)
     b.sync()
-    times = []
-    for _ in range(spec["iters"]):
-        b.barrier()
-        t0 = time.perf_counter()
-        run()
-        b.sync()
-        times.append((time.perf_counter() - t0) * 1e6)
-    used = algorithm_used(b.name, coll)
-    wrong = 0
+    times: list[list[float]] = [[] for _ in runs]
+    used: list[Optional[str]] = [None] * len(runs)
+    for i in range(spec["iters"]):
+        for k in range(len(runs)):
+            j = (i + k) % len(runs)
+            with _env(runs[j].get("env", {})):
+                b.barrier()
+                t0 = time.perf_counter()
+                prepared[j]()
+                b.sync()
+                times[j].append((time.perf_counter() - t0) * 1e6)
+                used[j] = algorithm_used(b.name, coll)
+    wrong = [0] * len(runs)
     if spec["check"]:
-        run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
-        run()
-        b.sync()
-        wrong = count_wrong(result(), expected(coll, b.rank, n, count, op, root, dtype), dtype, op)
+        for j, v in enumerate(runs):
+            with _env(v.get("env", {})):
+                run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
+                run()
+                b.sync()
+            wrong[j] = count_wrong(result(), expected(coll, b.rank, n, count, op, root, dtype), dtype, op)
     gathered = b.gather((times, wrong, used))
     if b.rank != 0:
-        return None
-    t = metrics.slowest_rank_time([g[0] for g in gathered])
-    picks = {g[2] for g in gathered}
-    return {
-        "peer": spec.get("label") or b.name, "algo": spec.get("algo"),
-        "algo_used": picks.pop() if len(picks) == 1 else "/".join(sorted(map(str, picks))),
-        "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"),
-        "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
-        "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
-        "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
-        "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
-        "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
-        "wrong": int(sum(g[1] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
-    }
+        return []
+    rows = []
+    for j, v in enumerate(runs):
+        t = metrics.slowest_rank_time([g[0][j] for g in gathered])
+        picks = {g[2][j] for g in gathered}
+        rows.append({
+            "peer": v.get("label") or spec.get("label") or b.name, "algo": v.get("algo", spec.get("algo")),
+            "algo_used": picks.pop() if len(picks) == 1 else "/".join(sorted(map(str, picks))),
+            "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"),
+            "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
+            "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
+            "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
+            "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
+            "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
+            "wrong": int(sum(g[1][j] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
+        })
+    return rows
+
+
+def _variants(spec: dict[str, Any], coll: str) -> list[dict[str, Any]]:
+    """The runs of one point: the job itself, then (interleaved, same processes) each forced algorithm for ``coll``."""
+    forced = [v for v in spec.get("variants", []) if coll in v["collectives"]]
+    return [{}] + [{"label": v["label"], "algo": v["algo"], "env": v["env"]} for v in forced]
+
+
+@contextlib.contextmanager
+def _env(values: dict[str, str]):
+    """Set environment variables (pycoll reads PYCOLL_ALGO at every call) for the duration of a block."""
+    if not values:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def run_peer(spec: dict[str, Any], emit: Emit) -> int:
@@ -348,8 +392,7 @@ def run_peer(spec: dict[str, Any], emit: Emit) -> int:
                         continue
                     seen.add(nbytes)
                     for inplace in spec["modes"]:
-                        rec = measure(b, spec, coll, size, inplace)
-                        if rec is not None:
+                        for rec in measure(b, spec, coll, size, inplace, _variants(spec, coll)):
                             emit(rec)
             except Exception as exc:  # e.g. an op or dtype the backend lacks; raised alike on every rank
                 if b.rank == 0:
