@@ -6,6 +6,8 @@ import hashlib
 import os
 import pickle
 import struct
+import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -13,6 +15,9 @@ import numpy as np
 from . import buffers, datatypes
 from . import ops as _ops
 from .algorithms import CHECK_CALLS, Call, Layout, Steps, select, verify_call
+from .algorithms import cost as cost_model
+from .algorithms import shared
+from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import InvalidArgumentError
 from .memory import backend
@@ -20,6 +25,7 @@ from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
 from .request import Request, Status
 from .runtime import Runtime
+from .transport.shm import SHM_DIR
 
 UNDEFINED = -32766
 
@@ -65,6 +71,46 @@ def _child_ctx(parent: int, counter: int, tag: Any) -> int:
     return (int.from_bytes(digest, "little") & ~1) % ((1 << 63) - 2) + 4  # even, never the world or control ctx
 
 
+class _AllreducePlan:
+    """Checked Allreduce arguments, reused while the same arrays come back: mpi4py code repeats its calls.
+
+    It holds weak references only, so a plan never keeps a user's array alive; on a hit the flat views
+    are rebuilt (the arrays' shape, strides, dtype and writability must be unchanged).
+    """
+
+    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for")
+
+    def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
+        self.send = None if sendbuf is IN_PLACE else weakref.ref(sendbuf)
+        self.recv = weakref.ref(recvbuf)
+        self.meta = self.describe(sendbuf, recvbuf)
+        self.op, self.sig, self.dtype = call.op, sig, call.dtype
+        self.algo: Any = None  # the algorithm selected for it, valid while ``algo_for`` holds
+        self.algo_for: tuple = ()
+
+    @staticmethod
+    def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
+        send = None if sendbuf is IN_PLACE else (sendbuf.shape, sendbuf.strides, sendbuf.dtype)
+        return (send, recvbuf.shape, recvbuf.strides, recvbuf.dtype, recvbuf.flags.writeable)
+
+    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
+        """The call for these arrays, or None if they are not the ones planned for (or changed)."""
+        if self.recv() is not recvbuf or (self.send is None) != (sendbuf is IN_PLACE):
+            return None
+        if self.send is not None and self.send() is not sendbuf:
+            return None
+        if self.describe(sendbuf, recvbuf) != self.meta:
+            return None
+        recv = recvbuf.reshape(-1, order="A")
+        send = recv if self.send is None else sendbuf.reshape(-1, order="A")
+        return Call("allreduce", self.dtype, send, recv, self.op, in_place=self.send is None)
+
+
+_PLANS = 8  # Allreduce plans kept per communicator
+_FAST_SPIN_S = 50e-6  # how long a fast-path Allreduce spins for its peers before it waits as a schedule
+ONESHOT = shared.allreduce_oneshot
+
+
 class Comm:
     """An intracommunicator: a group of ranks with its own message contexts and timeout."""
 
@@ -82,6 +128,12 @@ class Comm:
         self._name = name
         self.timeout: float = runtime.timeout
         self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks])
+        self._arena: Optional[ArenaState] = None
+        self._plans: dict[tuple, _AllreducePlan] = {}
+        self._last_plan: Optional[_AllreducePlan] = None  # the plan of the call being scheduled
+        self._others = [q for q in range(self._size) if q != self._rank]
+        if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
+            self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -155,17 +207,26 @@ class Comm:
         code = datatypes.from_numpy(call.dtype).code if call.coll != "barrier" else 0
         return Sig(_KINDS[call.coll], code, op.code if op else 0, call.root, count, vhash)
 
+    def _steps(self, label: str, sig: Sig) -> tuple[Steps, Owner]:
+        """The verbs and owner of the call numbered ``self._seq``."""
+        owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
+        steps = Steps(
+            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
+            self._layout, self._arena,
+        )
+        return steps, owner
+
     def _schedule(self, label: str, call: Call, sig: Sig) -> Schedule:
         """Number the call, pick the algorithm and start it."""
         self._live(label)
         self._seq += 1
-        opname = f"{label} #{self._seq}"
-        owner = self._owner(opname, self._ctx | 1, self._seq)
-        steps = Steps(
-            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
-            self._layout,
-        )
-        gen = select(call, self._layout).run(steps, call)
+        steps, owner = self._steps(label, sig)
+        algo = select(call, self._layout)
+        if call.coll == "allreduce" and self._last_plan is not None:  # remember the choice for the fast path
+            self._last_plan.algo = algo.run
+            self._last_plan.algo_for = (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get())
+            self._last_plan = None
+        gen = algo.run(steps, call)
         if CHECK_CALLS.get() and self._size > 1:
             gen = self._checked(steps, sig, gen)
         return self._engine.start(Schedule(gen, owner))
@@ -249,11 +310,75 @@ class Comm:
         call = Call("allreduce", recv.dtype, send.array, recv.array, o, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, recv.count, op=o)
 
+    def _allreduce_planned(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Call, Sig]:
+        """``_allreduce_call`` with its result cached per (sendbuf, recvbuf, op) for plain NumPy arrays."""
+        if type(recvbuf) is not np.ndarray or not (sendbuf is IN_PLACE or type(sendbuf) is np.ndarray):
+            return self._allreduce_call(sendbuf, recvbuf, op)
+        try:
+            key = (id(sendbuf), id(recvbuf), op)
+            plan = self._plans.get(key)
+        except TypeError:  # an unhashable op: let the checks name it
+            return self._allreduce_call(sendbuf, recvbuf, op)
+        if plan is not None:
+            call = plan.call(sendbuf, recvbuf)
+            if call is not None:
+                self._last_plan = plan
+                return call, plan.sig
+        call, sig = self._allreduce_call(sendbuf, recvbuf, op)
+        if len(self._plans) >= _PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[key] = self._last_plan = _AllreducePlan(sendbuf, recvbuf, call, sig)
+        return call, sig
+
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
-        self._run("Allreduce", self._allreduce_call, sendbuf, recvbuf, op)
+        if self._arena is not None and self._arena.status == "ready" and self._oneshot_fast(sendbuf, recvbuf, op):
+            return
+        self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op)
+
+    def _oneshot_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
+        """A repeated small Allreduce on a ready arena: post, spin briefly, reduce, with no schedule.
+
+        False (nothing done) unless the call has a plan whose algorithm is oneshot under the current
+        PYCOLL_ALGO and cost model. If the peers are not there within the spin, the rest runs as an
+        ordinary schedule, with its timeouts, liveness checks and error handling.
+        """
+        try:
+            plan = self._plans.get((id(sendbuf), id(recvbuf), op))
+        except TypeError:
+            return False
+        state = self._arena
+        arena = state.arena  # type: ignore[union-attr]
+        if plan is None or plan.algo is not ONESHOT or arena is None or arena.finished != state.ops:  # type: ignore[union-attr]
+            return False
+        if plan.algo_for != (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get()):
+            return False
+        call = plan.call(sendbuf, recvbuf)
+        if call is None or call.recv.nbytes > arena.slot_bytes:
+            return False
+        self._live("Allreduce")
+        self._seq += 1
+        state.ops += 1  # type: ignore[union-attr]
+        opno = arena.ops = state.ops  # type: ignore[union-attr]
+        mine = shared.oneshot_post(arena, opno, call, plan.sig)
+        others = self._others
+        spin_until = time.perf_counter() + _FAST_SPIN_S
+        while arena.waiting_for("post", opno, others):
+            if time.perf_counter() > spin_until:
+                steps, owner = self._steps("Allreduce", plan.sig)
+                self._finish(self._engine.start(Schedule(shared.oneshot_rest(steps, arena, opno, call, mine), owner)))
+                return True
+        if any(arena.peer_sig(q, opno) != mine for q in others):  # let the schedule name the mismatch
+            steps, owner = self._steps("Allreduce", plan.sig)
+            self._finish(self._engine.start(Schedule(shared.oneshot_rest(steps, arena, opno, call, mine), owner)))
+            return True
+        try:
+            shared.oneshot_reduce(arena, opno, call)
+        finally:
+            arena.set_done(opno)
+        return True
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
-        return self._start("Iallreduce", self._allreduce_call, sendbuf, recvbuf, op)
+        return self._start("Iallreduce", self._allreduce_planned, sendbuf, recvbuf, op)
 
     def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
         name = "Reduce"
@@ -694,6 +819,8 @@ class Comm:
     def Free(self) -> None:  # noqa: N802
         self._live("Free")
         self._freed = True
+        if self._arena is not None:
+            self._arena.close()
 
     def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
         """Stop this process at once with ``errorcode``; the launcher then stops the others."""

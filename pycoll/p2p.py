@@ -215,6 +215,17 @@ class Schedule:
         return moved
 
 
+def _common_bell(waits: Iterable[Any]) -> Any:
+    """The doorbell shared by every pending wait (arena flag waits carry one), else None."""
+    bell = None
+    for w in waits:
+        b = getattr(w, "bell", None)
+        if b is None or (bell is not None and b is not bell):
+            return None
+        bell = b
+    return bell
+
+
 class Engine:
     """Owns the channels of one process and moves every pending message forward."""
 
@@ -516,6 +527,8 @@ class Engine:
             f"rank {info.get('rank')} failed in {info.get('op', '?')} ({info.get('error', 'error')}: {info.get('cause', '?')})",
             peers=peers,
         )
+        if info.get("error") == "TimeoutError":
+            err.timed_out = True  # type: ignore[attr-defined]  # stalled ranks here name whom they still wait for
         self.break_ctx(base & ~1, err, int(info.get("seq", -1)))
 
     def _is_broken_for(self, owner: Owner) -> bool:
@@ -528,12 +541,30 @@ class Engine:
         if base in self._broken:
             return
         self._broken[base] = (err, seq)
+        broken = [s for s in self._schedules if self._is_broken_for(s.owner)]
+        stalled = [self._stalled(err, s) for s in broken]  # before their receives fail below
         for req in [r for r in self._posted if self._is_broken_for(r.owner)]:
             self._posted.remove(req)
             req.fail(self._with_rank(err, req.owner))
-        for sched in self._schedules:
-            if self._is_broken_for(sched.owner):
-                sched.fail(self._with_rank(err, sched.owner))
+        for sched, own in zip(broken, stalled):
+            sched.fail(own or self._with_rank(err, sched.owner))
+
+    @staticmethod
+    def _pending_peers(waits: Iterable[Any]) -> list[int]:
+        """World ranks that the given waits still need something from."""
+        flat = [x for w in waits for x in getattr(w, "requests", (w,))]
+        return sorted({r.peer for r in flat if not r.done and r.peer >= 0})
+
+    def _stalled(self, err: PycollError, sched: Schedule) -> Optional[PycollError]:
+        """After another rank timed out: this rank's own TimeoutError if it still waits for someone else."""
+        if not getattr(err, "timed_out", False):
+            return None
+        waiting = [p for p in self._pending_peers(sched.waiting) if p not in {sched.owner.members[q] for q in err.peers}]
+        if not waiting:
+            return None
+        owner = sched.owner
+        ranks = ", ".join(str(owner.to_comm(p)) for p in waiting)
+        return owner.error(TimeoutError, f"stalled waiting for ranks {ranks} ({err.cause})", waiting)
 
     @staticmethod
     def _with_rank(err: PycollError, owner: Owner) -> PycollError:
@@ -542,6 +573,17 @@ class Engine:
             out.contained = getattr(err, "contained", False)  # type: ignore[attr-defined]
             return out
         return err
+
+    def dead_peers(self) -> dict[int, str]:
+        """World ranks whose channel failed, with the reason."""
+        return self._dead
+
+    def unexpected_in(self, ctx: int, lo: int, hi: int) -> Optional[tuple[int, Sig]]:
+        """(source, signature) of the first buffered unmatched message on ``ctx`` with lo <= tag < hi."""
+        for u in self._unexpected:
+            if u.ctx == ctx and lo <= u.tag < hi:
+                return u.src, u.sig
+        return None
 
     def broken(self, ctx: int) -> Optional[PycollError]:
         entry = self._broken.get(ctx & ~1)
@@ -626,12 +668,17 @@ class Engine:
             idle = now - idle_since
             if idle < spin_s:
                 continue
-            if idle < yield_s:
+            bell = _common_bell(pending())
+            if idle < yield_s and bell is None:
                 os.sched_yield()
                 continue
             if now - self._last_liveness > 0.25:
                 self._last_liveness = now
                 self._check_liveness()
+            if bell is not None:  # every wait is on one arena's flags: block on its doorbell, a peer's ring wakes us
+                waits = pending()
+                bell.sleep(min(0.001, max(deadline - now, 0)), lambda: all(w.done for w in waits))
+                continue
             nap = min(nap * 2, 0.001 if not self._only_sockets else 0.05, max(deadline - now, 0))
             self._sleep(nap)
 
@@ -659,7 +706,7 @@ class Engine:
 
     def _timed_out(self, owner: Owner, timeout: float, pending: Iterable[Request]) -> None:
         pending = [x for r in pending for x in getattr(r, "requests", (r,))]  # waits on any of several groups
-        waiting_on = sorted({r.peer for r in pending if not r.done and r.peer >= 0})
+        waiting_on = self._pending_peers(pending)
         sends = sorted({r.peer for r in pending if isinstance(r, SendRequest) and not r.done})
         what = f"waiting for ranks {', '.join(str(owner.to_comm(p)) for p in waiting_on)}" if waiting_on else "waiting"
         extra = f" (sends to ranks {', '.join(str(owner.to_comm(p)) for p in sends)} not drained)" if sends else ""

@@ -13,6 +13,18 @@ FORCED = {
     "trees-halving": "allreduce:tree,reduce_scatter:halving,allgather:doubling,broadcast:tree,reduce:tree",
     "rabenseifner": "allreduce:rabenseifner",
     "doubling": "allreduce:doubling",
+    "arena-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma,reduce:chain",
+    "arena-oneshot": "allreduce:oneshot",
+    "arena-staged": "allreduce:staged",
+    "arena-no-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma",
+}
+# Extra settings per set: small arena chunks pull in many steps; a larger slot sends more sizes one-shot;
+# without cross-memory attach the cma algorithms must agree to fall back to streams.
+ENV = {
+    "arena-cma": {"PYCOLL_ARENA_CHUNK": "4K"},
+    "arena-oneshot": {"PYCOLL_ARENA_SLOT": "1M"},
+    "arena-staged": {"PYCOLL_ARENA_STAGE": "64K"},  # many rounds
+    "arena-no-cma": {"PYCOLL_CMA_DISABLE": "1"},
 }
 CASES = ["reduce.allreduce", "reduce.reduce", "reduce.reduce_scatter*", "movement.bcast", "movement.allgather*"]
 LARGE = ["large.allreduce"]  # 2**20+3 elements: many chunks in flight
@@ -31,22 +43,26 @@ def test_forced_sets_cover_every_flat_algorithm() -> None:
                 assert f"{coll}:{name}" in named, f"{coll}:{name} is never forced in a real job"
 
 
+# The arena sets run in fewer jobs: tests/test_algorithms_sim.py runs the same arena code for real on 2-8 ranks.
+ARENA_SETS = [k for k in FORCED if k.startswith("arena-")]
+FORCED_JOBS = [(k, n) for k in FORCED for n in RANKS if k not in ARENA_SETS or n == 3]
+LIGHT_JOBS = [(k, n) for k in FORCED for n in LIGHT_RANKS if k not in ARENA_SETS or (n == 2 and k != "arena-no-cma")]
+
+
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", RANKS)
-@pytest.mark.parametrize("label", list(FORCED))
+@pytest.mark.parametrize("label,n", FORCED_JOBS)
 def test_forced(label: str, n: int, tmp_path) -> None:
-    env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K"}  # small chunks: pipelining on every size
-    cases = CASES + (LARGE if label != "doubling" else [])  # doubling moves n·log2(p): for small messages
+    env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K", **ENV.get(label, {})}  # small chunks: pipelining
+    cases = CASES + (LARGE if label not in ("doubling", "arena-oneshot") else [])  # doubling moves n·log2(p): for small messages
     res = harness.run_cases(n, cases, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     print(f"{label} n={n}: {res.proc.wall_s:.1f} s")
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", LIGHT_RANKS)
-@pytest.mark.parametrize("label", list(FORCED))
+@pytest.mark.parametrize("label,n", LIGHT_JOBS)
 def test_forced_light(label: str, n: int, tmp_path) -> None:
-    env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K"}
+    env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K", **ENV.get(label, {})}
     res = harness.run_cases(n, LIGHT, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     print(f"{label} n={n}: {res.proc.wall_s:.1f} s")

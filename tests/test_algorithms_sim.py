@@ -57,6 +57,9 @@ def _layouts(p: int) -> list[Layout]:
     return out
 
 
+ARENA = ("oneshot", "staged", "cma")  # single-host arena algorithms: they refuse one rank
+
+
 def _algos(coll: str) -> list[str]:
     return list(ALGORITHMS[coll])
 
@@ -88,7 +91,7 @@ def test_allreduce(name: str, p: int) -> None:
                 if not in_place:
                     np.testing.assert_array_equal(sends[r], inputs[r])  # the input is left alone
             ran += 1
-    if name == "hierarchical" and p < 4:
+    if (name == "hierarchical" and p < 4) or (name in ARENA and p == 1):
         assert ran == 0
     else:
         assert ran > 0
@@ -122,7 +125,7 @@ def test_reduce_scatter(name: str, p: int) -> None:
                     if not in_place:
                         np.testing.assert_array_equal(recvs[r][counts[r] :], 77)  # nothing written past the block
                 ran += 1
-    assert ran > 0 or (name == "hierarchical" and (p < 4 or p % 2))
+    assert ran > 0 or (name == "hierarchical" and (p < 4 or p % 2)) or (name in ARENA and p == 1)
 
 
 # ---- allgather ------------------------------------------------------------------------------------
@@ -159,7 +162,7 @@ def test_allgather(name: str, p: int) -> None:
         for r in range(p):
             np.testing.assert_array_equal(recvs[r], want, err_msg=f"{name} p={p} rank {r}")
         ran += 1
-    assert ran > 0 or (name == "hierarchical" and (p < 4 or p % 2))
+    assert ran > 0 or (name == "hierarchical" and (p < 4 or p % 2)) or (name in ARENA and p == 1)
 
 
 # ---- broadcast and reduce -------------------------------------------------------------------------

@@ -33,11 +33,26 @@ def _builtin_model(monkeypatch: pytest.MonkeyPatch):
     cost.use(None)
 
 
-def test_small_messages_take_few_steps_and_large_ones_the_bandwidth_optimal_ring() -> None:
+def test_small_messages_take_few_steps_and_large_ones_the_bandwidth_optimal_ring(monkeypatch) -> None:
+    from pycoll.algorithms import registry
+
+    monkeypatch.setenv("PYCOLL_ARENA_DISABLE", "1")  # the stream algorithms alone
+    registry._cache.clear()
     flat = Layout.flat(8)
     assert select(_allreduce(8), flat).name == "doubling"
     assert select(_allreduce(64 << 20), flat).name in ("ring", "rabenseifner")
     assert select(_allreduce(64 << 20), flat).name != "doubling"
+    monkeypatch.delenv("PYCOLL_ARENA_DISABLE")
+    registry._cache.clear()
+
+
+def test_one_host_uses_the_arena_one_shot_small_and_in_rounds_or_direct_large() -> None:
+    for p in (2, 4):
+        flat = Layout.flat(p)
+        assert select(_allreduce(8), flat).name == "oneshot"
+        assert select(_allreduce(4 << 10), flat).name == "oneshot"
+        assert select(_allreduce(64 << 20), flat).name in ("staged", "cma")
+    assert select(_allreduce(8), Layout((0, 0, 1, 1))).name not in ("oneshot", "staged", "cma")
 
 
 def test_hierarchical_wins_large_messages_across_hosts_and_is_refused_on_one() -> None:

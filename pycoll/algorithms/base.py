@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Generator, Optional, Sequence
+from typing import Any, Generator, Optional, Sequence
 
 import numpy as np
 
@@ -142,6 +142,7 @@ class Steps:
         owner: Owner,
         mem: MemoryBackend,
         layout: Optional[Layout] = None,
+        arena: Any = None,
     ) -> None:
         self.engine = engine
         self.rank = rank
@@ -156,10 +157,31 @@ class Steps:
         self.mem = mem
         self.layout = layout or Layout.flat(size)
         self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
+        self.arena = arena  # the communicator's ArenaState when all its ranks share a host (shared.py), else None
 
     @property
     def owner(self) -> Owner:
         return self._owner
+
+    @property
+    def ctx(self) -> int:
+        return self._ctx
+
+    @property
+    def seq(self) -> int:
+        """The call's sequence number on its communicator."""
+        return self._seq
+
+    @property
+    def sig(self) -> Sig:
+        return self._sig
+
+    def world_rank(self, peer: int) -> int:
+        return self._world[peer]
+
+    def stray_message(self) -> Optional[tuple[int, Sig]]:
+        """(world rank, signature) of a stream message that arrived for this call and waits unmatched, if any."""
+        return self.engine.unexpected_in(self._ctx, self._seq * LANES, (self._seq + 1) * LANES)
 
     def lane(self, index: int) -> "Steps":
         """The same verbs on sub-lane ``index`` (1 <= index < LANE_FANOUT) of this one."""
@@ -179,6 +201,7 @@ class Steps:
         other.size = len(members)
         other._world = [self._world[m] for m in members]
         other.layout = self.layout.sub(members)
+        other.arena = None  # the arena belongs to the whole communicator
         return other
 
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:

@@ -53,7 +53,9 @@ class CostModel:
     arena_sync_us: float = 6.0
     arena_step_us: float = 8.0
     arena_chunk: int = 256 << 10
-    copy_GBps: float = 6.0
+    arena_stage: int = 4 << 20
+    copy_GBps: float = 8.0
+    cma_GBps: float = 5.5
     # Per-algorithm scale factors fitted by `pycoll tune`: ("allreduce:ring@shm", latency x, bandwidth x).
     corrections: tuple[tuple[str, float, float], ...] = ()
     # Measured / predicted time at the sizes `pycoll tune` timed, per algorithm and exact layout (see ``residual``):
@@ -101,7 +103,7 @@ class CostModel:
     def latency_only(self) -> "CostModel":
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
-        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, corrections=(), residuals=())
+        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, cma_GBps=inf, corrections=(), residuals=())
 
     def split(self, cost_fn, nbytes: float, lay: Layout) -> tuple[float, float]:
         """(latency part, bandwidth part) of an uncorrected cost function's prediction."""

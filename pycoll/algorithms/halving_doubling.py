@@ -12,7 +12,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, offsets, pieces_of, split
+from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, offsets, pieces_of
 from .cost import CostModel, log2ceil, pow2floor
 from .registry import register
 

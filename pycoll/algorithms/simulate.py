@@ -8,6 +8,8 @@ receive is posted and the data is copied then, so a schedule that reuses a buffe
 
 from __future__ import annotations
 
+import itertools
+import os
 from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
@@ -16,7 +18,11 @@ import numpy as np
 from ..memory import HostMemory
 from ..p2p import Owner, Request, Schedule, Sig
 from .base import Call, Layout, Steps
+from ..transport.shm import SHM_DIR
 from .registry import ALGORITHMS, Algorithm
+from .shared import ArenaState, arena_enabled
+
+_SIM_ARENAS = itertools.count()
 
 
 class ScheduleError(AssertionError):
@@ -83,6 +89,12 @@ class _Endpoint:
     def __init__(self, net: Network, rank: int) -> None:
         self.net, self.rank = net, rank
 
+    def dead_peers(self) -> dict[int, str]:
+        return {}
+
+    def unexpected_in(self, ctx: int, lo: int, hi: int) -> None:
+        return None
+
     def isend(self, peer: int, data: np.ndarray, ctx: int, tag: int, sig: Sig, owner: Owner) -> Request:
         key = (self.rank, peer, ctx, tag)
         self.net.sends.setdefault(key, deque()).append(_Msg(owner, peer, ctx, tag, data, sig))
@@ -111,20 +123,45 @@ def run_schedules(
     layout: Optional[Layout] = None,
     chunk_bytes: Optional[int] = None,
     seq: int = 1,
+    arena: bool = True,
 ) -> Network:
-    """Run one call on every rank (``calls[r]`` is rank r's) to completion; raises ScheduleError on a bad schedule."""
+    """Run one call on every rank (``calls[r]`` is rank r's) to completion; raises ScheduleError on a bad schedule.
+
+    On one host (and unless ``arena`` is False) the ranks share a real arena: one segment mapped once per
+    simulated rank in this process, so the arena algorithms run for real (cross-memory attach reads this
+    process's own memory).
+    """
     p = len(calls)
     layout = layout or Layout.flat(p)
     run = algorithm.run if isinstance(algorithm, Algorithm) else algorithm
     net = Network()
     mem = HostMemory()
     scheds = []
-    for r, call in enumerate(calls):
-        owner = Owner(f"simulated {call.coll} #{seq}", 1, r, lambda w: w, list(range(p)), tag=seq)
-        st = Steps(net.endpoint(r), r, p, list(range(p)), 1, seq, Sig(), owner, mem, layout)  # type: ignore[arg-type]
-        if chunk_bytes is not None:
-            st.chunk_bytes = chunk_bytes
-        scheds.append(Schedule(run(st, call), owner))
+    states = []
+    if arena and p > 1 and layout.hosts == 1 and arena_enabled():
+        path = os.path.join(SHM_DIR.get(), f"pycoll-sim-{os.getpid()}-{next(_SIM_ARENAS)}")
+        states = [ArenaState(path) for _ in range(p)]
+    try:
+        for r, call in enumerate(calls):
+            owner = Owner(f"simulated {call.coll} #{seq}", 1, r, lambda w: w, list(range(p)), tag=seq)
+            st = Steps(net.endpoint(r), r, p, list(range(p)), 1, seq, Sig(), owner, mem, layout,  # type: ignore[arg-type]
+                       states[r] if states else None)
+            if chunk_bytes is not None:
+                st.chunk_bytes = chunk_bytes
+            scheds.append(Schedule(run(st, call), owner))
+        _drive(scheds, net)
+    finally:
+        for state in states:
+            state.close()
+        if states and os.path.exists(states[0].path):
+            os.unlink(states[0].path)
+    left = net.pending()
+    if left:
+        raise ScheduleError("; ".join(left))
+    return net
+
+
+def _drive(scheds: list[Schedule], net: Network) -> None:
     while True:
         moved = False
         for s in scheds:
@@ -137,10 +174,6 @@ def run_schedules(
         if not moved:
             stuck = [r for r, s in enumerate(scheds) if not s.done]
             raise ScheduleError(f"deadlock: ranks {stuck} wait forever; " + "; ".join(net.pending() or ["nothing in flight"]))
-    left = net.pending()
-    if left:
-        raise ScheduleError("; ".join(left))
-    return net
 
 
 def algorithm(collective: str, name: str) -> Algorithm:

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 5's figures: pycoll against MPICH (mpi4py) and Gloo (torch.distributed) on host buffers, same run,
+# then the target checker and the plots. Peers take turns (--rounds 3 rotates their order) so that the
+# machine's drifts fall on all of them alike. Takes about 15 minutes on the 2-core VM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=perf/results/issue5
+mkdir -p "$out"
+common=(--peers pycoll,mpi,gloo -d float --inplace out --rounds ${ROUNDS:-2} --no-progress)
+sweep() {  # NAME ARGS...: one JSON and one console table per sweep
+  local name=$1; shift
+  python -m pycoll perf "${common[@]}" "$@" --json "$out/$name.json" > "$out/$name.txt"
+}
+sweep allreduce_small --np 2 -C allreduce -b 8 -e 64K -f 8 -n 200 -w 20
+sweep allreduce_large --np 2,4 -C allreduce -b 1M -e 256M -f 4 -n 6 -w 2
+sweep others_2ranks --np 2 -C reduce_scatter,allgather,broadcast -b 1M -e 256M -f 4 -n 6 -w 2
+python perf/host_targets.py "$out"/allreduce_small.json "$out"/allreduce_large.json "$out"/others_2ranks.json \
+  | tee "$out/targets.txt" || true
+python -m pycoll plot "$out"/allreduce_small.json "$out"/allreduce_large.json "$out"/others_2ranks.json --out "$out/plots"

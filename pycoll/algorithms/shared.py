@@ -1,0 +1,653 @@
+"""Single-host algorithms on the host arena: one-shot through shared slots, and direct reads by cross-memory attach.
+
+They meet through flags instead of messages. ``oneshot`` copies each rank's vector into its slot once and
+lets every rank reduce all slots; the ``cma`` algorithms read peers' buffers in place with one kernel copy
+(process_vm_readv), so a byte crosses memory once per hop and nobody waits for a neighbour mid-call.
+Each rank writes only its own memory. Where the arena cannot be set up, or the kernel refuses cross-memory
+attach, every rank learns it at set-up and runs the named stream algorithm instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Generator, Optional
+
+import numpy as np
+
+from ..config import bool_param, size_param
+from ..errors import MismatchError, PeerFailureError
+from ..p2p import Sig
+from ..transport.arena import ARENA_SLOT, ARENA_STAGE, ArenaUnavailable, HostArena
+from ..transport.shm import SHM_DIR, SHM_DISABLE
+from .base import Call, Layout, Schedule, Steps, even_counts, offsets
+from .chain import broadcast_chain
+from .cost import CostModel
+from .halving_doubling import allreduce_doubling
+from .registry import register
+from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
+
+log = logging.getLogger("pycoll")
+
+ARENA_DISABLE = bool_param("PYCOLL_ARENA_DISABLE", False, "Set to 1 to turn off the single-host arena algorithms (oneshot, cma).")
+ARENA_CHUNK = size_param(
+    "PYCOLL_ARENA_CHUNK", 256 << 10, "Bytes a cma reduction pulls from a peer per step: small enough to stay in cache."
+)
+
+_LIVENESS_S = 0.25
+
+
+class ArenaState:
+    """A communicator's arena: set up by its first arena call (on every rank alike), then reused."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.arena: Optional[HostArena] = None
+        self.status = "new"  # new -> setting up -> ready | failed
+        self.ops = 0  # arena calls started on this rank, numbered in call order (the same on every rank)
+        self.reason = ""
+        self.cma_reason: Optional[str] = None
+
+    def close(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
+
+def arena_enabled() -> bool:
+    return not (ARENA_DISABLE.get() or SHM_DISABLE.get()) and os.path.isdir(SHM_DIR.get())
+
+
+# ---- waiting on flags ----------------------------------------------------------------------------
+
+
+class _Peer:
+    __slots__ = ("peer", "done", "error")
+
+    def __init__(self, peer: int) -> None:
+        self.peer, self.done, self.error = peer, False, None
+
+
+class ArenaWait:
+    """A waitable the engine polls like a request: done once every rank in ``ranks`` reached ``what`` for ``op``."""
+
+    __slots__ = ("st", "arena", "what", "op", "ranks", "error", "peer", "bell", "_done", "_next_check")
+
+    def __init__(self, st: Steps, arena: HostArena, what: str, op: int, ranks: list[int]) -> None:
+        self.st, self.arena, self.what, self.op, self.ranks = st, arena, what, op, ranks
+        self.error: Optional[Exception] = None
+        self.peer = -1
+        self.bell = arena.bell
+        self._done = False
+        self._next_check = time.monotonic() + _LIVENESS_S
+
+    @property
+    def done(self) -> bool:
+        if self._done:
+            return True
+        left = self.arena.waiting_for(self.what, self.op, self.ranks)
+        if not left:
+            self._done = True
+            return True
+        self.ranks = left
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + _LIVENESS_S
+            self._check(left)
+        return self._done
+
+    def _check(self, left: list[int]) -> None:
+        """A waited-for rank that died, or that sent a stream message for this call (it chose differently)."""
+        st = self.st
+        dead = self.arena.dead(left) or [r for r in left if st.world_rank(r) in st.engine.dead_peers()]
+        if dead:
+            self.error = st.owner.error(PeerFailureError, f"rank {dead[0]} exited during the call", [st.world_rank(r) for r in dead])
+            self._done = True
+            return
+        stray = st.stray_message()
+        if stray is not None:
+            src, sig = stray
+            self.error = st.owner.error(
+                MismatchError,
+                f"rank {st.owner.to_comm(src)} called {st.owner.describe(sig)}, this rank called {st.owner.describe(st.sig)}",
+                [src],
+            )
+            self._done = True
+
+    @property
+    def requests(self) -> list[_Peer]:
+        """One pending item per rank still waited for (named in timeout errors)."""
+        return [_Peer(self.st.world_rank(r)) for r in self.arena.waiting_for(self.what, self.op, self.ranks)]
+
+
+def _sig_words(sig: Sig) -> tuple[int, int, int, int]:
+    return (sig.kind | (sig.dtype << 8) | (sig.op << 16), sig.root, sig.count, sig.vhash)
+
+
+def _describe_words(st: Steps, words: tuple[int, int, int, int]) -> str:
+    kind, root, count, vhash = words
+    return st.owner.describe(Sig(kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, root, count, vhash))
+
+
+# ---- set-up --------------------------------------------------------------------------------------
+
+
+def _flag(value: int) -> np.ndarray:
+    return np.array([value], np.int64)
+
+
+def _setup(st: Steps, state: ArenaState) -> Schedule:
+    """Rank 0 creates the segment, the rest map it, rank 0 unlinks it; then all agree on cross-memory attach."""
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    arena: Optional[HostArena] = None
+    try:
+        if r == 0:
+            try:
+                arena = HostArena(state.path, 0, p, ARENA_SLOT.get(), create=True, stage_bytes=ARENA_STAGE.get())
+                ok = 1
+            except ArenaUnavailable as exc:
+                state.reason, ok = str(exc), 0
+            yield tuple(st.send(q, _flag(ok)) for q in others)
+            acks = [_flag(0) for _ in others]
+            yield tuple(st.recv(q, a) for q, a in zip(others, acks))
+            if arena is not None:
+                arena.unlink()  # every rank has mapped it or given up: the name can go
+            attached = ok and all(int(a[0]) for a in acks)
+            yield tuple(st.send(q, _flag(int(attached))) for q in others)
+            if attached:
+                assert arena is not None
+                state.cma_reason = arena.probe_peers()
+                votes = [_flag(0) for _ in others]
+                yield tuple(st.recv(q, v) for q, v in zip(others, votes))
+                cma = state.cma_reason is None and all(int(v[0]) for v in votes)
+                yield tuple(st.send(q, _flag(int(cma))) for q in others)
+        else:
+            created = _flag(0)
+            yield (st.recv(0, created),)
+            ok = 0
+            if created[0]:
+                try:
+                    arena = HostArena(state.path, r, p, ARENA_SLOT.get(), create=False, stage_bytes=ARENA_STAGE.get())
+                    ok = 1
+                except ArenaUnavailable as exc:
+                    state.reason = str(exc)
+            yield (st.send(0, _flag(ok)),)
+            go = _flag(0)
+            yield (st.recv(0, go),)
+            attached = int(go[0])
+            if attached:
+                assert arena is not None
+                state.cma_reason = arena.probe_peers()
+                yield (st.send(0, _flag(int(state.cma_reason is None))),)
+                final = _flag(0)
+                yield (st.recv(0, final),)
+                cma = bool(final[0])
+        if attached:
+            assert arena is not None
+            arena.cma_ok = bool(cma)
+            if not cma and state.cma_reason is None:
+                state.cma_reason = "another rank cannot use cross-memory attach"
+            state.arena, state.status = arena, "ready"
+            arena = None
+            log.info("arena %s ready for %d ranks (cross-memory attach: %s)", state.path, p, state.cma_reason or "yes")
+        else:
+            state.status = "failed"
+            state.reason = state.reason or "another rank could not map the arena"
+            log.info("arena unavailable (%s): single-host calls use the stream algorithms", state.reason)
+    finally:
+        if arena is not None:  # set-up did not finish here
+            arena.close()
+        if state.status in ("new", "setting up") and r == 0:
+            try:
+                os.unlink(state.path)
+            except OSError:
+                pass
+
+
+def _ready(st: Steps) -> Generator[tuple, None, Optional[HostArena]]:
+    """The communicator's arena once set up (the first arena call sets it up; later ones wait for it), or None."""
+    state: Optional[ArenaState] = st.arena
+    if state is None:
+        return None
+    if state.status == "new":
+        state.status = "setting up"
+        yield from _setup(st, state)
+    elif state.status == "setting up":
+        yield (_SetUp(state),)
+    return state.arena
+
+
+class _SetUp:
+    """Done once the communicator's arena set-up has finished (either way)."""
+
+    __slots__ = ("state", "peer", "error")
+
+    def __init__(self, state: ArenaState) -> None:
+        self.state, self.peer, self.error = state, -1, None
+
+    @property
+    def done(self) -> bool:
+        return self.state.status not in ("new", "setting up")
+
+
+def _number(st: Steps) -> int:
+    """This call's arena operation number, taken when the call starts, so calls are numbered in call order."""
+    state: Optional[ArenaState] = st.arena
+    if state is None:
+        return 0
+    state.ops += 1
+    return state.ops
+
+
+def _begin(st: Steps, arena: HostArena, op: int) -> Generator[tuple, None, int]:
+    """Wait until this rank finished its previous arena operation (they run one at a time, in call order)."""
+    arena.ops = max(arena.ops, op)
+    while arena.finished < op - 1:
+        yield (_LocalTurn(arena, op - 1),)
+    return op
+
+
+class _LocalTurn:
+    """Done once this rank finished arena operation ``op`` (an earlier nonblocking call)."""
+
+    __slots__ = ("arena", "op", "peer", "error")
+
+    def __init__(self, arena: HostArena, op: int) -> None:
+        self.arena, self.op, self.peer, self.error = arena, op, -1, None
+
+    @property
+    def done(self) -> bool:
+        return self.arena.finished >= self.op
+
+
+def _meet(st: Steps, arena: HostArena, op: int, others: list[int], what: str = "post") -> Schedule:
+    w = ArenaWait(st, arena, what, op, others)
+    if not w.done:
+        yield (w,)
+    if w.error is not None:
+        raise w.error
+
+
+def _check_posts(st: Steps, arena: HostArena, op: int, others: list[int], mine: tuple[int, int, int, int]) -> None:
+    for q in others:
+        theirs = arena.peer_sig(q, op)
+        if theirs != mine:
+            raise st.owner.error(
+                MismatchError,
+                f"rank {q} called {_describe_words(st, theirs)}, this rank called {_describe_words(st, mine)}",
+                [st.world_rank(q)],
+            )
+
+
+def _finish(st: Steps, arena: HostArena, op: int, others: list[int], wait: bool = True) -> Schedule:
+    """Mark this rank done; with ``wait``, stay until every peer is done too (they read this rank's memory)."""
+    arena.set_done(op)
+    if wait:
+        yield from _meet(st, arena, op, others, "done")
+
+
+def _addr(arr: Optional[np.ndarray]) -> int:
+    return int(arr.ctypes.data) if arr is not None and arr.nbytes else 0
+
+
+# ---- refusal and cost ----------------------------------------------------------------------------
+
+
+def _refuse_single_host(call: Call, lay: Layout) -> Optional[str]:
+    if lay.size < 2:
+        return "one rank needs no arena"
+    if lay.hosts != 1:
+        return "the ranks are on more than one host"
+    if not arena_enabled():
+        return "the arena is turned off (PYCOLL_ARENA_DISABLE, PYCOLL_SHM_DISABLE) or there is no shared-memory directory"
+    return None
+
+
+def _refuse_oneshot(call: Call, lay: Layout) -> Optional[str]:
+    if call.size_bytes > ARENA_SLOT.get():
+        return f"{call.size_bytes} bytes do not fit a {ARENA_SLOT.get()}-byte arena slot"
+    return _refuse_single_host(call, lay)
+
+
+def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
+    p = lay.size
+    work = m.arena_sync_us * 1e-6 + n / (m.copy_GBps * 1e9) + (p - 1) * n / (m.reduce_GBps * 1e9)
+    return work * m.over(lay)
+
+
+def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, copied: float, reduced: float) -> float:
+    chunks = max(1.0, reduced / m.arena_chunk)
+    work = syncs * m.arena_sync_us * 1e-6 + chunks * m.arena_step_us * 1e-6
+    work += copied / (m.cma_GBps * 1e9) + reduced / (m.reduce_GBps * 1e9)
+    return work * m.over(lay)
+
+
+# ---- algorithms ----------------------------------------------------------------------------------
+
+
+@register(
+    "allreduce",
+    "oneshot",
+    "Each rank copies its vector into its arena slot once; then every rank reduces all slots in rank order. Small messages.",
+    steps="1 meeting",
+    bytes="n copied in; (p-1) n reduced",
+    refuse=_refuse_oneshot,
+    cost=_oneshot_cost,
+)
+def allreduce_oneshot(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is None:
+        yield from allreduce_doubling(st, call)
+        return
+    op = yield from _begin(st, arena, number)
+    mine = oneshot_post(arena, op, call, st.sig)
+    yield from oneshot_rest(st, arena, op, call, mine)
+
+
+def oneshot_post(arena: HostArena, op: int, call: Call, sig: Sig) -> tuple[int, int, int, int]:
+    """Copy this rank's vector into its slot and post the call; returns the posted signature words."""
+    assert call.send is not None
+    try:
+        arena.slot(arena.rank, op)[: call.send.nbytes] = call.send.view(np.uint8)
+        mine = _sig_words(sig)
+        arena.post(op, mine)
+    except BaseException:
+        arena.set_done(op)
+        raise
+    return mine
+
+
+def oneshot_reduce(arena: HostArena, op: int, call: Call) -> None:
+    """``recv`` = op over every rank's slot, in rank order (so every rank gets the same bits)."""
+    assert call.recv is not None and call.op is not None and call.send is not None
+    p, nb = arena.size, call.send.nbytes
+    views = [arena.slot(q, op)[:nb].view(call.dtype) for q in range(p)]
+    out, ufunc = call.recv, call.op.ufunc
+    ufunc(views[0], views[1], out=out)
+    for q in range(2, p):
+        ufunc(out, views[q], out=out)
+    if call.op.averages:
+        np.divide(out, out.dtype.type(p), out=out)
+
+
+def oneshot_rest(st: Steps, arena: HostArena, op: int, call: Call, mine: tuple[int, int, int, int]) -> Schedule:
+    """After ``oneshot_post``: meet the peers, compare their calls, reduce."""
+    others = [q for q in range(st.size) if q != st.rank]
+    try:
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        oneshot_reduce(arena, op, call)
+    finally:
+        arena.set_done(op)
+
+
+def _pull_reduce(st: Steps, arena: HostArena, op: int, send: np.ndarray, out: np.ndarray, first: int,
+                 ufunc, pids: list[int], remote_send: list[int]) -> None:
+    """``out`` = op over ranks of elements [first, first + len(out)) of every rank's send buffer, pulled in chunks."""
+    p, r = st.size, st.rank
+    isz = out.dtype.itemsize
+    step = max(1, ARENA_CHUNK.get() // isz)
+    scratch = st.mem.scratch(min(step, max(out.shape[0], 1)), out.dtype)
+    read = arena.cma.read_addr
+    buf = scratch.ctypes.data
+    try:
+        for a in range(0, out.shape[0], step):
+            b = min(a + step, out.shape[0])
+            dst, tmp, mine = out[a:b], scratch[: b - a], send[a:b]
+            acc = mine
+            for q in range(p):
+                if q == r:
+                    continue
+                read(pids[q], buf, remote_send[q] + (first + a) * isz, (b - a) * isz)
+                ufunc(acc, tmp, out=dst)
+                acc = dst
+            if acc is mine and dst is not mine:
+                dst[...] = mine
+    finally:
+        st.mem.release(scratch)
+
+
+def _cma_or_none(st: Steps) -> Generator[tuple, None, tuple[Optional[HostArena], int]]:
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is not None and not arena.cma_ok:  # this call takes its turn, then leaves the arena alone
+        yield from _begin(st, arena, number)
+        arena.set_done(number)
+        return None, number
+    return arena, number
+
+
+def _transfer_error(st: Steps, exc: OSError, what: str) -> PeerFailureError:
+    return st.owner.error(PeerFailureError, f"cross-memory {what} failed ({exc.strerror}); a peer probably exited", [])
+
+
+@register(
+    "allreduce",
+    "cma",
+    "Each rank reduces its 1/p block by reading peers' buffers with one kernel copy each (cross-memory attach), "
+    "then reads the other reduced blocks; single host.",
+    steps="3 meetings",
+    bytes="2(p-1)/p · n read from peers",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 3, 2 * (lay.size - 1) / lay.size * n, (lay.size - 1) / lay.size * n),
+)
+def allreduce_cma(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    arena, number = yield from _cma_or_none(st)
+    if arena is None:
+        yield from allreduce_ring(st, call)
+        return
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    try:
+        mine = _sig_words(st.sig)
+        arena.post(op, mine, _addr(call.send), _addr(call.recv), call.recv.nbytes)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        addrs = [arena.peer_addrs(q, op) for q in range(p)]
+        counts = even_counts(call.recv.shape[0], p)
+        displs = offsets(counts)
+        lo, hi = displs[r], displs[r] + counts[r]
+        try:
+            _pull_reduce(st, arena, op, call.send[lo:hi], call.recv[lo:hi], lo, call.op.ufunc, arena.pids, [a[0] for a in addrs])
+            if call.op.averages:
+                st.mem.scale(call.recv[lo:hi], p)
+            arena.set_ready(op)
+            yield from _meet(st, arena, op, others, "ready")
+            isz = call.dtype.itemsize
+            for q in others:
+                block = call.recv[displs[q] : displs[q] + counts[q]]
+                arena.cma.read(arena.pids[q], block, addrs[q][1] + displs[q] * isz)
+        except OSError as exc:
+            raise _transfer_error(st, exc, "read") from None
+    finally:
+        arena.set_done(op)
+    yield from _meet(st, arena, op, others, "done")
+
+
+def _staged_cost(m: CostModel, n: float, lay: Layout) -> float:
+    p = lay.size
+    rounds = max(1.0, n / m.arena_stage)
+    work = (1 + 3 * rounds) * m.arena_sync_us * 1e-6
+    work += ((p - 1) / p * n + n) / (m.copy_GBps * 1e9) + (p - 1) / p * n / (m.reduce_GBps * 1e9)
+    return work * m.over(lay)
+
+
+@register(
+    "allreduce",
+    "staged",
+    "In rounds of the arena's staging size: each rank copies the blocks others reduce into its staging area, reduces "
+    "its own block from every rank's stage into its result area, then copies all results out; single host, no kernel help.",
+    steps="3 meetings per round",
+    bytes="(p-1)/p · n copied in, n copied out",
+    refuse=_refuse_single_host,
+    cost=_staged_cost,
+)
+def allreduce_staged(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is None:
+        yield from allreduce_ring(st, call)
+        return
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    try:
+        mine = _sig_words(st.sig)
+        arena.post(op, mine)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        isz = call.dtype.itemsize
+        per_round = max(p, arena.stage_bytes // isz // p * p)  # elements of the vector per round
+        stages = [arena.stage(q) for q in range(p)]
+        results = [arena.result(q) for q in range(p)]
+        send, recv, ufunc, total = call.send, call.recv, call.op.ufunc, call.recv.shape[0]
+        for a in range(0, total, per_round):
+            b = min(a + per_round, total)
+            counts = even_counts(b - a, p)
+            displs = offsets(counts)
+            arena.rounds += 1
+            k = arena.rounds
+            if k > 1:  # peers must be done reading this rank's stage and result of the last round
+                yield from _meet(st, arena, k - 1, others, "consumed")
+            stage = stages[r][: (b - a) * isz].view(call.dtype)
+            for q in others:
+                lo, hi = displs[q], displs[q] + counts[q]
+                stage[lo:hi] = send[a + lo : a + hi]
+            arena.set_counter("staged", k)
+            yield from _meet(st, arena, k, others, "staged")
+            lo, hi = displs[r], displs[r] + counts[r]
+            out = results[r][: counts[r] * isz].view(call.dtype)
+            acc = send[a + lo : a + hi]
+            for q in others:
+                ufunc(acc, stages[q][lo * isz : hi * isz].view(call.dtype), out=out)
+                acc = out
+            if call.op.averages:
+                st.mem.scale(out, p)
+            arena.set_counter("reduced", k)
+            yield from _meet(st, arena, k, others, "reduced")
+            for q in range(p):
+                recv[a + displs[q] : a + displs[q] + counts[q]] = results[q][: counts[q] * isz].view(call.dtype)
+            arena.set_counter("consumed", k)
+    finally:
+        arena.set_done(op)
+
+
+@register(
+    "reduce_scatter",
+    "cma",
+    "Each rank reduces its own block by reading it from every peer's buffer with one kernel copy (cross-memory attach); single host.",
+    steps="2 meetings",
+    bytes="(p-1)/p · n read from peers",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, (lay.size - 1) / lay.size * n),
+)
+def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
+    assert call.send is not None and call.recv is not None and call.op is not None
+    arena, number = yield from _cma_or_none(st)
+    if arena is None:
+        yield from reduce_scatter_ring_algo(st, call)
+        return
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    displs = offsets(call.counts)
+    lo, c = displs[r], call.counts[r]
+    # In place the result goes to the start of the buffer, which peers still read: reduce into scratch first.
+    out = st.mem.scratch(c, call.dtype) if call.in_place else call.recv[:c]
+    try:
+        mine = _sig_words(st.sig)
+        arena.post(op, mine, _addr(call.send), 0, call.send.nbytes)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        sends = [arena.peer_addrs(q, op)[0] for q in range(p)]
+        try:
+            _pull_reduce(st, arena, op, call.send[lo : lo + c], out, lo, call.op.ufunc, arena.pids, sends)
+        except OSError as exc:
+            raise _transfer_error(st, exc, "read") from None
+        if call.op.averages:
+            st.mem.scale(out, p)
+    finally:
+        arena.set_done(op)
+    yield from _meet(st, arena, op, others, "done")
+    if call.in_place:
+        st.mem.copy(call.recv[:c], out)
+        st.mem.release(out)
+
+
+@register(
+    "allgather",
+    "cma",
+    "Each rank reads every peer's block straight from the peer's buffer with one kernel copy (cross-memory attach); single host.",
+    steps="2 meetings",
+    bytes="(p-1)/p · n read from peers",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, 0.0),
+)
+def allgather_cma(st: Steps, call: Call) -> Schedule:
+    assert call.recv is not None
+    arena, number = yield from _cma_or_none(st)
+    if arena is None:
+        yield from allgather_ring_algo(st, call)
+        return
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    block = lambda q: call.recv[call.displs[q] : call.displs[q] + call.counts[q]]  # noqa: E731
+    own = block(r) if call.in_place or call.send is None else call.send
+    try:
+        mine = _sig_words(st.sig)
+        arena.post(op, mine, _addr(own), 0, own.nbytes)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        try:
+            for q in others:
+                arena.cma.read(arena.pids[q], block(q), arena.peer_addrs(q, op)[0])
+        except OSError as exc:
+            raise _transfer_error(st, exc, "read") from None
+        if own is not block(r):
+            st.mem.copy(block(r), own)
+    finally:
+        arena.set_done(op)
+    yield from _meet(st, arena, op, others, "done")
+
+
+@register(
+    "broadcast",
+    "cma",
+    "Every rank reads the root's buffer straight from the root's memory with one kernel copy (cross-memory attach); single host.",
+    steps="2 meetings",
+    bytes="n read from the root",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, n, 0.0),
+)
+def broadcast_cma(st: Steps, call: Call) -> Schedule:
+    assert call.recv is not None
+    arena, number = yield from _cma_or_none(st)
+    if arena is None:
+        yield from broadcast_chain(st, call)
+        return
+    p, r, root = st.size, st.rank, call.root
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    try:
+        mine = _sig_words(st.sig)
+        arena.post(op, mine, _addr(call.recv), 0, call.recv.nbytes)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        if r != root:
+            try:
+                arena.cma.read(arena.pids[root], call.recv, arena.peer_addrs(root, op)[0])
+            except OSError as exc:
+                raise _transfer_error(st, exc, "read") from None
+    finally:
+        arena.set_done(op)
+    if r == root:  # the others read the root's buffer: it stays untouched until they are done
+        yield from _meet(st, arena, op, others, "done")
+

@@ -1,0 +1,268 @@
+"""The host arena: one shared segment per single-host communicator, with flags, small data slots and a futex doorbell.
+
+Collectives on it skip the byte streams: a rank posts its call (signature and buffer addresses) in its
+control lines, then peers read small payloads from its slots or large ones straight from its memory by
+cross-memory attach. Only the owner writes its lines; x86's store order makes a flag visible after the
+bytes written before it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import platform
+import time
+from typing import Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ..config import size_param
+from .cma import CrossMemory
+
+ARENA_SLOT = size_param(
+    "PYCOLL_ARENA_SLOT", 64 << 10, "Bytes of each rank's two shared slots for small collectives (one-shot allreduce and kin)."
+)
+ARENA_STAGE = size_param(
+    "PYCOLL_ARENA_STAGE", 4 << 20, "Bytes of each rank's staging area for the staged allreduce: one round moves this much of the vector."
+)
+
+_MAGIC = 0x70C0A1E4A
+_PAGE = 4096
+_HEADER_WORDS = _PAGE // 8
+_BELL_BYTE = 128  # u32 futex word in the header's third cache line
+_CTRL_WORDS = 128  # 1 KiB of control lines per rank
+# Words of a rank's control block: line 0 identity, line 1 progress, then one 128-byte line per slot parity.
+PID, PROBE, PROBE_VALUE, ATTACHED = 0, 1, 2, 3
+DONE, SLEEPING = 8, 9
+# Per parity, three lines: the call's arguments, then POST and READY on lines of their own, so a peer
+# spinning on a flag never pulls the line that is being written word by word.
+_SLOT_LINE = 24
+KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES = range(7)
+POST, READY = 8, 16
+# Round counters of the staged allreduce, one line each (monotonic over the arena's life).
+STAGED, REDUCED, CONSUMED = 64, 72, 80
+_COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
+
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
+    platform.machine().lower()
+)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class Doorbell:
+    """Sleep until a peer rings or a timeout passes: a futex on a shared word, else a short nap."""
+
+    def __init__(self, mapping: mmap.mmap, words: memoryview, rank: int, size: int, ctrl_base: Callable[[int], int]) -> None:
+        self._words = words
+        self._mine = ctrl_base(rank) + SLEEPING
+        self._sleepers = [ctrl_base(r) + SLEEPING for r in range(size) if r != rank]
+        self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL_BYTE)
+        self._addr = ctypes.addressof(self._cell)
+        self._syscall = None
+        if _SYS_FUTEX is not None:
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                self._syscall = libc.syscall
+                self._syscall.restype = ctypes.c_long
+            except (OSError, AttributeError):
+                self._syscall = None
+        self._ts = _Timespec()
+
+    def ring(self) -> None:
+        """Tell sleeping peers that something changed."""
+        self._cell.value = (self._cell.value + 1) & 0xFFFFFFFF
+        words = self._words
+        if any(words[i] for i in self._sleepers) and self._syscall is not None:
+            self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def sleep(self, seconds: float, ready: Callable[[], bool]) -> None:
+        """Block for at most ``seconds`` unless ``ready()`` turns true; a ring ends the sleep early."""
+        seen = self._cell.value
+        self._words[self._mine] = 1
+        try:
+            if ready():
+                return
+            if self._syscall is None:
+                time.sleep(seconds)
+                return
+            self._ts.sec = int(seconds)
+            self._ts.nsec = int((seconds - int(seconds)) * 1e9)
+            self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(self._ts), None, 0)
+        finally:
+            self._words[self._mine] = 0
+
+    def release(self) -> None:
+        del self._cell
+
+
+class ArenaUnavailable(Exception):
+    """The arena could not be set up here (no /dev/shm, no space); callers fall back to byte streams."""
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        return True
+
+
+class HostArena:
+    """One communicator's shared segment. Created by rank 0, mapped by the rest, unlinked once all have mapped it."""
+
+    def __init__(self, path: str, rank: int, size: int, slot_bytes: int, create: bool, stage_bytes: int = 0) -> None:
+        self.path, self.rank, self.size = path, rank, size
+        self.slot_bytes = (max(slot_bytes, 64) + 63) // 64 * 64
+        self.stage_bytes = (max(stage_bytes, 64 * size) + 4095) // 4096 * 4096 if stage_bytes else 0
+        self.result_bytes = (self.stage_bytes // size + 4096 + 4095) // 4096 * 4096 if stage_bytes else 0
+        self._data_base = _PAGE + size * _CTRL_WORDS * 8
+        self._stage_base = self._data_base + size * 2 * self.slot_bytes
+        total = self._stage_base + size * (self.stage_bytes + self.result_bytes)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except OSError as exc:
+            raise ArenaUnavailable(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            if create:
+                os.ftruncate(fd, total)
+            elif os.fstat(fd).st_size != total:
+                raise ArenaUnavailable(f"{path} has {os.fstat(fd).st_size} bytes, expected {total}")
+            self.mapping = mmap.mmap(fd, total)
+        except OSError as exc:
+            raise ArenaUnavailable(f"cannot map {path}: {exc.strerror}") from None
+        finally:
+            os.close(fd)
+        self.words = memoryview(self.mapping).cast("Q")
+        if create:
+            self.words[1] = size
+            self.words[0] = _MAGIC
+        elif self.words[0] != _MAGIC or self.words[1] != size:
+            self.close()
+            raise ArenaUnavailable(f"{path} is not a {size}-rank pycoll arena")
+        self.bell = Doorbell(self.mapping, self.words, rank, size, self.ctrl)
+        self.cma = CrossMemory()
+        self.cma_ok = False  # agreed by every rank at set-up
+        self.pids: list[int] = [0] * size
+        self._probe = np.frombuffer(os.urandom(8), np.uint64).copy()
+        mine = self.ctrl(rank)
+        self.words[mine + PID] = os.getpid()
+        self.words[mine + PROBE] = self._probe.ctypes.data
+        self.words[mine + PROBE_VALUE] = int(self._probe[0])
+        self.words[mine + ATTACHED] = 1
+        self.ops = 0  # arena operations started on this rank (the same sequence on every rank)
+        self.rounds = 0  # staged rounds started on this rank (likewise)
+        self.finished = 0  # arena operations this rank has completed
+        self._slots = [
+            [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self._slot_offset(r, k)) for k in (0, 1)] for r in range(size)
+        ]
+
+    # ---- layout ----------------------------------------------------------------------------
+    @staticmethod
+    def ctrl(rank: int) -> int:
+        return _HEADER_WORDS + rank * _CTRL_WORDS
+
+    def line(self, rank: int, op: int) -> int:
+        """First word of ``rank``'s post line for arena operation ``op``."""
+        return self.ctrl(rank) + 16 + _SLOT_LINE * (op & 1)
+
+    def _slot_offset(self, rank: int, parity: int) -> int:
+        return self._data_base + (rank * 2 + parity) * self.slot_bytes
+
+    def slot(self, rank: int, op: int) -> np.ndarray:
+        """``rank``'s byte slot for arena operation ``op`` (two alternate, so one op may lag behind another)."""
+        return self._slots[rank][op & 1]
+
+    def stage(self, rank: int) -> np.ndarray:
+        """``rank``'s staging area (bytes): its input for the current round."""
+        return np.frombuffer(self.mapping, np.uint8, self.stage_bytes, self._stage_base + rank * (self.stage_bytes + self.result_bytes))
+
+    def result(self, rank: int) -> np.ndarray:
+        """``rank``'s result area (bytes): its reduced block of the current round."""
+        off = self._stage_base + rank * (self.stage_bytes + self.result_bytes) + self.stage_bytes
+        return np.frombuffer(self.mapping, np.uint8, self.result_bytes, off)
+
+    def set_counter(self, what: str, value: int) -> None:
+        self.words[self.ctrl(self.rank) + _COUNTERS[what]] = value
+        self.bell.ring()
+
+    # ---- set-up ----------------------------------------------------------------------------
+    def attached(self) -> bool:
+        return all(self.words[self.ctrl(r) + ATTACHED] for r in range(self.size))
+
+    def probe_peers(self) -> Optional[str]:
+        """Check cross-memory attach to every peer; None if it works with all of them, else why not."""
+        self.pids = [int(self.words[self.ctrl(r) + PID]) for r in range(self.size)]
+        if not self.cma.loaded:
+            return self.cma.reason
+        for r in range(self.size):
+            if r == self.rank:
+                continue
+            # The peer's probe word lives in its private memory; its value is in the segment.
+            expect = int(self.words[self.ctrl(r) + PROBE_VALUE]).to_bytes(8, "little")
+            why = self.cma.probe(self.pids[r], int(self.words[self.ctrl(r) + PROBE]), expect)
+            if why is not None:
+                return f"rank {r}: {why}"
+        return None
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    # ---- posting and progress ----------------------------------------------------------------
+    def post(self, op: int, sig: Sequence[int], send_addr: int = 0, recv_addr: int = 0, nbytes: int = 0) -> None:
+        """Publish this rank's arguments for arena operation ``op`` (the POST word last)."""
+        w, base = self.words, self.line(self.rank, op)
+        w[base + KIND], w[base + ROOT], w[base + COUNT], w[base + VHASH] = sig
+        w[base + SEND], w[base + RECV], w[base + NBYTES] = send_addr, recv_addr, nbytes
+        w[base + POST] = op  # x86 keeps stores in order: a peer that sees POST sees the words above
+        self.bell.ring()
+
+    def set_ready(self, op: int) -> None:
+        self.words[self.line(self.rank, op) + READY] = op
+        self.bell.ring()
+
+    def set_done(self, op: int) -> None:
+        self.words[self.ctrl(self.rank) + DONE] = op
+        self.finished = op
+        self.bell.ring()
+
+    def peer_sig(self, rank: int, op: int) -> tuple[int, int, int, int]:
+        w, base = self.words, self.line(rank, op)
+        return (int(w[base + KIND]), int(w[base + ROOT]), int(w[base + COUNT]), int(w[base + VHASH]))
+
+    def peer_addrs(self, rank: int, op: int) -> tuple[int, int, int]:
+        w, base = self.words, self.line(rank, op)
+        return int(w[base + SEND]), int(w[base + RECV]), int(w[base + NBYTES])
+
+    def waiting_for(self, what: str, op: int, ranks: Iterable[int]) -> list[int]:
+        """The ranks among ``ranks`` not yet at ``what`` for ``op``: post and ready match exactly, counters reach it."""
+        w = self.words
+        if what in _COUNTERS:
+            index = _COUNTERS[what]
+            return [r for r in ranks if w[self.ctrl(r) + index] < op]
+        index = POST if what == "post" else READY
+        return [r for r in ranks if w[self.line(r, op) + index] != op]
+
+    def dead(self, ranks: Iterable[int]) -> list[int]:
+        return [r for r in ranks if self.pids[r] and not _process_alive(self.pids[r])]
+
+    def close(self) -> None:
+        bell = getattr(self, "bell", None)
+        if bell is not None:
+            bell.release()
+        self._slots = []
+        try:
+            self.words.release()
+            self.mapping.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
