@@ -132,6 +132,7 @@ class Comm:
         self._plans: dict[tuple, _AllreducePlan] = {}
         self._last_plan: Optional[_AllreducePlan] = None  # the plan of the call being scheduled
         self._others = [q for q in range(self._size) if q != self._rank]
+        self._barrier_choice: tuple[tuple, bool, Any] = ((), False, None)  # (choice key, Barrier inline on the arena?, its sig)
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
             self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
 
@@ -224,7 +225,7 @@ class Comm:
         algo = select(call, self._layout)
         if call.coll == "allreduce" and self._last_plan is not None:  # remember the choice for the fast path
             self._last_plan.algo = algo.run
-            self._last_plan.algo_for = (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get())
+            self._last_plan.algo_for = self._choice_key()
             self._last_plan = None
         gen = algo.run(steps, call)
         if CHECK_CALLS.get() and self._size > 1:
@@ -336,45 +337,62 @@ class Comm:
         self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op)
 
     def _oneshot_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
-        """A repeated small Allreduce on a ready arena: post, spin briefly, reduce, with no schedule.
+        """A repeated small Allreduce on a ready arena, with no schedule (see ``_arena_meeting``).
 
         False (nothing done) unless the call has a plan whose algorithm is oneshot under the current
-        PYCOLL_ALGO and cost model. If the peers are not there within the spin, the rest runs as an
-        ordinary schedule, with its timeouts, liveness checks and error handling.
+        PYCOLL_ALGO and cost model.
         """
         try:
             plan = self._plans.get((id(sendbuf), id(recvbuf), op))
         except TypeError:
             return False
+        if plan is None or plan.algo is not ONESHOT or plan.algo_for != self._choice_key():
+            return False
+        arena = self._arena.arena  # type: ignore[union-attr]
+        call = plan.call(sendbuf, recvbuf)
+        if call is None or arena is None or call.recv.nbytes > arena.slot_bytes:
+            return False
+        return self._arena_meeting(
+            "Allreduce", plan.sig,
+            lambda a, opno: shared.oneshot_post(a, opno, call, plan.sig),
+            lambda a, opno: shared.oneshot_reduce(a, opno, call),
+            lambda st, a, opno, mine: shared.oneshot_rest(st, a, opno, call, mine),
+        )
+
+    def _choice_key(self) -> tuple:
+        """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
+        return (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get())
+
+    def _arena_meeting(self, label: str, sig: Sig, post: Callable, finish: Callable, rest: Callable) -> bool:
+        """A one-meeting arena call run inline: post, spin briefly for the peers, ``finish``.
+
+        False (nothing done) while an earlier nonblocking arena call is unfinished. If the peers do not
+        post within the spin, or posted another call, ``rest`` runs as an ordinary schedule, with its
+        timeouts, liveness checks and error reports.
+        """
         state = self._arena
         arena = state.arena  # type: ignore[union-attr]
-        if plan is None or plan.algo is not ONESHOT or arena is None or arena.finished != state.ops:  # type: ignore[union-attr]
+        if arena is None or arena.finished != state.ops:  # type: ignore[union-attr]
             return False
-        if plan.algo_for != (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get()):
-            return False
-        call = plan.call(sendbuf, recvbuf)
-        if call is None or call.recv.nbytes > arena.slot_bytes:
-            return False
-        self._live("Allreduce")
+        self._live(label)
         self._seq += 1
         state.ops += 1  # type: ignore[union-attr]
         opno = arena.ops = state.ops  # type: ignore[union-attr]
-        mine = shared.oneshot_post(arena, opno, call, plan.sig)
+        mine = post(arena, opno)
         others = self._others
         spin_until = time.perf_counter() + _FAST_SPIN_S
         while arena.waiting_for("post", opno, others):
             if time.perf_counter() > spin_until:
-                steps, owner = self._steps("Allreduce", plan.sig)
-                self._finish(self._engine.start(Schedule(shared.oneshot_rest(steps, arena, opno, call, mine), owner)))
+                break
+        else:
+            if all(arena.peer_sig(q, opno) == mine for q in others):
+                try:
+                    finish(arena, opno)
+                finally:
+                    arena.set_done(opno)
                 return True
-        if any(arena.peer_sig(q, opno) != mine for q in others):  # let the schedule name the mismatch
-            steps, owner = self._steps("Allreduce", plan.sig)
-            self._finish(self._engine.start(Schedule(shared.oneshot_rest(steps, arena, opno, call, mine), owner)))
-            return True
-        try:
-            shared.oneshot_reduce(arena, opno, call)
-        finally:
-            arena.set_done(opno)
+        steps, owner = self._steps(label, sig)
+        self._finish(self._engine.start(Schedule(rest(steps, arena, opno, mine), owner)))
         return True
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
@@ -547,6 +565,9 @@ class Comm:
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         self._run("Gatherv", self._gather_call, sendbuf, recvbuf, root, True)
 
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Igatherv", self._gather_call, sendbuf, recvbuf, root, True)
+
     def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Scatterv" if vector else "Scatter"
         root = self._check_root(root, name)
@@ -578,6 +599,9 @@ class Comm:
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
         self._run("Scatterv", self._scatter_call, sendbuf, recvbuf, root, True)
+
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
+        return self._start("Iscatterv", self._scatter_call, sendbuf, recvbuf, root, True)
 
     def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Alltoallv" if vector else "Alltoall"
@@ -612,12 +636,33 @@ class Comm:
     def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         self._run("Alltoallv", self._alltoall_call, sendbuf, recvbuf, True)
 
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._start("Ialltoallv", self._alltoall_call, sendbuf, recvbuf, True)
+
     def _barrier_call(self) -> tuple[Call, Sig]:
         call = Call("barrier", np.dtype(np.uint8))
         return call, self._sig(call)
 
     def Barrier(self) -> None:  # noqa: N802
+        if self._arena is not None and self._arena.status == "ready" and self._barrier_fast():
+            return
         self._run("Barrier", self._barrier_call)
+
+    def _barrier_fast(self) -> bool:
+        """Barrier through the arena without a schedule, when the selection for barriers is the arena one."""
+        key = self._choice_key()
+        if self._barrier_choice[0] != key:
+            call, sig = self._barrier_call()
+            self._barrier_choice = (key, select(call, self._layout).run is shared.barrier_arena and not key[2], sig)
+        _, inline, sig = self._barrier_choice
+        if not inline:
+            return False
+        return self._arena_meeting(
+            "Barrier", sig,
+            lambda a, opno: shared.post_call(a, opno, sig),
+            lambda a, opno: None,
+            lambda st, a, opno, mine: shared.barrier_rest(st, a, opno, mine),
+        )
 
     def Ibarrier(self) -> Request:  # noqa: N802
         return self._start("Ibarrier", self._barrier_call)
@@ -845,6 +890,13 @@ COMM_NULL = _NullComm()
 
 def world_comm(runtime: Runtime) -> Comm:
     return Comm(runtime, list(range(runtime.size)), _WORLD_CTX, "MPI_COMM_WORLD")
+
+
+def group_comm(runtime: Runtime, world_ranks: Sequence[int], key: str) -> Comm:
+    """A communicator over ``world_ranks`` built without a collective call: every member passes the same ``key``,
+    which names it and keeps its messages apart from every other communicator's."""
+    ranks = [int(r) for r in world_ranks]
+    return Comm(runtime, ranks, _child_ctx(_WORLD_CTX, -2, (key, tuple(ranks))), key)
 
 
 def self_comm(runtime: Runtime) -> Comm:

@@ -640,16 +640,24 @@ class Engine:
     def wait_requests(self, reqs: Sequence[Request], timeout: float, owner: Owner) -> None:
         self._wait(lambda: all(r.done for r in reqs), lambda: sum(r.done for r in reqs), timeout, owner, lambda: reqs)
 
+    def run_until(self, ready: Callable[[], bool], seconds: float) -> None:
+        """Make progress until ``ready()`` or ``seconds`` pass, sleeping (never spinning) when idle; no timeout error.
+
+        For a progress thread beside the user's: it must not hold the GIL or a core while idle.
+        """
+        self._wait(ready, lambda: 0, seconds, None, lambda: (), spin=False)
+
     def _wait(
         self,
         finished: Callable[[], bool],
         marker: Callable[[], int],
         timeout: float,
-        owner: Owner,
+        owner: Optional[Owner],
         pending: Callable[[], Iterable[Request]],
+        spin: bool = True,
     ) -> None:
-        spin_s = SPIN_US.get() * 1e-6
-        yield_s = spin_s + YIELD_US.get() * 1e-6
+        spin_s = SPIN_US.get() * 1e-6 if spin else 0.0
+        yield_s = spin_s + YIELD_US.get() * 1e-6 if spin else 0.0
         start = idle_since = time.monotonic()
         deadline = start + timeout
         last_mark = marker()
@@ -664,6 +672,8 @@ class Engine:
                 continue
             now = time.monotonic()
             if now > deadline:
+                if owner is None:  # run_until: the time is up, nothing failed
+                    return
                 self._timed_out(owner, timeout, pending())
             idle = now - idle_since
             if idle < spin_s:
@@ -679,7 +689,7 @@ class Engine:
                 waits = pending()
                 bell.sleep(min(0.001, max(deadline - now, 0)), lambda: all(w.done for w in waits))
                 continue
-            nap = min(nap * 2, 0.001 if not self._only_sockets else 0.05, max(deadline - now, 0))
+            nap = min(nap * 2, 0.001 if not (self._only_sockets and spin) else 0.05, max(deadline - now, 0))
             self._sleep(nap)
 
     def _sleep(self, seconds: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycoll.algorithms import ALGORITHMS, COLLECTIVES, Call, register, select
+from pycoll.algorithms import ALGORITHMS, COLLECTIVES, Call, Layout, register, select
 from pycoll.algorithms.base import even_counts, split
 from pycoll.algorithms.registry import parse_override
 from pycoll.errors import InvalidArgumentError
@@ -33,7 +33,7 @@ def test_forced_algorithm_that_refuses_falls_back(monkeypatch: pytest.MonkeyPatc
 
     try:
         monkeypatch.setenv("PYCOLL_ALGO", "barrier:picky-test")
-        assert select(Call("barrier", np.dtype(np.uint8)), 3).name == "dissemination"
+        assert select(Call("barrier", np.dtype(np.uint8)), Layout((0, 1, 2))).name == "dissemination"
     finally:
         del ALGORITHMS["barrier"]["picky-test"]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Call, Schedule, Steps
@@ -78,6 +80,7 @@ def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     "Dissemination barrier: in round k each rank signals rank+2^k and waits for rank-2^k.",
     steps="ceil(log2 p)",
     bytes="0",
+    cost=lambda m, n, lay: m.phase(lay, math.ceil(math.log2(lay.size)), 0.0) if lay.size > 1 else 0.0,
 )
 def barrier_dissemination(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank

@@ -24,6 +24,7 @@ from ..transport.shm import SHM_DIR, SHM_DISABLE
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
 from .chain import broadcast_chain
 from .cost import CostModel
+from .direct import barrier_dissemination
 from .halving_doubling import allreduce_doubling
 from .registry import register
 from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
@@ -352,8 +353,17 @@ def oneshot_post(arena: HostArena, op: int, call: Call, sig: Sig) -> tuple[int, 
     """Copy this rank's vector into its slot and post the call; returns the posted signature words."""
     assert call.send is not None
     try:
-        arena.slot(arena.rank, op)[: call.send.nbytes] = call.send.view(np.uint8)
-        mine = _sig_words(sig)
+        arena.slot_views(op, call.send.nbytes, call.dtype)[arena.rank][...] = call.send
+    except BaseException:
+        arena.set_done(op)
+        raise
+    return post_call(arena, op, sig)
+
+
+def post_call(arena: HostArena, op: int, sig: Sig) -> tuple[int, int, int, int]:
+    """Post this rank's call signature for arena operation ``op``; returns the posted words."""
+    mine = _sig_words(sig)
+    try:
         arena.post(op, mine)
     except BaseException:
         arena.set_done(op)
@@ -365,7 +375,7 @@ def oneshot_reduce(arena: HostArena, op: int, call: Call) -> None:
     """``recv`` = op over every rank's slot, in rank order (so every rank gets the same bits)."""
     assert call.recv is not None and call.op is not None and call.send is not None
     p, nb = arena.size, call.send.nbytes
-    views = [arena.slot(q, op)[:nb].view(call.dtype) for q in range(p)]
+    views = arena.slot_views(op, nb, call.dtype)
     out, ufunc = call.recv, call.op.ufunc
     ufunc(views[0], views[1], out=out)
     for q in range(2, p):
@@ -381,6 +391,35 @@ def oneshot_rest(st: Steps, arena: HostArena, op: int, call: Call, mine: tuple[i
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
         oneshot_reduce(arena, op, call)
+    finally:
+        arena.set_done(op)
+
+
+@register(
+    "barrier",
+    "arena",
+    "Every rank posts its call in the host arena and leaves once all have posted; one host.",
+    steps="1 meeting",
+    bytes="0",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: m.arena_sync_us * 1e-6 * m.over(lay),
+)
+def barrier_arena(st: Steps, call: Call) -> Schedule:
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is None:
+        yield from barrier_dissemination(st, call)
+        return
+    op = yield from _begin(st, arena, number)
+    yield from barrier_rest(st, arena, op, post_call(arena, op, st.sig))
+
+
+def barrier_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int, int, int, int]) -> Schedule:
+    """After ``post_call``: meet the peers and compare their calls."""
+    others = [q for q in range(st.size) if q != st.rank]
+    try:
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
     finally:
         arena.set_done(op)
 

@@ -163,6 +163,7 @@ class HostArena:
         self._slots = [
             [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self._slot_offset(r, k)) for k in (0, 1)] for r in range(size)
         ]
+        self._views: dict[tuple, list[np.ndarray]] = {}
 
     # ---- layout ----------------------------------------------------------------------------
     @staticmethod
@@ -179,6 +180,16 @@ class HostArena:
     def slot(self, rank: int, op: int) -> np.ndarray:
         """``rank``'s byte slot for arena operation ``op`` (two alternate, so one op may lag behind another)."""
         return self._slots[rank][op & 1]
+
+    def slot_views(self, op: int, nbytes: int, dtype: np.dtype) -> list[np.ndarray]:
+        """Every rank's slot for ``op`` as ``nbytes`` of ``dtype``, in rank order; cached, as small calls repeat."""
+        key = (op & 1, nbytes, dtype)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) >= 32:
+                self._views.clear()
+            views = self._views[key] = [self._slots[r][op & 1][:nbytes].view(dtype) for r in range(self.size)]
+        return views
 
     def stage(self, rank: int) -> np.ndarray:
         """``rank``'s staging area (bytes): its input for the current round."""
@@ -261,6 +272,7 @@ class HostArena:
         if bell is not None:
             bell.release()
         self._slots = []
+        self._views = {}
         try:
             self.words.release()
             self.mapping.close()
