@@ -9,6 +9,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -167,6 +168,13 @@ def plan_hosts(n: int, hosts: Optional[int] = None, ranks_per_host: Optional[Seq
     return [base + (1 if h < extra else 0) for h in range(hosts)]
 
 
+def _free_port(host: str) -> int:
+    """A TCP port free on ``host`` now, for rank 0's torch store (env://) to listen on."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
 def _start_store(host: str) -> tuple[TCPStoreServer, tuple[str, int]]:
     server = TCPStoreServer(host, 0)
     return server, server.start()
@@ -226,6 +234,7 @@ def launch(
             where = [(h, i, c) for h, c in enumerate(placement) for i in range(c)]
         base = dict(os.environ)
         base.update(env or {})
+        torch_port = _free_port(host) if vhosts is None else vhosts.call(0, _free_port, host)
         for rank in range(n):
             h, local_rank, local_size = where[rank]
             child_env = dict(base)
@@ -235,6 +244,13 @@ def launch(
                 PYCOLL_LOCAL_RANK=str(local_rank),
                 PYCOLL_LOCAL_SIZE=str(local_size),
                 PYCOLL_STORE_ADDR=f"{host}:{port}",
+                # torch.distributed's env:// (init_process_group with no init_method) works under pycoll run too
+                RANK=str(rank),
+                WORLD_SIZE=str(n),
+                LOCAL_RANK=str(local_rank),
+                LOCAL_WORLD_SIZE=str(local_size),
+                MASTER_ADDR=host,
+                MASTER_PORT=str(torch_port),
             )
             argv = cmd
             if vhosts is not None:

@@ -62,10 +62,10 @@ def _setup_logging() -> None:
 class Runtime:
     """Everything one process holds for pycoll: its rank, peers, channels and engine."""
 
-    def __init__(self, timeout: Optional[float] = None) -> None:
+    def __init__(self, timeout: Optional[float] = None, info: Optional[BootstrapInfo] = None) -> None:
         _setup_logging()
         self.timeout = config.TIMEOUT.get() if timeout is None else timeout
-        self.info: BootstrapInfo = bootstrap(self.timeout)
+        self.info: BootstrapInfo = bootstrap(self.timeout) if info is None else info
         self.rank, self.size = self.info.rank, self.info.size
         transports = make_transports()
         me = PeerInfo(
@@ -154,11 +154,13 @@ _runtime: Optional[Runtime] = None
 _lock = threading.Lock()
 
 
-def get_runtime(timeout: Optional[float] = None) -> Runtime:
+def get_runtime(timeout: Optional[float] = None, info: Optional[BootstrapInfo] = None) -> Runtime:
+    """This process's runtime, started on first use: by the launcher's bootstrap, or from ``info`` when given
+    (the torch backend passes the ``torch.distributed`` store it was handed)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = Runtime(timeout)
+            _runtime = Runtime(timeout, info)
         return _runtime
 
 

@@ -27,7 +27,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from pycoll.config import int_param, str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
@@ -373,6 +373,28 @@ def _from_mpiexec(timeout: float) -> BootstrapInfo:
         local_size=sum(1 for h in hostnames if h == mine),
         store_host=store.local_address,
         server=server,
+    )
+
+
+def from_torch_store(store: Any, rank: int, size: int, timeout: float) -> BootstrapInfo:
+    """Bootstrap on a store that ``torch.distributed`` already made (the torch backend's start-up): no launcher
+    detection, the ranks are torch's, and the local address is the one that reaches the store's host."""
+    under = store
+    while hasattr(under, "underlying_store"):  # PrefixStore
+        under = under.underlying_store
+    host, port = getattr(under, "host", None), getattr(under, "port", None)
+    if not host:
+        host, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0)
+    wrapped = TorchStore(store, prefix="pycoll/")
+    return BootstrapInfo(
+        rank=rank,
+        size=size,
+        store=wrapped,
+        job_id=_new_job_id(wrapped, rank, timeout),
+        launcher=detect_launcher() if detect_launcher() != "singleton" else "torch",
+        local_rank=_opt_int_env("LOCAL_RANK"),
+        local_size=_opt_int_env("LOCAL_WORLD_SIZE"),
+        store_host=_route_address(host, port or 1) if host else "",
     )
 
 

@@ -1,0 +1,11 @@
+"""PyTorch integration: ``import pycoll.torch`` registers ``"pycoll"`` as a ``torch.distributed`` backend.
+
+    import pycoll.torch  # noqa: F401
+    torch.distributed.init_process_group("pycoll")
+"""
+
+from .backend import BACKEND, ProcessGroupPycoll, PycollWork, register
+
+register()
+
+__all__ = ["BACKEND", "ProcessGroupPycoll", "PycollWork", "register"]

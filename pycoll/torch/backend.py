@@ -1,0 +1,441 @@
+"""``ProcessGroupPycoll``: torch.distributed's operations on CPU tensors, carried by pycoll communicators."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from .. import runtime as _runtime
+from ..bootstrap import from_torch_store
+from ..buffers import IN_PLACE
+from ..comm import Comm, group_comm
+from ..errors import InvalidArgumentError
+from ..p2p import ANY_SOURCE
+from ..request import Request, Status
+from . import tensors as T
+from .progress import Job, ProgressThread
+
+BACKEND = "pycoll"
+
+_lock = threading.Lock()
+_progress: Optional[ProgressThread] = None
+
+
+def _progress_thread(rt: _runtime.Runtime) -> ProgressThread:
+    global _progress
+    with _lock:
+        if _progress is None:
+            _progress = ProgressThread(rt.engine)
+        return _progress
+
+
+class PycollWork(dist.Work):
+    """The handle of one operation: ``wait()`` blocks until it completes (raising its error), ``get_future()``
+    gives a ``torch.futures.Future`` whose value is the operation's output tensors, as with gloo."""
+
+    def __init__(self, future: Future, source: Optional[Callable[[], int]] = None) -> None:
+        super().__init__()
+        self._future = future
+        self._source = source
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        self._future.wait()  # raises the operation's error
+        return True
+
+    def get_future(self) -> Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:
+            return False
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as exc:
+            return exc
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._future.value()
+
+    def _source_rank(self) -> int:
+        self.wait()
+        if self._source is None:
+            raise RuntimeError("source rank is only known for a receive from any source")
+        return self._source()
+
+    source_rank = _source_rank
+
+
+class ProcessGroupPycoll(dist.ProcessGroup):
+    """A torch.distributed process group whose operations run on a pycoll communicator.
+
+    Every operation is checked in the caller's thread (a bad dtype, op or device raises at once, naming
+    the operation), then runs on pycoll's progress thread; with ``async_op=True`` the caller gets a
+    ``PycollWork`` back at once, so DDP's bucketed allreduces overlap the backward pass.
+    """
+
+    def __init__(self, comm: Comm, progress: ProgressThread, timeout: float) -> None:
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self._progress = progress
+        self._timeout = timeout
+        self._coalescing: Optional[list[Future]] = None
+
+    def getBackendName(self) -> str:  # noqa: N802
+        return BACKEND
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupPycoll(rank={self.comm.rank}, size={self.comm.size})"
+
+    # ---- plumbing ---------------------------------------------------------------------------
+    def _submit(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any],
+                source: Optional[Callable[[], int]] = None) -> PycollWork:
+        fut = self._progress.submit(Job(name, start, finish, self._timeout))
+        if self._coalescing is not None:
+            self._coalescing.append(fut)
+        return PycollWork(fut, source)
+
+    def _tensor(self, name: str, t: Any, what: str = "tensor") -> torch.Tensor:
+        return T.check_tensor(name, t, what, self.comm.rank)
+
+    def _op(self, name: str, op: Any, dtype: torch.dtype) -> Any:
+        return T.reduce_op(name, op, dtype, self.comm.rank)
+
+    def _dtypes(self, name: str, tensors: list[torch.Tensor], dtype: torch.dtype) -> None:
+        T.same_dtype(name, tensors, dtype, self.comm.rank)
+
+    def _one(self, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise InvalidArgumentError(f"takes one tensor per call, got {len(tensors)}", op=name, rank=self.comm.rank)
+        return self._tensor(name, tensors[0])
+
+    def _root(self, name: str, root: int) -> int:
+        if not 0 <= root < self.comm.size:
+            raise InvalidArgumentError(f"root {root} is not a rank of this {self.comm.size}-rank group", op=name, rank=self.comm.rank)
+        return root
+
+    def _checked_list(self, name: str, tensors: list[torch.Tensor], dtype: torch.dtype, what: str) -> list[torch.Tensor]:
+        if len(tensors) != self.comm.size:
+            raise InvalidArgumentError(f"{what} has {len(tensors)} tensors, not one per rank ({self.comm.size})", op=name, rank=self.comm.rank)
+        for t in tensors:
+            self._tensor(name, t, what)
+        self._dtypes(name, tensors, dtype)
+        return tensors
+
+    # ---- reductions -------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "allreduce"
+        t = self._one(name, tensors)
+        op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
+        buf = T.Staged(t)
+        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op)], lambda: (buf.done(), tensors)[1])
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "allreduce_coalesced"
+        if not tensors:
+            return self._submit(name, lambda: [], lambda: tensors)
+        for t in tensors:
+            self._tensor(name, t)
+        self._dtypes(name, tensors, tensors[0].dtype)
+        op = self._op(name, (opts or dist.AllreduceCoalescedOptions()).reduceOp, tensors[0].dtype)
+        flat = T.flat_concat(tensors)
+        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, flat, op)],
+                            lambda: (T.split_into(flat, tensors), tensors)[1])
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "reduce"
+        t = self._one(name, tensors)
+        opts = opts or dist.ReduceOptions()
+        root = self._root(name, opts.rootRank)
+        op = self._op(name, opts.reduceOp, t.dtype)
+        buf = T.Staged(t)
+        if self.comm.rank == root:
+            start = lambda: [self.comm.Ireduce(IN_PLACE, buf.arr, op, root)]  # noqa: E731
+        else:
+            start = lambda: [self.comm.Ireduce(buf.arr, None, op, root)]  # noqa: E731
+        return self._submit(name, start, lambda: (buf.done(), tensors)[1])
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> PycollWork:
+        name = "reduce_scatter"
+        out = self._one(name, outputs)
+        if len(inputs) != 1:
+            raise InvalidArgumentError(f"takes one input list, got {len(inputs)}", op=name, rank=self.comm.rank)
+        parts = self._checked_list(name, inputs[0], out.dtype, "input_list")
+        if parts[self.comm.rank].numel() != out.numel():
+            raise InvalidArgumentError(
+                f"output has {out.numel()} elements, input_list[{self.comm.rank}] {parts[self.comm.rank].numel()}", op=name, rank=self.comm.rank
+            )
+        op = self._op(name, (opts or dist.ReduceScatterOptions()).reduceOp, out.dtype)
+        send = T.flat_concat(parts)
+        counts = [p.numel() for p in parts]
+        buf = T.Staged(out, load=False)
+        return self._submit(name, lambda: [self.comm.Ireduce_scatter(send, buf.arr, counts, op)], lambda: (buf.done(), outputs)[1])
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
+        name = "reduce_scatter_tensor"
+        self._tensor(name, output, "output")
+        self._tensor(name, input, "input")
+        self._dtypes(name, [input], output.dtype)
+        if input.numel() != output.numel() * self.comm.size:
+            raise InvalidArgumentError(
+                f"input has {input.numel()} elements, not {self.comm.size} x output's {output.numel()}", op=name, rank=self.comm.rank
+            )
+        op = self._op(name, (opts or dist.ReduceScatterOptions()).reduceOp, output.dtype)
+        send, buf = T.Staged(input), T.Staged(output, load=False)
+        return self._submit(name, lambda: [self.comm.Ireduce_scatter_block(send.arr, buf.arr, op)], lambda: (buf.done(), [output])[1])
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        return self._each("reduce_scatter_tensor_coalesced", outputs, inputs, lambda o, i: self.reduce_scatter_single(o, i, opts))
+
+    # ---- data movement ----------------------------------------------------------------------
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "broadcast"
+        t = self._one(name, tensors)
+        root = self._root(name, (opts or dist.BroadcastOptions()).rootRank)
+        buf = T.Staged(t)
+        return self._submit(name, lambda: [self.comm.Ibcast(buf.arr, root)], lambda: (buf.done(), tensors)[1])
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "all_gather"
+        t = self._one(name, inputs)
+        if len(outputs) != 1:
+            raise InvalidArgumentError(f"takes one output list, got {len(outputs)}", op=name, rank=self.comm.rank)
+        outs = self._checked_list(name, outputs[0], t.dtype, "tensor_list")
+        counts = [o.numel() for o in outs]
+        if counts[self.comm.rank] != t.numel():
+            raise InvalidArgumentError(
+                f"tensor has {t.numel()} elements, tensor_list[{self.comm.rank}] {counts[self.comm.rank]}", op=name, rank=self.comm.rank
+            )
+        send = T.Staged(t)
+        recv = np.empty(sum(counts), send.arr.dtype)
+        if len(set(counts)) == 1:
+            start = lambda: [self.comm.Iallgather(send.arr, recv)]  # noqa: E731
+        else:
+            start = lambda: [self.comm.Iallgatherv(send.arr, [recv, counts])]  # noqa: E731
+        return self._submit(name, start, lambda: (T.split_into(recv, outs), outputs)[1])
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
+        name = "all_gather_into_tensor"
+        self._tensor(name, output, "output")
+        self._tensor(name, input, "input")
+        self._dtypes(name, [input], output.dtype)
+        if output.numel() != input.numel() * self.comm.size:
+            raise InvalidArgumentError(
+                f"output has {output.numel()} elements, not {self.comm.size} x input's {input.numel()}", op=name, rank=self.comm.rank
+            )
+        send, buf = T.Staged(input), T.Staged(output, load=False)
+        return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr)], lambda: (buf.done(), [output])[1])
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        return self._each("all_gather_coalesced", outputs, inputs, lambda o, i: self.allgather([o], [i], opts))
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        return self._each("all_gather_into_tensor_coalesced", outputs, inputs, lambda o, i: self.all_gather_single(o, i, opts))
+
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "gather"
+        t = self._one(name, inputs)
+        root = self._root(name, (opts or dist.GatherOptions()).rootRank)
+        send = T.Staged(t)
+        if self.comm.rank != root:
+            if outputs and any(outputs):
+                raise InvalidArgumentError("gather_list must be empty on ranks other than the root", op=name, rank=self.comm.rank)
+            return self._submit(name, lambda: [self.comm.Igatherv(send.arr, None, root)], lambda: [])
+        if len(outputs) != 1:
+            raise InvalidArgumentError(f"the root takes one gather_list, got {len(outputs)}", op=name, rank=self.comm.rank)
+        outs = self._checked_list(name, outputs[0], t.dtype, "gather_list")
+        counts = [o.numel() for o in outs]
+        recv = np.empty(sum(counts), send.arr.dtype)
+        return self._submit(name, lambda: [self.comm.Igatherv(send.arr, [recv, counts], root)],
+                            lambda: (T.split_into(recv, outs), outputs)[1])
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> PycollWork:
+        name = "scatter"
+        out = self._one(name, outputs)
+        root = self._root(name, (opts or dist.ScatterOptions()).rootRank)
+        buf = T.Staged(out, load=False)
+        if self.comm.rank != root:
+            if inputs and any(inputs):
+                raise InvalidArgumentError("scatter_list must be empty on ranks other than the root", op=name, rank=self.comm.rank)
+            return self._submit(name, lambda: [self.comm.Iscatterv(None, buf.arr, root)], lambda: (buf.done(), outputs)[1])
+        if len(inputs) != 1:
+            raise InvalidArgumentError(f"the root takes one scatter_list, got {len(inputs)}", op=name, rank=self.comm.rank)
+        parts = self._checked_list(name, inputs[0], out.dtype, "scatter_list")
+        counts = [p.numel() for p in parts]
+        send = T.flat_concat(parts)
+        return self._submit(name, lambda: [self.comm.Iscatterv([send, counts], buf.arr, root)], lambda: (buf.done(), outputs)[1])
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
+        name = "all_to_all"
+        if not inputs:
+            raise InvalidArgumentError("input_tensor_list is empty", op=name, rank=self.comm.rank)
+        dtype = self._tensor(name, inputs[0], "input_tensor_list").dtype
+        ins = self._checked_list(name, inputs, dtype, "input_tensor_list")
+        outs = self._checked_list(name, outputs, dtype, "output_tensor_list")
+        scounts, rcounts = [t.numel() for t in ins], [t.numel() for t in outs]
+        send = T.flat_concat(ins)
+        recv = np.empty(sum(rcounts), send.dtype)
+        return self._submit(name, lambda: [self.comm.Ialltoallv([send, scounts], [recv, rcounts])],
+                            lambda: (T.split_into(recv, outs), outputs)[1])
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
+                          input_split_sizes: list[int], opts: Any = None) -> PycollWork:
+        name = "all_to_all_single"
+        self._tensor(name, output, "output")
+        self._tensor(name, input, "input")
+        self._dtypes(name, [input], output.dtype)
+        scounts = self._split_counts(name, input, input_split_sizes, "input")
+        rcounts = self._split_counts(name, output, output_split_sizes, "output")
+        send, buf = T.Staged(input), T.Staged(output, load=False)
+        return self._submit(name, lambda: [self.comm.Ialltoallv([send.arr, scounts], [buf.arr, rcounts])],
+                            lambda: (buf.done(), [output])[1])
+
+    def _split_counts(self, name: str, t: torch.Tensor, splits: list[int], what: str) -> list[int]:
+        """Elements per rank for a split of ``t`` along its first dimension (even when ``splits`` is empty)."""
+        p = self.comm.size
+        rows = t.shape[0] if t.dim() else 1
+        per_row = t.numel() // rows if rows else 0
+        if not splits:
+            if rows % p:
+                raise InvalidArgumentError(f"{what}'s first dimension {rows} does not split evenly over {p} ranks", op=name, rank=self.comm.rank)
+            return [rows // p * per_row] * p
+        if len(splits) != p or sum(splits) != rows or min(splits) < 0:
+            raise InvalidArgumentError(
+                f"{what}_split_sizes {list(splits)} must be {p} sizes summing to the first dimension {rows}", op=name, rank=self.comm.rank
+            )
+        return [int(s) * per_row for s in splits]
+
+    def _each(self, name: str, outputs: list, inputs: list, one: Callable[[Any, Any], PycollWork]) -> PycollWork:
+        """A coalesced call: one operation per pair, one handle that completes when all have."""
+        if len(outputs) != len(inputs):
+            raise InvalidArgumentError(f"{len(outputs)} outputs for {len(inputs)} inputs", op=name, rank=self.comm.rank)
+        works = [one(o, i) for o, i in zip(outputs, inputs)]
+        return PycollWork(_all_of([w.get_future() for w in works], outputs))
+
+    # ---- point-to-point and synchronisation -----------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> PycollWork:
+        name = "send"
+        t = self._one(name, tensors)
+        self._peer(name, dst)
+        buf = T.Staged(t)
+        return self._submit(name, lambda: [self.comm.Isend(buf.arr, dst, tag)], lambda: tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> PycollWork:
+        self._peer("recv", src)
+        return self._recv("recv", tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> PycollWork:
+        return self._recv("recv", tensors, ANY_SOURCE, tag)
+
+    def _recv(self, name: str, tensors: list[torch.Tensor], src: int, tag: int) -> PycollWork:
+        t = self._one(name, tensors)
+        buf = T.Staged(t, load=False)
+        status = Status()
+        reqs: list[Request] = []
+
+        def start() -> list[Request]:
+            reqs.append(self.comm.Irecv(buf.arr, src, tag))
+            return reqs
+
+        def finish() -> list[torch.Tensor]:
+            reqs[0].Wait(status)  # completed already: fills the status
+            if status.nbytes != buf.arr.nbytes:
+                raise InvalidArgumentError(
+                    f"received {status.count} bytes from rank {status.Get_source()}, the tensor holds {buf.arr.nbytes}", op=name, rank=self.comm.rank
+                )
+            buf.done()
+            return tensors
+
+        return self._submit(name, start, finish, source=status.Get_source)
+
+    def _peer(self, name: str, peer: int) -> None:
+        if not 0 <= peer < self.comm.size:
+            raise InvalidArgumentError(f"rank {peer} is not in this {self.comm.size}-rank group", op=name, rank=self.comm.rank)
+
+    def barrier(self, opts: Any = None) -> PycollWork:
+        return self._submit("barrier", lambda: [self.comm.Ibarrier()], lambda: [])
+
+    # ---- coalescing (batch_isend_irecv and friends) ----------------------------------------------
+    def _start_coalescing(self, device: Any = None) -> None:
+        self._coalescing = []
+
+    def _end_coalescing(self, device: Any = None) -> PycollWork:
+        futures, self._coalescing = self._coalescing or [], None
+        return PycollWork(_all_of(futures, []))
+
+    def shutdown(self) -> None:
+        """Nothing to release per group: the communicator's messages are drained by pycoll at exit."""
+
+
+def _all_of(futures: list[Future], value: Any) -> Future:
+    """A future done when every one of ``futures`` is, with the first error if any failed."""
+    done: Future = Future()
+    if not futures:
+        done.set_result(value)
+        return done
+
+    def settle(_: Any) -> None:
+        for f in futures:
+            try:
+                f.value()
+            except Exception as exc:
+                done.set_exception(exc)
+                return
+        done.set_result(value)
+
+    torch.futures.collect_all(futures).add_done_callback(settle)
+    return done
+
+
+# ---- registration ------------------------------------------------------------------------------
+def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
+    """torch's constructor hook (extended API): one pycoll communicator per torch group."""
+    timeout = common.timeout.total_seconds() if common.timeout is not None else None
+    ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
+    rt = _runtime.current()
+    if rt is None:
+        if len(ranks) != common.group_size or ranks != sorted(ranks) or common.group_size != _world_size(ranks):
+            raise InvalidArgumentError("the first pycoll process group must be the default (world) group", op="init_process_group")
+        info = from_torch_store(common.store, common.group_rank, common.group_size, timeout or 300.0)
+        rt = _runtime.get_runtime(timeout, info)
+    if common.group_size > rt.size or ranks[common.group_rank] != rt.rank:
+        raise InvalidArgumentError(
+            f"torch's rank {ranks[common.group_rank]} of this group is pycoll's rank {rt.rank}: the pycoll job and the torch job differ",
+            op="init_process_group",
+        )
+    comm = group_comm(rt, ranks, f"torch:{common.group_id}")
+    return ProcessGroupPycoll(comm, _progress_thread(rt), timeout or rt.timeout)
+
+
+def _world_size(ranks: list[int]) -> int:
+    return max(ranks) + 1 if ranks else 0
+
+
+def register() -> None:
+    """Make ``"pycoll"`` a torch.distributed backend (idempotent)."""
+    if BACKEND.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])

@@ -1,0 +1,122 @@
+"""The background thread that starts and completes the torch backend's operations, so they overlap compute."""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from torch.futures import Future
+
+from ..p2p import Engine
+from ..request import Request
+
+class Job:
+    """One torch call: ``start`` issues its pycoll requests, ``finish`` turns their completion into the result."""
+
+    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout")
+
+    def __init__(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any], timeout: float) -> None:
+        self.name, self.start, self.finish, self.timeout = name, start, finish, timeout
+        self.future: Future = Future()
+        self.requests: list[Request] = []
+        self.deadline = 0.0
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.future.done():
+            self.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
+
+
+class ProgressThread:
+    """Runs every pycoll call of the torch backend, in submission order, on one daemon thread.
+
+    pycoll's engine belongs to one thread; this is that thread. Calls are started in the order they
+    were submitted (which is what keeps collectives matched across ranks) and complete in any order,
+    so a pending receive never holds back a later collective. While idle it sleeps, never spins: the
+    user's thread keeps the core and the GIL.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="pycoll-torch-progress", daemon=True)
+        self._stopping = False
+        self._thread.start()
+        atexit.register(self.stop)  # before pycoll's runtime closes the engine (atexit runs last-in, first-out)
+
+    def submit(self, job: Job) -> Future:
+        if self._stopping or not self._thread.is_alive():
+            job.fail(RuntimeError(f"pycoll backend: {job.name} after the process group was shut down"))
+            return job.future
+        self._queue.put(job)
+        return job.future
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread.is_alive() and not self._stopping:
+            self._stopping = True
+            self._queue.put(None)
+            self._thread.join(timeout)
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _loop(self) -> None:
+        running: list[Job] = []
+        while True:
+            if not running:
+                job = self._queue.get()
+                if job is None:
+                    return
+                self._begin(job, running)
+            while True:  # start everything submitted so far, in order
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    self._drain(running)
+                    return
+                self._begin(job, running)
+            running = self._advance(running)
+            if running:
+                now = time.monotonic()
+                wait = max(min(j.deadline for j in running) - now, 0.0)
+                self._engine.run_until(lambda: not self._queue.empty() or any(_ready(j) for j in running), min(wait, 1.0))
+
+    def _begin(self, job: Job, running: list[Job]) -> None:
+        try:
+            job.requests = job.start()
+        except BaseException as exc:  # a bad argument, a broken communicator: this call fails alone
+            job.fail(exc)
+            return
+        job.deadline = time.monotonic() + job.timeout
+        running.append(job)
+
+    def _advance(self, running: list[Job]) -> list[Job]:
+        """Complete the jobs whose requests are done (or whose time is up); return the others."""
+        still = []
+        now = time.monotonic()
+        for job in running:
+            try:
+                if all(r.Test() for r in job.requests):
+                    pass
+                elif now > job.deadline:
+                    for r in job.requests:  # the request's own wait names whom it waits for, and aborts
+                        r.Wait()
+                else:
+                    still.append(job)
+                    continue
+                job.future.set_result(job.finish())
+            except BaseException as exc:
+                job.fail(exc)
+        return still
+
+    def _drain(self, running: list[Job]) -> None:
+        while running:
+            for job in running:
+                job.deadline = min(job.deadline, time.monotonic())
+            running = self._advance(running)
+
+
+def _ready(job: Job) -> bool:
+    return all(r.Get_status() for r in job.requests)
