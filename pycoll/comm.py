@@ -14,9 +14,9 @@ import numpy as np
 
 from . import buffers, datatypes
 from . import ops as _ops
-from .algorithms import CHECK_CALLS, Call, Layout, Steps, select, verify_call
+from .algorithms import ALGO, CHECK_CALLS, Call, Layout, Steps, select, verify_call
 from .algorithms import cost as cost_model
-from .algorithms import shared
+from .algorithms import arena_jit, shared
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import InvalidArgumentError
@@ -78,7 +78,7 @@ class _AllreducePlan:
     are rebuilt (the arrays' shape, strides, dtype and writability must be unchanged).
     """
 
-    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for")
+    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for", "compiled")
 
     def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
         self.send = None if sendbuf is IN_PLACE else weakref.ref(sendbuf)
@@ -87,23 +87,32 @@ class _AllreducePlan:
         self.op, self.sig, self.dtype = call.op, sig, call.dtype
         self.algo: Any = None  # the algorithm selected for it, valid while ``algo_for`` holds
         self.algo_for: tuple = ()
+        self.compiled: Any = None  # arena_jit.Prepared: the compiled path's arguments
 
     @staticmethod
     def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
         send = None if sendbuf is IN_PLACE else (sendbuf.shape, sendbuf.strides, sendbuf.dtype)
         return (send, recvbuf.shape, recvbuf.strides, recvbuf.dtype, recvbuf.flags.writeable)
 
-    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
-        """The call for these arrays, or None if they are not the ones planned for (or changed)."""
+    def flat(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """Flat (send, recv) views of these arrays, or None if they are not the ones planned for (or changed)."""
         if self.recv() is not recvbuf or (self.send is None) != (sendbuf is IN_PLACE):
             return None
         if self.send is not None and self.send() is not sendbuf:
             return None
         if self.describe(sendbuf, recvbuf) != self.meta:
             return None
-        recv = recvbuf.reshape(-1, order="A")
-        send = recv if self.send is None else sendbuf.reshape(-1, order="A")
-        return Call("allreduce", self.dtype, send, recv, self.op, in_place=self.send is None)
+        recv = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1, order="A")
+        if self.send is None:
+            return recv, recv
+        return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1, order="A")), recv
+
+    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
+        """The call for these arrays, or None if they are not the ones planned for (or changed)."""
+        flat = self.flat(sendbuf, recvbuf)
+        if flat is None:
+            return None
+        return Call("allreduce", self.dtype, flat[0], flat[1], self.op, in_place=self.send is None)
 
 
 _PLANS = 8  # Allreduce plans kept per communicator
@@ -132,7 +141,9 @@ class Comm:
         self._plans: dict[tuple, _AllreducePlan] = {}
         self._last_plan: Optional[_AllreducePlan] = None  # the plan of the call being scheduled
         self._others = [q for q in range(self._size) if q != self._rank]
-        self._barrier_choice: tuple[tuple, bool, Any] = ((), False, None)  # (choice key, Barrier inline on the arena?, its sig)
+        # (choice key, Barrier inline on the arena?, its sig, its posted words, those as a kernel argument)
+        self._barrier_choice: tuple = ((), False, None, None, None)
+        self._compiled = arena_jit.Gate()
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
             self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
 
@@ -340,7 +351,8 @@ class Comm:
         """A repeated small Allreduce on a ready arena, with no schedule (see ``_arena_meeting``).
 
         False (nothing done) unless the call has a plan whose algorithm is oneshot under the current
-        PYCOLL_ALGO and cost model.
+        PYCOLL_ALGO and cost model. Once the communicator has earned the compiled path, the whole
+        meeting is one kernel call.
         """
         try:
             plan = self._plans.get((id(sendbuf), id(recvbuf), op))
@@ -349,26 +361,60 @@ class Comm:
         if plan is None or plan.algo is not ONESHOT or plan.algo_for != self._choice_key():
             return False
         arena = self._arena.arena  # type: ignore[union-attr]
-        call = plan.call(sendbuf, recvbuf)
-        if call is None or arena is None or call.recv.nbytes > arena.slot_bytes:
+        flat = plan.flat(sendbuf, recvbuf)
+        if flat is None or arena is None or flat[1].nbytes > arena.slot_bytes:
             return False
-        return self._arena_meeting(
-            "Allreduce", plan.sig,
-            lambda a, opno: shared.oneshot_post(a, opno, call, plan.sig),
-            lambda a, opno: shared.oneshot_reduce(a, opno, call),
-            lambda st, a, opno, mine: shared.oneshot_rest(st, a, opno, call, mine),
-        )
+        send, recv = flat
+        sig = plan.sig
+        prep = plan.compiled
+        kern = self._compiled.open(_FAST_SPIN_S) if prep is None or prep.ok else None
+        if kern is not None and (prep is None or prep.arena is not arena):
+            prep = plan.compiled = arena_jit.Prepared(arena, sig, plan.op, plan.dtype, recv.size)
+        if kern is not None and prep.ok:
+            rank = self._rank
+
+            def attempt(a: Any, opno: int) -> Optional[tuple]:
+                slots, bases = prep.views[opno & 1]
+                status = kern.allreduce(a.u64, slots, send, recv, rank, bases, prep.sig, opno, prep.code, self._compiled.polls)
+                return None if arena_jit.finished(a, opno, status) else prep.words
+        else:
+            call = Call("allreduce", plan.dtype, send, recv, plan.op, in_place=send is recv)
+
+            def attempt(a: Any, opno: int) -> Optional[tuple]:
+                return self._spin_meeting(a, opno, shared.oneshot_post(a, opno, call, sig), lambda: shared.oneshot_reduce(a, opno, call))
+
+        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
+            call = Call("allreduce", plan.dtype, send, recv, plan.op, in_place=send is recv)
+            return shared.oneshot_rest(st, a, opno, call, mine)
+
+        return self._arena_meeting("Allreduce", sig, attempt, rest)
 
     def _choice_key(self) -> tuple:
         """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
-        return (os.environ.get("PYCOLL_ALGO"), id(cost_model.current()), CHECK_CALLS.get())
+        return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get())
 
-    def _arena_meeting(self, label: str, sig: Sig, post: Callable, finish: Callable, rest: Callable) -> bool:
-        """A one-meeting arena call run inline: post, spin briefly for the peers, ``finish``.
+    def _spin_meeting(self, arena: Any, opno: int, mine: tuple, finish: Callable[[], None]) -> Optional[tuple]:
+        """After posting ``mine``: spin briefly for the peers; if all came with the same call, ``finish`` and
+        mark done (None), else return ``mine`` for the schedule that waits with timeouts."""
+        others = self._others
+        spin_until = time.perf_counter() + _FAST_SPIN_S
+        while arena.waiting_for("post", opno, others):
+            if time.perf_counter() > spin_until:
+                return mine
+        if any(arena.peer_sig(q, opno) != mine for q in others):
+            return mine
+        try:
+            finish()
+        finally:
+            arena.set_done(opno)
+        return None
 
-        False (nothing done) while an earlier nonblocking arena call is unfinished. If the peers do not
-        post within the spin, or posted another call, ``rest`` runs as an ordinary schedule, with its
-        timeouts, liveness checks and error reports.
+    def _arena_meeting(self, label: str, sig: Sig, attempt: Callable, rest: Callable) -> bool:
+        """A one-meeting arena call run inline: ``attempt`` posts, spins briefly for the peers and finishes.
+
+        False (nothing done) while an earlier nonblocking arena call is unfinished. If ``attempt`` returns
+        the posted words instead (the peers did not post within the spin, or posted another call), ``rest``
+        runs as an ordinary schedule, with its timeouts, liveness checks and error reports.
         """
         state = self._arena
         arena = state.arena  # type: ignore[union-attr]
@@ -378,19 +424,9 @@ class Comm:
         self._seq += 1
         state.ops += 1  # type: ignore[union-attr]
         opno = arena.ops = state.ops  # type: ignore[union-attr]
-        mine = post(arena, opno)
-        others = self._others
-        spin_until = time.perf_counter() + _FAST_SPIN_S
-        while arena.waiting_for("post", opno, others):
-            if time.perf_counter() > spin_until:
-                break
-        else:
-            if all(arena.peer_sig(q, opno) == mine for q in others):
-                try:
-                    finish(arena, opno)
-                finally:
-                    arena.set_done(opno)
-                return True
+        mine = attempt(arena, opno)
+        if mine is None:
+            return True
         steps, owner = self._steps(label, sig)
         self._finish(self._engine.start(Schedule(rest(steps, arena, opno, mine), owner)))
         return True
@@ -653,16 +689,24 @@ class Comm:
         key = self._choice_key()
         if self._barrier_choice[0] != key:
             call, sig = self._barrier_call()
-            self._barrier_choice = (key, select(call, self._layout).run is shared.barrier_arena and not key[2], sig)
-        _, inline, sig = self._barrier_choice
+            inline = select(call, self._layout).run is shared.barrier_arena and not key[2]
+            words = shared.sig_words(sig)
+            self._barrier_choice = (key, inline, sig, words, arena_jit.sig_array(words))
+        _, inline, sig, words, sig_arr = self._barrier_choice
         if not inline:
             return False
-        return self._arena_meeting(
-            "Barrier", sig,
-            lambda a, opno: shared.post_call(a, opno, sig),
-            lambda a, opno: None,
-            lambda st, a, opno, mine: shared.barrier_rest(st, a, opno, mine),
-        )
+        kern = self._compiled.open(_FAST_SPIN_S)
+        if kern is not None:
+            gate, rank = self._compiled, self._rank
+
+            def attempt(a: Any, opno: int) -> Optional[tuple]:
+                status = kern.barrier(a.u64, rank, gate.bases(a, opno), sig_arr, opno, gate.polls)
+                return None if arena_jit.finished(a, opno, status) else words
+        else:
+            def attempt(a: Any, opno: int) -> Optional[tuple]:
+                return self._spin_meeting(a, opno, shared.post_call(a, opno, sig), lambda: None)
+
+        return self._arena_meeting("Barrier", sig, attempt, lambda st, a, opno, mine: shared.barrier_rest(st, a, opno, mine))
 
     def Ibarrier(self) -> Request:  # noqa: N802
         return self._start("Ibarrier", self._barrier_call)
@@ -864,6 +908,7 @@ class Comm:
     def Free(self) -> None:  # noqa: N802
         self._live("Free")
         self._freed = True
+        self._plans.clear()
         if self._arena is not None:
             self._arena.close()
 

@@ -122,7 +122,7 @@ class ArenaWait:
         return [_Peer(self.st.world_rank(r)) for r in self.arena.waiting_for(self.what, self.op, self.ranks)]
 
 
-def _sig_words(sig: Sig) -> tuple[int, int, int, int]:
+def sig_words(sig: Sig) -> tuple[int, int, int, int]:
     return (sig.kind | (sig.dtype << 8) | (sig.op << 16), sig.root, sig.count, sig.vhash)
 
 
@@ -362,7 +362,7 @@ def oneshot_post(arena: HostArena, op: int, call: Call, sig: Sig) -> tuple[int, 
 
 def post_call(arena: HostArena, op: int, sig: Sig) -> tuple[int, int, int, int]:
     """Post this rank's call signature for arena operation ``op``; returns the posted words."""
-    mine = _sig_words(sig)
+    mine = sig_words(sig)
     try:
         arena.post(op, mine)
     except BaseException:
@@ -484,7 +484,7 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
     others = [q for q in range(p) if q != r]
     op = yield from _begin(st, arena, number)
     try:
-        mine = _sig_words(st.sig)
+        mine = sig_words(st.sig)
         arena.post(op, mine, _addr(call.send), _addr(call.recv), call.recv.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
@@ -538,7 +538,7 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
     others = [q for q in range(p) if q != r]
     op = yield from _begin(st, arena, number)
     try:
-        mine = _sig_words(st.sig)
+        mine = sig_words(st.sig)
         arena.post(op, mine)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
@@ -601,7 +601,7 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     # In place the result goes to the start of the buffer, which peers still read: reduce into scratch first.
     out = st.mem.scratch(c, call.dtype) if call.in_place else call.recv[:c]
     try:
-        mine = _sig_words(st.sig)
+        mine = sig_words(st.sig)
         arena.post(op, mine, _addr(call.send), 0, call.send.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
@@ -641,7 +641,7 @@ def allgather_cma(st: Steps, call: Call) -> Schedule:
     block = lambda q: call.recv[call.displs[q] : call.displs[q] + call.counts[q]]  # noqa: E731
     own = block(r) if call.in_place or call.send is None else call.send
     try:
-        mine = _sig_words(st.sig)
+        mine = sig_words(st.sig)
         arena.post(op, mine, _addr(own), 0, own.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
@@ -676,7 +676,7 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
     others = [q for q in range(p) if q != r]
     op = yield from _begin(st, arena, number)
     try:
-        mine = _sig_words(st.sig)
+        mine = sig_words(st.sig)
         arena.post(op, mine, _addr(call.recv), 0, call.recv.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)

@@ -77,7 +77,12 @@ class Doorbell:
         """Tell sleeping peers that something changed."""
         self._cell.value = (self._cell.value + 1) & 0xFFFFFFFF
         words = self._words
-        if any(words[i] for i in self._sleepers) and self._syscall is not None:
+        if any(words[i] for i in self._sleepers):
+            self.wake()
+
+    def wake(self) -> None:
+        """Wake every sleeper now (``ring`` without the bump, for callers that bumped the word themselves)."""
+        if self._syscall is not None:
             self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
 
     def sleep(self, seconds: float, ready: Callable[[], bool]) -> None:
@@ -161,9 +166,10 @@ class HostArena:
         self.rounds = 0  # staged rounds started on this rank (likewise)
         self.finished = 0  # arena operations this rank has completed
         self._slots = [
-            [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self._slot_offset(r, k)) for k in (0, 1)] for r in range(size)
+            [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self.slot_offset(r, k)) for k in (0, 1)] for r in range(size)
         ]
         self._views: dict[tuple, list[np.ndarray]] = {}
+        self.u64 = np.frombuffer(self.mapping, np.uint64)  # the same words as ``words``, for compiled code
 
     # ---- layout ----------------------------------------------------------------------------
     @staticmethod
@@ -174,7 +180,7 @@ class HostArena:
         """First word of ``rank``'s post line for arena operation ``op``."""
         return self.ctrl(rank) + 16 + _SLOT_LINE * (op & 1)
 
-    def _slot_offset(self, rank: int, parity: int) -> int:
+    def slot_offset(self, rank: int, parity: int) -> int:
         return self._data_base + (rank * 2 + parity) * self.slot_bytes
 
     def slot(self, rank: int, op: int) -> np.ndarray:
@@ -273,6 +279,7 @@ class HostArena:
             bell.release()
         self._slots = []
         self._views = {}
+        self.u64 = None  # type: ignore[assignment]
         try:
             self.words.release()
             self.mapping.close()

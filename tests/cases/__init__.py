@@ -29,6 +29,7 @@ _LOADED = False
 #: modules holding cases; the case id is "<module>.<function name without a leading case_>"
 MODULES = (
     "reduce",
+    "repeated",
     "movement",
     "nonblocking",
     "large",

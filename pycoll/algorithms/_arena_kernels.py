@@ -1,0 +1,236 @@
+"""Numba kernels of the compiled arena path (see ``arena_jit``); importing this module needs Numba."""
+
+from __future__ import annotations
+
+import platform
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic, overload
+
+from .. import ops as _ops
+from ..transport import arena as _arena
+
+_HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
+_DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
+_KIND, _SEND, _RECV, _NBYTES, _POST = _arena.KIND, _arena.SEND, _arena.RECV, _arena.NBYTES, _arena.POST
+_BELL_WORD = _arena._BELL_BYTE // 8
+_SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _ops.MAX.code, _ops.AVG.code
+_BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
+_LAND, _LOR = _ops.LAND.code, _ops.LOR.code
+_DONE, _WAITING, _MISMATCH, _WAKE = 0, 1, 2, 4
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _word_pointer(context, builder, sig, args):
+    aryty = sig.args[0]
+    ary = context.make_array(aryty)(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
+
+
+@intrinsic
+def load_acquire(typingctx, words, index):
+    """words[index] read with acquire order: never hoisted out of a spin loop."""
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_word_pointer(context, builder, sig, args), "acquire", 8)
+
+    return types.uint64(words, index), codegen
+
+
+@intrinsic
+def store_seq_cst(typingctx, words, index, value):
+    """words[index] = value, sequentially consistent: earlier writes are visible first, later reads wait."""
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[2], sig.args[2], types.uint64)
+        builder.store_atomic(value, _word_pointer(context, builder, sig, args), "seq_cst", 8)
+        return context.get_dummy_value()
+
+    return types.void(words, index, value), codegen
+
+
+@intrinsic
+def cpu_relax(typingctx):
+    """The x86 PAUSE hint inside a spin loop (a no-op elsewhere)."""
+
+    def codegen(context, builder, sig, args):
+        if _X86:
+            pause = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+            builder.call(pause, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _combine(op, a, b):  # pragma: no cover - replaced by the overload below in compiled code
+    raise NotImplementedError
+
+
+@overload(_combine, inline="always")
+def _combine_impl(op, a, b):
+    """op(a, b) with NumPy's ufunc meaning, typed per dtype so no invalid branch is compiled."""
+    if isinstance(a, types.Boolean):
+        def bools(op, a, b):
+            if op == _BAND or op == _LAND:
+                return a and b
+            if op == _BOR or op == _LOR:
+                return a or b
+            return a != b
+        return bools
+    if isinstance(a, types.Integer):
+        def ints(op, a, b):
+            if op == _SUM:
+                return a + b
+            if op == _PROD:
+                return a * b
+            if op == _MIN:
+                return a if a <= b else b
+            if op == _MAX:
+                return a if a >= b else b
+            if op == _BAND:
+                return a & b
+            if op == _BOR:
+                return a | b
+            if op == _BXOR:
+                return a ^ b
+            if op == _LAND:
+                return a != 0 and b != 0
+            if op == _LOR:
+                return a != 0 or b != 0
+            return (a != 0) != (b != 0)
+        return ints
+    if isinstance(a, types.Float):
+        def floats(op, a, b):
+            if op == _PROD:
+                return a * b
+            if op == _MIN:
+                return a if (a <= b or a != a) else b  # NaN wins, as in np.minimum
+            if op == _MAX:
+                return a if (a >= b or a != a) else b
+            return a + b  # SUM, AVG
+        return floats
+    if isinstance(a, types.Complex):
+        def complexes(op, a, b):
+            if op == _PROD:
+                return a * b
+            return a + b
+        return complexes
+    return None
+
+
+def _mean(x, p):  # pragma: no cover - replaced by the overload below
+    raise NotImplementedError
+
+
+@overload(_mean, inline="always")
+def _mean_impl(x, p):
+    """x / p in x's own precision, as ``np.divide(out, dtype.type(p), out=out)``."""
+    if isinstance(x, types.Float):
+        ft = x
+        return lambda x, p: x / ft(p)
+    if isinstance(x, types.Complex):
+        ft = x.underlying_float
+        ct = x
+
+        def complexes(x, p):  # NumPy's complex division by (p + 0j): scale by 1/p, zero cross terms kept
+            scale = ft(1) / ft(p)
+            zero = ft(0)
+            return ct(complex((x.real + x.imag * zero) * scale, (x.imag - x.real * zero) * scale))
+        return complexes
+    return lambda x, p: x
+
+
+@njit(cache=True, nogil=True)
+def _post(words, me, bases, sig, opno):
+    base = bases[me]
+    for k in range(4):
+        words[base + _KIND + k] = sig[k]
+    words[base + _SEND] = 0
+    words[base + _RECV] = 0
+    words[base + _NBYTES] = 0
+    store_seq_cst(words, base + _POST, opno)
+
+
+@njit(cache=True, nogil=True)
+def _ring(words, me, size):
+    """Bump the doorbell; WAKE if some peer sleeps on it."""
+    store_seq_cst(words, _BELL_WORD, (load_acquire(words, _BELL_WORD) + np.uint64(1)) & np.uint64(0xFFFFFFFF))
+    for r in range(size):
+        if r != me and load_acquire(words, _HEADER + r * _CTRL + _SLEEPING_WORD) != 0:
+            return _WAKE
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def spin(words, bases, opno, polls):
+    """Poll until every rank in ``bases`` posted ``opno`` or ``polls`` rounds pass; how many have not."""
+    left = len(bases)
+    for _ in range(polls):
+        left = 0
+        for r in range(len(bases)):
+            if load_acquire(words, bases[r] + _POST) != opno:
+                left += 1
+        if left == 0:
+            return 0
+        cpu_relax()
+    return left
+
+
+@njit(cache=True, nogil=True)
+def _meet(words, me, bases, sig, opno, polls):
+    """Post, spin for the peers, compare their calls: DONE, WAITING or MISMATCH, or'ed with WAKE."""
+    size = len(bases)
+    _post(words, me, bases, sig, opno)
+    wake = _ring(words, me, size)
+    if spin(words, bases, opno, polls) != 0:
+        return _WAITING | wake
+    for r in range(size):
+        for k in range(4):
+            if words[bases[r] + _KIND + k] != sig[k]:
+                return _MISMATCH | wake
+    return _DONE | wake
+
+
+@njit(cache=True, nogil=True)
+def _finish(words, me, size, opno):
+    store_seq_cst(words, _HEADER + me * _CTRL + _DONE_WORD, opno)
+    return _ring(words, me, size)
+
+
+@njit(cache=True, nogil=True)
+def barrier(words, me, bases, sig, opno, polls):
+    """A whole arena barrier when every peer arrives within the spin; else it returns posted, not done."""
+    status = _meet(words, me, bases, sig, opno, polls)
+    if status & 3 != _DONE:
+        return status
+    return _finish(words, me, len(bases), opno) | (status & _WAKE)
+
+
+@njit(cache=True, nogil=True)
+def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls):
+    """A whole one-shot Allreduce when every peer arrives within the spin; else it returns posted, not done.
+
+    ``slots`` is (ranks, count) over the slots of ``opno``'s parity; ``recv`` gets the ranks' slots
+    combined in rank order and rounded to the dtype after each step, as chained ufunc calls do.
+    """
+    size = len(bases)
+    n = len(send)
+    mine = slots[me]
+    for i in range(n):
+        mine[i] = send[i]
+    status = _meet(words, me, bases, sig, opno, polls)
+    if status & 3 != _DONE:
+        return status
+    for i in range(n):
+        recv[i] = slots[0, i]
+    for q in range(1, size):
+        row = slots[q]
+        for i in range(n):
+            recv[i] = _combine(op, recv[i], row[i])
+    if op == _AVG:
+        for i in range(n):
+            recv[i] = _mean(recv[i], size)
+    return _finish(words, me, size, opno) | (status & _WAKE)

@@ -1,0 +1,95 @@
+"""Repeated calls on the same arrays (planned calls, the compiled arena path) checked against NumPy each time."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import COUNTS, case, reduce_ref, sentinel, tolerance
+
+
+def _compiled_on(comm) -> bool:
+    gate = getattr(comm, "_compiled", None)
+    return bool(gate is not None and gate.kernels)
+
+
+def _repeat_allreduce(ctx, comm, tag: str) -> None:
+    MPI = ctx.MPI
+    for op, dt in ctx.pairs():
+        for count in COUNTS:
+            for inplace in (False, True):
+                send, recv = np.empty(count, dt), sentinel(dt, count)
+                for k in range(3):  # new values each time: a stale or cached result fails
+                    inputs = [ctx.data(dt, count, r, tag, k, op=op) for r in range(ctx.size)]
+                    expected = reduce_ref(op, inputs, dt)
+                    rtol, atol = tolerance(op, dt)
+                    send[...] = inputs[ctx.rank]
+                    lab = f"{tag} Allreduce op={op} dtype={np.dtype(dt).name} count={count} {'in' if inplace else 'out-of'}-place call {k}"
+                    if inplace:
+                        comm.Allreduce(MPI.IN_PLACE, send, op=ctx.op(op))
+                        ctx.check(lab, send, expected, rtol, atol)
+                    else:
+                        comm.Allreduce(send, recv, op=ctx.op(op))
+                        ctx.check(lab, recv, expected, rtol, atol)
+                        ctx.check(lab + " (sendbuf unchanged)", send, inputs[ctx.rank])
+    for _ in range(4):
+        comm.Barrier()
+
+
+@case
+def case_allreduce_repeated(ctx):
+    """Every op x dtype x count, three calls on the same arrays with new values, in and out of place.
+
+    Run twice on fresh communicators: every rank alike, then with rank 0 held to the Python path
+    (PYCOLL_ARENA_JIT=0 on that rank only), so both forms of the arena protocol meet. Records whether
+    each communicator ran compiled.
+    """
+    same = ctx.comm.Dup()
+    _repeat_allreduce(ctx, same, "same")
+    ctx.record("compiled_same", _compiled_on(same))
+    saved = os.environ.get("PYCOLL_ARENA_JIT")
+    if ctx.rank == 0:
+        os.environ["PYCOLL_ARENA_JIT"] = "0"
+    try:
+        mixed = ctx.comm.Dup()
+        _repeat_allreduce(ctx, mixed, "mixed")
+    finally:
+        if saved is None:
+            os.environ.pop("PYCOLL_ARENA_JIT", None)
+        else:
+            os.environ["PYCOLL_ARENA_JIT"] = saved
+    ctx.record("compiled_mixed", _compiled_on(mixed))
+    same.Free()
+    mixed.Free()
+
+
+@case
+def case_allreduce_repeated_mismatch(ctx):
+    """Planned calls that disagree across ranks (count 4 on rank 0, count 5 elsewhere) raise MismatchError
+    on every rank, naming both calls; later calls on that communicator say why it is broken."""
+    if ctx.impl != "pycoll" or ctx.size < 2:
+        ctx.skip("needs pycoll and 2 ranks")
+    from pycoll.errors import CommunicatorBrokenError, MismatchError, RemoteError
+
+    comm = ctx.comm.Dup()
+    a4, b4 = np.ones(4, np.float32), np.zeros(4, np.float32)
+    a5, b5 = np.ones(5, np.float32), np.zeros(5, np.float32)
+    for _ in range(3):  # plans (and the compiled path) for both calls, on every rank
+        comm.Allreduce(a4, b4)
+        comm.Allreduce(a5, b5)
+    ctx.check("agreed count 4", b4, np.full(4, ctx.size, np.float32))
+    b4[...] = 0
+    b5[...] = 0
+    # A rank whose spin ended before the others posted may hear of the mismatch from the rank that found it.
+    exc = ctx.raises("count 4 against count 5", (MismatchError, RemoteError), comm.Allreduce, *((a4, b4) if ctx.rank == 0 else (a5, b5)))
+    if exc is not None:
+        text = str(exc)
+        ctx.expect("count=4" in text and "count=5" in text and ("MismatchError" in text or isinstance(exc, MismatchError)),
+                   "the error names both calls", got=text)
+    ctx.check("no result written", b4 if ctx.rank == 0 else b5, np.zeros(4 if ctx.rank == 0 else 5, np.float32))
+    ctx.record("compiled", _compiled_on(comm))
+    exc = ctx.raises("a later call", CommunicatorBrokenError, comm.Barrier)
+    if exc is not None:
+        ctx.expect("called allreduce(count=" in str(exc), "the broken communicator names the mismatch", got=str(exc))
+    ctx.comm.Barrier()  # other communicators are unaffected

@@ -1,0 +1,147 @@
+"""The compiled arena path (Numba kernels for small Allreduce and Barrier): bit-exact against NumPy, and in real jobs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import harness
+from pycoll import ops
+from pycoll.algorithms import arena_jit
+from pycoll.transport import arena as A
+
+K = arena_jit.kernels() if arena_jit.unavailable() is None else None
+need_numba = pytest.mark.skipif(K is None, reason=f"compiled arena path unavailable: {arena_jit.unavailable()}")
+
+DTYPES = sorted(arena_jit.DTYPES, key=str)
+SIG = np.array([0x10203, 5, 7, 11], np.uint64)
+
+
+def _valid(op: ops.Op, dt: np.dtype) -> bool:
+    return op.check(dt) is None and arena_jit.covers(op, dt)
+
+
+class FakeArena:
+    """The words of a ``ranks``-rank arena in private memory, with every peer but ``me`` already posted."""
+
+    def __init__(self, ranks: int, me: int = 0, opno: int = 1, sig: np.ndarray = SIG, posted: int | None = None) -> None:
+        self.words = np.zeros(A.HostArena.ctrl(ranks) + 8, np.uint64)
+        self.bases = np.array([A.HostArena.ctrl(r) + 16 + 24 * (opno & 1) for r in range(ranks)], np.int64)
+        self.me = me
+        for r in range(ranks if posted is None else posted):
+            if r != me:
+                self.words[self.bases[r] : self.bases[r] + 4] = sig
+                self.words[self.bases[r] + A.POST] = opno
+
+    def done(self, r: int) -> int:
+        return int(self.words[A.HostArena.ctrl(r) + A.DONE])
+
+
+def _inputs(dt: np.dtype, ranks: int, count: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dt.kind == "b":
+        return rng.integers(0, 2, (ranks, count)).astype(dt)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, (ranks, count), dtype=dt, endpoint=True)  # wraps under SUM and PROD
+    vals = rng.standard_normal((ranks, count)) * 3
+    if dt.kind == "c":
+        vals = vals + 1j * rng.standard_normal((ranks, count))
+    out = vals.astype(dt)
+    if dt.kind == "f" and count > 3:
+        out[0, 1], out[-1, 2], out[:, 3] = np.nan, np.inf, -0.5  # NaN and inf follow NumPy's rules
+    return out
+
+
+def _numpy_reference(op: ops.Op, rows: np.ndarray) -> np.ndarray:
+    """What the Python path computes: chained ufunc calls in rank order, then the AVG division."""
+    out = np.empty_like(rows[0])
+    op.ufunc(rows[0], rows[1], out=out)
+    for q in range(2, len(rows)):
+        op.ufunc(out, rows[q], out=out)
+    if op.averages:
+        np.divide(out, out.dtype.type(len(rows)), out=out)
+    return out
+
+
+@need_numba
+@pytest.mark.parametrize("dt", DTYPES, ids=str)
+def test_allreduce_kernel_is_bit_exact(dt: np.dtype) -> None:
+    tried = 0
+    for ranks in (2, 3, 5):
+        for count in (0, 1, 7, 1000):
+            for op in ops.OPS.values():
+                if not _valid(op, dt):
+                    continue
+                me = ranks - 1
+                rows = _inputs(dt, ranks, count, seed=ranks * 1000 + count + op.code)
+                fake = FakeArena(ranks, me)
+                slots = np.zeros((ranks, count), dt)
+                for r in range(ranks):
+                    if r != me:
+                        slots[r] = rows[r]
+                send, recv = rows[me].copy(), np.zeros(count, dt)
+                with np.errstate(all="ignore"):
+                    status = K.allreduce(fake.words, slots, send, recv, me, fake.bases, SIG, 1, op.code, 1000)
+                    expect = _numpy_reference(op, rows)
+                assert status & 3 == arena_jit.DONE, (ranks, count, op)
+                assert recv.tobytes() == expect.tobytes(), f"{op.name} {dt} ranks={ranks} count={count}"
+                assert np.array_equal(slots[me], rows[me]) and np.array_equal(send, rows[me])  # posted, input kept
+                assert fake.done(me) == 1 and int(fake.words[fake.bases[me] + A.POST]) == 1
+                assert np.array_equal(fake.words[fake.bases[me] : fake.bases[me] + 4], SIG)
+                tried += 1
+    assert tried >= 12
+
+
+@need_numba
+def test_allreduce_kernel_in_place() -> None:
+    fake = FakeArena(3, me=1)
+    slots = np.zeros((3, 4), np.float64)
+    slots[0], slots[2] = [1, 2, 3, 4], [10, 20, 30, 40]
+    buf = np.array([100, 200, 300, 400], np.float64)
+    assert K.allreduce(fake.words, slots, buf, buf, 1, fake.bases, SIG, 1, ops.SUM.code, 1000) & 3 == arena_jit.DONE
+    assert buf.tolist() == [111, 222, 333, 444]
+
+
+@need_numba
+def test_kernel_waits_and_refuses_without_finishing() -> None:
+    # a peer that has not posted: posted here, not done, result untouched
+    fake = FakeArena(3, me=0, posted=2)
+    slots, recv = np.zeros((3, 2), np.int32), np.full(2, -1, np.int32)
+    status = K.allreduce(fake.words, slots, np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50)
+    assert status & 3 == arena_jit.WAITING and fake.done(0) == 0 and recv.tolist() == [-1, -1]
+    assert int(fake.words[fake.bases[0] + A.POST]) == 1  # the Python schedule picks up from here
+    # a peer that posted another call: MISMATCH, nothing reduced
+    other = SIG.copy()
+    other[2] = 8
+    fake = FakeArena(2, me=0, sig=other)
+    status = K.allreduce(fake.words, slots[:2], np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50)
+    assert status & 3 == arena_jit.MISMATCH and fake.done(0) == 0 and recv.tolist() == [-1, -1]
+    assert K.barrier(fake.words, 0, fake.bases, SIG, 1, 50) & 3 == arena_jit.MISMATCH
+
+
+@need_numba
+def test_barrier_kernel_and_doorbell() -> None:
+    fake = FakeArena(4, me=2)
+    bell = A._BELL_BYTE // 8
+    before = int(fake.words[bell])
+    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50) == arena_jit.DONE  # nobody asleep: no wake asked
+    assert fake.done(2) == 1 and int(fake.words[bell]) == before + 2  # rung after posting and after finishing
+    fake = FakeArena(4, me=2)
+    fake.words[A.HostArena.ctrl(3) + A.SLEEPING] = 1
+    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50) == arena_jit.DONE | arena_jit.WAKE
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
+    """Repeated calls from the first repeat on (PYCOLL_ARENA_JIT_AFTER=0), all ranks compiled and mixed with Python."""
+    env = {"PYCOLL_ARENA_JIT_AFTER": "0", "PYCOLL_ALGO": "allreduce:oneshot"}
+    res = harness.run_cases(n, ["repeated.*"], transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
+    res.assert_ok()
+    if K is not None:
+        assert res.records("repeated.allreduce_repeated", "compiled_same") == dict.fromkeys(range(n), True)
+        mixed = res.records("repeated.allreduce_repeated", "compiled_mixed")
+        assert mixed == {r: r != 0 for r in range(n)}
+        assert res.records("repeated.allreduce_repeated_mismatch", "compiled") == dict.fromkeys(range(n), True)
