@@ -15,16 +15,19 @@ FORCED = {
     "doubling": "allreduce:doubling",
     "arena-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma,reduce:chain",
     "arena-oneshot": "allreduce:oneshot",
-    "arena-staged": "allreduce:staged",
+    "arena-staged": "allreduce:staged,broadcast:staged",
     "arena-no-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma",
+    "arena-staged-python": "allreduce:staged,broadcast:staged",
 }
 # Extra settings per set: small arena chunks pull in many steps; a larger slot sends more sizes one-shot;
 # without cross-memory attach the cma algorithms must agree to fall back to streams.
 ENV = {
     "arena-cma": {"PYCOLL_ARENA_CHUNK": "4K"},
     "arena-oneshot": {"PYCOLL_ARENA_SLOT": "1M"},
-    "arena-staged": {"PYCOLL_ARENA_STAGE": "64K"},  # many rounds
+    "arena-staged": {"PYCOLL_ARENA_STAGE": "64K", "PYCOLL_ARENA_PIPE_CHUNK": "4K"},  # many rounds, a wrapping ring
     "arena-no-cma": {"PYCOLL_CMA_DISABLE": "1"},
+    # the pipelined broadcast's NumPy loop, where Numba is absent
+    "arena-staged-python": {"PYCOLL_ARENA_STAGE": "64K", "PYCOLL_ARENA_PIPE_CHUNK": "4K", "PYCOLL_ARENA_JIT": "0"},
 }
 CASES = ["reduce.allreduce", "reduce.reduce", "reduce.reduce_scatter*", "movement.bcast", "movement.allgather*"]
 LARGE = ["large.allreduce"]  # 2**20+3 elements: many chunks in flight
@@ -46,7 +49,7 @@ def test_forced_sets_cover_every_flat_algorithm() -> None:
 # The arena sets run in fewer jobs: tests/test_algorithms_sim.py runs the same arena code for real on 2-8 ranks.
 ARENA_SETS = [k for k in FORCED if k.startswith("arena-")]
 FORCED_JOBS = [(k, n) for k in FORCED for n in RANKS if k not in ARENA_SETS or n == 3]
-LIGHT_JOBS = [(k, n) for k in FORCED for n in LIGHT_RANKS if k not in ARENA_SETS or (n == 2 and k != "arena-no-cma")]
+LIGHT_JOBS = [(k, n) for k in FORCED for n in LIGHT_RANKS if k not in ARENA_SETS or (n == 2 and k not in ("arena-no-cma", "arena-staged-python"))]
 
 
 @pytest.mark.timeout(300)

@@ -16,6 +16,7 @@ from ..transport import arena as _arena
 _HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
 _KIND, _SEND, _RECV, _NBYTES, _POST = _arena.KIND, _arena.SEND, _arena.RECV, _arena.NBYTES, _arena.POST
+_STAGED, _CONSUMED = _arena.STAGED, _arena.CONSUMED
 _BELL_WORD = _arena._BELL_BYTE // 8
 _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _ops.MAX.code, _ops.AVG.code
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
@@ -63,6 +64,22 @@ def cpu_relax(typingctx):
         return context.get_dummy_value()
 
     return types.void(), codegen
+
+
+@intrinsic
+def copy_bytes(typingctx, dst, dst_off, src, src_off, nbytes):
+    """memcpy(dst.data + dst_off, src.data + src_off, nbytes) through LLVM's memcpy (libc speed, cacheable)."""
+
+    def codegen(context, builder, sig, args):
+        i8p = ir.IntType(8).as_pointer()
+        d = context.make_array(sig.args[0])(context, builder, args[0])
+        s = context.make_array(sig.args[2])(context, builder, args[2])
+        dp = builder.gep(builder.bitcast(d.data, i8p), [args[1]])
+        sp = builder.gep(builder.bitcast(s.data, i8p), [args[3]])
+        cgutils.raw_memcpy(builder, dp, sp, args[4], context.get_constant(types.intp, 1))
+        return context.get_dummy_value()
+
+    return types.void(dst, types.intp, src, types.intp, types.intp), codegen
 
 
 def _combine(op, a, b):  # pragma: no cover - replaced by the overload below in compiled code
@@ -234,3 +251,50 @@ def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls):
         for i in range(n):
             recv[i] = _mean(recv[i], size)
     return _finish(words, me, size, opno) | (status & _WAKE)
+
+
+@njit(cache=True, nogil=True)
+def _counter(words, rank, which):
+    return np.int64(load_acquire(words, _HEADER + rank * _CTRL + which))
+
+
+@njit(cache=True, nogil=True)
+def pipe_broadcast(words, stage, buf, me, root, size, base, chunk, nslots, start, polls):
+    """Chunks ``start``.. of a broadcast through the root's stage ring, as far as ``polls`` spins allow.
+
+    Chunks are numbered over the arena's life from ``base``. The root copies chunk j of ``buf`` into ring
+    slot (base + j) % nslots once every reader has consumed the chunk that used that slot before, then raises its STAGED counter to base + j + 1; a reader waits for that,
+    copies the slot into ``buf`` and raises its CONSUMED counter. Returns (next chunk, WAKE or 0): the
+    caller wakes sleepers when asked and waits with timeouts before calling again.
+    """
+    n = len(buf)
+    nchunks = (n + chunk - 1) // chunk
+    j = start
+    budget = polls
+    while j < nchunks:
+        lo = j * chunk
+        m = min(n - lo, chunk)
+        slot = ((base + j) % nslots) * chunk
+        if me == root:
+            need = base + j - nslots + 1
+            for r in range(size):
+                if r != root:
+                    while _counter(words, r, _CONSUMED) < need:
+                        budget -= 1
+                        if budget <= 0:
+                            return j, 0
+                        cpu_relax()
+            copy_bytes(stage, slot, buf, lo, m)
+            store_seq_cst(words, _HEADER + me * _CTRL + _STAGED, base + j + 1)
+        else:
+            while _counter(words, root, _STAGED) < base + j + 1:
+                budget -= 1
+                if budget <= 0:
+                    return j, 0
+                cpu_relax()
+            copy_bytes(buf, lo, stage, slot, m)
+            store_seq_cst(words, _HEADER + me * _CTRL + _CONSUMED, base + j + 1)
+        j += 1
+        if _ring(words, me, size):
+            return j, _WAKE
+    return j, 0
