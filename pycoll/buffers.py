@@ -80,6 +80,12 @@ def _is_cuda(obj: Any) -> bool:
 
 def _as_flat_array(obj: Any, what: str, op: str) -> np.ndarray:
     """A 1-D view of the object's memory, no copy; raises InvalidArgumentError otherwise."""
+    if type(obj) is np.ndarray:  # the common case: host memory, no protocol to ask
+        if obj.ndim == 1 and obj.flags.c_contiguous:
+            return obj
+        if not (obj.flags.c_contiguous or obj.flags.f_contiguous):
+            raise InvalidArgumentError(f"{what} is not contiguous (shape {obj.shape}, strides {obj.strides})", op=op)
+        return obj.reshape(-1, order="A")
     if _is_cuda(obj):
         raise InvalidArgumentError(
             f"{what} is a CUDA array; this pycoll build has host buffers only (the cuda memory backend is not installed)",

@@ -115,6 +115,30 @@ class _AllreducePlan:
         return Call("allreduce", self.dtype, flat[0], flat[1], self.op, in_place=self.send is None)
 
 
+class _BcastPlan:
+    """Checked Bcast arguments for one array and root, kept (weakly) for the inline staged path."""
+
+    __slots__ = ("buf", "meta", "call", "sig", "algo", "algo_for", "words", "sig_array")
+
+    def __init__(self, buf: np.ndarray, call: Call, sig: Sig) -> None:
+        self.buf = weakref.ref(buf)
+        self.meta = self.describe(buf)
+        self.call, self.sig = call, sig  # the flat view in ``call`` is rebuilt per hit
+        self.algo: Any = None
+        self.algo_for: tuple = ()
+        self.words = shared.sig_words(sig)
+        self.sig_array = arena_jit.sig_array(self.words)
+
+    @staticmethod
+    def describe(buf: np.ndarray) -> tuple:
+        return (buf.shape, buf.strides, buf.dtype, buf.flags.writeable, buf.flags.c_contiguous)
+
+    def flat(self, buf: Any) -> Optional[np.ndarray]:
+        if self.buf() is not buf or self.describe(buf) != self.meta:
+            return None
+        return buf if buf.ndim == 1 else buf.reshape(-1)
+
+
 _PLANS = 8  # Allreduce plans kept per communicator
 _FAST_SPIN_S = 50e-6  # how long a fast-path Allreduce spins for its peers before it waits as a schedule
 ONESHOT = shared.allreduce_oneshot
@@ -139,7 +163,8 @@ class Comm:
         self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks])
         self._arena: Optional[ArenaState] = None
         self._plans: dict[tuple, _AllreducePlan] = {}
-        self._last_plan: Optional[_AllreducePlan] = None  # the plan of the call being scheduled
+        self._last_plan: Any = None  # the plan (_AllreducePlan or _BcastPlan) of the call being scheduled
+        self._bcast_plans: dict[tuple, _BcastPlan] = {}
         self._others = [q for q in range(self._size) if q != self._rank]
         # (choice key, Barrier inline on the arena?, its sig, its posted words, those as a kernel argument)
         self._barrier_choice: tuple = ((), False, None, None, None)
@@ -234,7 +259,7 @@ class Comm:
         self._seq += 1
         steps, owner = self._steps(label, sig)
         algo = select(call, self._layout)
-        if call.coll == "allreduce" and self._last_plan is not None:  # remember the choice for the fast path
+        if self._last_plan is not None:  # remember the choice for the fast path
             self._last_plan.algo = algo.run
             self._last_plan.algo_for = self._choice_key()
             self._last_plan = None
@@ -376,7 +401,7 @@ class Comm:
             def attempt(a: Any, opno: int) -> Optional[tuple]:
                 slots, bases = prep.views[opno & 1]
                 status = kern.allreduce(a.u64, slots, send, recv, rank, bases, prep.sig, opno, prep.code, self._compiled.polls)
-                return None if arena_jit.finished(a, opno, status) else prep.words
+                return None if arena_jit.finished(a, opno, status, self._compiled) else prep.words
         else:
             call = Call("allreduce", plan.dtype, send, recv, plan.op, in_place=send is recv)
 
@@ -536,8 +561,57 @@ class Comm:
         call = Call("broadcast", b.dtype, recv=b.array, root=root)
         return call, self._sig(call, b.count)
 
+    def _bcast_planned(self, buf: Any, root: Any) -> tuple[Call, Sig]:
+        """``_bcast_call``, remembered per (array, root) for contiguous NumPy arrays, so that the choice of
+        algorithm can be reused by the inline path."""
+        call, sig = self._bcast_call(buf, root)
+        if type(buf) is np.ndarray and buf.flags.c_contiguous and self._arena is not None:
+            if len(self._bcast_plans) >= _PLANS:
+                self._bcast_plans.pop(next(iter(self._bcast_plans)))
+            self._bcast_plans[(id(buf), call.root)] = self._last_plan = _BcastPlan(buf, call, sig)
+        return call, sig
+
     def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Bcast", self._bcast_call, buf, root)
+        if self._arena is not None and self._arena.status == "ready" and self._bcast_fast(buf, root):
+            return
+        self._run("Bcast", self._bcast_planned, buf, root)
+
+    def _bcast_fast(self, buf: Any, root: Any) -> bool:
+        """A repeated Bcast whose plan chose ``broadcast:staged``, run inline by one kernel call when the
+        peers keep up (see ``_arena_meeting``); False (nothing done) otherwise."""
+        try:
+            plan = self._bcast_plans.get((id(buf), root))
+        except TypeError:
+            return False
+        if plan is None or plan.algo is not shared.broadcast_staged or plan.algo_for != self._choice_key():
+            return False
+        flat = plan.flat(buf)
+        state = self._arena
+        arena = state.arena  # type: ignore[union-attr]
+        if flat is None or arena is None or not arena.stage_bytes:
+            return False
+        kern = self._compiled.open(_FAST_SPIN_S)
+        if kern is None:
+            return False
+        call = Call("broadcast", plan.call.dtype, recv=flat, root=plan.call.root)
+        gate, rank, data = self._compiled, self._rank, flat.view(np.uint8)
+        chunk, nslots, _ = shared.pipe_shape(arena, data.nbytes)
+        resume: list = [False, 0]
+
+        def attempt(a: Any, opno: int) -> Optional[tuple]:
+            base = a.rounds
+            status, j, met = kern.broadcast(a.u64, a.stage(call.root), data, rank, gate.bases(a, opno), plan.sig_array,
+                                            opno, call.root, base, chunk, nslots, gate.polls)
+            if arena_jit.finished(a, opno, status, gate):
+                a.rounds = base + j
+                return None
+            resume[:] = [met, j]
+            return plan.words
+
+        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
+            return shared.broadcast_staged_rest(st, a, opno, mine, call, resume[0], resume[1])
+
+        return self._arena_meeting("Bcast", plan.sig, attempt, rest)
 
     def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
         return self._start("Ibcast", self._bcast_call, buf, root)
@@ -701,7 +775,7 @@ class Comm:
 
             def attempt(a: Any, opno: int) -> Optional[tuple]:
                 status = kern.barrier(a.u64, rank, gate.bases(a, opno), sig_arr, opno, gate.polls)
-                return None if arena_jit.finished(a, opno, status) else words
+                return None if arena_jit.finished(a, opno, status, gate) else words
         else:
             def attempt(a: Any, opno: int) -> Optional[tuple]:
                 return self._spin_meeting(a, opno, shared.post_call(a, opno, sig), lambda: None)
@@ -909,6 +983,7 @@ class Comm:
         self._live("Free")
         self._freed = True
         self._plans.clear()
+        self._bcast_plans.clear()
         if self._arena is not None:
             self._arena.close()
 

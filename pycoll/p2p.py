@@ -244,6 +244,9 @@ class Engine:
         self._order = sorted(channels)
         self._tcp_fds = {ch.fileno(): ch for ch in channels.values() if ch.fileno() is not None}
         self._only_sockets = all(ch.fileno() is not None or ch.kind == "self" for ch in channels.values())
+        # More ranks on this host than cores: a waiter then sleeps on the arena doorbell right after its
+        # spin, leaving the core to a rank with work; otherwise it yields first (a futex wake costs both sides).
+        self.oversubscribed = True
         self._last_liveness = 0.0
         self.closed = False
 
@@ -679,7 +682,7 @@ class Engine:
             if idle < spin_s:
                 continue
             bell = _common_bell(pending())
-            if idle < yield_s and bell is None:
+            if idle < yield_s and (bell is None or not self.oversubscribed):
                 os.sched_yield()
                 continue
             if now - self._last_liveness > 0.25:

@@ -28,6 +28,13 @@ HOSTID = config.str_param(
 log = logging.getLogger("pycoll")
 
 
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def host_id() -> str:
     """Ranks share memory only if this matches: same machine (boot id) and same network namespace."""
     override = HOSTID.get()
@@ -108,6 +115,7 @@ class Runtime:
         self.engine = Engine(self.rank, channels)
         self.cost_model = self._agree_on_cost_model()
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
+        self.engine.oversubscribed = len(self.local_ranks) > _usable_cores()
         self.hosts = len({p.host_id for p in self.peers})
         log.info(
             "rank %d/%d up (launcher %s, %d hosts): %s",

@@ -136,8 +136,10 @@ def test_barrier_kernel_and_doorbell() -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3])
 def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
-    """Repeated calls from the first repeat on (PYCOLL_ARENA_JIT_AFTER=0), all ranks compiled and mixed with Python."""
-    env = {"PYCOLL_ARENA_JIT_AFTER": "0", "PYCOLL_ALGO": "allreduce:oneshot"}
+    """Repeated calls from the first repeat on (PYCOLL_ARENA_JIT_AFTER=0): Allreduce with all ranks compiled and
+    mixed with Python, a mismatch, and Bcast through the inline staged path."""
+    env = {"PYCOLL_ARENA_JIT_AFTER": "0", "PYCOLL_ALGO": "allreduce:oneshot,broadcast:staged",
+           "PYCOLL_ARENA_STAGE": "64K", "PYCOLL_ARENA_PIPE_CHUNK": "4K"}  # Bcast: many chunks, a wrapping ring
     res = harness.run_cases(n, ["repeated.*"], transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     if K is not None:
@@ -145,3 +147,6 @@ def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
         mixed = res.records("repeated.allreduce_repeated", "compiled_mixed")
         assert mixed == {r: r != 0 for r in range(n)}
         assert res.records("repeated.allreduce_repeated_mismatch", "compiled") == dict.fromkeys(range(n), True)
+        assert res.records("repeated.bcast_repeated", "compiled") == dict.fromkeys(range(n), True)
+        inline = res.records("repeated.bcast_repeated", "inline")
+        assert len(inline) == n and min(inline.values()) > 0, inline  # Bcasts finished by the kernel alone

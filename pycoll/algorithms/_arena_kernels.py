@@ -264,14 +264,15 @@ def pipe_broadcast(words, stage, buf, me, root, size, base, chunk, nslots, start
 
     Chunks are numbered over the arena's life from ``base``. The root copies chunk j of ``buf`` into ring
     slot (base + j) % nslots once every reader has consumed the chunk that used that slot before, then raises its STAGED counter to base + j + 1; a reader waits for that,
-    copies the slot into ``buf`` and raises its CONSUMED counter. Returns (next chunk, WAKE or 0): the
-    caller wakes sleepers when asked and waits with timeouts before calling again.
+    copies the slot into ``buf`` and raises its CONSUMED counter. Each wait may spin ``polls`` rounds.
+    Returns (next chunk, WAKE or 0): the caller wakes sleepers when asked and waits with timeouts before
+    calling again.
     """
     n = len(buf)
     nchunks = (n + chunk - 1) // chunk
     j = start
-    budget = polls
     while j < nchunks:
+        budget = polls
         lo = j * chunk
         m = min(n - lo, chunk)
         slot = ((base + j) % nslots) * chunk
@@ -298,3 +299,27 @@ def pipe_broadcast(words, stage, buf, me, root, size, base, chunk, nslots, start
         if _ring(words, me, size):
             return j, _WAKE
     return j, 0
+
+
+@njit(cache=True, nogil=True)
+def broadcast(words, stage, buf, me, bases, sig, opno, root, base, chunk, nslots, polls):
+    """A whole staged broadcast when the peers keep up: meet, pipe every chunk, close the rounds, finish.
+
+    Returns (status, next chunk, met): DONE when finished; otherwise the call is posted and ``met`` says
+    whether the meeting completed, so the caller's schedule resumes at chunk ``next`` (or at the meeting).
+    """
+    size = len(bases)
+    status = _meet(words, me, bases, sig, opno, polls)
+    if status & 3 != _DONE:
+        return status, 0, False
+    wake = status & _WAKE
+    j, more = pipe_broadcast(words, stage, buf, me, root, size, base, chunk, nslots, 0, polls)
+    wake |= more
+    if j * chunk < len(buf):
+        return _WAITING | wake, j, True
+    rounds = base + j
+    mine = _HEADER + me * _CTRL
+    store_seq_cst(words, mine + _STAGED, rounds)
+    store_seq_cst(words, mine + _arena.REDUCED, rounds)
+    store_seq_cst(words, mine + _CONSUMED, rounds)
+    return _finish(words, me, size, opno) | wake, j, True

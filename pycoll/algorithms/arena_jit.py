@@ -129,12 +129,14 @@ def slot_matrix(arena: _arena.HostArena, op: int, count: int, dtype: np.dtype) -
     )
 
 
-def finished(arena: _arena.HostArena, op: int, status: int) -> bool:
+def finished(arena: _arena.HostArena, op: int, status: int, gate: Optional["Gate"] = None) -> bool:
     """Act on a kernel's status: wake sleepers if asked; True (and ``op`` marked finished) if it completed."""
     if status & WAKE:
         arena.bell.wake()
     if status & 3 == DONE:
         arena.finished = op
+        if gate is not None:
+            gate.inline += 1
         return True
     return False
 
@@ -142,10 +144,11 @@ def finished(arena: _arena.HostArena, op: int, status: int) -> bool:
 class Gate:
     """Whether one communicator's small arena calls run compiled: after ``PYCOLL_ARENA_JIT_AFTER`` calls, if Numba loads."""
 
-    __slots__ = ("calls", "kernels", "polls", "_arena", "_bases")
+    __slots__ = ("calls", "kernels", "polls", "inline", "_arena", "_bases")
 
     def __init__(self) -> None:
         self.calls = 0
+        self.inline = 0  # calls a kernel finished on its own (no schedule), for tests and debugging
         self.kernels: Any = None  # the kernel module once open, False once refused
         self.polls = 0
         self._arena: Optional[_arena.HostArena] = None

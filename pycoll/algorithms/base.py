@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import copy
 import math
 from dataclasses import dataclass, field
@@ -94,11 +96,11 @@ class Layout:
     def size(self) -> int:
         return len(self.host_of)
 
-    @property
+    @functools.cached_property
     def hosts(self) -> int:
         return max(self.host_of, default=-1) + 1
 
-    @property
+    @functools.cached_property
     def groups(self) -> list[list[int]]:
         """Ranks of each host, in rank order."""
         out: list[list[int]] = [[] for _ in range(self.hosts)]
@@ -106,7 +108,7 @@ class Layout:
             out[h].append(r)
         return out
 
-    @property
+    @functools.cached_property
     def local_sizes(self) -> list[int]:
         return [len(g) for g in self.groups]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
@@ -104,8 +105,9 @@ def register(
 
 
 @lru_cache(maxsize=8)
+@lru_cache(maxsize=32)
 def parse_override(text: str) -> dict[str, str]:
-    """``"allreduce:ring,allgather:ring"`` -> {collective: algorithm}; names are checked."""
+    """``"allreduce:ring,allgather:ring"`` -> {collective: algorithm}; names are checked (cached: do not mutate)."""
     chosen: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         coll, sep, name = item.partition(":")

@@ -738,22 +738,31 @@ def broadcast_staged(st: Steps, call: Call) -> Schedule:
     if arena is None or not arena.stage_bytes:
         yield from broadcast_chain(st, call)
         return
+    op = yield from _begin(st, arena, number)
+    yield from broadcast_staged_rest(st, arena, op, post_call(arena, op, st.sig), call, False, 0)
+
+
+def pipe_shape(arena: HostArena, nbytes: int) -> tuple[int, int, int]:
+    """(chunk bytes, ring slots, chunks) of a staged broadcast of ``nbytes`` on this arena."""
+    chunk = max(64, min(ARENA_PIPE_CHUNK.get(), arena.stage_bytes) // 64 * 64)
+    return chunk, arena.stage_bytes // chunk, -(-nbytes // chunk)
+
+
+def broadcast_staged_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int, int, int, int], call: Call,
+                          met: bool, j: int) -> Schedule:
+    """A posted staged broadcast from where it stands: the meeting (unless ``met``), then chunks ``j``.."""
+    assert call.recv is not None
     p, r, root = st.size, st.rank, call.root
     others = [q for q in range(p) if q != r]
-    op = yield from _begin(st, arena, number)
     try:
-        mine = sig_words(st.sig)
-        arena.post(op, mine)
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
+        if not met:
+            yield from _meet(st, arena, op, others)
+            _check_posts(st, arena, op, others, mine)
         buf = call.recv.view(np.uint8)
-        chunk = max(64, min(ARENA_PIPE_CHUNK.get(), arena.stage_bytes) // 64 * 64)
-        nslots = arena.stage_bytes // chunk
-        nchunks = -(-buf.nbytes // chunk)
+        chunk, nslots, nchunks = pipe_shape(arena, buf.nbytes)
         base, stage = arena.rounds, arena.stage(root)
         kern = arena_jit.kernels() if arena_jit.unavailable() is None else None
         polls = arena_jit.polls_for(_PIPE_SPIN_S) if kern is not None else 0
-        j = 0
         while j < nchunks:
             if kern is not None:
                 j, wake = kern.pipe_broadcast(arena.u64, stage, buf, r, root, p, base, chunk, nslots, j, polls)

@@ -93,3 +93,22 @@ def case_allreduce_repeated_mismatch(ctx):
     if exc is not None:
         ctx.expect("called allreduce(count=" in str(exc), "the broken communicator names the mismatch", got=str(exc))
     ctx.comm.Barrier()  # other communicators are unaffected
+
+
+@case
+def case_bcast_repeated(ctx):
+    """Every root, several dtypes and counts (up to many pipeline chunks), three calls on the same array with
+    new values: planned Bcast calls (and the inline staged path) deliver the root's data each time."""
+    comm = ctx.comm.Dup()
+    for dt in (np.float32, np.int8, np.complex128, np.uint64):
+        for count in (0, 1, 7, 1000, 70001):
+            for root in range(ctx.size):
+                buf = np.empty(count, dt)
+                for k in range(3):
+                    expected = ctx.data(dt, count, root, "bcast", k)
+                    buf[...] = expected if ctx.rank == root else sentinel(dt, count)
+                    comm.Bcast(buf, root=root)
+                    ctx.check(f"Bcast dtype={np.dtype(dt).name} count={count} root={root} call {k}", buf, expected)
+    ctx.record("compiled", _compiled_on(comm))
+    ctx.record("inline", getattr(getattr(comm, "_compiled", None), "inline", 0))
+    comm.Free()
