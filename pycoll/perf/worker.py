@@ -8,7 +8,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
@@ -27,31 +27,41 @@ def np_dtype(name: str) -> Any:
     return np.dtype(name)
 
 
-def inputs(rank: int, length: int, op: str) -> np.ndarray:
-    """Small integers (1..3, or 1..2 for prod) so every dtype and every sum is exact."""
+def inputs(rank: int, length: int, op: str, dtype: Any = np.float64) -> np.ndarray:
+    """Small integers (1..3, or 1..2 for prod) so every dtype and every sum is exact: element i is
+    (i + rank) % m + 1, tiled from one period so that no temporary is larger than the result."""
     mod = 2 if op == "prod" else 3
-    return ((np.arange(length, dtype=np.int64) + rank) % mod + 1).astype(np.float64)
+    period = ((np.arange(mod) + rank) % mod + 1).astype(dtype)
+    return np.resize(period, length)
 
 
-def _reduce(arrays: list[np.ndarray], op: str) -> np.ndarray:
-    stack = np.stack(arrays)
-    return {"sum": stack.sum, "avg": stack.mean, "prod": stack.prod, "min": stack.min, "max": stack.max}[op](axis=0)
+_COMBINE = {"sum": np.add, "avg": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def _reduce(arrays: Iterable[np.ndarray], op: str) -> np.ndarray:
+    """The elementwise reduction of ``arrays`` in float64, one input in memory at a time."""
+    acc, n = None, 0
+    for a in arrays:
+        acc = a.astype(np.float64) if acc is None else _COMBINE[op](acc, a, out=acc)
+        n += 1
+    assert acc is not None
+    return acc / n if op == "avg" else acc
 
 
 def expected(coll: str, rank: int, n: int, count: int, op: str, root: int, dtype: str) -> Optional[np.ndarray]:
     """NumPy reference of this rank's output, in float64 rounded through the dtype."""
     if coll == "allreduce":
-        ref = _reduce([inputs(r, count, op) for r in range(n)], op)
+        ref = _reduce((inputs(r, count, op) for r in range(n)), op)
     elif coll == "reduce":
         if rank != root:
             return None
-        ref = _reduce([inputs(r, count, op) for r in range(n)], op)
+        ref = _reduce((inputs(r, count, op) for r in range(n)), op)
     elif coll == "broadcast":
         ref = inputs(root, count, op)
     elif coll == "allgather":
         ref = np.concatenate([inputs(r, count, op) for r in range(n)])
     elif coll == "reduce_scatter":
-        ref = _reduce([inputs(r, n * count, op) for r in range(n)], op)[rank * count:(rank + 1) * count]
+        ref = _reduce((inputs(r, n * count, op)[rank * count:(rank + 1) * count] for r in range(n)), op)
     elif coll == "alltoall":
         ref = np.concatenate([inputs(r, n * count, op)[rank * count:(rank + 1) * count] for r in range(n)])
     else:
@@ -109,7 +119,7 @@ class _MpiStyle(Backend):
         avg = op == "avg" and not self.native_avg  # mpi4py has no AVG: SUM, then divide (timed)
         mop = MPI.SUM if avg else getattr(MPI, op.upper())
         big = n * count if coll in ("reduce_scatter", "alltoall") else count
-        send = inputs(rank, big, op).astype(dt)
+        send = inputs(rank, big, op, dt)
         recv = np.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=dt)
         ip = MPI.IN_PLACE
 
@@ -206,7 +216,7 @@ class _Torch(Backend):
         avg = op == "avg" and self.name != "nccl"  # gloo has no AVG: SUM, then divide (timed)
         top = dist.ReduceOp.SUM if avg else getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper()))
         big = n * count if coll in ("reduce_scatter", "alltoall") else count
-        send = torch.from_numpy(inputs(rank, big, op)).to(tdt).to(self.device)
+        send = torch.from_numpy(inputs(rank, big, op, np.float32 if tdt == self.torch.float32 else np.float64)).to(tdt).to(self.device)
         recv = torch.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=tdt, device=self.device)
 
         def scale(t: Any) -> None:
