@@ -13,7 +13,7 @@ sweep() {  # NAME ARGS...: one JSON and one console table per sweep
 }
 sweep allreduce_small --np 2 -C allreduce -b 8 -e 64K -f 8 -n 200 -w 20
 sweep allreduce_large --np 2,4 -C allreduce -b 1M -e 256M -f 4 -n 6 -w 2
-sweep others_2ranks --np 2 -C reduce_scatter,allgather,broadcast -b 1M -e 256M -f 4 -n 12 -w 4
+sweep others_2ranks --np 2 -C reduce_scatter,allgather,broadcast -b 1M -e 256M -f 4 -n 12 -w 4 --rounds 3
 python perf/host_targets.py "$out"/allreduce_small.json "$out"/allreduce_large.json "$out"/others_2ranks.json \
   | tee "$out/targets.txt" || true
 python -m pycoll plot "$out"/allreduce_small.json "$out"/allreduce_large.json "$out"/others_2ranks.json --out "$out/plots"

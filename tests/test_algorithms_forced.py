@@ -15,7 +15,7 @@ FORCED = {
     "doubling": "allreduce:doubling",
     "arena-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma,reduce:chain",
     "arena-oneshot": "allreduce:oneshot",
-    "arena-staged": "allreduce:staged,broadcast:staged",
+    "arena-staged": "allreduce:staged,reduce_scatter:staged,broadcast:staged",
     "arena-no-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma",
     "arena-staged-python": "allreduce:staged,broadcast:staged",
 }

@@ -128,6 +128,27 @@ def test_reduce_scatter(name: str, p: int) -> None:
     assert ran > 0 or (name == "hierarchical" and (p < 4 or p % 2)) or (name in ARENA and p == 1)
 
 
+@pytest.mark.parametrize("p", (2, 3, 5))
+def test_reduce_scatter_staged_in_many_rounds(p: int, monkeypatch) -> None:
+    """A 4 KiB stage splits uneven blocks over many rounds; in place, results overwrite input not yet staged."""
+    monkeypatch.setenv("PYCOLL_ARENA_STAGE", "4K")
+    rng = np.random.default_rng(7 + p)
+    for in_place, dtype in itertools.product((False, True), (np.float64, np.int32)):
+        counts = [900 + 333 * (r % 3) for r in range(p)]  # 1 to 7 rounds' worth per block
+        total = sum(counts)
+        inputs = [_data(rng, total, dtype, r) for r in range(p)]
+        sends = [a.copy() for a in inputs]
+        recvs = [s if in_place else np.full(counts[r], 77, dtype) for r, s in enumerate(sends)]
+        calls = [Call("reduce_scatter", np.dtype(dtype), sends[r], recvs[r], ops.SUM, counts=counts, in_place=in_place)
+                 for r in range(p)]
+        run_schedules(ALGORITHMS["reduce_scatter"]["staged"], calls)
+        want, d = _reference(ops.SUM, inputs), offsets(counts)
+        for r in range(p):
+            _close(recvs[r][: counts[r]], want[d[r] : d[r] + counts[r]], f"staged p={p} rank {r} in_place={in_place}")
+            if not in_place:
+                np.testing.assert_array_equal(sends[r], inputs[r])
+
+
 # ---- allgather ------------------------------------------------------------------------------------
 
 

@@ -578,16 +578,84 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
             yield from _meet(st, arena, k, others, "staged")
             lo, hi = displs[r], displs[r] + counts[r]
             out = results[r][: counts[r] * isz].view(call.dtype)
-            acc = send[a + lo : a + hi]
-            for q in others:
-                ufunc(acc, stages[q][lo * isz : hi * isz].view(call.dtype), out=out)
-                acc = out
-            if call.op.averages:
-                st.mem.scale(out, p)
+            _reduce_stages(st, call, send[a + lo : a + hi], [stages[q][lo * isz : hi * isz] for q in others], out)
             arena.set_counter("reduced", k)
             yield from _meet(st, arena, k, others, "reduced")
             for q in range(p):
                 recv[a + displs[q] : a + displs[q] + counts[q]] = results[q][: counts[q] * isz].view(call.dtype)
+            arena.set_counter("consumed", k)
+    finally:
+        arena.set_done(op)
+
+
+def _reduce_stages(st: Steps, call: Call, mine: np.ndarray, stages: list[np.ndarray], out: np.ndarray) -> None:
+    """``out`` = op over ``mine`` and the peers' staged bytes, in rank order (``out`` may be ``mine``)."""
+    assert call.op is not None
+    acc = mine
+    for staged in stages:
+        call.op.ufunc(acc, staged.view(call.dtype), out=out)
+        acc = out
+    if acc is not out:
+        out[...] = acc
+    if call.op.averages:
+        st.mem.scale(out, st.size)
+
+
+def _staged_rs_cost(m: CostModel, n: float, lay: Layout) -> float:
+    p = lay.size
+    rounds = max(1.0, n / m.arena_stage)
+    work = (1 + 2 * rounds) * m.arena_sync_us * 1e-6
+    work += (p - 1) / p * n / (m.copy_GBps * 1e9) + (p - 1) / p * n / (m.reduce_GBps * 1e9)
+    return work * m.over(lay)
+
+
+@register(
+    "reduce_scatter",
+    "staged",
+    "In rounds of the arena's staging size: each rank copies the parts of peers' blocks into its staging area, "
+    "then reduces its own block from every rank's stage straight into its result; single host, no kernel help.",
+    steps="2 meetings per round",
+    bytes="(p-1)/p · n copied in",
+    refuse=_refuse_single_host,
+    cost=_staged_rs_cost,
+)
+def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
+    # In place the result overwrites the front of the input: safe, because a round stages every part it
+    # sends before it reduces, and later rounds read only offsets past what this round writes.
+    assert call.send is not None and call.recv is not None and call.op is not None
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is None or not arena.stage_bytes:
+        yield from reduce_scatter_ring_algo(st, call)
+        return
+    p, r = st.size, st.rank
+    others = [q for q in range(p) if q != r]
+    op = yield from _begin(st, arena, number)
+    try:
+        mine = sig_words(st.sig)
+        arena.post(op, mine)
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        isz = call.dtype.itemsize
+        part = max(1, arena.stage_bytes // isz // p)  # elements of each destination's part per round
+        stages = [arena.stage(q) for q in range(p)]
+        displs, counts, send = offsets(call.counts), call.counts, call.send
+        for a in range(0, max(counts, default=0), part):
+            arena.rounds += 1
+            k = arena.rounds
+            if k > 1:  # peers must be done reading this rank's stage of the last round
+                yield from _meet(st, arena, k - 1, others, "consumed")
+            for q in others:
+                m = min(part, counts[q] - a)
+                if m > 0:
+                    stages[r][q * part * isz : (q * part + m) * isz].view(call.dtype)[...] = send[displs[q] + a : displs[q] + a + m]
+            arena.set_counter("staged", k)
+            yield from _meet(st, arena, k, others, "staged")
+            m = min(part, counts[r] - a)
+            if m > 0:
+                parts = [stages[q][r * part * isz : (r * part + m) * isz] for q in others]
+                _reduce_stages(st, call, send[displs[r] + a : displs[r] + a + m], parts, call.recv[a : a + m])
+            arena.set_counter("reduced", k)
             arena.set_counter("consumed", k)
     finally:
         arena.set_done(op)
