@@ -7,10 +7,13 @@ from typing import Optional
 from . import errors
 from .buffers import IN_PLACE
 from .errors import (
+    AbortedError,
     CommunicatorBrokenError,
     InvalidArgumentError,
     MismatchError,
     PeerFailureError,
+    PeerLostError,
+    PeerMismatchError,
     ProtocolError,
     PycollError,
     RemoteError,
@@ -38,6 +41,9 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "CommunicatorBrokenError",
+    "AbortedError",
+    "PeerLostError",
+    "PeerMismatchError",
 ]
 
 

@@ -92,11 +92,14 @@ def _as_flat_array(obj: Any, what: str, op: str) -> np.ndarray:
             op=op,
         )
     if isinstance(obj, np.ndarray):
-        arr = obj
-    elif hasattr(obj, "__array_interface__"):
-        arr = np.asarray(obj)
-    elif hasattr(obj, "__dlpack__"):
-        arr = np.from_dlpack(obj)
+        arr = obj.view(np.ndarray)  # a subclass (np.matrix stays 2-D when flattened) as a plain array
+    elif hasattr(obj, "__array_interface__") or hasattr(obj, "__dlpack__"):
+        try:
+            arr = np.asarray(obj) if hasattr(obj, "__array_interface__") else np.from_dlpack(obj)
+        except Exception as exc:  # noqa: BLE001 - a foreign export can fail in any way (BufferError, RuntimeError, ...)
+            raise InvalidArgumentError(
+                f"{what} of type {type(obj).__name__} could not be read as an array ({type(exc).__name__}: {exc})", op=op
+            ) from None
     else:
         try:
             mv = memoryview(obj)
@@ -106,25 +109,37 @@ def _as_flat_array(obj: Any, what: str, op: str) -> np.ndarray:
                 "buffer protocol, __array_interface__ or __dlpack__)",
                 op=op,
             ) from None
-        if not mv.contiguous:
-            raise InvalidArgumentError(f"{what} is not contiguous", op=op)
-        arr = np.frombuffer(mv, dtype=np.uint8) if mv.nbytes else np.empty(0, np.uint8)
-        if mv.format not in ("B", "b", "c"):
-            try:
-                arr = arr.view(datatypes.format_dtype(mv.format))
-            except (TypeError, ValueError):
-                raise InvalidArgumentError(f"{what} has an unsupported element format {mv.format!r}", op=op) from None
-        if not mv.readonly:
-            arr.flags.writeable = True
-        return arr
+        return _memoryview_array(mv, what, op)
     if not (arr.flags.c_contiguous or arr.flags.f_contiguous):
         raise InvalidArgumentError(f"{what} is not contiguous (shape {arr.shape}, strides {arr.strides})", op=op)
     return arr.reshape(-1, order="A")
 
 
+def _memoryview_array(mv: memoryview, what: str, op: str) -> np.ndarray:
+    """A flat array over a buffer-protocol object's memory, keeping its element type and read-only flag."""
+    if not mv.contiguous:
+        raise InvalidArgumentError(f"{what} is not contiguous", op=op)
+    try:
+        dtype: Optional[np.dtype] = np.dtype(np.uint8) if mv.format in ("B", "c") else datatypes.format_dtype(mv.format)
+    except (TypeError, ValueError):
+        dtype = None  # e.g. 'Zd' (complex): NumPy's PEP 3118 reader below knows it
+    if dtype is None or dtype.itemsize != mv.itemsize or not mv.c_contiguous:
+        try:
+            arr = np.asarray(mv)
+        except Exception:  # noqa: BLE001 - NumPy rejects formats it cannot map in several ways
+            raise InvalidArgumentError(f"{what} has an unsupported element format {mv.format!r}", op=op) from None
+        return arr.reshape(-1, order="A")
+    arr = np.frombuffer(mv, dtype=np.uint8) if mv.nbytes else np.empty(0, np.uint8)
+    arr = arr.view(dtype)
+    arr.flags.writeable = not mv.readonly  # an empty read-only buffer stays read-only
+    return arr
+
+
 def _reinterpret(arr: np.ndarray, dtype: np.dtype, what: str, op: str) -> np.ndarray:
     if arr.dtype == dtype:
         return arr
+    if arr.dtype.hasobject:  # references, not data: never reinterpreted (NumPy would raise TypeError)
+        raise InvalidArgumentError(f"{what}: dtype {arr.dtype} holds Python objects, not data", op=op)
     if arr.nbytes % dtype.itemsize:
         raise InvalidArgumentError(
             f"{what}: {arr.nbytes} bytes are not a whole number of {dtype.name} elements", op=op
@@ -133,10 +148,13 @@ def _reinterpret(arr: np.ndarray, dtype: np.dtype, what: str, op: str) -> np.nda
 
 
 def _dtype_of(spec: Any, what: str, op: str) -> np.dtype:
+    """The dtype a spec names; only element types pycoll supports (no strings, subarrays, records)."""
     try:
-        return datatypes.resolve(spec)
-    except TypeError as exc:
-        raise InvalidArgumentError(f"{what}: {exc}", op=op) from None
+        dtype = datatypes.resolve(spec)
+    except (TypeError, ValueError, KeyError, SyntaxError) as exc:  # np.dtype's answers to nonsense vary
+        raise InvalidArgumentError(f"{what}: {spec!r} is not a datatype ({exc})", op=op) from None
+    _check_supported(dtype, what, op)
+    return dtype
 
 
 def _check_supported(dtype: np.dtype, what: str, op: str) -> None:
@@ -154,7 +172,7 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
     """Resolve ``buf``, ``[buf, count]``, ``[buf, dtype]`` or ``[buf, count, dtype]``.
 
     With ``blocks`` > 1 (one block per rank, as in Allgather's recvbuf) an explicit count is per
-    block, and without one each block is ``len // blocks`` elements, as in mpi4py.
+    block, and without one the buffer must split evenly into blocks, as in mpi4py.
     """
     count: Optional[int] = None
     dtype: Optional[np.dtype] = None
@@ -169,9 +187,9 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
             c = rest.pop()
             if isinstance(c, (tuple, list)) and len(c) == 2:  # mpi4py's (count, displ)
                 c, displ = c
-                if displ:
-                    raise InvalidArgumentError(f"{what}: a displacement is only allowed in vector specs", op=op)
-            if not isinstance(c, (int, np.integer)) or isinstance(c, bool):
+                if not (displ is None or (_is_int(displ) and displ == 0)):
+                    raise InvalidArgumentError(f"{what}: a displacement ({displ!r}) is only allowed in vector specs", op=op)
+            if not _is_int(c):
                 raise InvalidArgumentError(f"{what}: count must be an integer, got {c!r}", op=op)
             count = int(c)
         if rest:
@@ -190,8 +208,10 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
                 op=op,
             )
         arr = arr[: count * blocks]
-    elif blocks > 1:
-        arr = arr[: arr.shape[0] // blocks * blocks]
+    elif blocks > 1 and arr.shape[0] % blocks:  # as mpi4py: no silent truncation
+        raise InvalidArgumentError(
+            f"{what}: {arr.shape[0]} elements do not split into {blocks} equal blocks (one per rank)", op=op
+        )
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(f"{what} is read-only", op=op)
     return Buf(arr, arr.dtype)
@@ -231,21 +251,40 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
                 f"{what}: rank {i}'s block (count {c}, displacement {d}) does not fit in {arr.shape[0]} elements",
                 op=op,
             )
-    if writable and not arr.flags.writeable:
-        raise InvalidArgumentError(f"{what} is read-only", op=op)
+    if writable:
+        if not arr.flags.writeable:
+            raise InvalidArgumentError(f"{what} is read-only", op=op)
+        _check_disjoint(counts, displs, what, op)
     return VBuf(arr, arr.dtype, counts, displs)
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def _int_list(seq: Any, size: int, name: str, what: str, op: str) -> list[int]:
-    if isinstance(seq, (int, np.integer)):
-        return [int(seq)] * size
+    """Per-rank integers; one integer means the same count for every rank, or a stride of displacements (mpi4py)."""
+    if _is_int(seq):
+        return [int(seq) * i for i in range(size)] if name == "displs" else [int(seq)] * size
     try:
-        values = [int(x) for x in seq]
+        values = list(seq)
     except TypeError:
-        raise InvalidArgumentError(f"{what}: {name} must be a sequence of integers", op=op) from None
+        raise InvalidArgumentError(f"{what}: {name} must be a sequence of integers, got {seq!r}", op=op) from None
+    if not all(_is_int(x) for x in values):  # int() would accept 1.5 or "3"
+        raise InvalidArgumentError(f"{what}: {name} must be integers, got {values!r}", op=op)
     if len(values) != size:
         raise InvalidArgumentError(f"{what}: {name} has {len(values)} entries for {size} ranks", op=op)
-    return values
+    return [int(x) for x in values]
+
+
+def _check_disjoint(counts: list[int], displs: list[int], what: str, op: str) -> None:
+    """Blocks that are written must not overlap: MPI forbids writing an element twice."""
+    spans = sorted((d, c, i) for i, (c, d) in enumerate(zip(counts, displs)) if c > 0)
+    for (d0, c0, i0), (d1, c1, i1) in zip(spans, spans[1:]):
+        if d1 < d0 + c0:
+            raise InvalidArgumentError(
+                f"{what}: the blocks of ranks {i0} and {i1} overlap (elements {d1} to {min(d0 + c0, d1 + c1) - 1})", op=op
+            )
 
 
 def overlaps(a: np.ndarray, b: np.ndarray) -> bool:

@@ -6,6 +6,7 @@ import hashlib
 import os
 import pickle
 import struct
+import sys
 import time
 import weakref
 from typing import Any, Callable, Optional, Sequence
@@ -19,7 +20,7 @@ from .algorithms import cost as cost_model
 from .algorithms import arena_jit, shared
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
-from .errors import InvalidArgumentError
+from .errors import AbortedError, InvalidArgumentError
 from .memory import backend
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
@@ -158,6 +159,7 @@ class Comm:
         self._seq = 0
         self._children = 0
         self._freed = False
+        self._aborted: Optional[AbortedError] = None
         self._name = name
         self.timeout: float = runtime.timeout
         self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks])
@@ -214,13 +216,21 @@ class Comm:
     def _live(self, opname: str) -> None:
         if self._freed:
             raise InvalidArgumentError("the communicator was freed", op=opname, rank=self._rank)
+        if self._aborted is not None:
+            raise AbortedError(f"the communicator was torn down: {self._aborted.cause}", op=opname, rank=self._rank)
         err = self._engine.broken(self._ctx)
         if err is not None:
-            from .errors import CommunicatorBrokenError
+            from .errors import CommunicatorBrokenError, CommunicatorLostError, PeerFailureError, RemoteError
 
-            raise CommunicatorBrokenError(
-                f"an earlier failure broke this communicator: {err}", op=opname, rank=self._rank
-            )
+            op = f"{opname} #{self._seq + 1}"
+            self._engine.flush(1.0)  # reports this rank passes on leave before it raises (and perhaps exits)
+            if isinstance(err, RemoteError) and self._engine.broken_since(self._ctx) == self._seq + 1:
+                self._seq += 1  # the failure was in this very call (a peer found it first): report it as such
+                raise type(err)(err.cause, op=f"{opname} #{self._seq}", rank=self._rank, peers=err.peers)
+            if isinstance(err, PeerFailureError) and err.peers:  # a death: name the dead rank, as its witnesses do
+                dead = ", ".join(map(str, err.peers))
+                raise CommunicatorLostError(f"rank {dead} failed earlier ({err.cause})", op=op, rank=self._rank, peers=err.peers)
+            raise CommunicatorBrokenError(f"an earlier failure broke this communicator: {err}", op=op, rank=self._rank)
 
     def _owner(self, opname: str, ctx: int, tag: int = -1) -> Owner:
         return Owner(opname, ctx, self._rank, self._to_comm.__getitem__, self._world, _describe, tag)
@@ -247,6 +257,7 @@ class Comm:
     def _steps(self, label: str, sig: Sig) -> tuple[Steps, Owner]:
         """The verbs and owner of the call numbered ``self._seq``."""
         owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
+        owner.sig = sig
         steps = Steps(
             self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
             self._layout, self._arena,
@@ -276,8 +287,15 @@ class Comm:
     def _finish(self, sched: Schedule) -> None:
         self._engine.wait_schedule(sched, self.timeout)
         if sched.error is not None:
-            self._engine.abort(sched.owner, sched.error)
+            self._failed(sched)
             raise sched.error
+
+    def _failed(self, sched: Schedule) -> None:
+        """After a call failed here: tell the peers; if a peer only skipped it, free its arena number."""
+        assert sched.error is not None
+        if getattr(sched.error, "contained", False) and self._arena is not None:
+            self._arena.give_back(sched.owner.tag)
+        self._engine.abort(sched.owner, sched.error)
 
     def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple) -> tuple[Call, Sig]:
         """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us."""
@@ -449,6 +467,7 @@ class Comm:
         self._seq += 1
         state.ops += 1  # type: ignore[union-attr]
         opno = arena.ops = state.ops  # type: ignore[union-attr]
+        state.last = (self._seq, opno)  # type: ignore[union-attr]
         mine = attempt(arena, opno)
         if mine is None:
             return True
@@ -498,9 +517,12 @@ class Comm:
             counts = [each] * self._size
         else:
             try:
-                counts = [int(c) for c in recvcounts]
+                items = list(recvcounts)
             except TypeError:
-                raise InvalidArgumentError("recvcounts must be a sequence of integers", op=name, rank=self._rank) from None
+                raise InvalidArgumentError(f"recvcounts must be a sequence of integers, got {recvcounts!r}", op=name, rank=self._rank) from None
+            if not all(isinstance(c, (int, np.integer)) and not isinstance(c, bool) for c in items):  # int() takes 2.5, "3"
+                raise InvalidArgumentError(f"recvcounts must be integers, got {items!r}", op=name, rank=self._rank)
+            counts = [int(c) for c in items]
             if len(counts) != self._size or min(counts, default=0) < 0:
                 raise InvalidArgumentError(
                     f"recvcounts needs {self._size} non-negative entries, got {list(counts)}", op=name, rank=self._rank
@@ -787,9 +809,11 @@ class Comm:
 
     # ---- point-to-point ------------------------------------------------------------------------
     def _peer(self, peer: int, opname: str, allow_any: bool) -> int:
+        if not isinstance(peer, (int, np.integer)):  # before any comparison: an array would compare elementwise
+            raise InvalidArgumentError(f"rank {peer!r} is not an integer", op=opname, rank=self._rank)
         if peer == PROC_NULL or (allow_any and peer == ANY_SOURCE):
-            return peer
-        if not isinstance(peer, (int, np.integer)) or not 0 <= peer < self._size:
+            return int(peer)
+        if not 0 <= peer < self._size:
             raise InvalidArgumentError(f"rank {peer!r} is not in this {self._size}-rank communicator", op=opname, rank=self._rank)
         return self._world[int(peer)]
 
@@ -987,9 +1011,25 @@ class Comm:
         if self._arena is not None:
             self._arena.close()
 
-    def Abort(self, errorcode: int = 1) -> None:  # noqa: N802
-        """Stop this process at once with ``errorcode``; the launcher then stops the others."""
-        os._exit(errorcode)
+    def Abort(self, errorcode: int = 1, *, terminate: bool = True) -> None:  # noqa: N802
+        """Tear this communicator down, from any thread, without waiting for anyone.
+
+        Calls waiting on it in other threads raise ``AbortedError`` within 50 ms, its peers raise an error
+        naming this rank, and later calls on it raise ``AbortedError``. With ``terminate`` (MPI's meaning,
+        the default) the process then exits with ``errorcode`` and the launcher stops the others; with
+        ``terminate=False`` (NCCL's ncclCommAbort) the process and its other communicators live on.
+        """
+        err = AbortedError(f"Comm.Abort({errorcode}) was called on rank {self._rank}", op=f"Abort of {self._name}", rank=self._rank)
+        self._aborted = err
+        if terminate:  # the peers see this process go (closed sockets, exited pid) within their liveness check
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # exiting regardless
+                    pass
+            os._exit(errorcode)
+        if self._size > 1:
+            self._engine.request_abort(self._ctx & ~1, err, self._world)
 
 
 class _NullComm:

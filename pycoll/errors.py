@@ -82,3 +82,19 @@ class RemoteError(PycollError):
 
 class CommunicatorBrokenError(PycollError):
     """An earlier failure left this communicator unusable; create a new one."""
+
+
+class PeerLostError(RemoteError, PeerFailureError):
+    """Another rank saw a peer die inside this operation and aborted it; ``peers`` names the dead rank."""
+
+
+class CommunicatorLostError(PeerLostError, CommunicatorBrokenError):
+    """A call on a communicator that a peer's death broke earlier; ``peers`` names the dead rank."""
+
+
+class PeerMismatchError(RemoteError, MismatchError):
+    """Another rank found that ranks called different collectives (or different arguments) in this operation."""
+
+
+class AbortedError(CommunicatorBrokenError):
+    """``Comm.Abort`` tore the communicator down (on this rank, from any thread) while this call waited."""

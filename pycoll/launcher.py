@@ -16,7 +16,7 @@ import threading
 import time
 from typing import IO, Any, Optional, Sequence
 
-from pycoll.bootstrap.store import TCPStoreServer
+from pycoll.bootstrap.store import TCPStoreServer, new_token
 from pycoll.config import float_param
 
 LAUNCH_GRACE = float_param(
@@ -175,8 +175,8 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _start_store(host: str) -> tuple[TCPStoreServer, tuple[str, int]]:
-    server = TCPStoreServer(host, 0)
+def _start_store(host: str, token: str) -> tuple[TCPStoreServer, tuple[str, int]]:
+    server = TCPStoreServer(host, 0, token=token)
     return server, server.start()
 
 
@@ -220,9 +220,11 @@ def launch(
             old_handlers[sig] = signal.signal(sig, on_signal)
     vhosts = None
     server: Optional[TCPStoreServer] = None
+    # The job token: the user's PYCOLL_JOB_TOKEN, else a fresh secret; only the ranks get it.
+    token = (env or {}).get("PYCOLL_JOB_TOKEN") or os.environ.get("PYCOLL_JOB_TOKEN") or new_token()
     try:
         if placement is None:
-            server = TCPStoreServer("127.0.0.1", 0)
+            server = TCPStoreServer("127.0.0.1", 0, token=token)
             host, port = server.start()
             where = [(0, rank, n) for rank in range(n)]  # (host, local rank, local size) per rank
         else:
@@ -230,7 +232,7 @@ def launch(
 
             vhosts = netns.VirtualHosts(len(placement), rate=link_rate).create()
             # A socket belongs to the namespace it was created in: make the store's in host 0.
-            server, (host, port) = vhosts.call(0, _start_store, vhosts.addresses[0])
+            server, (host, port) = vhosts.call(0, _start_store, vhosts.addresses[0], token)
             where = [(h, i, c) for h, c in enumerate(placement) for i in range(c)]
         base = dict(os.environ)
         base.update(env or {})
@@ -244,6 +246,7 @@ def launch(
                 PYCOLL_LOCAL_RANK=str(local_rank),
                 PYCOLL_LOCAL_SIZE=str(local_size),
                 PYCOLL_STORE_ADDR=f"{host}:{port}",
+                PYCOLL_JOB_TOKEN=token,
                 # torch.distributed's env:// (init_process_group with no init_method) works under pycoll run too
                 RANK=str(rank),
                 WORLD_SIZE=str(n),

@@ -7,6 +7,7 @@ import logging
 import os
 import select
 import struct
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -16,8 +17,11 @@ import numpy as np
 
 from .config import float_param
 from .errors import (
+    AbortedError,
     MismatchError,
     PeerFailureError,
+    PeerLostError,
+    PeerMismatchError,
     ProtocolError,
     PycollError,
     RemoteError,
@@ -29,6 +33,12 @@ log = logging.getLogger("pycoll")
 
 SPIN_US = float_param("PYCOLL_SPIN_US", 50.0, "Microseconds a wait busy-polls before it starts yielding the core.")
 YIELD_US = float_param("PYCOLL_YIELD_US", 2000.0, "Microseconds a wait then spends in sched_yield before it sleeps.")
+STALL_WARN = float_param(
+    "PYCOLL_STALL_WARN",
+    60.0,
+    "Seconds a collective may wait before pycoll logs which ranks have not joined and what they were last seen doing "
+    "(then again at every further multiple); 0 turns the report off.",
+)
 
 ANY_SOURCE = -1
 ANY_TAG = -1
@@ -46,6 +56,10 @@ _PAD_SINK = memoryview(bytearray(ALIGN))  # payloads up to this size travel in o
 CONTROL_CTX = (1 << 64) - 1
 _ABORT_TAG = 1  # a rank failed inside an operation: the communicator is broken
 _SKIP_TAG = 2  # a rank rejected its arguments before taking part: only that call fails
+_STATUS_ASK = 3  # a stalled rank asks a peer what it is doing
+_STATUS_TELL = 4  # the answer: the operations the peer is in and whom they wait for
+_CHECK_KIND = 15  # signature kind of PYCOLL_CHECK_CALLS's own messages (algorithms/check.py)
+_GOODBYE_TAG = 5  # a rank shuts down normally: its streams ending after this is no failure
 
 
 class Sig(NamedTuple):
@@ -73,6 +87,7 @@ class Owner:
     members: Sequence[int] = ()  # world ranks of the communicator
     describe: Callable[[Sig], str] = lambda s: str(s)
     tag: int = -1  # the collective's sequence number (-1 for point-to-point)
+    sig: Optional["Sig"] = None  # the collective's signature, for spotting peers that called something else
 
     def error(self, cls: type, cause: str, world_peers: Iterable[int] = ()) -> PycollError:
         return cls(cause, op=self.op, rank=self.rank, peers=sorted({self.to_comm(p) for p in world_peers}))
@@ -189,7 +204,8 @@ class Schedule:
         if not self.done:
             self.error = err
             self.done = True
-            self.gen.close()
+            if not self.gen.gi_running:  # failed from inside its own step: advance closes it after the step
+                self.gen.close()
 
     def advance(self) -> bool:
         """Run the generator as far as it can go without blocking; True if it moved."""
@@ -208,6 +224,9 @@ class Schedule:
                 return True
             except PycollError as err:
                 self.fail(err)
+                return True
+            if self.done:  # failed during that step
+                self.gen.close()
                 return True
             self.waiting = nxt if isinstance(nxt, tuple) else tuple(nxt) if isinstance(nxt, list) else (nxt,)
             self.steps += 1
@@ -238,6 +257,8 @@ class Engine:
         self._unexpected: list[_Unexpected] = []
         self._dead: dict[int, str] = {}  # world rank -> why its channel failed
         self._broken: dict[int, tuple[PycollError, int]] = {}  # ctx base -> (the abort, first failed call)
+        self._left: set[int] = set()  # world ranks that said goodbye (a normal shutdown)
+        self._told: set[int] = set()  # ctx bases whose failure this rank reported to the other members
         self._skipped: dict[tuple[int, int], RemoteError] = {}  # (ctx, seq) -> why a peer skipped that call
         self._schedules: list[Schedule] = []
         self._post_seq = 0
@@ -248,6 +269,12 @@ class Engine:
         # spin, leaving the core to a rank with work; otherwise it yields first (a futex wake costs both sides).
         self.oversubscribed = True
         self._last_liveness = 0.0
+        self._seen: dict[int, tuple[int, int]] = {}  # world rank -> (ctx, tag) of the last message it sent here
+        self._waits: list[Owner] = []
+        self._asked: set[int] = set()  # world ranks asked for their status that have not answered yet
+        self.tags_per_call = 1  # collective tags per call number (set by the layer above), for stall reports  # owners of the waits in progress (the stall report's answer)
+        self._abort_requests: deque[tuple[int, PycollError, list[int]]] = deque()  # from Comm.Abort, any thread
+        self.lock = threading.RLock()  # held by the thread inside a wait; Comm.Abort acts directly when it is free
         self.closed = False
 
     # ---- posting ---------------------------------------------------------------------------
@@ -407,13 +434,28 @@ class Engine:
 
     def _on_header(self, src: int, st: _Inbound) -> None:
         ctx, tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(st.hdr)
-        if meta >> 24 != _MAGIC:
-            raise ProtocolError(f"malformed message header from rank {src} (bad magic {meta >> 24:#x})", peers=[src])
+        try:  # the largest message a peer may announce, read once per engine
+            limit = self._max_message
+        except AttributeError:
+            from .transport.tcp import frame_limit
+
+            limit = self._max_message = frame_limit()
+        # Integer comparisons only; nothing is allocated from a length before it passed them.
+        if meta >> 24 != _MAGIC or nbytes > limit or (ctx == CONTROL_CTX and nbytes > 1 << 20):
+            if meta >> 24 != _MAGIC:
+                why = f"bad magic {meta >> 24:#x}: the stream lost its framing"
+            elif nbytes > limit:
+                why = f"it announces {nbytes} bytes, more than the {limit}-byte limit (PYCOLL_MAX_MESSAGE)"
+            else:
+                why = f"a control message of {nbytes} bytes"
+            log.warning("rank %d: closing the channel to rank %d: malformed message header (%s)", self.rank, src, why)
+            raise ProtocolError(f"malformed message header from rank {src} ({why})", rank=self.rank, peers=[src])
         sig = Sig(meta & 0xFF, (meta >> 8) & 0xFF, (meta >> 16) & 0xFF, root, count, vhash)
         st.ctx, st.tag, st.nbytes, st.sig, st.got, st.pad = ctx, tag, nbytes, sig, 0, _pad(nbytes)
         if ctx == CONTROL_CTX:
             st.target = _Unexpected(src, ctx, tag, sig, nbytes)
             return
+        self._seen[src] = (ctx, tag)
         req = self._match(src, ctx, tag)
         if req is None:
             u = _Unexpected(src, ctx, tag, sig, nbytes)
@@ -490,6 +532,12 @@ class Engine:
         if peer in self._dead:
             return
         self._dead[peer] = cause
+        clean = getattr(self.channels[peer], "closed_by_peer", False)
+        try:  # what it sent before it went (a goodbye, a report of another rank's death) comes first
+            self._pull(peer)
+        except PeerFailureError:
+            pass
+        clean = clean or peer in self._left
         log.info("channel to rank %d failed: %s", peer, cause)
         for req in self._sendq[peer]:
             req.fail(req.owner.error(PeerFailureError, cause, [peer]))
@@ -504,6 +552,17 @@ class Engine:
             self.channels[peer].close()
         except Exception:  # closing a broken channel is best effort
             pass
+        if clean:
+            self._left.add(peer)
+            return  # a normal shutdown: it finished its part; only what still needed it (failed above) fails
+        # It died: collectives of every communicator that has it cannot finish. Fail them now, naming it
+        # (a collective that only waited for flags it already set finishes first).
+        for sched in list(self._schedules):
+            if not sched.done and peer in sched.owner.members:
+                if not sched.gen.gi_running:
+                    sched.advance()
+                if not sched.done:
+                    self.break_ctx(sched.owner.ctx & ~1, sched.owner.error(PeerFailureError, cause, [peer]), sched.owner.tag)
 
     def _on_control(self, src: int, msg: _Unexpected) -> None:
         try:
@@ -512,6 +571,16 @@ class Engine:
         except (ValueError, KeyError, UnicodeDecodeError):
             raise ProtocolError(f"malformed control message from rank {src}", peers=[src]) from None
         peers = [info["rank"]] if info.get("rank") is not None else []
+        if msg.tag == _GOODBYE_TAG:
+            self._left.add(src)
+            return
+        if msg.tag == _STATUS_ASK:
+            self._tell_status(src, info)
+            return
+        if msg.tag == _STATUS_TELL:
+            self._asked.discard(src)
+            log.warning("stall report: world rank %d answers: %s", src, info.get("doing") or "no pycoll operation in progress")
+            return
         if msg.tag == _SKIP_TAG:
             err = RemoteError(
                 f"rank {info.get('rank')} rejected its arguments and skipped this call ({info.get('cause', '?')})",
@@ -526,13 +595,35 @@ class Engine:
                     return
             self._skipped[key] = err
             return
-        err = RemoteError(
-            f"rank {info.get('rank')} failed in {info.get('op', '?')} ({info.get('error', 'error')}: {info.get('cause', '?')})",
-            peers=peers,
-        )
+        lost = [int(q) for q in info.get("lost") or ()]
+        if lost:  # a peer died: say which, so every survivor names the same dead rank
+            dead = ", ".join(map(str, lost))
+            err = PeerLostError(
+                f"rank {dead} failed: rank {info.get('rank')} saw it in {info.get('op', '?')} ({info.get('cause', '?')})",
+                peers=lost,
+            )
+        elif info.get("error") in ("MismatchError", "PeerMismatchError"):  # a mismatch: every rank raises one
+            cause = str(info.get("cause", "?")).replace("this rank called", f"rank {info.get('rank')} called")
+            err = PeerMismatchError(f"{cause} (found by rank {info.get('rank')})", peers=sorted(set(peers + list(info.get("ranks") or ()))))
+        else:
+            err = RemoteError(
+                f"rank {info.get('rank')} failed in {info.get('op', '?')} ({info.get('error', 'error')}: {info.get('cause', '?')})",
+                peers=peers,
+            )
         if info.get("error") == "TimeoutError":
             err.timed_out = True  # type: ignore[attr-defined]  # stalled ranks here name whom they still wait for
+        members = [int(m) for m in info.get("members") or ()]
+        for q in lost:  # a witness saw it die: stop waiting on it everywhere, naming it
+            w = members[q] if 0 <= q < len(members) else -1
+            if w != self.rank and w in self.channels and w not in self._dead:
+                self._channel_failed(w, f"rank {q} failed (rank {info.get('rank')} saw it: {info.get('cause', '?')})")
         self.break_ctx(base & ~1, err, int(info.get("seq", -1)))
+        if lost and base & ~1 not in self._told and self.rank in members:
+            # Pass a death on before this rank can raise (and perhaps exit): whoever sees this rank's
+            # stream end has then heard which rank really died.
+            self._told.add(base & ~1)
+            fwd = Owner(info.get("op", "?"), base | 1, members.index(self.rank), lambda w: w, members, tag=int(info.get("seq", -1)))
+            self._tell_members(fwd, err, _ABORT_TAG, base & ~1)
 
     def _is_broken_for(self, owner: Owner) -> bool:
         """Calls numbered before the failed one finish normally; that one, later ones and p2p fail."""
@@ -541,9 +632,10 @@ class Engine:
 
     def break_ctx(self, base: int, err: PycollError, seq: int) -> None:
         """Fail what is pending on a communicator from collective ``seq`` on (all of it if seq < 0)."""
-        if base in self._broken:
-            return
-        self._broken[base] = (err, seq)
+        entry = self._broken.get(base)
+        if entry is not None and (entry[1] < 0 or 0 <= entry[1] <= seq):
+            return  # already broken from this call on
+        self._broken[base] = (err, seq)  # a failure in an earlier call than the one known: from there on
         broken = [s for s in self._schedules if self._is_broken_for(s.owner)]
         stalled = [self._stalled(err, s) for s in broken]  # before their receives fail below
         for req in [r for r in self._posted if self._is_broken_for(r.owner)]:
@@ -571,11 +663,23 @@ class Engine:
 
     @staticmethod
     def _with_rank(err: PycollError, owner: Owner) -> PycollError:
+        """A peer's report as this rank's error in ``owner``'s operation (its op and sequence number)."""
         if isinstance(err, RemoteError) and err.rank is None:
-            out = RemoteError(err.cause, op=owner.op, rank=owner.rank, peers=err.peers)
+            out = type(err)(err.cause, op=owner.op, rank=owner.rank, peers=err.peers)
             out.contained = getattr(err, "contained", False)  # type: ignore[attr-defined]
             return out
+        if isinstance(err, AbortedError) and err.op != owner.op:  # name the call that was waiting
+            return AbortedError(err.cause, op=owner.op, rank=owner.rank)
         return err
+
+    def poll_reports(self) -> None:
+        """Read what peers sent (reports of failures among them) without advancing any schedule."""
+        for peer in self._order:
+            if peer not in self._dead:
+                try:
+                    self._pull(peer)
+                except PeerFailureError as err:
+                    self._channel_failed(peer, err.cause)
 
     def dead_peers(self) -> dict[int, str]:
         """World ranks whose channel failed, with the reason."""
@@ -588,14 +692,23 @@ class Engine:
                 return u.src, u.sig
         return None
 
+    def broken_since(self, ctx: int) -> int:
+        """The call number from which the communicator is broken (-1: all of it, 0: not broken)."""
+        entry = self._broken.get(ctx & ~1)
+        return 0 if entry is None else entry[1]
+
     def broken(self, ctx: int) -> Optional[PycollError]:
         entry = self._broken.get(ctx & ~1)
         return entry[0] if entry is not None else None
 
     def _tell_members(self, owner: Owner, err: PycollError, tag: int, ctx: int) -> list[SendRequest]:
-        body = json.dumps(
-            {"ctx": ctx, "seq": owner.tag, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause}
-        ).encode()
+        info = {"ctx": ctx, "seq": owner.tag, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause,
+                "members": list(owner.members)}
+        if isinstance(err, PeerFailureError) and err.peers:  # the ranks that died (a lost peer's report passes them on)
+            info["lost"] = list(err.peers)
+        elif isinstance(err, MismatchError):
+            info["ranks"] = list(err.peers)
+        body = json.dumps(info).encode()
         payload = np.frombuffer(body, np.uint8)
         return [
             self.isend(p, payload, CONTROL_CTX, tag, P2P_SIG, owner)
@@ -610,14 +723,15 @@ class Engine:
     def abort(self, owner: Owner, err: PycollError) -> None:
         """Tell the communicator's other members that this operation failed here, then break it locally."""
         base = owner.ctx & ~1
-        if base in self._broken or getattr(err, "contained", False):
+        if getattr(err, "contained", False):
             return
-        reqs = self._tell_members(owner, err, _ABORT_TAG, base)
-        self._broken[base] = (err, owner.tag)
-        deadline = time.monotonic() + 1.0  # best effort: a peer that does not drain is probably dead
-        while not all(r.done for r in reqs) and time.monotonic() < deadline:
-            if not self.progress():
-                time.sleep(0.0005)
+        if base not in self._told:
+            # Tell the others even if a peer's report broke the communicator here: a rank's report then always
+            # precedes its exit on every stream, so no survivor mistakes a survivor's exit for the failure.
+            self._told.add(base)
+            self._tell_members(owner, err, _ABORT_TAG, base)
+            self._broken.setdefault(base, (err, owner.tag))
+        self.flush(1.0)  # best effort: a peer that does not drain is probably dead
         for sched in self._schedules:
             if self._is_broken_for(sched.owner):
                 sched.fail(err)
@@ -630,6 +744,13 @@ class Engine:
         if skipped is not None:
             sched.fail(self._with_rank(skipped, sched.owner))
             return sched
+        if self._dead:  # a member already died: this collective cannot finish
+            dead = [m for m in sched.owner.members if m in self._dead and m not in self._left]
+            if dead:
+                err = sched.owner.error(PeerFailureError, self._dead[dead[0]], dead)
+                sched.fail(err)
+                self.break_ctx(sched.owner.ctx & ~1, err, sched.owner.tag)
+                return sched
         sched.advance()
         if not sched.done:
             self._schedules.append(sched)
@@ -659,13 +780,36 @@ class Engine:
         pending: Callable[[], Iterable[Request]],
         spin: bool = True,
     ) -> None:
+        with self.lock:
+            if owner is not None:
+                self._waits.append(owner)
+            try:
+                self._wait_locked(finished, marker, timeout, owner, pending, spin)
+            finally:
+                if owner is not None:
+                    self._waits.remove(owner)
+
+    def _wait_locked(
+        self,
+        finished: Callable[[], bool],
+        marker: Callable[[], int],
+        timeout: float,
+        owner: Optional[Owner],
+        pending: Callable[[], Iterable[Request]],
+        spin: bool,
+    ) -> None:
         spin_s = SPIN_US.get() * 1e-6 if spin else 0.0
         yield_s = spin_s + YIELD_US.get() * 1e-6 if spin else 0.0
         start = idle_since = time.monotonic()
         deadline = start + timeout
+        stall_s = STALL_WARN.get() if owner is not None else 0.0
+        stall_at = start + stall_s if stall_s > 0 else float("inf")
         last_mark = marker()
         nap = 20e-6
         while not finished():
+            if self._abort_requests:
+                self.take_aborts()
+                continue
             if self.progress():
                 idle_since = time.monotonic()
                 nap = 20e-6
@@ -688,12 +832,84 @@ class Engine:
             if now - self._last_liveness > 0.25:
                 self._last_liveness = now
                 self._check_liveness()
+                self._check_strays()
+                if now > stall_at:
+                    assert owner is not None
+                    self._report_stall(owner, pending(), now - start)
+                    stall_at = now + stall_s
             if bell is not None:  # every wait is on one arena's flags: block on its doorbell, a peer's ring wakes us
                 waits = pending()
                 bell.sleep(min(0.001, max(deadline - now, 0)), lambda: all(w.done for w in waits))
                 continue
             nap = min(nap * 2, 0.001 if not (self._only_sockets and spin) else 0.05, max(deadline - now, 0))
             self._sleep(nap)
+
+    # ---- aborts from other threads, stall reports ----------------------------------------------
+    def request_abort(self, base: int, err: PycollError, members: Sequence[int]) -> bool:
+        """Break communicator ``base`` (world ranks ``members``) from any thread: at once if no thread is waiting
+        in this engine (True), else the waiting thread does it within one sleep (at most 50 ms)."""
+        self._abort_requests.append((base, err, list(members)))
+        if self.lock.acquire(blocking=False):
+            try:
+                self.take_aborts()
+            finally:
+                self.lock.release()
+            return True
+        return False
+
+    def take_aborts(self) -> None:
+        """Carry out the aborts other threads asked for: tell the peers, fail everything pending on the communicator."""
+        while self._abort_requests:
+            base, err, members = self._abort_requests.popleft()
+            rank = err.rank if err.rank is not None else -1
+            owner = Owner(err.op or "Abort", base | 1, rank, lambda w: w, members, tag=-1)
+            self._told.add(base)
+            reqs = self._tell_members(owner, err, _ABORT_TAG, base)
+            self.break_ctx(base, err, -1)  # earlier calls too: nothing on this communicator completes any more
+            deadline = time.monotonic() + 1.0  # best effort, as in abort()
+            while not all(r.done for r in reqs) and time.monotonic() < deadline:
+                if not self.progress():
+                    time.sleep(0.0005)
+
+    def _report_stall(self, owner: Owner, pending: Iterable[Request], waited: float) -> None:
+        """Log who has not joined ``owner``'s operation and what they were last seen in; ask them what they do."""
+        waiting = [p for p in self._pending_peers(pending) if p != self.rank]
+        parts = []
+        for p in waiting:
+            seen = self._seen.get(p)
+            if seen is None:
+                where = "no message from it yet"
+            elif seen[0] & ~1 == owner.ctx & ~1 and seen[1] >= 0:
+                where = f"last seen in call #{seen[1] // self.tags_per_call} of this communicator"
+            else:
+                where = "last seen in another communicator" + (f" (call #{seen[1] // self.tags_per_call})" if seen[1] >= 0 else " (point-to-point)")
+            if p in self._asked:
+                where += "; it has not answered the last status question (busy outside pycoll?)"
+            parts.append(f"rank {owner.to_comm(p)} (world {p}): {where}")
+        log.warning(
+            "stall: %s on world rank %d (rank %d of its communicator) has waited %.0f s; not joined: %s",
+            owner.op, self.rank, owner.rank, waited, "; ".join(parts) or "no rank (waiting on local work)",
+        )
+        body = np.frombuffer(json.dumps({"ctx": owner.ctx & ~1, "op": owner.op, "rank": owner.rank}).encode(), np.uint8)
+        for p in waiting:
+            if p not in self._dead and p in self.channels:
+                self._asked.add(p)
+                self.isend(p, body, CONTROL_CTX, _STATUS_ASK, P2P_SIG, owner)
+
+    def _tell_status(self, src: int, info: dict) -> None:
+        """Answer a stalled peer: the operations this rank waits in, and for whom."""
+        doing = []
+        for w in self._waits:
+            scheds = [s for s in self._schedules if s.owner is w]
+            pending = [x for s in scheds for x in s.waiting]
+            who = [p for p in self._pending_peers(pending) if p != self.rank]
+            doing.append(f"in {w.op} (rank {w.rank} of its communicator)" + (f", waiting for world ranks {who}" if who else ""))
+        running = [s.owner.op for s in self._schedules if s.owner not in self._waits]
+        if running:
+            doing.append("started without waiting: " + ", ".join(running))
+        body = json.dumps({"ctx": int(info.get("ctx", 0)), "rank": self.rank, "doing": "; ".join(doing)}).encode()
+        owner = Owner("stall report", CONTROL_CTX, self.rank, lambda w: w, (), tag=-1)
+        self.isend(src, np.frombuffer(body, np.uint8), CONTROL_CTX, _STATUS_TELL, P2P_SIG, owner)
 
     def _sleep(self, seconds: float) -> None:
         if self._only_sockets and self._tcp_fds:
@@ -704,18 +920,29 @@ class Engine:
                 return
         time.sleep(seconds)
 
+    def _check_strays(self) -> None:
+        """Fail a waiting collective when a peer sent a message for the same call number with another signature:
+        it called something else (a message nobody will ever receive), whatever the algorithms' meeting points."""
+        for sched in self._schedules:
+            own = sched.owner
+            if sched.done or own.sig is None or own.tag < 0:
+                continue
+            lo, hi = own.tag * self.tags_per_call, (own.tag + 1) * self.tags_per_call
+            for u in self._unexpected:
+                if u.ctx == own.ctx and lo <= u.tag < hi and u.sig != own.sig and u.sig.kind != _CHECK_KIND:
+                    sched.fail(own.error(
+                        MismatchError, f"rank {own.to_comm(u.src)} called {own.describe(u.sig)}, this rank called {own.describe(own.sig)}",
+                        [u.src],
+                    ))
+                    break
+
     def _check_liveness(self) -> None:
         for peer, ch in self.channels.items():
             if peer in self._dead:
                 continue
             reason = ch.check_alive()
             if reason is not None:
-                # Drain what it sent before it went away, then fail it.
-                try:
-                    self._pull(peer)
-                except PeerFailureError:
-                    pass
-                self._channel_failed(peer, reason)
+                self._channel_failed(peer, reason)  # drains what it sent before it went away
 
     def _timed_out(self, owner: Owner, timeout: float, pending: Iterable[Request]) -> None:
         pending = [x for r in pending for x in getattr(r, "requests", (r,))]  # waits on any of several groups
@@ -739,6 +966,12 @@ class Engine:
         if self.closed:
             return
         self.closed = True
+        owner = Owner("shutdown", CONTROL_CTX, self.rank, lambda w: w, (), tag=-1)
+        bye = np.frombuffer(json.dumps({"ctx": 0, "rank": self.rank}).encode(), np.uint8)
+        for peer in self._order:  # before the streams end, so that peers do not take this for a death
+            if peer not in self._dead and peer != self.rank and self.channels[peer].kind != "self":
+                self.isend(peer, bye, CONTROL_CTX, _GOODBYE_TAG, P2P_SIG, owner)
+        self.flush(0.5)
         for ch in self.channels.values():
             try:
                 ch.close()

@@ -89,7 +89,10 @@ class Request:
                 err = self._schedule.error
                 if err is not None:
                     assert self._engine is not None
-                    self._engine.abort(self._schedule.owner, err)
+                    if self._comm is not None:
+                        self._comm._failed(self._schedule)
+                    else:
+                        self._engine.abort(self._schedule.owner, err)
                     raise err
             elif self._p2p is not None:
                 if self._p2p.error is not None:

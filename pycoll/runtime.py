@@ -12,6 +12,7 @@ from typing import Optional
 
 from . import config
 from .algorithms import cost
+from .algorithms.base import LANES
 from .algorithms.cost import CostModel
 from .bootstrap import BootstrapInfo, bootstrap, publish_all
 from .bootstrap.store import barrier as store_barrier
@@ -113,6 +114,7 @@ class Runtime:
             channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, job_barrier, self.timeout))
         job_barrier("connected")
         self.engine = Engine(self.rank, channels)
+        self.engine.tags_per_call = LANES
         self.cost_model = self._agree_on_cost_model()
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
         self.engine.oversubscribed = len(self.local_ranks) > _usable_cores()

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import builtins
+import logging
 import socket
 import struct
 import threading
+import time
 
 import pytest
 
+from pycoll.bootstrap import store as store_mod
 from pycoll.bootstrap.store import TCPStore, TCPStoreServer, TorchStore, barrier
 from pycoll.errors import InvalidArgumentError, PeerFailureError, ProtocolError, TimeoutError
+
+TOKEN = "test-token"
+
+
+@pytest.fixture(autouse=True)
+def no_env_token(monkeypatch):
+    monkeypatch.delenv("PYCOLL_JOB_TOKEN", raising=False)
 
 
 @pytest.fixture
@@ -21,7 +31,17 @@ def server():
 
 def client(srv: TCPStoreServer, timeout: float = 10.0) -> TCPStore:
     host, port = srv.address
-    return TCPStore(host, port, connect_timeout=timeout)
+    return TCPStore(host, port, connect_timeout=timeout, token=srv.token)
+
+
+def _eventually(cond, timeout: float = 10.0) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` s pass (the server logs from its own threads)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def free_port() -> int:
@@ -146,18 +166,33 @@ def test_malformed_frame_from_client_gets_error_and_server_survives(server):
         assert st.get("ok", 1.0) == b"1"
 
 
-def _fake_server(reply: bytes, after_hello: bool):
-    """A listener that answers the first request (or the one after a valid hello) with ``reply``."""
+def _recv_n(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        part = conn.recv(n - len(data))
+        if not part:
+            break
+        data += part
+    return data
+
+
+def _fake_server(reply: bytes, after_hello: bool, token: str = TOKEN):
+    """A listener that answers the first request (or the one after a valid handshake) with ``reply``."""
     lsock = socket.create_server(("127.0.0.1", 0))
+    key = token.encode()
 
     def serve() -> None:
         conn, _ = lsock.accept()
         with conn:
+            if after_hello:  # the real challenge-response, as a TCPStoreServer with ``token`` does it
+                magic = store_mod._MAGIC
+                hello = _recv_n(conn, 9 + len(magic) + 16)
+                client_nonce, server_nonce = hello[-16:], b"s" * 16
+                proof = store_mod.auth_proof(key, b"store-server", client_nonce, server_nonce)
+                conn.sendall(struct.pack("!BI", 0, len(magic) + 48) + magic + server_nonce + proof)
+                _recv_n(conn, 9 + 32)
+                conn.sendall(struct.pack("!BI", 0, 0))
             conn.recv(4096)
-            if after_hello:
-                magic = b"pycoll-store/1"
-                conn.sendall(struct.pack("!BI", 0, len(magic)) + magic)
-                conn.recv(4096)
             conn.sendall(reply)
         lsock.close()
 
@@ -169,13 +204,13 @@ def _fake_server(reply: bytes, after_hello: bool):
 def test_garbage_handshake_raises_peer_failure():
     port = _fake_server(b"HTTP/1.1 400 Bad Request\r\n\r\n", after_hello=False)
     with pytest.raises(PeerFailureError, match="not a working pycoll store"):
-        TCPStore("127.0.0.1", port, connect_timeout=10)
+        TCPStore("127.0.0.1", port, connect_timeout=10, token=TOKEN)
 
 
 @pytest.mark.timeout(30)
 def test_malformed_reply_raises_peer_failure():
     port = _fake_server(struct.pack("!BI", 77, 0), after_hello=True)
-    st = TCPStore("127.0.0.1", port, connect_timeout=10)
+    st = TCPStore("127.0.0.1", port, connect_timeout=10, token=TOKEN)
     with pytest.raises(ProtocolError, match="malformed"):
         st.get("x", 1.0)
     with pytest.raises(PeerFailureError, match="closed"):  # the broken connection is not reused
@@ -185,7 +220,7 @@ def test_malformed_reply_raises_peer_failure():
 @pytest.mark.timeout(30)
 def test_reply_cut_short_raises_peer_failure():
     port = _fake_server(struct.pack("!BI", 0, 100) + b"short", after_hello=True)
-    st = TCPStore("127.0.0.1", port, connect_timeout=10)
+    st = TCPStore("127.0.0.1", port, connect_timeout=10, token=TOKEN)
     with pytest.raises(PeerFailureError):
         st.get("x", 1.0)
 
@@ -220,7 +255,7 @@ def test_client_retries_until_the_server_starts():
     timer = threading.Timer(0.5, srv.start)
     timer.start()
     try:
-        with TCPStore("127.0.0.1", port, connect_timeout=20) as st:
+        with TCPStore("127.0.0.1", port, connect_timeout=20, token=srv.token) as st:
             st.set("k", b"v")
             assert srv.get_local("k") == b"v"
     finally:
@@ -232,7 +267,7 @@ def test_client_retries_until_the_server_starts():
 def test_connect_timeout_raises_pycoll_timeout():
     port = free_port()
     with pytest.raises(TimeoutError, match=f"127.0.0.1:{port}"):
-        TCPStore("127.0.0.1", port, connect_timeout=0.5)
+        TCPStore("127.0.0.1", port, connect_timeout=0.5, token=TOKEN)
 
 
 @pytest.mark.timeout(30)
@@ -261,6 +296,49 @@ def test_stop_is_idempotent_and_wait_idle():
     assert srv.wait_idle(10.0)
     srv.stop()
     srv.stop()
+
+
+# ----------------------------------------------------------------------------- job token
+
+
+@pytest.mark.timeout(30)
+def test_wrong_token_is_refused_and_logged(caplog):
+    with TCPStoreServer("127.0.0.1", 0, token=TOKEN) as srv, caplog.at_level(logging.WARNING, logger="pycoll"):
+        host, port = srv.address
+        with pytest.raises(PeerFailureError, match="PYCOLL_JOB_TOKEN differs") as info:
+            TCPStore(host, port, connect_timeout=10, token="not-the-job-token")
+        assert info.value.op == "store connect"
+        with TCPStore(host, port, connect_timeout=10, token=TOKEN) as st:  # the job goes on
+            st.set("k", b"v")
+            assert st.get("k", 1.0) == b"v"
+        assert _eventually(lambda: srv.refused == 1) and srv.is_serving()
+    assert any("127.0.0.1" in r.getMessage() and "handshake" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(30)
+def test_client_needs_a_token(monkeypatch):
+    with TCPStoreServer("127.0.0.1", 0, token=TOKEN) as srv:
+        with pytest.raises(InvalidArgumentError, match="PYCOLL_JOB_TOKEN"):
+            TCPStore(*srv.address, connect_timeout=5)
+        monkeypatch.setenv("PYCOLL_JOB_TOKEN", TOKEN)  # the environment supplies it
+        with TCPStore(*srv.address, connect_timeout=5) as st:
+            st.set("k", b"v")
+
+
+@pytest.mark.timeout(30)
+def test_server_token_defaults(monkeypatch):
+    a, b = TCPStoreServer(), TCPStoreServer()
+    assert a.token and b.token and a.token != b.token and len(a.token) == 64  # fresh, random
+    monkeypatch.setenv("PYCOLL_JOB_TOKEN", "from-env")
+    assert TCPStoreServer().token == "from-env"
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        TCPStoreServer(token="")
+
+
+@pytest.mark.timeout(30)
+def test_server_binds_loopback_by_default():
+    with TCPStoreServer() as srv:
+        assert srv.address[0] == "127.0.0.1"
 
 
 @pytest.mark.timeout(60)

@@ -9,6 +9,7 @@ attach, every rank learns it at set-up and runs the named stream algorithm inste
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
@@ -19,7 +20,7 @@ import numpy as np
 from ..config import bool_param, size_param
 from ..errors import MismatchError, PeerFailureError
 from ..p2p import Sig
-from ..transport.arena import ARENA_SLOT, ARENA_STAGE, CONSUMED, REDUCED, STAGED, ArenaUnavailable, HostArena
+from ..transport.arena import ARENA_SLOT, ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena
 from ..transport.shm import SHM_DIR, SHM_DISABLE
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
@@ -53,8 +54,29 @@ class ArenaState:
         self.arena: Optional[HostArena] = None
         self.status = "new"  # new -> setting up -> ready | failed
         self.ops = 0  # arena calls started on this rank, numbered in call order (the same on every rank)
+        self.last: tuple[int, int] = (0, 0)  # (call number, arena number) of the latest arena call
         self.reason = ""
         self.cma_reason: Optional[str] = None
+
+    def give_back(self, seq: int) -> None:
+        """Call ``seq`` took an arena number, but a peer rejected its arguments and took none: free the number,
+        so the next call is numbered alike everywhere. Only the latest number can go back, and only before
+        any round ran (the call was still waiting for the peer's post)."""
+        number = self.last[1]
+        if self.last[0] != seq or self.ops != number or number <= 0:
+            return
+        self.ops = number - 1
+        self.last = (0, 0)
+        arena = self.arena
+        if arena is None:
+            return
+        arena.ops = min(arena.ops, number - 1)
+        if arena.finished == number:
+            arena.finished = number - 1
+        w, me = arena.words, arena.ctrl(arena.rank)
+        if w[me + DONE] == number:
+            w[me + DONE] = number - 1
+        w[arena.line(arena.rank, number) + POST] = 0  # withdraw the post: the next call posts this number afresh
 
     def close(self) -> None:
         if self.arena is not None:
@@ -215,7 +237,7 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
     finally:
         if arena is not None:  # set-up did not finish here
             arena.close()
-        if state.status in ("new", "setting up") and r == 0:
+        if state.status in ("new", "setting up"):  # set-up failed (rank 0 may have died before unlinking)
             try:
                 os.unlink(state.path)
             except OSError:
@@ -254,6 +276,7 @@ def _number(st: Steps) -> int:
     if state is None:
         return 0
     state.ops += 1
+    state.last = (st.seq, state.ops)
     return state.ops
 
 
@@ -475,8 +498,23 @@ def _cma_or_none(st: Steps) -> Generator[tuple, None, tuple[Optional[HostArena],
     return arena, number
 
 
-def _transfer_error(st: Steps, exc: OSError, what: str) -> PeerFailureError:
-    return st.owner.error(PeerFailureError, f"cross-memory {what} failed ({exc.strerror}); a peer probably exited", [])
+def _transfer_error(st: Steps, exc: OSError, what: str, arena: Optional[HostArena] = None) -> PeerFailureError:
+    """A failed cross-memory copy, naming the peers whose processes are gone (usually the cause)."""
+    poll = getattr(st.engine, "poll_reports", None)  # a witness may already have named the rank that died first
+    if poll is not None:
+        poll()
+    gone = st.engine.dead_peers()
+    dead = [q for q in range(st.size) if q != st.rank and st.world_rank(q) in gone]
+    if not dead and arena is not None:
+        dead = arena.dead([q for q in range(st.size) if q != st.rank])
+    pid = getattr(exc, "pid", None)
+    if arena is not None and exc.errno == errno.ESRCH and pid in arena.pids and arena.pids.index(pid) not in dead:
+        dead.append(arena.pids.index(pid))  # its memory is gone before /proc shows it exited
+    if dead:
+        cause = f"rank {', '.join(map(str, dead))} exited during the call (cross-memory {what}: {exc.strerror})"
+    else:
+        cause = f"cross-memory {what} failed ({exc.strerror}); a peer probably exited"
+    return st.owner.error(PeerFailureError, cause, [st.world_rank(q) for q in dead])
 
 
 @register(
@@ -518,7 +556,7 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
                 block = call.recv[displs[q] : displs[q] + counts[q]]
                 arena.cma.read(arena.pids[q], block, addrs[q][1] + displs[q] * isz)
         except OSError as exc:
-            raise _transfer_error(st, exc, "read") from None
+            raise _transfer_error(st, exc, "read", arena) from None
     finally:
         arena.set_done(op)
     yield from _meet(st, arena, op, others, "done")
@@ -561,7 +599,7 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
         per_round = max(p, arena.stage_bytes // isz // p * p)  # elements of the vector per round
         stages = [arena.stage(q) for q in range(p)]
         results = [arena.result(q) for q in range(p)]
-        send, recv, ufunc, total = call.send, call.recv, call.op.ufunc, call.recv.shape[0]
+        send, recv, total = call.send, call.recv, call.recv.shape[0]
         for a in range(0, total, per_round):
             b = min(a + per_round, total)
             counts = even_counts(b - a, p)
@@ -692,7 +730,7 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
         try:
             _pull_reduce(st, arena, op, call.send[lo : lo + c], out, lo, call.op.ufunc, arena.pids, sends)
         except OSError as exc:
-            raise _transfer_error(st, exc, "read") from None
+            raise _transfer_error(st, exc, "read", arena) from None
         if call.op.averages:
             st.mem.scale(out, p)
     finally:
@@ -732,7 +770,7 @@ def allgather_cma(st: Steps, call: Call) -> Schedule:
             for q in others:
                 arena.cma.read(arena.pids[q], block(q), arena.peer_addrs(q, op)[0])
         except OSError as exc:
-            raise _transfer_error(st, exc, "read") from None
+            raise _transfer_error(st, exc, "read", arena) from None
         if own is not block(r):
             st.mem.copy(block(r), own)
     finally:
@@ -767,7 +805,7 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
             try:
                 arena.cma.read(arena.pids[root], call.recv, arena.peer_addrs(root, op)[0])
             except OSError as exc:
-                raise _transfer_error(st, exc, "read") from None
+                raise _transfer_error(st, exc, "read", arena) from None
     finally:
         arena.set_done(op)
     if r == root:  # the others read the root's buffer: it stays untouched until they are done

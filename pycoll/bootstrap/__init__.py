@@ -14,6 +14,11 @@ c. srun: ``SLURM_PROCID`` and ``SLURM_NTASKS`` (``SLURM_LOCALID``, ``SLURM_NODEI
 d. mpiexec (MPICH/Hydra ``PMI_RANK``, Open MPI ``OMPI_COMM_WORLD_RANK``, PMIx ``PMIX_RANK``), with
    mpi4py: rank 0 hosts the store on ``PYCOLL_STORE_HOST`` and broadcasts its address over MPI.
 e. otherwise a singleton: rank 0 of 1, no store.
+
+The job token (docs/security.md): every connection to a pycoll store or TCP listener proves it knows it.
+It is ``PYCOLL_JOB_TOKEN`` when set. Otherwise ``pycoll run`` generates it and passes it to the ranks;
+under mpiexec rank 0 generates it and broadcasts it over MPI; on a torch store rank 0 generates it and
+publishes it there (torch's store is then the boundary); srun and env:// without torch need it exported.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import ipaddress
 import os
 import re
 import socket
+import struct
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,7 +39,7 @@ from typing import Any, Mapping, Optional
 from pycoll.config import int_param, str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
 
-from .store import Store, TCPStore, TCPStoreServer, TorchStore, barrier
+from .store import JOB_TOKEN, Store, TCPStore, TCPStoreServer, TorchStore, barrier, new_token
 
 __all__ = [
     "BootstrapInfo",
@@ -43,6 +50,8 @@ __all__ = [
     "barrier",
     "bootstrap",
     "detect_launcher",
+    "interface_address",
+    "job_token",
     "publish_all",
 ]
 
@@ -57,6 +66,12 @@ MASTER_ADDR = str_param(
 )
 MASTER_PORT = int_param(
     "PYCOLL_MASTER_PORT", 0, "Under srun: the port of the start-up store on rank 0 (falls back to MASTER_PORT)."
+)
+SOCKET_IFNAME = str_param(
+    "PYCOLL_SOCKET_IFNAME",
+    "",
+    "Network interface whose IPv4 address the TCP transport (and, under mpiexec, rank 0's store) listens on, "
+    "as NCCL_SOCKET_IFNAME: `eth0`, `eth,ib` (name prefixes), `=eth0` (exact), `^docker,lo` (all but these).",
 )
 
 # Seconds a rank that hosts the store keeps serving at exit, until the other ranks have disconnected:
@@ -79,8 +94,11 @@ class BootstrapInfo:
     local_size: Optional[int]
     store_host: str  # local address used to reach the store ('' for a singleton)
     server: Optional[TCPStoreServer] = field(default=None, repr=False, compare=False)  # hosted by rank 0
+    token: str = field(default="", repr=False, compare=False)  # the job token ('' for a singleton)
 
     def __post_init__(self) -> None:
+        if self.token:
+            _JOB_TOKENS[self.job_id] = self.token
         # At exit, clients hang up first, so that a hosting rank's linger ends early.
         if self.store is not None or self.server is not None:
             atexit.register(self.close)
@@ -95,6 +113,101 @@ class BootstrapInfo:
         if server is not None:
             server.wait_idle(linger)
             server.stop()
+
+
+# job id -> job token, for the transports (they are handed the job id only).
+_JOB_TOKENS: dict[str, str] = {}
+
+
+def job_token(job_id: str) -> str:
+    """The token of the job ``job_id`` bootstrapped in this process, else $PYCOLL_JOB_TOKEN, else ''."""
+    return _JOB_TOKENS.get(job_id) or JOB_TOKEN.get()
+
+
+def _required_token(launcher: str, how: str) -> str:
+    token = JOB_TOKEN.get()
+    if not token:
+        raise InvalidArgumentError(
+            f"under {launcher} pycoll needs a job token shared by all ranks and secret to others: {how}",
+            op="bootstrap",
+        )
+    return token
+
+
+_TOKEN_HINT = (
+    "before starting the job, export PYCOLL_JOB_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))') "
+    "(see docs/security.md)"
+)
+
+
+def _token_through_store(store: Store, rank: int, timeout: float) -> str:
+    """$PYCOLL_JOB_TOKEN, else rank 0 makes one and the others read it from ``store`` (a torch store: its
+    own access control is then the boundary)."""
+    if JOB_TOKEN.get():
+        return JOB_TOKEN.get()
+    if rank == 0:
+        token = new_token()
+        store.set("job_token", token.encode())
+        return token
+    try:
+        return store.get("job_token", timeout).decode()
+    except TimeoutError:
+        raise TimeoutError(
+            f"waited {timeout:.1f} s for key 'job_token' (rank 0 had not published it)", op="bootstrap", peers=[0]
+        ) from None
+
+
+# ----------------------------------------------------------------------------- interfaces
+
+_SIOCGIFADDR = 0x8915  # Linux: the IPv4 address of an interface
+
+
+def _ipv4_of(name: str) -> Optional[str]:
+    """The IPv4 address of interface ``name``, or None if it has none."""
+    import fcntl  # POSIX only; callers check the platform
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            req = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(req[20:24])
+
+
+def interface_address(spec: Optional[str] = None) -> tuple[str, str]:
+    """(interface, IPv4 address) chosen by ``spec`` (default $PYCOLL_SOCKET_IFNAME), NCCL_SOCKET_IFNAME syntax:
+    a comma list of name prefixes, ``=`` for exact names, a leading ``^`` to exclude those instead."""
+    raw = SOCKET_IFNAME.get() if spec is None else spec
+    text = raw.strip()
+    exclude = text.startswith("^")
+    text = text[1:] if exclude else text
+    exact = text.startswith("=")
+    text = text[1:] if exact else text
+    patterns = [p.strip() for p in text.split(",") if p.strip()]
+    if not patterns:
+        raise InvalidArgumentError(f"PYCOLL_SOCKET_IFNAME={raw!r} names no interface", op="init")
+    if not sys.platform.startswith("linux"):
+        raise InvalidArgumentError(
+            f"PYCOLL_SOCKET_IFNAME={raw!r} is supported on Linux only; set PYCOLL_SOCKET_ADDR instead", op="init"
+        )
+    names = [name for _, name in socket.if_nameindex()]
+    with_addr = [(name, addr) for name in names for addr in [_ipv4_of(name)] if addr is not None]
+
+    def matches(name: str, pattern: str) -> bool:
+        return name == pattern if exact else name.startswith(pattern)
+
+    if exclude:
+        chosen = [(n, a) for n, a in with_addr if not any(matches(n, p) for p in patterns)]
+        chosen.sort(key=lambda na: _is_loopback(na[1]))  # other interfaces before loopback
+    else:  # in the order the patterns are listed
+        chosen = [(n, a) for p in patterns for n, a in with_addr if matches(n, p)]
+    if not chosen:
+        have = ", ".join(f"{n} {a}" for n, a in with_addr) or "none"
+        raise InvalidArgumentError(
+            f"PYCOLL_SOCKET_IFNAME={raw!r} matches no interface with an IPv4 address (interfaces here: {have})",
+            op="init",
+        )
+    return chosen[0]
 
 
 def _has(env: Mapping[str, str], *names: str) -> bool:
@@ -165,18 +278,20 @@ def _new_job_id(store: Store, rank: int, timeout: float) -> str:
         ) from None
 
 
-def _connect_client(host: str, port: int, timeout: float) -> TCPStore:
-    return TCPStore(host, port, connect_timeout=timeout)
+def _connect_client(host: str, port: int, timeout: float, token: str) -> TCPStore:
+    return TCPStore(host, port, connect_timeout=timeout, token=token)
 
 
-def _host_and_connect(host: str, port: int, rank: int, timeout: float) -> tuple[TCPStore, Optional[TCPStoreServer]]:
+def _host_and_connect(
+    host: str, port: int, rank: int, timeout: float, token: str
+) -> tuple[TCPStore, Optional[TCPStoreServer]]:
     """Rank 0 listens on host:port; every rank (rank 0 too) connects as a client."""
     server = None
     if rank == 0:
-        server = TCPStoreServer(host, port)
+        server = TCPStoreServer(host, port, token=token)
         server.start()
     try:
-        return _connect_client(host, port, timeout), server
+        return _connect_client(host, port, timeout, token), server
     except BaseException:
         if server is not None:
             server.stop()
@@ -190,7 +305,8 @@ def _from_pycoll(timeout: float) -> BootstrapInfo:
     rank, size = _int_env("PYCOLL_RANK"), _int_env("PYCOLL_SIZE")
     _check_rank(rank, size, "pycoll run")
     host, port = _split_addr(os.environ["PYCOLL_STORE_ADDR"], "PYCOLL_STORE_ADDR")
-    store = _connect_client(host, port, timeout)
+    token = _required_token("`pycoll run`", "PYCOLL_RANK is set but PYCOLL_JOB_TOKEN is not (start with `pycoll run`)")
+    store = _connect_client(host, port, timeout, token)
     return BootstrapInfo(
         rank=rank,
         size=size,
@@ -200,6 +316,7 @@ def _from_pycoll(timeout: float) -> BootstrapInfo:
         local_rank=_opt_int_env("PYCOLL_LOCAL_RANK"),
         local_size=_opt_int_env("PYCOLL_LOCAL_SIZE"),
         store_host=store.local_address,
+        token=token,
     )
 
 
@@ -235,8 +352,10 @@ def _from_env(timeout: float) -> BootstrapInfo:
             host, port, world_size=size, is_master=is_master, timeout=timeout, prefix=prefix
         )
         store_host = _route_address(host, port)
+        token = _token_through_store(store, rank, timeout)
     else:
-        store, server = _host_and_connect(host, port, rank, timeout)
+        token = _required_token("env:// without torch", _TOKEN_HINT)
+        store, server = _host_and_connect(host, port, rank, timeout, token)
         store_host = store.local_address
     return BootstrapInfo(
         rank=rank,
@@ -248,6 +367,7 @@ def _from_env(timeout: float) -> BootstrapInfo:
         local_size=_opt_int_env("LOCAL_WORLD_SIZE"),
         store_host=store_host,
         server=server,
+        token=token,
     )
 
 
@@ -285,7 +405,8 @@ def _from_srun(timeout: float) -> BootstrapInfo:
             "and PYCOLL_MASTER_PORT=<a free port, e.g. 29500> (or MASTER_ADDR and MASTER_PORT)",
             op="bootstrap",
         )
-    store, server = _host_and_connect(host, port, rank, timeout)
+    token = _required_token("srun", _TOKEN_HINT)
+    store, server = _host_and_connect(host, port, rank, timeout, token)
     return BootstrapInfo(
         rank=rank,
         size=size,
@@ -296,6 +417,7 @@ def _from_srun(timeout: float) -> BootstrapInfo:
         local_size=_slurm_local_size(),
         store_host=store.local_address,
         server=server,
+        token=token,
     )
 
 
@@ -310,6 +432,8 @@ def _mpi_store_host(hostnames: list[str]) -> str:
     """The address rank 0's store should listen on so that every rank can reach it."""
     if STORE_HOST.get():
         return STORE_HOST.get()
+    if SOCKET_IFNAME.get():
+        return interface_address()[1]
     me = hostnames[0]
     if all(h == me for h in hostnames):
         return "127.0.0.1"
@@ -345,8 +469,9 @@ def _from_mpiexec(timeout: float) -> BootstrapInfo:
     server = None
     if rank == 0:
         try:
-            server = TCPStoreServer(_mpi_store_host(hostnames), 0)
-            msg: tuple = ("ok",) + server.start()
+            # The token travels over MPI, which only the job's ranks take part in.
+            server = TCPStoreServer(_mpi_store_host(hostnames), 0, token=JOB_TOKEN.get() or new_token())
+            msg: tuple = ("ok",) + server.start() + (server.token,)
         except Exception as exc:  # tell the others before raising, so that nobody hangs in bcast
             msg = ("error", f"{type(exc).__name__}: {exc}")
             comm.bcast(msg, root=0)
@@ -356,8 +481,9 @@ def _from_mpiexec(timeout: float) -> BootstrapInfo:
     msg = comm.bcast(msg, root=0)
     if msg[0] != "ok":
         raise PeerFailureError(f"rank 0 could not start the store: {msg[1]}", op="bootstrap", peers=[0])
+    token = msg[3]
     try:
-        store = _connect_client(msg[1], msg[2], timeout)
+        store = _connect_client(msg[1], msg[2], timeout, token)
     except BaseException:
         if server is not None:
             server.stop()
@@ -373,6 +499,7 @@ def _from_mpiexec(timeout: float) -> BootstrapInfo:
         local_size=sum(1 for h in hostnames if h == mine),
         store_host=store.local_address,
         server=server,
+        token=token,
     )
 
 
@@ -386,6 +513,7 @@ def from_torch_store(store: Any, rank: int, size: int, timeout: float) -> Bootst
     if not host:
         host, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 0)
     wrapped = TorchStore(store, prefix="pycoll/")
+    token = _token_through_store(wrapped, rank, timeout)
     return BootstrapInfo(
         rank=rank,
         size=size,
@@ -395,6 +523,7 @@ def from_torch_store(store: Any, rank: int, size: int, timeout: float) -> Bootst
         local_rank=_opt_int_env("LOCAL_RANK"),
         local_size=_opt_int_env("LOCAL_WORLD_SIZE"),
         store_host=_route_address(host, port or 1) if host else "",
+        token=token,
     )
 
 

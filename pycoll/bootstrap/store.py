@@ -4,34 +4,90 @@ from __future__ import annotations
 
 import abc
 import datetime
+import hashlib
+import hmac
+import logging
+import math
+import secrets
 import socket
 import socketserver
 import struct
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from pycoll.config import str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, ProtocolError, TimeoutError
+
+log = logging.getLogger("pycoll")
+
+JOB_TOKEN = str_param(
+    "PYCOLL_JOB_TOKEN",
+    "",
+    "Secret shared by the ranks of one job; store and TCP connections must prove they know it. "
+    "`pycoll run` generates one; under srun (and env:// without torch) export one yourself.",
+)
 
 # Wire format (all integers big-endian):
 #   request: op (u8), key length (u32), value length (u32), key (utf-8), value
 #   reply:   status (u8), payload length (u32), payload
 # GET and WAIT carry their timeout as a float64 value; ADD carries its delta as an int64
 # and gets the new counter back as an int64. Counters are stored as decimal ASCII, as torch does.
+#
+# A connection starts with a challenge-response on the job token (nothing else is served before):
+#   client -> HELLO, value = magic + client nonce
+#   server -> OK, payload = magic + server nonce + HMAC(token, "store-server" + client nonce + server nonce)
+#   client -> AUTH, value = HMAC(token, "store-client" + server nonce + client nonce)
+#   server -> OK (or DENIED, then it closes)
 _REQ = struct.Struct("!BII")
 _REP = struct.Struct("!BI")
 _F64 = struct.Struct("!d")
 _I64 = struct.Struct("!q")
 
-_OP_HELLO, _OP_SET, _OP_GET, _OP_ADD, _OP_WAIT, _OP_CHECK = range(6)
-_OP_NAMES = {_OP_HELLO: "hello", _OP_SET: "set", _OP_GET: "get", _OP_ADD: "add", _OP_WAIT: "wait", _OP_CHECK: "check"}
-_ST_OK, _ST_TIMEOUT, _ST_BAD_ARG, _ST_PROTOCOL, _ST_CLOSING = range(5)
+_OP_HELLO, _OP_SET, _OP_GET, _OP_ADD, _OP_WAIT, _OP_CHECK, _OP_AUTH = range(7)
+_OP_NAMES = {
+    _OP_HELLO: "hello", _OP_SET: "set", _OP_GET: "get", _OP_ADD: "add", _OP_WAIT: "wait", _OP_CHECK: "check",
+    _OP_AUTH: "auth",
+}
+_ST_OK, _ST_TIMEOUT, _ST_BAD_ARG, _ST_PROTOCOL, _ST_CLOSING, _ST_DENIED = range(6)
 
-_MAGIC = b"pycoll-store/1"
+_MAGIC = b"pycoll-store/2"
+NONCE_BYTES = 16
+PROOF_BYTES = 32  # HMAC-SHA256
 MAX_KEY_BYTES = 4096
 MAX_VALUE_BYTES = 64 << 20
+# Before a connection has authenticated, no frame may carry more than this.
+_MAX_HANDSHAKE_BYTES = 64
+# Seconds a new connection gets to complete the handshake, and how many may be half-open at once.
+HANDSHAKE_TIMEOUT = 10.0
+MAX_UNAUTHENTICATED = 128
+# Bodies above this are read in pieces of this size: memory grows with the bytes that really arrive.
+_READ_PIECE = 1 << 20
+# Longest blocking GET/WAIT the server accepts (seconds).
+_MAX_WAIT_S = 1e7
 # Extra seconds a client waits for a reply beyond the server-side timeout of a blocking op.
 _REPLY_MARGIN = 10.0
+
+
+def token_bytes(token: Union[str, bytes], what: str = "job token") -> bytes:
+    """The job token as HMAC key bytes; an empty token is refused."""
+    raw = token.encode("utf-8") if isinstance(token, str) else bytes(token)
+    if not raw:
+        raise InvalidArgumentError(f"the {what} is empty", op="store")
+    return raw
+
+
+def new_token() -> str:
+    """A fresh random job token (256 bits, hex)."""
+    return secrets.token_hex(32)
+
+
+def auth_proof(key: bytes, label: bytes, *parts: bytes) -> bytes:
+    """HMAC-SHA256 of ``label`` and ``parts`` under ``key``: what a side sends to show it knows the token."""
+    mac = hmac.new(key, label, hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
 
 
 class Store(abc.ABC):
@@ -101,7 +157,20 @@ def _check_key(key: str) -> bytes:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
-    """Read exactly n bytes; None on a clean EOF before the first byte, ConnectionError mid-frame."""
+    """Read exactly n bytes; None on a clean EOF before the first byte, ConnectionError mid-frame.
+
+    Callers check ``n`` against a limit first; above _READ_PIECE the buffer grows only as bytes arrive.
+    """
+    if n > _READ_PIECE:
+        buf = bytearray()
+        while len(buf) < n:
+            piece = sock.recv(min(n - len(buf), _READ_PIECE))
+            if not piece:
+                if not buf:
+                    return None
+                raise ConnectionError(f"connection closed after {len(buf)} of {n} bytes")
+            buf += piece
+        return buf
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -121,60 +190,160 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
 class _State:
     """The data of one server, guarded by one condition variable that wakes blocked GET/WAITs."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: bytes) -> None:
+        self.token = token
         self.data: dict[str, bytes] = {}
         self.cond = threading.Condition()
         self.closing = False
         self.conns: set[socket.socket] = set()
+        self.unauthenticated = 0  # connections still in their handshake
+        self.refused = 0  # connections closed for a bad handshake or a bad frame
+
+
+class _Refuse(Exception):
+    """Close this connection: the peer broke the protocol or failed authentication."""
+
+    def __init__(self, reason: str, status: int = _ST_PROTOCOL) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
 
 
 class _Handler(socketserver.BaseRequestHandler):
-    """Serves one client connection: a loop of request frames, each answered by one reply frame."""
+    """Serves one client connection: a handshake, then a loop of request frames, each answered by one reply."""
 
     server: "_Server"
 
     def setup(self) -> None:
+        self.authenticated = False
+        self.counted = False  # whether this connection counts against MAX_UNAUTHENTICATED
+        self.server_nonce: Optional[bytes] = None
+        self.client_nonce = b""
+        state = self.server.state
+        with state.cond:
+            state.conns.add(self.request)
+            if state.unauthenticated < MAX_UNAUTHENTICATED:
+                state.unauthenticated += 1
+                self.counted = True
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self.server.state.cond:
-            self.server.state.conns.add(self.request)
+        # A stranger that connects and sends nothing holds this thread only this long.
+        self.request.settimeout(HANDSHAKE_TIMEOUT)
 
     def finish(self) -> None:
-        with self.server.state.cond:
-            self.server.state.conns.discard(self.request)
-            self.server.state.cond.notify_all()
+        state = self.server.state
+        with state.cond:
+            state.conns.discard(self.request)
+            self._uncount()
+            state.cond.notify_all()
+
+    def _uncount(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.server.state.unauthenticated -= 1
+
+    def _peer(self) -> str:
+        addr = self.client_address
+        return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
 
     def _reply(self, status: int, payload: bytes = b"") -> None:
         self.request.sendall(_REP.pack(status, len(payload)) + payload)
 
     def handle(self) -> None:
         try:
+            if not self.counted:  # closed unanswered: a pycoll client retries
+                self._refuse(_Refuse(f"more than {MAX_UNAUTHENTICATED} connections are in their handshake"), reply=False)
+                return
             while self._serve_one():
                 pass
-        except OSError:
-            pass  # the client went away or the server is stopping
+        except _Refuse as refusal:
+            self._refuse(refusal)
+        except socket.timeout:
+            if not self.authenticated:
+                self._refuse(_Refuse(f"no complete handshake within {HANDSHAKE_TIMEOUT:g} s"), reply=False)
+        except OSError as exc:  # the client went away or the server is stopping
+            if not self.authenticated and not self.server.state.closing:
+                self._refuse(_Refuse(f"connection lost during the handshake ({exc})"), reply=False)
+        except Exception as exc:  # never let one connection take more than itself down
+            self._refuse(_Refuse(f"internal error on this connection: {type(exc).__name__}: {exc}"), reply=False)
+
+    def _refuse(self, refusal: _Refuse, reply: bool = True) -> None:
+        state = self.server.state
+        if state.closing:
+            return  # connections cut by stop() are not the peer's fault
+        who = "client" if self.authenticated else "unauthenticated connection"
+        log.warning("store: closed %s from %s: %s", who, self._peer(), refusal.reason)
+        with state.cond:
+            state.refused += 1
+        if reply:
+            try:  # best effort: tell a misconfigured pycoll client why
+                self._reply(refusal.status, refusal.reason.encode()[:256])
+            except OSError:
+                pass
+
+    def _read_frame(self) -> Optional[tuple[int, bytes, bytearray]]:
+        """One request: (op, key bytes, value); None on a clean EOF between frames."""
+        try:
+            head = _recv_exact(self.request, _REQ.size)
+        except ConnectionError as exc:
+            if self.authenticated and not isinstance(exc, ConnectionResetError):
+                raise _Refuse(f"truncated frame header ({exc})") from None
+            raise
+        if head is None:
+            if not self.authenticated:
+                raise _Refuse("closed during the handshake")
+            return None
+        op, klen, vlen = _REQ.unpack(head)
+        if self.authenticated:
+            ok = op in _OP_NAMES and op not in (_OP_HELLO, _OP_AUTH) and klen <= MAX_KEY_BYTES and vlen <= MAX_VALUE_BYTES
+        else:
+            expected = _OP_HELLO if self.server_nonce is None else _OP_AUTH
+            ok = op == expected and klen == 0 and vlen <= _MAX_HANDSHAKE_BYTES
+        if not ok:
+            stage = "" if self.authenticated else " before authenticating"
+            raise _Refuse(f"malformed frame{stage} (op {op}, key {klen} B, value {vlen} B)")
+        try:
+            body = _recv_exact(self.request, klen + vlen) if klen + vlen else bytearray()
+        except ConnectionError as exc:
+            raise _Refuse(f"truncated frame ({exc})") from None
+        if body is None:
+            raise _Refuse(f"closed after a frame header announcing {klen + vlen} B")
+        return op, bytes(body[:klen]), body[klen:]
+
+    def _handshake(self, op: int, value: bytes) -> None:
+        token = self.server.state.token
+        if op == _OP_HELLO:
+            if len(value) != len(_MAGIC) + NONCE_BYTES or not value.startswith(_MAGIC):
+                raise _Refuse("the hello is not a pycoll-store/2 client's")
+            self.client_nonce = value[len(_MAGIC) :]
+            self.server_nonce = secrets.token_bytes(NONCE_BYTES)
+            proof = auth_proof(token, b"store-server", self.client_nonce, self.server_nonce)
+            self._reply(_ST_OK, _MAGIC + self.server_nonce + proof)
+            return
+        assert self.server_nonce is not None
+        expected = auth_proof(token, b"store-client", self.server_nonce, self.client_nonce)
+        if not hmac.compare_digest(value, expected):
+            raise _Refuse("failed authentication (wrong job token)", _ST_DENIED)
+        self.authenticated = True
+        self.request.settimeout(None)  # authenticated clients may idle between requests
+        with self.server.state.cond:
+            self._uncount()
+        self._reply(_ST_OK)
 
     def _serve_one(self) -> bool:
-        head = _recv_exact(self.request, _REQ.size)
-        if head is None:
+        frame = self._read_frame()
+        if frame is None:
             return False
-        op, klen, vlen = _REQ.unpack(head)
-        if op not in _OP_NAMES or klen > MAX_KEY_BYTES or vlen > MAX_VALUE_BYTES:
-            self._reply(_ST_PROTOCOL, f"malformed frame (op {op}, key {klen} B, value {vlen} B)".encode())
-            return False
-        body = _recv_exact(self.request, klen + vlen) if klen + vlen else bytearray()
-        if body is None:
-            return False
+        op, raw_key, body = frame
+        if not self.authenticated:
+            self._handshake(op, bytes(body))
+            return True
         try:
-            key = bytes(body[:klen]).decode("utf-8")
+            key = raw_key.decode("utf-8")
         except UnicodeDecodeError:
-            self._reply(_ST_PROTOCOL, b"key is not utf-8")
-            return False
-        value = bytes(body[klen:])
+            raise _Refuse("key is not utf-8") from None
         state = self.server.state
-        if op == _OP_HELLO:
-            self._reply(_ST_OK if value == _MAGIC else _ST_PROTOCOL, _MAGIC)
-            return value == _MAGIC
         if op == _OP_SET:
+            value = bytes(body)
             with state.cond:
                 state.data[key] = value
                 state.cond.notify_all()
@@ -184,26 +353,30 @@ class _Handler(socketserver.BaseRequestHandler):
                 present = key in state.data
             self._reply(_ST_OK, b"\x01" if present else b"\x00")
         elif op == _OP_ADD:
-            if len(value) != _I64.size:
-                self._reply(_ST_PROTOCOL, b"add needs an int64 delta")
-                return False
-            (delta,) = _I64.unpack(value)
+            if len(body) != _I64.size:
+                raise _Refuse("add needs an int64 delta")
+            (delta,) = _I64.unpack(body)
             with state.cond:
                 try:
                     new = int(state.data.get(key, b"0")) + delta
                 except ValueError:
-                    self._reply(_ST_BAD_ARG, f"value of key {key!r} is not an integer counter".encode())
-                    return True
-                state.data[key] = str(new).encode()
-                state.cond.notify_all()
-            self._reply(_ST_OK, _I64.pack(new))
+                    new = None
+                else:
+                    state.data[key] = str(new).encode()
+                    state.cond.notify_all()
+            if new is None:
+                self._reply(_ST_BAD_ARG, f"value of key {key!r} is not an integer counter".encode())
+            else:
+                self._reply(_ST_OK, _I64.pack(new))
         else:  # GET or WAIT: block on the condition variable until the key exists
-            if len(value) != _F64.size:
-                self._reply(_ST_PROTOCOL, b"get/wait needs a float64 timeout")
-                return False
-            (timeout,) = _F64.unpack(value)
+            if len(body) != _F64.size:
+                raise _Refuse("get/wait needs a float64 timeout")
+            (timeout,) = _F64.unpack(body)
+            if math.isnan(timeout):
+                raise _Refuse("get/wait timeout is NaN")
+            timeout = min(max(timeout, 0.0), _MAX_WAIT_S)
             with state.cond:
-                found = state.cond.wait_for(lambda: key in state.data or state.closing, max(timeout, 0.0))
+                found = state.cond.wait_for(lambda: key in state.data or state.closing, timeout)
                 result = state.data.get(key) if found and not state.closing else None
                 closing = state.closing
             if closing:
@@ -227,17 +400,26 @@ class _Server(socketserver.ThreadingTCPServer):
         self.state = state
         super().__init__(addr, _Handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Reached only if a handler thread could not start: log it, keep serving.
+        log.warning("store: dropped a connection from %s", client_address, exc_info=True)
+
 
 class TCPStoreServer:
     """The server side of TCPStore: serves any number of clients from a daemon thread.
 
-    ``with TCPStoreServer() as srv: host, port = srv.address`` or ``host, port = srv.start()``.
+    Clients must prove they know ``token`` (default: $PYCOLL_JOB_TOKEN, else a fresh random one, see
+    ``.token``). ``with TCPStoreServer() as srv: host, port = srv.address`` or ``host, port = srv.start()``.
+    It binds to ``host`` only; ``""`` or ``"0.0.0.0"`` (all addresses) only when asked for.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, token: Union[str, bytes, None] = None) -> None:
         self.host = host
         self.port = port
-        self._state = _State()
+        if token is None:
+            token = JOB_TOKEN.get() or new_token()
+        self.token = token  # give it to the clients (pycoll run puts it in PYCOLL_JOB_TOKEN)
+        self._state = _State(token_bytes(token))
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
 
@@ -248,6 +430,16 @@ class TCPStoreServer:
             raise InvalidArgumentError("the store server is not started", op="store server")
         host, port = self._server.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def refused(self) -> int:
+        """How many connections were closed for a failed handshake or a malformed frame."""
+        with self._state.cond:
+            return self._state.refused
+
+    def is_serving(self) -> bool:
+        """True while the accept thread runs."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> tuple[str, int]:
         """Bind, listen and serve in a daemon thread; return the bound (host, port)."""
@@ -312,13 +504,31 @@ class TCPStoreServer:
 # ----------------------------------------------------------------------------- client
 
 
+class _Retry(Exception):
+    """The server closed a fresh connection before answering: it may be busy or not up yet."""
+
+
 class TCPStore(Store):
     """Client of a TCPStoreServer. One request at a time per client (a lock serialises threads);
-    use one client per thread for concurrent blocking gets."""
+    use one client per thread for concurrent blocking gets.
 
-    def __init__(self, host: str, port: int, connect_timeout: float = 30.0) -> None:
+    ``token`` (default: $PYCOLL_JOB_TOKEN) must be the server's; the server must prove it knows it too.
+    """
+
+    def __init__(
+        self, host: str, port: int, connect_timeout: float = 30.0, token: Union[str, bytes, None] = None
+    ) -> None:
         self.host = host
         self.port = int(port)
+        if token is None:
+            token = JOB_TOKEN.get()
+            if not token:
+                raise InvalidArgumentError(
+                    f"no job token to connect to the store at {self._where()}: set PYCOLL_JOB_TOKEN "
+                    "(`pycoll run` sets it) or pass token=",
+                    op="store connect",
+                )
+        self._token = token_bytes(token)
         # Bound on replies to non-blocking requests (set, add, check).
         self.reply_timeout = max(float(connect_timeout), _REPLY_MARGIN)
         self._lock = threading.Lock()
@@ -353,8 +563,11 @@ class TCPStore(Store):
                     last = ConnectionRefusedError("self-connection (no server yet)")
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._handshake(sock, max(deadline - time.monotonic(), 1.0))
-                    return sock
+                    try:
+                        self._handshake(sock, max(deadline - time.monotonic(), 1.0))
+                        return sock
+                    except _Retry as exc:
+                        last = exc
             time.sleep(min(delay, max(deadline - time.monotonic(), 0.0)))
             delay = min(delay * 2, 0.5)
         raise TimeoutError(
@@ -362,22 +575,68 @@ class TCPStore(Store):
             op="store connect",
         )
 
+    def _read_reply(self, sock: socket.socket, limit: int) -> tuple[int, bytes]:
+        head = _recv_exact(sock, _REP.size)
+        if head is None:
+            raise ConnectionError("the server closed the connection")
+        status, n = _REP.unpack(head)
+        if status > _ST_DENIED or n > limit:
+            raise ConnectionError(f"malformed reply (status {status}, {n} B)")
+        body = _recv_exact(sock, n) if n else bytearray()
+        if body is None:
+            raise ConnectionError("the server closed the connection")
+        return status, bytes(body)
+
     def _handshake(self, sock: socket.socket, timeout: float) -> None:
+        """Challenge-response on the job token, both ways; closes ``sock`` on failure."""
+        where = self._where()
         try:
             sock.settimeout(timeout)
-            sock.sendall(_REQ.pack(_OP_HELLO, 0, len(_MAGIC)) + _MAGIC)
-            head = _recv_exact(sock, _REP.size)
-            if head is None:
-                raise ConnectionError("closed during the handshake")
+            client_nonce = secrets.token_bytes(NONCE_BYTES)
+            hello = _MAGIC + client_nonce
+            try:
+                sock.sendall(_REQ.pack(_OP_HELLO, 0, len(hello)) + hello)
+                head = _recv_exact(sock, _REP.size)
+            except ConnectionError as exc:  # reset before any answer: as below
+                raise _Retry(f"the server dropped the connection before answering the hello ({exc})") from None
+            if head is None:  # closed before any answer: a busy server, or one not serving yet
+                raise _Retry("the server closed the connection before answering the hello")
             status, n = _REP.unpack(head)
             body = _recv_exact(sock, n) if n <= 1024 else None
-            if status != _ST_OK or body != _MAGIC:
-                raise ConnectionError("the reply is not a pycoll store's")
+            if status == _ST_PROTOCOL and body is not None:
+                raise PeerFailureError(
+                    f"the store at {where} refused the handshake: {bytes(body).decode(errors='replace')}",
+                    op="store connect",
+                )
+            size = len(_MAGIC) + NONCE_BYTES + PROOF_BYTES
+            if status != _ST_OK or body is None or len(body) != size or not body.startswith(_MAGIC):
+                raise PeerFailureError(f"{where} is not a working pycoll store (its reply is not a pycoll-store/2 hello)",
+                                       op="store connect")
+            server_nonce = bytes(body[len(_MAGIC) : len(_MAGIC) + NONCE_BYTES])
+            expected = auth_proof(self._token, b"store-server", client_nonce, server_nonce)
+            if not hmac.compare_digest(bytes(body[-PROOF_BYTES:]), expected):
+                raise PeerFailureError(
+                    f"the store at {where} does not know this job's token: PYCOLL_JOB_TOKEN differs from the job's",
+                    op="store connect",
+                )
+            proof = auth_proof(self._token, b"store-client", server_nonce, client_nonce)
+            sock.sendall(_REQ.pack(_OP_AUTH, 0, len(proof)) + proof)
+            status, body = self._read_reply(sock, 1024)
+            if status == _ST_DENIED:
+                raise PeerFailureError(
+                    f"the store at {where} refused this process's job token: PYCOLL_JOB_TOKEN differs from the job's",
+                    op="store connect",
+                )
+            if status != _ST_OK:
+                raise PeerFailureError(
+                    f"the store at {where} refused the handshake: {body.decode(errors='replace')}", op="store connect"
+                )
+        except (PeerFailureError, _Retry):
+            sock.close()
+            raise
         except OSError as exc:
             sock.close()
-            raise PeerFailureError(
-                f"{self._where()} is not a working pycoll store ({exc})", op="store connect"
-            ) from exc
+            raise PeerFailureError(f"{where} is not a working pycoll store ({exc})", op="store connect") from exc
 
     def _request(self, op: int, key: str, payload: bytes, reply_timeout: float) -> tuple[int, bytes]:
         raw_key = _check_key(key)
@@ -395,7 +654,7 @@ class TCPStore(Store):
                 if head is None:
                     raise ConnectionError("the server closed the connection")
                 status, n = _REP.unpack(head)
-                if status > _ST_CLOSING or n > MAX_VALUE_BYTES:
+                if status > _ST_DENIED or n > MAX_VALUE_BYTES:
                     raise ProtocolError(
                         f"malformed reply from the store at {self._where()} (status {status}, {n} B)", op=what
                     )
@@ -416,9 +675,9 @@ class TCPStore(Store):
                 raise PeerFailureError(
                     f"lost the store at {self._where()} while waiting for key {key!r}: {exc}", op=what
                 ) from exc
-            if status in (_ST_PROTOCOL, _ST_CLOSING):
+            if status in (_ST_PROTOCOL, _ST_CLOSING, _ST_DENIED):
                 self._drop()
-                cls = ProtocolError if status == _ST_PROTOCOL else PeerFailureError
+                cls = PeerFailureError if status == _ST_CLOSING else ProtocolError
                 raise cls(f"the store at {self._where()} answered: {bytes(body).decode(errors='replace')}", op=what)
             return status, bytes(body)
 

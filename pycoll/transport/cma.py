@@ -67,7 +67,9 @@ class CrossMemory:
                 err = ctypes.get_errno() if n < 0 else errno.EIO
                 if err == errno.EINTR:
                     continue
-                raise OSError(err, f"{fn.__name__} from pid {pid}: {os.strerror(err)}")
+                exc = OSError(err, f"{fn.__name__} from pid {pid}: {os.strerror(err)}")
+                exc.pid = pid  # type: ignore[attr-defined]  # ESRCH: that process is exiting or gone
+                raise exc
             done += n
 
     def read(self, pid: int, dst: np.ndarray, remote_addr: int) -> None:

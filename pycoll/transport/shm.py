@@ -117,6 +117,11 @@ class ShmChannel(Channel):
             got += n
         return got
 
+    @property
+    def closed_by_peer(self) -> bool:
+        """The peer closed this channel itself (a normal shutdown), rather than dying."""
+        return bool(self._in.sender_state[0] == _CLOSED or self._out.receiver_state[0] == _CLOSED)
+
     def check_alive(self) -> Optional[str]:
         if self._in.sender_state[0] == _CLOSED or self._out.receiver_state[0] == _CLOSED:
             return f"rank {self.peer} closed its shared-memory channel"

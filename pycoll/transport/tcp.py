@@ -3,33 +3,76 @@
 from __future__ import annotations
 
 import errno
+import hmac
+import logging
+import os
+import secrets
+import selectors
 import socket
 import struct
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from ..bootstrap import SOCKET_IFNAME, interface_address, job_token
+from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, auth_proof
 from ..config import size_param, str_param
-from ..errors import PeerFailureError, TimeoutError
+from ..errors import PeerFailureError, PycollError, TimeoutError
 from .base import Barrier, Channel, PeerInfo, Transport
+
+log = logging.getLogger("pycoll")
 
 SOCKET_ADDR = str_param(
     "PYCOLL_SOCKET_ADDR",
     "",
-    "IP address the TCP transport listens on; default: the local address this rank used to reach the bootstrap store.",
+    "IP address the TCP transport listens on; default: the address of PYCOLL_SOCKET_IFNAME, else the local "
+    "address this rank used to reach the bootstrap store.",
 )
 SOCKET_BUFFER = size_param("PYCOLL_SOCKET_BUFFER", 4 << 20, "SO_SNDBUF/SO_RCVBUF of each TCP connection (the kernel may cap it).")
+MAX_MESSAGE = size_param(
+    "PYCOLL_MAX_MESSAGE",
+    0,
+    "Largest message a rank accepts from a peer; a header announcing more closes that channel with a "
+    "ProtocolError. 0: this host's physical memory.",
+)
 
-_HANDSHAKE = struct.Struct("<16sI")  # job id (uuid bytes), connecting rank
+# Set-up handshake, after the dialer (the higher rank) connects to the acceptor's listener:
+#   acceptor -> challenge: magic, acceptor rank, acceptor nonce
+#   dialer   -> dial: magic, dialer rank, acceptor rank, dialer nonce,
+#               HMAC(key, "tcp-dial" + acceptor nonce + dialer nonce + ranks)
+#   acceptor -> HMAC(key, "tcp-accept" + dialer nonce + acceptor nonce + ranks)
+# key = job token + job id; a connection that fails it is closed and logged, set-up goes on.
+_MAGIC = b"pycoll-t"
+_CHALLENGE = struct.Struct(f"<8sI{NONCE_BYTES}s")
+_DIAL = struct.Struct(f"<8sII{NONCE_BYTES}s{PROOF_BYTES}s")
+_RANKS = struct.Struct("<II")
+# Seconds a new connection gets to send its whole dial; half-open connections held at once.
+HANDSHAKE_TIMEOUT = 10.0
+MAX_PENDING = 64
 _STAGING = 1 << 18
 
 
-def _job_bytes(job_id: str) -> bytes:
-    raw = job_id.encode()
+def frame_limit() -> int:
+    """The largest message a peer may announce (PYCOLL_MAX_MESSAGE, default this host's memory)."""
+    limit = MAX_MESSAGE.get()
+    if limit:
+        return limit
     try:
-        raw = bytes.fromhex(job_id)
-    except ValueError:
-        pass
-    return raw[:16].ljust(16, b"\0")
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _job_key(job_id: str, token: Union[str, bytes, None]) -> bytes:
+    """The HMAC key of this job's handshakes: its token and its id (a job without a token: the id only)."""
+    if token is None:
+        token = job_token(job_id)
+    raw = token.encode() if isinstance(token, str) else bytes(token)
+    return raw + b"\0" + job_id.encode()
+
+
+# A host that vanishes without closing its sockets (power loss, a cut link) is noticed by the kernel:
+# keepalive probes after 3 s idle, 3 more 1 s apart; unacknowledged data for 6 s ends the connection.
+_KEEPALIVE = (("TCP_KEEPIDLE", 3), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 6000))
 
 
 def _tune(sock: socket.socket) -> None:
@@ -40,6 +83,13 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, size)
         except OSError:
             pass
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in _KEEPALIVE:
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:  # liveness then rests on the connection state alone
+        pass
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -47,9 +97,23 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     while len(data) < n:
         chunk = sock.recv(n - len(data))
         if not chunk:
-            raise ConnectionResetError("connection closed during handshake")
+            raise ConnectionResetError(f"connection closed during the handshake after {len(data)} of {n} bytes")
         data += chunk
     return bytes(data)
+
+
+def _addr_text(addr: Any) -> str:
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) and len(addr) >= 2 else str(addr)
+
+
+class _Pending:
+    """An accepted connection that has not completed its handshake yet."""
+
+    __slots__ = ("sock", "addr", "nonce", "buf", "deadline")
+
+    def __init__(self, sock: socket.socket, addr: Any, nonce: bytes, deadline: float) -> None:
+        self.sock, self.addr, self.nonce, self.deadline = sock, addr, nonce, deadline
+        self.buf = bytearray()
 
 
 class TcpChannel(Channel):
@@ -123,19 +187,28 @@ class TcpChannel(Channel):
 
 
 class TcpTransport(Transport):
-    """Rank i connects to every lower rank and accepts from every higher one."""
+    """Rank i connects to every lower rank and accepts from every higher one; both ends prove the job token."""
 
     name = "tcp"
 
-    def __init__(self) -> None:
+    def __init__(self, token: Union[str, bytes, None] = None) -> None:
         self._listener: Optional[socket.socket] = None
+        self._token = token  # None: the job's (pycoll.bootstrap.job_token)
+        self.refused = 0  # connections closed during set-up for a failed handshake
 
     def listen(self, me: PeerInfo, store_host: str) -> Any:
-        host = SOCKET_ADDR.get() or store_host or "127.0.0.1"
+        host = SOCKET_ADDR.get()
+        if not host and SOCKET_IFNAME.get():
+            host = interface_address()[1]
+        host = host or store_host or "127.0.0.1"  # never all addresses unless PYCOLL_SOCKET_ADDR says so
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, 0))
-        sock.listen(256)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, 0))
+            sock.listen(256)
+        except OSError as exc:
+            sock.close()
+            raise PeerFailureError(f"TCP transport cannot listen on {host}: {exc}", op="init", rank=me.rank) from None
         self._listener = sock
         return [host, sock.getsockname()[1]]
 
@@ -146,45 +219,66 @@ class TcpTransport(Transport):
         self, me: PeerInfo, peers: list[PeerInfo], job_id: str, barrier: Barrier, timeout: float
     ) -> dict[int, Channel]:
         deadline = time.monotonic() + timeout
-        token = _job_bytes(job_id)
+        key = _job_key(job_id, self._token)
         channels: dict[int, Channel] = {}
-        lower = [p for p in peers if p.rank < me.rank]
-        higher = {p.rank for p in peers if p.rank > me.rank}
-        for peer in lower:
-            host, port = peer.addresses["tcp"]
-            sock = self._dial(host, port, deadline, peer.rank)
-            sock.sendall(_HANDSHAKE.pack(token, me.rank))
-            _tune(sock)
-            channels[peer.rank] = TcpChannel(peer.rank, sock)
-        assert self._listener is not None or not higher
-        while higher:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(
-                    f"TCP set-up: ranks {sorted(higher)} did not connect within {timeout:.0f} s",
-                    op="init",
-                    rank=me.rank,
-                    peers=sorted(higher),
-                )
-            self._listener.settimeout(left)  # type: ignore[union-attr]
-            try:
-                sock, _ = self._listener.accept()  # type: ignore[union-attr]
-            except socket.timeout:
-                continue
-            sock.settimeout(max(deadline - time.monotonic(), 0.1))
-            try:
-                got_token, rank = _HANDSHAKE.unpack(_recv_exact(sock, _HANDSHAKE.size))
-            except (OSError, struct.error):
-                sock.close()
-                continue
-            if got_token != token or rank not in higher:
-                sock.close()  # a stray connection, not one of ours
-                continue
-            higher.discard(rank)
-            _tune(sock)
-            channels[rank] = TcpChannel(rank, sock)
-        self.close()
+        try:
+            for peer in (p for p in peers if p.rank < me.rank):
+                sock = self._dial_and_prove(me.rank, peer, key, deadline)
+                _tune(sock)
+                channels[peer.rank] = TcpChannel(peer.rank, sock)
+            higher = {p.rank for p in peers if p.rank > me.rank}
+            if higher:
+                assert self._listener is not None
+                for rank, sock in self._accept_all(me.rank, higher, key, deadline, timeout):
+                    _tune(sock)
+                    channels[rank] = TcpChannel(rank, sock)
+        except BaseException:
+            for ch in channels.values():
+                ch.close()
+            raise
+        finally:
+            self.close()
         return channels
+
+    # ---- dialer side -----------------------------------------------------------------------
+    def _dial_and_prove(self, my_rank: int, peer: PeerInfo, key: bytes, deadline: float) -> socket.socket:
+        host, port = peer.addresses["tcp"]
+        sock = self._dial(host, port, deadline, peer.rank)
+        where = f"rank {peer.rank} at {host}:{port}"
+        try:
+            sock.settimeout(max(deadline - time.monotonic(), 0.1))
+            magic, their_rank, their_nonce = _CHALLENGE.unpack(_recv_exact(sock, _CHALLENGE.size))
+            if magic != _MAGIC or their_rank != peer.rank:
+                raise PeerFailureError(f"{where} is not that rank's pycoll TCP listener", op="init", peers=[peer.rank])
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            ranks = _RANKS.pack(my_rank, peer.rank)
+            proof = auth_proof(key, b"tcp-dial", their_nonce, nonce, ranks)
+            sock.sendall(_DIAL.pack(_MAGIC, my_rank, peer.rank, nonce, proof))
+            answer = _recv_exact(sock, PROOF_BYTES)
+            if not hmac.compare_digest(answer, auth_proof(key, b"tcp-accept", nonce, their_nonce, ranks)):
+                raise PeerFailureError(
+                    f"{where} answered the handshake without this job's token (PYCOLL_JOB_TOKEN differs?)",
+                    op="init",
+                    peers=[peer.rank],
+                )
+        except PycollError:
+            sock.close()
+            raise
+        except socket.timeout:
+            sock.close()
+            raise TimeoutError(
+                f"TCP set-up: {where} did not complete the handshake in time", op="init", rank=my_rank, peers=[peer.rank]
+            ) from None
+        except OSError as exc:
+            sock.close()
+            raise PeerFailureError(
+                f"{where} refused the TCP handshake ({exc}); do all ranks share the job token?",
+                op="init",
+                rank=my_rank,
+                peers=[peer.rank],
+            ) from None
+        sock.settimeout(None)
+        return sock
 
     @staticmethod
     def _dial(host: str, port: int, deadline: float, rank: int) -> socket.socket:
@@ -197,6 +291,134 @@ class TcpTransport(Transport):
                     raise PeerFailureError(f"cannot connect to rank {rank} at {host}:{port}: {exc}", op="init", peers=[rank]) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.5)
+
+    # ---- acceptor side ---------------------------------------------------------------------
+    def _accept_all(
+        self, my_rank: int, higher: set[int], key: bytes, deadline: float, timeout: float
+    ) -> list[tuple[int, socket.socket]]:
+        """Accept until every rank in ``higher`` has proved itself. Handshakes interleave, so a stranger
+        that connects and stalls delays no one; one that fails is closed and logged."""
+        listener = self._listener
+        assert listener is not None
+        listener.setblocking(False)
+        sel = selectors.DefaultSelector()
+        sel.register(listener, selectors.EVENT_READ, None)
+        pending: dict[int, _Pending] = {}  # fileno -> connection in its handshake
+        done: list[tuple[int, socket.socket]] = []
+        try:
+            while higher:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise TimeoutError(
+                        f"TCP set-up: ranks {sorted(higher)} did not connect within {timeout:.0f} s",
+                        op="init",
+                        rank=my_rank,
+                        peers=sorted(higher),
+                    )
+                for fd, p in list(pending.items()):
+                    if p.deadline <= now:
+                        self._refuse(sel, pending, fd, my_rank, f"no complete handshake within {HANDSHAKE_TIMEOUT:g} s")
+                wake = min([deadline] + [p.deadline for p in pending.values()])
+                for sel_key, _ in sel.select(max(wake - now, 0.0)):
+                    if sel_key.data is None:
+                        self._accept_some(sel, pending, my_rank)
+                        continue
+                    fd = sel_key.fd
+                    if fd in pending:
+                        got = self._read_dial(sel, pending, fd, my_rank, higher, key)
+                        if got is not None:
+                            higher.discard(got[0])
+                            done.append(got)
+        finally:
+            for fd in list(pending):
+                pending.pop(fd).sock.close()
+            sel.close()
+        return done
+
+    def _accept_some(self, sel: selectors.BaseSelector, pending: dict[int, _Pending], my_rank: int) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of descriptors: the listener itself is fine
+                log.warning("TCP set-up (rank %d): accept failed: %s", my_rank, exc)
+                return
+            if len(pending) >= MAX_PENDING:  # make room: the oldest half-open connection goes first
+                oldest = min(pending, key=lambda fd: pending[fd].deadline)
+                self._refuse(sel, pending, oldest, my_rank, f"more than {MAX_PENDING} connections in their handshake")
+            sock.setblocking(False)
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            try:
+                sent = sock.send(_CHALLENGE.pack(_MAGIC, my_rank, nonce))
+            except OSError:
+                sent = 0
+            if sent != _CHALLENGE.size:
+                self.refused += 1
+                log.warning("TCP set-up (rank %d): closed a connection from %s: it went away at once", my_rank, _addr_text(addr))
+                sock.close()
+                continue
+            p = _Pending(sock, addr, nonce, time.monotonic() + HANDSHAKE_TIMEOUT)
+            pending[sock.fileno()] = p
+            sel.register(sock, selectors.EVENT_READ, p)
+
+    def _read_dial(
+        self,
+        sel: selectors.BaseSelector,
+        pending: dict[int, _Pending],
+        fd: int,
+        my_rank: int,
+        higher: set[int],
+        key: bytes,
+    ) -> Optional[tuple[int, socket.socket]]:
+        """Read what has arrived of one dial; (rank, socket) once it is complete and proven."""
+        p = pending[fd]
+        try:
+            data = p.sock.recv(_DIAL.size - len(p.buf))
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError as exc:
+            self._refuse(sel, pending, fd, my_rank, f"connection lost during the handshake ({exc})")
+            return None
+        if not data:
+            self._refuse(sel, pending, fd, my_rank, f"closed after {len(p.buf)} of {_DIAL.size} handshake bytes")
+            return None
+        p.buf += data
+        if not _MAGIC.startswith(bytes(p.buf[: len(_MAGIC)])):
+            self._refuse(sel, pending, fd, my_rank, "garbage instead of a pycoll TCP handshake")
+            return None
+        if len(p.buf) < _DIAL.size:
+            return None
+        _, rank, to_rank, nonce, proof = _DIAL.unpack(p.buf)
+        ranks = _RANKS.pack(rank, my_rank)
+        if to_rank != my_rank:
+            self._refuse(sel, pending, fd, my_rank, f"the handshake is meant for rank {to_rank}")
+        elif not hmac.compare_digest(proof, auth_proof(key, b"tcp-dial", p.nonce, nonce, ranks)):
+            self._refuse(sel, pending, fd, my_rank, f"failed authentication as rank {rank} (wrong job token)")
+        elif rank not in higher:
+            self._refuse(sel, pending, fd, my_rank, f"rank {rank} is not expected here (or already connected)")
+        else:
+            del pending[fd]
+            sel.unregister(p.sock)
+            try:
+                p.sock.settimeout(HANDSHAKE_TIMEOUT)
+                p.sock.sendall(auth_proof(key, b"tcp-accept", nonce, p.nonce, ranks))
+            except OSError as exc:
+                p.sock.close()
+                raise PeerFailureError(
+                    f"rank {rank} went away during the TCP handshake ({exc})", op="init", rank=my_rank, peers=[rank]
+                ) from None
+            p.sock.settimeout(None)
+            return rank, p.sock
+        return None
+
+    def _refuse(self, sel: selectors.BaseSelector, pending: dict[int, _Pending], fd: int, my_rank: int, why: str) -> None:
+        p = pending.pop(fd)
+        sel.unregister(p.sock)
+        p.sock.close()
+        self.refused += 1
+        log.warning("TCP set-up (rank %d): closed a connection from %s: %s", my_rank, _addr_text(p.addr), why)
 
     def close(self) -> None:
         if self._listener is not None:

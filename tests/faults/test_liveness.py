@@ -1,0 +1,90 @@
+"""Dead peers, Comm.Abort and stall reports: survivors fail fast with errors naming the culprit; nothing hangs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import harness
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+pytestmark = pytest.mark.ranks
+
+
+@pytest.mark.timeout(600)
+def test_hundred_kill_points(tmp_path) -> None:
+    """100 randomized SIGKILLs across collectives, transports and 2-5 ranks: no hang, no leak, every survivor
+    raises a PeerFailureError naming the dead rank and the operation's sequence number within 10 s."""
+    out = tmp_path / "kills.json"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "kill_trials.py"), "--trials", "100", "--seed", "7", "--json", str(out)],
+        capture_output=True, text=True, timeout=560, env=harness.rank_env("shm", comm_timeout=None),
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    s = data["summary"]
+    print(json.dumps(s, indent=1))
+    bad = [t for t in data["trials"] if t.get("hung") or t.get("bad") or t.get("leaked") or t.get("setup_failed")]
+    assert not bad, json.dumps(bad[:3], indent=1)[-4000:]
+    assert s["trials"] == 100 and s["hangs"] == 0 and s["leaks"] == 0 and s["badly_named"] == 0
+    assert s["max_time_to_error_s"] is not None and s["max_time_to_error_s"] < 10.0
+    assert set(s["by_ranks"]) == {"2", "3", "4", "5"} and min(s["by_transport"].values()) > 0  # JSON keys
+
+
+def _abort_job(mode: str, tmp_path, transport: str = "shm"):
+    argv = [harness.PYTHON, os.path.join(HERE, "abort_rank.py"), mode, str(tmp_path)]
+    proc = harness.launch(harness.launcher_cmd(3, argv), harness.rank_env(transport), timeout=90)
+    reports = {}
+    for r in range(3):
+        path = tmp_path / f"abort{r}.json"
+        if path.exists():
+            reports[r] = json.loads(path.read_text())
+    return proc, reports
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_abort_from_another_thread_keeps_the_process(transport: str, tmp_path) -> None:
+    proc, got = _abort_job("thread", tmp_path, transport)
+    assert proc.returncode == 0 and not proc.timed_out, (proc.stdout + proc.stderr)[-3000:]
+    assert set(got) == {0, 1, 2}, got
+    # rank 0 was waiting in Allreduce: its own Abort (another thread) ends that call promptly
+    assert got[0]["outcome"] == "AbortedError" and "Allreduce" in got[0]["op"], got[0]
+    assert got[0]["after_abort"] < 1.0, got[0]
+    for r in (1, 2):  # the peers: an error naming rank 0, then the communicator is broken
+        assert "PycollError" in got[r]["mro"] and 0 in got[r]["peers"], got[r]
+        assert "Abort" in got[r]["msg"], got[r]
+    for r in range(3):
+        assert got[r]["later"] in ("AbortedError", "CommunicatorBrokenError"), got[r]
+        assert got[r]["spare"] == 3.0, got[r]  # other communicators live on
+
+
+@pytest.mark.timeout(120)
+def test_abort_terminates_like_mpi(tmp_path) -> None:
+    proc, got = _abort_job("exit", tmp_path)
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    assert 0 not in got  # it exited inside the call
+    for r in (1, 2):
+        assert r in got, (proc.stdout + proc.stderr)[-3000:]
+        assert "PeerFailureError" in got[r]["mro"] and 0 in got[r]["peers"], got[r]
+        assert got[r]["later"] == "CommunicatorLostError", got[r]  # a CommunicatorBrokenError naming rank 0
+
+
+@pytest.mark.timeout(120)
+def test_stall_report_names_the_missing_ranks_and_what_they_do(tmp_path) -> None:
+    argv = [harness.PYTHON, os.path.join(HERE, "stall_rank.py"), "3.5"]
+    proc = harness.launch(harness.launcher_cmd(3, argv), harness.rank_env("shm", extra={"PYCOLL_STALL_WARN": "1"}), timeout=90)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    lines = text.splitlines()
+    stall0 = [ln for ln in lines if "stall: Allreduce" in ln and "on world rank 0" in ln]
+    assert stall0 and "rank 1 (world 1)" in stall0[0] and "rank 2 (world 2)" in stall0[0], text[-3000:]
+    answers = [ln for ln in lines if "world rank 1 answers" in ln]
+    assert answers and "Barrier" in answers[0] and "waiting for world ranks [2]" in answers[0], text[-3000:]
+    assert any("stall: Barrier" in ln and "on world rank 1" in ln for ln in lines), text[-3000:]
+    assert any("has not answered" in ln for ln in stall0[1:]), text[-3000:]  # rank 2 sleeps outside pycoll
