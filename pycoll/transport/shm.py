@@ -206,6 +206,15 @@ class ShmTransport(Transport):
                 channels[peer.rank] = ShmChannel(peer.rank, peer.pid, out_ring, in_ring, self)
             self._open_channels = len(channels)
             barrier("shm-attached")
+        except BaseException:
+            # Set-up failed (a peer may have died between creating its segment and unlinking it): clear every
+            # name of this job's host group, so that nothing outlives the job.
+            for peer in peers:
+                try:
+                    os.unlink(segment_path(job_id, peer.rank))
+                except OSError:
+                    pass
+            raise
         finally:
             # Every peer has mapped it (or set-up failed): the name is no longer needed, so nothing can leak.
             if own is not None:

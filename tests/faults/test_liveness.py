@@ -88,3 +88,40 @@ def test_stall_report_names_the_missing_ranks_and_what_they_do(tmp_path) -> None
     assert answers and "Barrier" in answers[0] and "waiting for world ranks [2]" in answers[0], text[-3000:]
     assert any("stall: Barrier" in ln and "on world rank 1" in ln for ln in lines), text[-3000:]
     assert any("has not answered" in ln for ln in stall0[1:]), text[-3000:]  # rank 2 sleeps outside pycoll
+
+
+@pytest.mark.timeout(120)
+def test_a_vanished_host_is_named_within_ten_seconds(tmp_path) -> None:
+    """Cut host 1 off the virtual switch (its process lives on, silent): TCP keepalive and the user timeout end
+    the connection, and rank 0 raises PeerFailureError naming rank 1 well within 10 s."""
+    import glob
+    import subprocess
+    import time
+
+    reason = harness.multihost_unavailable()
+    if reason:
+        pytest.skip(reason)
+    from pycoll import netns
+
+    cmd = [harness.PYTHON, "-m", "pycoll", "run", "-n", "2", "--hosts", "2", "--timeout", "90", "--",
+           harness.PYTHON, os.path.join(HERE, "vanish_rank.py"), str(tmp_path)]
+    proc = subprocess.Popen(cmd, env=harness.rank_env("tcp", comm_timeout=300), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=harness.ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while len(glob.glob(str(tmp_path / "ready*"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(glob.glob(str(tmp_path / "ready*"))) == 2, "ranks did not start"
+        switch = [n for n in netns.list_namespaces() if n.startswith(f"pycoll-{proc.pid}-") and n.endswith("-sw")]
+        assert len(switch) == 1, netns.list_namespaces()
+        subprocess.run([netns.ip_binary() or "ip", "-n", switch[0], "link", "set", "p1", "down"], check=True)
+        cut = time.time()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    got = json.loads((tmp_path / "vanish0.json").read_text())
+    assert "PeerFailureError" in got.get("mro", ()) and 1 in got["peers"], (got, out[-2000:])
+    assert got["t"] - cut < 10.0, (got["t"] - cut, got)
+    print(f"rank 0 named rank 1 {got['t'] - cut:.1f} s after its host was cut off: {got['msg']}")
