@@ -33,6 +33,7 @@ log = logging.getLogger("pycoll")
 
 SPIN_US = float_param("PYCOLL_SPIN_US", 50.0, "Microseconds a wait busy-polls before it starts yielding the core.")
 YIELD_US = float_param("PYCOLL_YIELD_US", 2000.0, "Microseconds a wait then spends in sched_yield before it sleeps.")
+PROBE_AFTER_S = 1.0  # a collective idle this long asks the ranks it waits for which call they are in (deadlocks)
 STALL_WARN = float_param(
     "PYCOLL_STALL_WARN",
     60.0,
@@ -578,6 +579,9 @@ class Engine:
             self._tell_status(src, info)
             return
         if msg.tag == _STATUS_TELL:
+            self._compare_calls(src, info.get("calls") or ())
+            if info.get("quiet"):
+                return
             self._asked.discard(src)
             log.warning("stall report: world rank %d answers: %s", src, info.get("doing") or "no pycoll operation in progress")
             return
@@ -804,6 +808,7 @@ class Engine:
         deadline = start + timeout
         stall_s = STALL_WARN.get() if owner is not None else 0.0
         stall_at = start + stall_s if stall_s > 0 else float("inf")
+        probed = False
         last_mark = marker()
         nap = 20e-6
         while not finished():
@@ -833,6 +838,9 @@ class Engine:
                 self._last_liveness = now
                 self._check_liveness()
                 self._check_strays()
+                if owner is not None and not probed and now - start > PROBE_AFTER_S and owner.sig is not None and owner.tag >= 0:
+                    probed = True
+                    self._ask(owner, pending(), quiet=True)
                 if now > stall_at:
                     assert owner is not None
                     self._report_stall(owner, pending(), now - start)
@@ -890,11 +898,28 @@ class Engine:
             "stall: %s on world rank %d (rank %d of its communicator) has waited %.0f s; not joined: %s",
             owner.op, self.rank, owner.rank, waited, "; ".join(parts) or "no rank (waiting on local work)",
         )
-        body = np.frombuffer(json.dumps({"ctx": owner.ctx & ~1, "op": owner.op, "rank": owner.rank}).encode(), np.uint8)
-        for p in waiting:
-            if p not in self._dead and p in self.channels:
-                self._asked.add(p)
+        self._ask(owner, pending, quiet=False)
+
+    def _ask(self, owner: Owner, pending: Iterable[Request], quiet: bool) -> None:
+        """Ask the ranks ``owner``'s operation waits for what they are doing (``quiet``: only to spot a mismatch)."""
+        body = np.frombuffer(json.dumps({"ctx": owner.ctx & ~1, "op": owner.op, "rank": owner.rank, "quiet": quiet}).encode(), np.uint8)
+        for p in self._pending_peers(pending):
+            if p != self.rank and p not in self._dead and p in self.channels:
+                if not quiet:
+                    self._asked.add(p)
                 self.isend(p, body, CONTROL_CTX, _STATUS_ASK, P2P_SIG, owner)
+
+    def _compare_calls(self, src: int, calls: Iterable) -> None:
+        """A peer said which calls it is in: one of ours with the same number but another signature is a mismatch
+        (both sides wait, so no message would ever show it: rooted calls whose roots disagree, say)."""
+        theirs = {(int(c[0]), int(c[1])): Sig(*(int(v) for v in c[2])) for c in calls if len(c) == 3 and len(c[2]) == 6}
+        for sched in list(self._schedules):
+            own = sched.owner
+            sig = theirs.get((own.ctx, own.tag))
+            if not sched.done and own.sig is not None and sig is not None and sig != own.sig and src in own.members:
+                sched.fail(own.error(
+                    MismatchError, f"rank {own.to_comm(src)} called {own.describe(sig)}, this rank called {own.describe(own.sig)}", [src]
+                ))
 
     def _tell_status(self, src: int, info: dict) -> None:
         """Answer a stalled peer: the operations this rank waits in, and for whom."""
@@ -907,7 +932,9 @@ class Engine:
         running = [s.owner.op for s in self._schedules if s.owner not in self._waits]
         if running:
             doing.append("started without waiting: " + ", ".join(running))
-        body = json.dumps({"ctx": int(info.get("ctx", 0)), "rank": self.rank, "doing": "; ".join(doing)}).encode()
+        calls = [[s.owner.ctx, s.owner.tag, list(s.owner.sig)] for s in self._schedules if s.owner.sig is not None and s.owner.tag >= 0]
+        body = json.dumps({"ctx": int(info.get("ctx", 0)), "rank": self.rank, "doing": "; ".join(doing), "calls": calls,
+                           "quiet": bool(info.get("quiet"))}).encode()
         owner = Owner("stall report", CONTROL_CTX, self.rank, lambda w: w, (), tag=-1)
         self.isend(src, np.frombuffer(body, np.uint8), CONTROL_CTX, _STATUS_TELL, P2P_SIG, owner)
 

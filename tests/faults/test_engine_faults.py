@@ -89,3 +89,25 @@ def test_stall_report_names_the_missing_rank_and_gets_its_answer(monkeypatch, ca
     assert "stall: Allreduce #9 on world rank 0" in text and "rank 1 (world 1)" in text
     # the question went to "rank 1" (looped back here), which answered with the operation it waits in
     assert "world rank 1 answers: in Allreduce #9" in text
+
+
+def test_a_probe_answer_with_another_signature_is_a_mismatch() -> None:
+    """Both sides wait (no data flows): the peer's answer to the idle probe names its call; a different
+    signature for the same call number fails this rank's call with MismatchError naming both."""
+    from pycoll.p2p import Schedule
+
+    eng = _engine()
+    mine, theirs = Sig(4, 1, 0, 0, 64, 0), Sig(4, 1, 0, 1, 64, 0)  # the same Reduce, roots 0 and 1
+    own = _owner("Reduce #5")
+    own.sig = mine
+    own.describe = lambda s: f"reduce(root={s.root})"
+
+    def waits():
+        yield (eng.irecv(1, np.empty(4), own.ctx, 5 * 4096, mine, own),)
+
+    sched = eng.start(Schedule(waits(), own))
+    eng._compare_calls(1, [[own.ctx, 5, list(mine)]])  # the same call: nothing happens
+    assert not sched.done
+    eng._compare_calls(1, [[own.ctx, 5, list(theirs)]])
+    assert isinstance(sched.error, MismatchError)
+    assert "rank 1 called reduce(root=1), this rank called reduce(root=0)" in str(sched.error)
