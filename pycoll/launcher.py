@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import queue
 import re
@@ -14,9 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Optional, Sequence
+from typing import IO, Any, Callable, Optional, Sequence
 
-from pycoll.bootstrap.store import TCPStoreServer, new_token
+from pycoll.bootstrap.store import FAILED_KEY, TCPStoreServer, new_token
 from pycoll.config import float_param
 
 LAUNCH_GRACE = float_param(
@@ -273,7 +274,11 @@ def launch(
             job.signal_all(stop_requests[0])
             if len(job.procs) < n:
                 return 128 + stop_requests[0]
-        return _wait(job, n, grace, timeout)
+        def tell_store(rank: int, cause: str) -> None:
+            if server is not None:
+                server.set_local(FAILED_KEY, json.dumps({"rank": rank, "cause": cause}).encode())
+
+        return _wait(job, n, grace, timeout, tell_store)
     finally:
         job.stop()
         job_id = server.get_local("job_id") if server is not None else None
@@ -287,8 +292,10 @@ def launch(
         _cleanup_shm(job_id)
 
 
-def _wait(job: _Job, n: int, grace: float, timeout: Optional[float]) -> int:
-    """Wait for the ranks; apply the grace period after a failure and the job timeout."""
+def _wait(job: _Job, n: int, grace: float, timeout: Optional[float], on_failure: Callable[[int, str], None] = lambda r, c: None) -> int:
+    """Wait for the ranks; apply the grace period after a failure and the job timeout.
+
+    ``on_failure(rank, cause)`` runs at the first failure (the store then wakes ranks still starting up)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     failed: Optional[tuple[int, int]] = None
     grace_end: Optional[float] = None
@@ -313,6 +320,7 @@ def _wait(job: _Job, n: int, grace: float, timeout: Optional[float]) -> int:
         if code != 0 and failed is None:
             failed = (rank, code)
             _say(f"rank {rank} {_status_text(code)}")
+            on_failure(rank, _status_text(code))
             grace_end = time.monotonic() + grace
     if failed is not None:
         return _exit_code(failed[1])

@@ -6,6 +6,7 @@ import abc
 import datetime
 import hashlib
 import hmac
+import json
 import logging
 import math
 import secrets
@@ -49,7 +50,10 @@ _OP_NAMES = {
     _OP_HELLO: "hello", _OP_SET: "set", _OP_GET: "get", _OP_ADD: "add", _OP_WAIT: "wait", _OP_CHECK: "check",
     _OP_AUTH: "auth",
 }
-_ST_OK, _ST_TIMEOUT, _ST_BAD_ARG, _ST_PROTOCOL, _ST_CLOSING, _ST_DENIED = range(6)
+_ST_OK, _ST_TIMEOUT, _ST_BAD_ARG, _ST_PROTOCOL, _ST_CLOSING, _ST_DENIED, _ST_FAILED = range(7)
+# Set by a launcher that saw a rank fail (JSON: rank, cause): blocked GET/WAITs end at once with _ST_FAILED,
+# so ranks still starting up raise an error naming that rank instead of waiting out their timeout.
+FAILED_KEY = "pycoll/failed"
 
 _MAGIC = b"pycoll-store/2"
 NONCE_BYTES = 16
@@ -376,13 +380,16 @@ class _Handler(socketserver.BaseRequestHandler):
                 raise _Refuse("get/wait timeout is NaN")
             timeout = min(max(timeout, 0.0), _MAX_WAIT_S)
             with state.cond:
-                found = state.cond.wait_for(lambda: key in state.data or state.closing, timeout)
+                found = state.cond.wait_for(lambda: key in state.data or state.closing or FAILED_KEY in state.data, timeout)
                 result = state.data.get(key) if found and not state.closing else None
+                failed = state.data.get(FAILED_KEY) if result is None else None
                 closing = state.closing
             if closing:
                 self._reply(_ST_CLOSING, b"store server is stopping")
                 return False
-            if result is None:
+            if failed is not None:
+                self._reply(_ST_FAILED, failed)
+            elif result is None:
                 self._reply(_ST_TIMEOUT)
             else:
                 self._reply(_ST_OK, result if op == _OP_GET else b"")
@@ -482,6 +489,12 @@ class TCPStoreServer:
         """Block until no client is connected (or ``timeout`` s); True if idle."""
         with self._state.cond:
             return self._state.cond.wait_for(lambda: not self._state.conns, max(timeout, 0.0))
+
+    def set_local(self, key: str, value: bytes) -> None:
+        """Set ``key`` from the hosting process (a launcher), waking every blocked GET/WAIT."""
+        with self._state.cond:
+            self._state.data[key] = bytes(value)
+            self._state.cond.notify_all()
 
     def get_local(self, key: str) -> Optional[bytes]:
         """Read a key straight from this server's data (no network); None if absent."""
@@ -654,7 +667,7 @@ class TCPStore(Store):
                 if head is None:
                     raise ConnectionError("the server closed the connection")
                 status, n = _REP.unpack(head)
-                if status > _ST_DENIED or n > MAX_VALUE_BYTES:
+                if status > _ST_FAILED or n > MAX_VALUE_BYTES:
                     raise ProtocolError(
                         f"malformed reply from the store at {self._where()} (status {status}, {n} B)", op=what
                     )
@@ -692,6 +705,8 @@ class TCPStore(Store):
 
     def get(self, key: str, timeout: float) -> bytes:
         status, body = self._request(_OP_GET, key, _F64.pack(timeout), max(timeout, 0.0) + _REPLY_MARGIN)
+        if status == _ST_FAILED:
+            raise _failed_rank(body, f"waiting for key {key!r}")
         if status == _ST_TIMEOUT:
             raise TimeoutError(f"waited {timeout:.1f} s for key {key!r}", op="store get")
         return body
@@ -716,7 +731,9 @@ class TCPStore(Store):
         deadline = time.monotonic() + timeout
         for i, key in enumerate(keys):
             remaining = max(deadline - time.monotonic(), 0.0)
-            status, _ = self._request(_OP_WAIT, key, _F64.pack(remaining), remaining + _REPLY_MARGIN)
+            status, body = self._request(_OP_WAIT, key, _F64.pack(remaining), remaining + _REPLY_MARGIN)
+            if status == _ST_FAILED:
+                raise _failed_rank(body, f"waiting for key {key!r}")
             if status == _ST_TIMEOUT:
                 missing = [k for k in keys[i:] if not self.check([k])]
                 raise TimeoutError(f"waited {timeout:.1f} s for keys {missing}", op="store wait")
@@ -727,6 +744,16 @@ class TCPStore(Store):
 
 
 # ----------------------------------------------------------------------------- torch
+
+
+def _failed_rank(body: bytes, what: str) -> PeerFailureError:
+    """The launcher's notice that a rank failed, as the error of a rank still starting up."""
+    try:
+        info = json.loads(body.decode())
+        rank, cause = int(info["rank"]), str(info.get("cause", "failed"))
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return PeerFailureError(f"a rank failed during start-up ({what})", op="start-up")
+    return PeerFailureError(f"rank {rank} {cause} during start-up ({what})", op="start-up", peers=[rank])
 
 
 def _torch_error(exc: BaseException, what: str, cause: str) -> Exception:

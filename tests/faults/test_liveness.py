@@ -125,3 +125,16 @@ def test_a_vanished_host_is_named_within_ten_seconds(tmp_path) -> None:
     assert "PeerFailureError" in got.get("mro", ()) and 1 in got["peers"], (got, out[-2000:])
     assert got["t"] - cut < 10.0, (got["t"] - cut, got)
     print(f"rank 0 named rank 1 {got['t'] - cut:.1f} s after its host was cut off: {got['msg']}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_rank_that_dies_during_start_up_is_named(transport: str, tmp_path) -> None:
+    """`pycoll run` tells the start-up store that a rank failed: ranks still starting up raise at once."""
+    argv = [harness.PYTHON, os.path.join(HERE, "startup_rank.py"), str(tmp_path)]
+    proc = harness.launch(harness.launcher_cmd(3, argv), harness.rank_env(transport, comm_timeout=300), timeout=90)
+    assert proc.returncode == 3, (proc.stdout + proc.stderr)[-3000:]
+    for r in (0, 1):
+        got = json.loads((tmp_path / f"startup{r}.json").read_text())
+        assert "PeerFailureError" in got.get("mro", ()) and got["peers"] == [2], got
+        assert got["after_s"] < 10.0, got
