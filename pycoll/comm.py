@@ -26,6 +26,7 @@ from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
 from .request import Request, Status
 from .runtime import Runtime
+from .transport.arena import fold_seq
 from .transport.shm import SHM_DIR
 
 UNDEFINED = -32766
@@ -418,6 +419,7 @@ class Comm:
 
             def attempt(a: Any, opno: int) -> Optional[tuple]:
                 slots, bases = prep.views[opno & 1]
+                prep.sig[3] = fold_seq(prep.words[3], a.seq)
                 status = kern.allreduce(a.u64, slots, send, recv, rank, bases, prep.sig, opno, prep.code, self._compiled.polls)
                 return None if arena_jit.finished(a, opno, status, self._compiled) else prep.words
         else:
@@ -444,7 +446,8 @@ class Comm:
         while arena.waiting_for("post", opno, others):
             if time.perf_counter() > spin_until:
                 return mine
-        if any(arena.peer_sig(q, opno) != mine for q in others):
+        posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], arena.seq))
+        if any(arena.peer_sig(q, opno) != posted for q in others) or arena.posted_by_others(opno, others):
             return mine
         try:
             finish()
@@ -468,6 +471,8 @@ class Comm:
         state.ops += 1  # type: ignore[union-attr]
         opno = arena.ops = state.ops  # type: ignore[union-attr]
         state.last = (self._seq, opno)  # type: ignore[union-attr]
+        arena.seq = self._seq  # posts carry the call number (Python writes it; kernels write the rest)
+        arena.mark_seq(opno)
         mine = attempt(arena, opno)
         if mine is None:
             return True
@@ -622,6 +627,7 @@ class Comm:
 
         def attempt(a: Any, opno: int) -> Optional[tuple]:
             base = a.rounds
+            plan.sig_array[3] = fold_seq(plan.words[3], a.seq)
             status, j, met = kern.broadcast(a.u64, a.stage(call.root), data, rank, gate.bases(a, opno), plan.sig_array,
                                             opno, call.root, base, chunk, nslots, gate.polls)
             if arena_jit.finished(a, opno, status, gate):
@@ -796,6 +802,7 @@ class Comm:
             gate, rank = self._compiled, self._rank
 
             def attempt(a: Any, opno: int) -> Optional[tuple]:
+                sig_arr[3] = fold_seq(words[3], a.seq)
                 status = kern.barrier(a.u64, rank, gate.bases(a, opno), sig_arr, opno, gate.polls)
                 return None if arena_jit.finished(a, opno, status, gate) else words
         else:

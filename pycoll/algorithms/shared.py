@@ -20,7 +20,7 @@ import numpy as np
 from ..config import bool_param, size_param
 from ..errors import MismatchError, PeerFailureError
 from ..p2p import Sig
-from ..transport.arena import ARENA_SLOT, ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena
+from ..transport.arena import ARENA_SLOT, ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena, fold_seq
 from ..transport.shm import SHM_DIR, SHM_DISABLE
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
@@ -125,6 +125,9 @@ class ArenaWait:
         if self._done:
             return True
         left = self.arena.waiting_for(self.what, self.op, self.ranks)
+        if self.what == "post" and len(left) < len(self.ranks):  # a post of another call is not this one's
+            stale = self.arena.posted_by_others(self.op, [r for r in self.ranks if r not in left])
+            left += stale
         if not left:
             self._done = True
             return True
@@ -285,6 +288,7 @@ def _begin(st: Steps, arena: HostArena, op: int) -> Generator[tuple, None, int]:
     arena.ops = max(arena.ops, op)
     while arena.finished < op - 1:
         yield (_LocalTurn(arena, op - 1),)
+    arena.seq = st.seq  # its posts carry this call's number
     return op
 
 
@@ -310,9 +314,11 @@ def _meet(st: Steps, arena: HostArena, op: int, others: list[int], what: str = "
 
 
 def _check_posts(st: Steps, arena: HostArena, op: int, others: list[int], mine: tuple[int, int, int, int]) -> None:
+    posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], arena.seq))
     for q in others:
         theirs = arena.peer_sig(q, op)
-        if theirs != mine:
+        if theirs != posted:
+            theirs = (theirs[0], theirs[1], theirs[2], fold_seq(theirs[3], arena.seq))
             raise st.owner.error(
                 MismatchError,
                 f"rank {q} called {_describe_words(st, theirs)}, this rank called {_describe_words(st, mine)}",

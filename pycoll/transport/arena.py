@@ -38,7 +38,13 @@ DONE, SLEEPING = 8, 9
 # Per parity, three lines: the call's arguments, then POST and READY on lines of their own, so a peer
 # spinning on a flag never pulls the line that is being written word by word.
 _SLOT_LINE = 24
-KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES = range(7)
+KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES, SEQ = range(8)
+
+
+def fold_seq(word: int, seq: int) -> int:
+    """The posted VHASH word: the call's vector hash mixed with its call number, so that a post left over
+    from another call of the same arguments never matches (SEQ holds the number in clear for waits)."""
+    return (int(word) ^ (int(seq) * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
 POST, READY = 8, 16
 # Round counters of the staged allreduce, one line each (monotonic over the arena's life).
 STAGED, REDUCED, CONSUMED = 64, 72, 80
@@ -165,6 +171,7 @@ class HostArena:
         self.ops = 0  # arena operations started on this rank (the same sequence on every rank)
         self.rounds = 0  # staged rounds started on this rank (likewise)
         self.finished = 0  # arena operations this rank has completed
+        self.seq = 0  # the communicator's call number of the operation being posted (see fold_seq)
         self._slots = [
             [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self.slot_offset(r, k)) for k in (0, 1)] for r in range(size)
         ]
@@ -239,10 +246,20 @@ class HostArena:
     def post(self, op: int, sig: Sequence[int], send_addr: int = 0, recv_addr: int = 0, nbytes: int = 0) -> None:
         """Publish this rank's arguments for arena operation ``op`` (the POST word last)."""
         w, base = self.words, self.line(self.rank, op)
-        w[base + KIND], w[base + ROOT], w[base + COUNT], w[base + VHASH] = sig
-        w[base + SEND], w[base + RECV], w[base + NBYTES] = send_addr, recv_addr, nbytes
+        w[base + KIND], w[base + ROOT], w[base + COUNT] = sig[0], sig[1], sig[2]
+        w[base + VHASH] = fold_seq(sig[3], self.seq)
+        w[base + SEND], w[base + RECV], w[base + NBYTES], w[base + SEQ] = send_addr, recv_addr, nbytes, self.seq
         w[base + POST] = op  # x86 keeps stores in order: a peer that sees POST sees the words above
         self.bell.ring()
+
+    def mark_seq(self, op: int) -> None:
+        """Write this rank's call number for ``op`` before a kernel posts it (kernels write the other words)."""
+        self.words[self.line(self.rank, op) + SEQ] = self.seq
+
+    def posted_by_others(self, op: int, ranks: Iterable[int]) -> list[int]:
+        """The ranks among ``ranks`` whose post for ``op`` belongs to another call number (left over)."""
+        w = self.words
+        return [r for r in ranks if w[self.line(r, op) + SEQ] != self.seq]
 
     def set_ready(self, op: int) -> None:
         self.words[self.line(self.rank, op) + READY] = op
