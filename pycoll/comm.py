@@ -8,6 +8,7 @@ import pickle
 import struct
 import sys
 import time
+import dataclasses
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -17,7 +18,7 @@ from . import buffers, datatypes
 from . import ops as _ops
 from .algorithms import ALGO, CHECK_CALLS, Call, Layout, Steps, select, verify_call
 from .algorithms import cost as cost_model
-from .algorithms import arena_jit, shared
+from .algorithms import arena_jit, shared, staged
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import AbortedError, InvalidArgumentError
@@ -80,7 +81,7 @@ class _AllreducePlan:
     are rebuilt (the arrays' shape, strides, dtype and writability must be unchanged).
     """
 
-    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for", "compiled")
+    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for", "compiled", "fast")
 
     def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
         self.send = None if sendbuf is IN_PLACE else weakref.ref(sendbuf)
@@ -90,6 +91,7 @@ class _AllreducePlan:
         self.algo: Any = None  # the algorithm selected for it, valid while ``algo_for`` holds
         self.algo_for: tuple = ()
         self.compiled: Any = None  # arena_jit.Prepared: the compiled path's arguments
+        self.fast: Any = None  # _PipeFast: the inline staged path's arguments
 
     @staticmethod
     def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
@@ -141,9 +143,75 @@ class _BcastPlan:
         return buf if buf.ndim == 1 else buf.reshape(-1)
 
 
+class _PipePlan:
+    """Checked arguments of a repeated blocking Reduce_scatter(_block) or Allgather on contiguous NumPy arrays.
+
+    It is found by the arrays' addresses, not their identity, so a fresh view of the same memory (``a[:k]``
+    per call, as mpi4py code often passes) still hits; it holds no array and rebuilds the flat views per
+    hit. Once the call's algorithm is ``staged`` it also keeps the pipe geometry for the inline path.
+    """
+
+    __slots__ = ("meta", "template", "send_len", "sig", "algo", "algo_for", "fast")
+
+    def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
+        self.meta = self.describe(sendbuf, recvbuf)
+        self.template = dataclasses.replace(call, send=None, recv=None)  # a plan keeps no user memory alive
+        self.send_len = call.send.shape[0] if call.in_place and call.send is not None else -1  # in place: recv's head
+        self.sig = sig
+        self.algo: Any = None
+        self.algo_for: tuple = ()
+        self.fast: Any = None  # _PipeFast once the inline path has run it
+
+    @staticmethod
+    def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
+        send = None if sendbuf is IN_PLACE else (sendbuf.shape, sendbuf.strides, sendbuf.dtype)
+        return (send, recvbuf.shape, recvbuf.strides, recvbuf.dtype, recvbuf.flags.writeable)
+
+    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
+        """The call for these arrays (found at the planned addresses), or None if their shape or type changed."""
+        if self.describe(sendbuf, recvbuf) != self.meta:
+            return None
+        recv = recvbuf.reshape(-1)
+        if sendbuf is not IN_PLACE:
+            send: Optional[np.ndarray] = sendbuf.reshape(-1)
+        else:
+            send = recv[: self.send_len] if self.send_len >= 0 else None
+        return dataclasses.replace(self.template, send=send, recv=recv)
+
+
+def _pipe_key(label: str, sendbuf: Any, recvbuf: Any, *extra: Any) -> Optional[tuple]:
+    """A ``_PipePlan``'s key: the call and its arrays' addresses, for plain contiguous NumPy arrays (else None)."""
+    if type(recvbuf) is not np.ndarray or not recvbuf.flags.c_contiguous:
+        return None
+    if sendbuf is IN_PLACE:
+        send = -1
+    elif type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous:
+        send = sendbuf.__array_interface__["data"][0]
+    else:
+        return None
+    try:
+        key = (label, send, recvbuf.__array_interface__["data"][0], *extra)
+        hash(key)
+    except TypeError:  # an unhashable op or count: the checks name it
+        return None
+    return key
+
+
+class _PipeFast:
+    """A staged call's inline arguments on one arena: the pipe geometry and the posted signature words."""
+
+    __slots__ = ("arena", "pipe", "words", "sig_array")
+
+    def __init__(self, arena: Any, pipe: "staged.Pipe", sig: Sig) -> None:
+        self.arena, self.pipe = arena, pipe
+        self.words = shared.sig_words(sig)
+        self.sig_array = arena_jit.sig_array(self.words)
+
+
 _PLANS = 8  # Allreduce plans kept per communicator
 _FAST_SPIN_S = 50e-6  # how long a fast-path Allreduce spins for its peers before it waits as a schedule
 ONESHOT = shared.allreduce_oneshot
+_PIPE_ALGOS = (staged.reduce_scatter_staged, staged.allgather_staged)
 
 
 class Comm:
@@ -168,12 +236,16 @@ class Comm:
         self._plans: dict[tuple, _AllreducePlan] = {}
         self._last_plan: Any = None  # the plan (_AllreducePlan or _BcastPlan) of the call being scheduled
         self._bcast_plans: dict[tuple, _BcastPlan] = {}
+        self._pipe_plans: dict[tuple, _PipePlan] = {}
         self._others = [q for q in range(self._size) if q != self._rank]
         # (choice key, Barrier inline on the arena?, its sig, its posted words, those as a kernel argument)
         self._barrier_choice: tuple = ((), False, None, None, None)
-        self._compiled = arena_jit.Gate()
+        # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
+        self._fast_spin = _FAST_SPIN_S / 25 if self._engine.oversubscribed else _FAST_SPIN_S
+        self._compiled = arena_jit.Gate(self._fast_spin)
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
             self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
+            self._arena.gate = self._compiled
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -387,23 +459,30 @@ class Comm:
         return call, sig
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
-        if self._arena is not None and self._arena.status == "ready" and self._oneshot_fast(sendbuf, recvbuf, op):
+        if self._arena is not None and self._arena.status == "ready" and self._allreduce_fast(sendbuf, recvbuf, op):
             return
         self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op)
 
-    def _oneshot_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
-        """A repeated small Allreduce on a ready arena, with no schedule (see ``_arena_meeting``).
-
-        False (nothing done) unless the call has a plan whose algorithm is oneshot under the current
-        PYCOLL_ALGO and cost model. Once the communicator has earned the compiled path, the whole
-        meeting is one kernel call.
-        """
+    def _allreduce_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
+        """A repeated Allreduce whose plan chose oneshot or staged, run inline; False (nothing done) otherwise."""
         try:
             plan = self._plans.get((id(sendbuf), id(recvbuf), op))
-        except TypeError:
+        except TypeError:  # an unhashable op: let the checks name it
             return False
-        if plan is None or plan.algo is not ONESHOT or plan.algo_for != self._choice_key():
+        if plan is None or plan.algo_for != self._choice_key():
             return False
+        if plan.algo is ONESHOT:
+            return self._oneshot_fast(plan, sendbuf, recvbuf)
+        if plan.algo is staged.allreduce_staged:
+            call = plan.call(sendbuf, recvbuf)
+            return call is not None and self._pipe_fast("Allreduce", plan, call)
+        return False
+
+    def _oneshot_fast(self, plan: _AllreducePlan, sendbuf: Any, recvbuf: Any) -> bool:
+        """A repeated small Allreduce on a ready arena, with no schedule (see ``_arena_meeting``).
+
+        Once the communicator has earned the compiled path, the whole meeting is one kernel call.
+        """
         arena = self._arena.arena  # type: ignore[union-attr]
         flat = plan.flat(sendbuf, recvbuf)
         if flat is None or arena is None or flat[1].nbytes > arena.slot_bytes:
@@ -411,7 +490,7 @@ class Comm:
         send, recv = flat
         sig = plan.sig
         prep = plan.compiled
-        kern = self._compiled.open(_FAST_SPIN_S) if prep is None or prep.ok else None
+        kern = self._compiled.open() if prep is None or prep.ok else None
         if kern is not None and (prep is None or prep.arena is not arena):
             prep = plan.compiled = arena_jit.Prepared(arena, sig, plan.op, plan.dtype, recv.size)
         if kern is not None and prep.ok:
@@ -434,6 +513,70 @@ class Comm:
 
         return self._arena_meeting("Allreduce", sig, attempt, rest)
 
+    def _pipe_fast(self, label: str, plan: Any, call: Call) -> bool:
+        """A repeated call whose plan chose a pipelined ``staged`` algorithm, run inline by one kernel call
+        (meeting, every chunk, close) when the peers keep up (see ``_arena_meeting``); False (nothing done)
+        where the kernel does not cover the call."""
+        arena = self._arena.arena  # type: ignore[union-attr]
+        if arena is None or not arena.stage_bytes:
+            return False
+        fast = plan.fast
+        if fast is None or fast.arena is not arena:
+            fast = plan.fast = _PipeFast(arena, staged.Pipe(arena, call, self._rank), plan.sig)
+        pipe = fast.pipe
+        kern = self._compiled.kernels  # open (the schedule path counts the calls that open it)
+        if not kern or not pipe.covered:
+            return False
+        if not pipe.kernel:  # planned before the gate opened
+            pipe = fast.pipe = staged.Pipe(arena, call, self._rank)
+        send, recv = pipe.views(call)
+        gate, rank = self._compiled, self._rank
+        polls = min(gate.polls, pipe.polls)
+        resume: list = [False, 0]
+
+        def attempt(a: Any, opno: int) -> Optional[tuple]:
+            base = a.rounds
+            fast.sig_array[3] = fold_seq(fast.words[3], a.seq)
+            status, j, met = kern.blocks(a.u64, pipe.stages, send, recv, pipe.sd, pipe.rd, pipe.counts, rank, gate.bases(a, opno),
+                                         fast.sig_array, opno, pipe.mode, pipe.code, pipe.local, base, pipe.c, pipe.nslots, polls)
+            if arena_jit.finished(a, opno, status, gate):
+                a.rounds = base + pipe.nchunks
+                return None
+            resume[:] = [met, j]
+            return fast.words
+
+        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
+            return staged.pipe_rest(st, a, opno, mine, pipe, call, resume[0], resume[1])
+
+        return self._arena_meeting(label, plan.sig, attempt, rest)
+
+    def _pipe_planned(self, key: Optional[tuple], build: Callable[..., tuple[Call, Sig]], sendbuf: Any, recvbuf: Any,
+                      *args: Any) -> tuple[Call, Sig]:
+        """``build(sendbuf, recvbuf, *args)``, its result kept as a ``_PipePlan`` under ``key`` (None: not plannable)."""
+        if key is None or self._arena is None:
+            return build(sendbuf, recvbuf, *args)
+        plan = self._pipe_plans.get(key)
+        if plan is not None:
+            call = plan.call(sendbuf, recvbuf)
+            if call is not None:
+                self._last_plan = plan
+                return call, plan.sig
+        call, sig = build(sendbuf, recvbuf, *args)
+        if len(self._pipe_plans) >= _PLANS:
+            self._pipe_plans.pop(next(iter(self._pipe_plans)))
+        self._pipe_plans[key] = self._last_plan = _PipePlan(sendbuf, recvbuf, call, sig)
+        return call, sig
+
+    def _planned_fast(self, label: str, key: Optional[tuple], sendbuf: Any, recvbuf: Any) -> bool:
+        """A repeated Reduce_scatter(_block) or Allgather whose plan chose ``staged``, run inline; False otherwise."""
+        if key is None or self._arena is None or self._arena.status != "ready":
+            return False
+        plan = self._pipe_plans.get(key)
+        if plan is None or plan.algo_for != self._choice_key() or plan.algo not in _PIPE_ALGOS:
+            return False
+        call = plan.call(sendbuf, recvbuf)
+        return call is not None and self._pipe_fast(label, plan, call)
+
     def _choice_key(self) -> tuple:
         """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
         return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get())
@@ -442,7 +585,7 @@ class Comm:
         """After posting ``mine``: spin briefly for the peers; if all came with the same call, ``finish`` and
         mark done (None), else return ``mine`` for the schedule that waits with timeouts."""
         others = self._others
-        spin_until = time.perf_counter() + _FAST_SPIN_S
+        spin_until = time.perf_counter() + self._fast_spin
         while arena.waiting_for("post", opno, others):
             if time.perf_counter() > spin_until:
                 return mine
@@ -551,7 +694,11 @@ class Comm:
         return call, self._sig(call, total, _vhash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
-        self._run("Reduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Reduce_scatter_block")
+        key = _pipe_key("Reduce_scatter_block", sendbuf, recvbuf, op)
+        if self._planned_fast("Reduce_scatter_block", key, sendbuf, recvbuf):
+            return
+        self._run("Reduce_scatter_block", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, None, op,
+                  "Reduce_scatter_block")
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
         return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block")
@@ -561,7 +708,15 @@ class Comm:
     ) -> None:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
-        self._run("Reduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Reduce_scatter")
+        try:
+            counts = tuple(recvcounts)
+        except TypeError:  # not a sequence: the checks name it
+            counts = None
+        key = _pipe_key("Reduce_scatter", sendbuf, recvbuf, op, counts) if counts is not None else None
+        if self._planned_fast("Reduce_scatter", key, sendbuf, recvbuf):
+            return
+        self._run("Reduce_scatter", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op,
+                  "Reduce_scatter")
 
     def Ireduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
@@ -617,7 +772,7 @@ class Comm:
         arena = state.arena  # type: ignore[union-attr]
         if flat is None or arena is None or not arena.stage_bytes:
             return False
-        kern = self._compiled.open(_FAST_SPIN_S)
+        kern = self._compiled.open()
         if kern is None:
             return False
         call = Call("broadcast", plan.call.dtype, recv=flat, root=plan.call.root)
@@ -660,7 +815,10 @@ class Comm:
         return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Allgather", self._allgather_call, sendbuf, recvbuf, False)
+        key = _pipe_key("Allgather", sendbuf, recvbuf)
+        if self._planned_fast("Allgather", key, sendbuf, recvbuf):
+            return
+        self._run("Allgather", self._pipe_planned, key, self._allgather_call, sendbuf, recvbuf, False)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
         return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False)
@@ -797,7 +955,7 @@ class Comm:
         _, inline, sig, words, sig_arr = self._barrier_choice
         if not inline:
             return False
-        kern = self._compiled.open(_FAST_SPIN_S)
+        kern = self._compiled.open()
         if kern is not None:
             gate, rank = self._compiled, self._rank
 

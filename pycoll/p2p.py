@@ -31,7 +31,8 @@ from .transport.base import Channel
 
 log = logging.getLogger("pycoll")
 
-SPIN_US = float_param("PYCOLL_SPIN_US", 50.0, "Microseconds a wait busy-polls before it starts yielding the core.")
+SPIN_US = float_param("PYCOLL_SPIN_US", 50.0, "Microseconds a wait busy-polls before it starts yielding the core (default 50, or 2 with more ranks than cores).")
+_OVERSUBSCRIBED_SPIN_US = 2.0
 YIELD_US = float_param("PYCOLL_YIELD_US", 2000.0, "Microseconds a wait then spends in sched_yield before it sleeps.")
 PROBE_AFTER_S = 1.0  # a collective idle this long asks the ranks it waits for which call they are in (deadlocks)
 STALL_WARN = float_param(
@@ -802,7 +803,9 @@ class Engine:
         pending: Callable[[], Iterable[Request]],
         spin: bool,
     ) -> None:
-        spin_s = SPIN_US.get() * 1e-6 if spin else 0.0
+        # ranks sharing cores spin only briefly (unless PYCOLL_SPIN_US says otherwise): the core may be needed
+        spin_us = SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else _OVERSUBSCRIBED_SPIN_US
+        spin_s = spin_us * 1e-6 if spin else 0.0
         yield_s = spin_s + YIELD_US.get() * 1e-6 if spin else 0.0
         start = idle_since = time.monotonic()
         deadline = start + timeout

@@ -15,9 +15,9 @@ FORCED = {
     "doubling": "allreduce:doubling",
     "arena-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma,reduce:chain",
     "arena-oneshot": "allreduce:oneshot",
-    "arena-staged": "allreduce:staged,reduce_scatter:staged,broadcast:staged",
+    "arena-staged": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged",
     "arena-no-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma",
-    "arena-staged-python": "allreduce:staged,broadcast:staged",
+    "arena-staged-python": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged",
 }
 # Extra settings per set: small arena chunks pull in many steps; a larger slot sends more sizes one-shot;
 # without cross-memory attach the cma algorithms must agree to fall back to streams.

@@ -167,7 +167,8 @@ def test_broadcast_kernel_root_and_reader(ranks: int) -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
     """Repeated calls from the first repeat on (PYCOLL_ARENA_JIT_AFTER=0): Allreduce with all ranks compiled and
-    mixed with Python, a mismatch, and Bcast through the inline staged path."""
+    mixed with Python, a mismatch, Bcast through the inline staged path, and the pipelined staged allreduce,
+    reduce-scatter and allgather, inline."""
     env = {"PYCOLL_ARENA_JIT_AFTER": "0", "PYCOLL_ALGO": "allreduce:oneshot,broadcast:staged",
            "PYCOLL_ARENA_STAGE": "64K", "PYCOLL_ARENA_PIPE_CHUNK": "4K"}  # Bcast: many chunks, a wrapping ring
     res = harness.run_cases(n, ["repeated.*"], transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
@@ -181,4 +182,8 @@ def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
         inline = res.records("repeated.bcast_repeated", "inline")
         assert len(inline) == n, inline
         if n == 2:  # one rank per core: some calls finish inside the kernel (on 3 ranks, timing decides)
+            assert sum(inline.values()) > 0, inline
+        assert res.records("repeated.staged_repeated", "compiled") == dict.fromkeys(range(n), True)
+        inline = res.records("repeated.staged_repeated", "inline")
+        if n == 2:
             assert sum(inline.values()) > 0, inline

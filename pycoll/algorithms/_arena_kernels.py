@@ -323,3 +323,148 @@ def broadcast(words, stage, buf, me, bases, sig, opno, root, base, chunk, nslots
     store_seq_cst(words, mine + _arena.REDUCED, rounds)
     store_seq_cst(words, mine + _CONSUMED, rounds)
     return _finish(words, me, size, opno) | wake, j, True
+
+
+@njit(cache=True, nogil=True)
+def _wait_counter(words, me, size, which, target, budget):
+    """Spin until every rank but ``me`` has counter ``which`` at ``target``; the budget left (<= 0: gave up)."""
+    for r in range(size):
+        if r != me:
+            while _counter(words, r, which) < target:
+                budget -= 1
+                if budget <= 0:
+                    return 0
+                cpu_relax()
+    return budget
+
+
+# Modes of ``pipe_blocks``, and the phases it reports when a peer is late.
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER = 0, 1, 2
+WAIT_SLOT, WAIT_STAGED, WAIT_REDUCED = 0, 1, 2
+
+
+@njit(cache=True, nogil=True)
+def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, base, c, nslots, start, polls):
+    """Chunks ``start``.. of a pipelined staged allreduce, reduce-scatter or allgather (``mode``).
+
+    The vector is ``size`` blocks (``counts``; block q sits at ``sd[q]`` in ``send``, ``rd[q]`` in
+    ``recv``); chunk j is elements [j*c, j*c + c) of every block. Ring slot (base + j) % nslots of each
+    rank's stage row holds ``size`` sub-slots of c elements. Per chunk, rank ``me``:
+      1. once every peer consumed the chunk that used the slot before, stages the parts it contributes
+         (its send's block q into sub-slot q for each peer q; in allgather its own block into sub-slot
+         ``me``, and into ``recv`` if ``local``) and raises STAGED (allgather: and REDUCED);
+      2. (reductions) once every peer staged, combines its own block of ``send`` with every peer's
+         sub-slot ``me`` (own first, then the peers in rank order) into ``recv`` (allreduce: and into its
+         own sub-slot ``me``), raises REDUCED;
+      3. (not reduce-scatter) once every peer reduced, copies the peers' sub-slots into their blocks of
+         ``recv``; then raises CONSUMED.
+    Every step is skipped if this rank's counter shows it done, so a call resumes where it stopped. After
+    each raised counter it rings the doorbell, and returns at once if a peer sleeps on it.
+    Returns (next chunk, the phase it waits in or -1, WAKE or 0).
+    """
+    size = stages.shape[0]
+    isz = send.itemsize
+    nchunks = 0
+    for q in range(size):
+        nchunks = max(nchunks, (counts[q] + c - 1) // c)
+    mine = _HEADER + me * _CTRL
+    width = size * c
+    j = start
+    while j < nchunks:
+        budget = polls
+        done = base + j + 1
+        slot = ((base + j) % nslots) * width
+        lo = j * c
+        if _counter(words, me, _STAGED) < done:
+            budget = _wait_counter(words, me, size, _CONSUMED, done - nslots, budget)
+            if budget <= 0:
+                return j, WAIT_SLOT, 0
+            row = stages[me]
+            if mode == ALLGATHER:
+                m = min(c, counts[me] - lo)
+                if m > 0:
+                    copy_bytes(row, (slot + me * c) * isz, send, (sd[me] + lo) * isz, m * isz)
+                    if local:
+                        copy_bytes(recv, (rd[me] + lo) * isz, send, (sd[me] + lo) * isz, m * isz)
+                store_seq_cst(words, mine + _STAGED, done)
+                store_seq_cst(words, mine + _arena.REDUCED, done)
+            else:
+                for q in range(size):
+                    m = min(c, counts[q] - lo)
+                    if q != me and m > 0:
+                        copy_bytes(row, (slot + q * c) * isz, send, (sd[q] + lo) * isz, m * isz)
+                store_seq_cst(words, mine + _STAGED, done)
+            if _ring(words, me, size):  # a peer sleeps on this flag: the caller wakes it, then calls again
+                return j, -1, _WAKE
+        if mode != ALLGATHER and _counter(words, me, _arena.REDUCED) < done:
+            budget = _wait_counter(words, me, size, _STAGED, done, budget)
+            if budget <= 0:
+                return j, WAIT_STAGED, 0
+            m = min(c, counts[me] - lo)
+            own = slot + me * c
+            src, dst = sd[me] + lo, rd[me] + lo
+            out = recv[dst : dst + m]  # slices, not offset indexing: loops over them vectorize
+            first = True
+            for q in range(size):
+                if q == me:
+                    continue
+                theirs = stages[q][own : own + m]
+                if first:  # own block first: in place, it is read before its place is written
+                    ours = send[src : src + m]
+                    for i in range(m):
+                        out[i] = _combine(op, ours[i], theirs[i])
+                    first = False
+                else:
+                    for i in range(m):
+                        out[i] = _combine(op, out[i], theirs[i])
+            if op == _AVG:
+                for i in range(m):
+                    out[i] = _mean(out[i], size)
+            if mode == ALLREDUCE and m > 0:
+                copy_bytes(stages[me], own * isz, recv, dst * isz, m * isz)
+            store_seq_cst(words, mine + _arena.REDUCED, done)
+            if _ring(words, me, size):
+                return j, -1, _WAKE
+        if mode != REDUCE_SCATTER:
+            budget = _wait_counter(words, me, size, _arena.REDUCED, done, budget)
+            if budget <= 0:
+                return j, WAIT_REDUCED, 0
+            for q in range(size):
+                m = min(c, counts[q] - lo)
+                if q != me and m > 0:
+                    copy_bytes(recv, (rd[q] + lo) * isz, stages[q], (slot + q * c) * isz, m * isz)
+        store_seq_cst(words, mine + _CONSUMED, done)
+        j += 1
+        if _ring(words, me, size):
+            return j, -1, _WAKE
+    return j, -1, 0
+
+
+@njit(cache=True, nogil=True)
+def close_rounds(words, me, rounds):
+    mine = _HEADER + me * _CTRL
+    store_seq_cst(words, mine + _STAGED, rounds)
+    store_seq_cst(words, mine + _arena.REDUCED, rounds)
+    store_seq_cst(words, mine + _CONSUMED, rounds)
+
+
+@njit(cache=True, nogil=True)
+def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode, op, local, base, c, nslots, polls):
+    """A whole ``pipe_blocks`` call when the peers keep up: meet, pipe every chunk, close the rounds, finish.
+
+    Returns (status, next chunk, met), as ``broadcast`` does.
+    """
+    size = len(bases)
+    status = _meet(words, me, bases, sig, opno, polls)
+    if status & 3 != _DONE:
+        return status, 0, False
+    wake = status & _WAKE
+    nchunks = 0
+    for q in range(size):
+        nchunks = max(nchunks, (counts[q] + c - 1) // c)
+    j, _, more = pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, base, c, nslots, 0, polls)
+    wake |= more
+    if j < nchunks:
+        return _WAITING | wake, j, True
+    close_rounds(words, me, base + nchunks)
+    return _finish(words, me, size, opno) | wake, j, True

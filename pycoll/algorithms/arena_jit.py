@@ -1,7 +1,7 @@
-"""Compiled one-meeting arena calls (small Allreduce, Barrier): post, spin, check and reduce in one Numba call.
+"""Compiled arena calls: small Allreduce and Barrier, and the staged algorithms' chunk loops, each one Numba call.
 
-It speaks the same protocol as ``shared.oneshot_post``/``oneshot_rest`` word for word, so a rank on this
-path meets a rank on the Python path. Flags are read with acquire loads and written with release stores,
+The kernels speak the Python paths' protocols word for word (``shared.oneshot_post``/``oneshot_rest``,
+the staged pipes), so a rank on the compiled path meets a rank on the Python path. Flags are read with acquire loads and written with release stores,
 so the compiler can neither hoist a spin-loop read nor sink a slot write below its flag. Numba is
 optional: without it, or for dtypes it does not reduce (float16, bfloat16), the Python path runs.
 """
@@ -21,7 +21,7 @@ from ..transport import arena as _arena
 log = logging.getLogger("pycoll")
 
 ARENA_JIT = bool_param(
-    "PYCOLL_ARENA_JIT", True, "Set to 0 to run repeated small Allreduce and Barrier calls in Python instead of compiled code (Numba)."
+    "PYCOLL_ARENA_JIT", True, "Set to 0 to run the arena's loops (small Allreduce, Barrier, the staged chunk loops) in Python instead of compiled code (Numba)."
 )
 
 ARENA_JIT_AFTER = param(
@@ -144,9 +144,10 @@ def finished(arena: _arena.HostArena, op: int, status: int, gate: Optional["Gate
 class Gate:
     """Whether one communicator's small arena calls run compiled: after ``PYCOLL_ARENA_JIT_AFTER`` calls, if Numba loads."""
 
-    __slots__ = ("calls", "kernels", "polls", "inline", "_arena", "_bases")
+    __slots__ = ("calls", "kernels", "spin_s", "polls", "inline", "_arena", "_bases")
 
-    def __init__(self) -> None:
+    def __init__(self, spin_s: float) -> None:
+        self.spin_s = spin_s  # how long an inline call spins for its peers before it waits as a schedule
         self.calls = 0
         self.inline = 0  # calls a kernel finished on its own (no schedule), for tests and debugging
         self.kernels: Any = None  # the kernel module once open, False once refused
@@ -160,7 +161,7 @@ class Gate:
             self._arena, self._bases = arena, [line_bases(arena, 0), line_bases(arena, 1)]
         return self._bases[op & 1]
 
-    def open(self, spin_s: float) -> Any:
+    def open(self) -> Any:
         """The kernel module, or None while the calls so far have not earned it (or it cannot run here)."""
         k = self.kernels
         if k is not None:
@@ -172,6 +173,6 @@ class Gate:
         if why is not None:
             self.kernels = False
             return None
-        self.polls = polls_for(spin_s)
+        self.polls = polls_for(self.spin_s)
         self.kernels = kernels()
         return self.kernels

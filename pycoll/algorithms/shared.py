@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import time
-from typing import Generator, Optional
+from typing import Any, Generator, Optional
 
 import numpy as np
 
@@ -38,7 +38,7 @@ ARENA_CHUNK = size_param(
     "PYCOLL_ARENA_CHUNK", 256 << 10, "Bytes a cma reduction pulls from a peer per step: small enough to stay in cache."
 )
 ARENA_PIPE_CHUNK = size_param(
-    "PYCOLL_ARENA_PIPE_CHUNK", 64 << 10, "Bytes per step of the pipelined staged broadcast: the root copies one in while readers copy the last out."
+    "PYCOLL_ARENA_PIPE_CHUNK", 64 << 10, "Bytes per step (per block) of the staged algorithms: a chunk is copied in while the last one is copied out."
 )
 
 _LIVENESS_S = 0.25
@@ -57,6 +57,8 @@ class ArenaState:
         self.last: tuple[int, int] = (0, 0)  # (call number, arena number) of the latest arena call
         self.reason = ""
         self.cma_reason: Optional[str] = None
+        # the communicator's arena_jit.Gate: the compiled loops run once it opened (None: whenever Numba loads)
+        self.gate: Optional[arena_jit.Gate] = None
 
     def give_back(self, seq: int) -> None:
         """Call ``seq`` took an arena number, but a peer rejected its arguments and took none: free the number,
@@ -568,143 +570,6 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
     yield from _meet(st, arena, op, others, "done")
 
 
-def _staged_cost(m: CostModel, n: float, lay: Layout) -> float:
-    p = lay.size
-    rounds = max(1.0, n / m.arena_stage)
-    work = (1 + 3 * rounds) * m.arena_sync_us * 1e-6
-    work += ((p - 1) / p * n + n) / (m.copy_GBps * 1e9) + (p - 1) / p * n / (m.reduce_GBps * 1e9)
-    return work * m.over(lay)
-
-
-@register(
-    "allreduce",
-    "staged",
-    "In rounds of the arena's staging size: each rank copies the blocks others reduce into its staging area, reduces "
-    "its own block from every rank's stage into its result area, then copies all results out; single host, no kernel help.",
-    steps="3 meetings per round",
-    bytes="(p-1)/p · n copied in, n copied out",
-    refuse=_refuse_single_host,
-    cost=_staged_cost,
-)
-def allreduce_staged(st: Steps, call: Call) -> Schedule:
-    assert call.send is not None and call.recv is not None and call.op is not None
-    number = _number(st)
-    arena = yield from _ready(st)
-    if arena is None:
-        yield from allreduce_ring(st, call)
-        return
-    p, r = st.size, st.rank
-    others = [q for q in range(p) if q != r]
-    op = yield from _begin(st, arena, number)
-    try:
-        mine = sig_words(st.sig)
-        arena.post(op, mine)
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
-        isz = call.dtype.itemsize
-        per_round = max(p, arena.stage_bytes // isz // p * p)  # elements of the vector per round
-        stages = [arena.stage(q) for q in range(p)]
-        results = [arena.result(q) for q in range(p)]
-        send, recv, total = call.send, call.recv, call.recv.shape[0]
-        for a in range(0, total, per_round):
-            b = min(a + per_round, total)
-            counts = even_counts(b - a, p)
-            displs = offsets(counts)
-            arena.rounds += 1
-            k = arena.rounds
-            if k > 1:  # peers must be done reading this rank's stage and result of the last round
-                yield from _meet(st, arena, k - 1, others, "consumed")
-            stage = stages[r][: (b - a) * isz].view(call.dtype)
-            for q in others:
-                lo, hi = displs[q], displs[q] + counts[q]
-                stage[lo:hi] = send[a + lo : a + hi]
-            arena.set_counter("staged", k)
-            yield from _meet(st, arena, k, others, "staged")
-            lo, hi = displs[r], displs[r] + counts[r]
-            out = results[r][: counts[r] * isz].view(call.dtype)
-            _reduce_stages(st, call, send[a + lo : a + hi], [stages[q][lo * isz : hi * isz] for q in others], out)
-            arena.set_counter("reduced", k)
-            yield from _meet(st, arena, k, others, "reduced")
-            for q in range(p):
-                recv[a + displs[q] : a + displs[q] + counts[q]] = results[q][: counts[q] * isz].view(call.dtype)
-            arena.set_counter("consumed", k)
-    finally:
-        arena.set_done(op)
-
-
-def _reduce_stages(st: Steps, call: Call, mine: np.ndarray, stages: list[np.ndarray], out: np.ndarray) -> None:
-    """``out`` = op over ``mine`` and the peers' staged bytes, in rank order (``out`` may be ``mine``)."""
-    assert call.op is not None
-    acc = mine
-    for staged in stages:
-        call.op.ufunc(acc, staged.view(call.dtype), out=out)
-        acc = out
-    if acc is not out:
-        out[...] = acc
-    if call.op.averages:
-        st.mem.scale(out, st.size)
-
-
-def _staged_rs_cost(m: CostModel, n: float, lay: Layout) -> float:
-    p = lay.size
-    rounds = max(1.0, n / m.arena_stage)
-    work = (1 + 2 * rounds) * m.arena_sync_us * 1e-6
-    work += (p - 1) / p * n / (m.copy_GBps * 1e9) + (p - 1) / p * n / (m.reduce_GBps * 1e9)
-    return work * m.over(lay)
-
-
-@register(
-    "reduce_scatter",
-    "staged",
-    "In rounds of the arena's staging size: each rank copies the parts of peers' blocks into its staging area, "
-    "then reduces its own block from every rank's stage straight into its result; single host, no kernel help.",
-    steps="2 meetings per round",
-    bytes="(p-1)/p · n copied in",
-    refuse=_refuse_single_host,
-    cost=_staged_rs_cost,
-)
-def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
-    # In place the result overwrites the front of the input: safe, because a round stages every part it
-    # sends before it reduces, and later rounds read only offsets past what this round writes.
-    assert call.send is not None and call.recv is not None and call.op is not None
-    number = _number(st)
-    arena = yield from _ready(st)
-    if arena is None or not arena.stage_bytes:
-        yield from reduce_scatter_ring_algo(st, call)
-        return
-    p, r = st.size, st.rank
-    others = [q for q in range(p) if q != r]
-    op = yield from _begin(st, arena, number)
-    try:
-        mine = sig_words(st.sig)
-        arena.post(op, mine)
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
-        isz = call.dtype.itemsize
-        part = max(1, arena.stage_bytes // isz // p)  # elements of each destination's part per round
-        stages = [arena.stage(q) for q in range(p)]
-        displs, counts, send = offsets(call.counts), call.counts, call.send
-        for a in range(0, max(counts, default=0), part):
-            arena.rounds += 1
-            k = arena.rounds
-            if k > 1:  # peers must be done reading this rank's stage of the last round
-                yield from _meet(st, arena, k - 1, others, "consumed")
-            for q in others:
-                m = min(part, counts[q] - a)
-                if m > 0:
-                    stages[r][q * part * isz : (q * part + m) * isz].view(call.dtype)[...] = send[displs[q] + a : displs[q] + a + m]
-            arena.set_counter("staged", k)
-            yield from _meet(st, arena, k, others, "staged")
-            m = min(part, counts[r] - a)
-            if m > 0:
-                parts = [stages[q][r * part * isz : (r * part + m) * isz] for q in others]
-                _reduce_stages(st, call, send[displs[r] + a : displs[r] + a + m], parts, call.recv[a : a + m])
-            arena.set_counter("reduced", k)
-            arena.set_counter("consumed", k)
-    finally:
-        arena.set_done(op)
-
-
 @register(
     "reduce_scatter",
     "cma",
@@ -754,7 +619,8 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, 0.0),
+    # plus this rank's own block, copied locally
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, 0.0) + n / lay.size / (m.copy_GBps * 1e9) * m.over(lay),
 )
 def allgather_cma(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
@@ -873,7 +739,7 @@ def broadcast_staged_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int,
         buf = call.recv.view(np.uint8)
         chunk, nslots, nchunks = pipe_shape(arena, buf.nbytes)
         base, stage = arena.rounds, arena.stage(root)
-        kern = arena_jit.kernels() if arena_jit.unavailable() is None else None
+        kern = compiled_loops(st)
         polls = arena_jit.polls_for(_PIPE_SPIN_S) if kern is not None else 0
         while j < nchunks:
             if kern is not None:
@@ -913,6 +779,17 @@ def _pipe_broadcast_py(arena: HostArena, stage: np.ndarray, buf: np.ndarray, roo
             arena.set_counter("consumed", base + j + 1)
         j += 1
     return j
+
+
+def compiled_loops(st: Steps) -> Any:
+    """The kernel module for a pipelined call's chunk loop, or None (NumPy loops): as soon as Numba loads if the
+    communicator has no gate, else once its gate opened (``PYCOLL_ARENA_JIT_AFTER`` arena calls), so that
+    short jobs never pay Numba's import."""
+    state: Optional[ArenaState] = st.arena
+    gate = state.gate if state is not None else None
+    if gate is None:
+        return arena_jit.kernels() if arena_jit.unavailable() is None else None
+    return gate.open()
 
 
 def _close_rounds(arena: HostArena, rounds: int) -> None:

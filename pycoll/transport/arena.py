@@ -24,7 +24,7 @@ ARENA_SLOT = size_param(
     "PYCOLL_ARENA_SLOT", 64 << 10, "Bytes of each rank's two shared slots for small collectives (one-shot allreduce and kin)."
 )
 ARENA_STAGE = size_param(
-    "PYCOLL_ARENA_STAGE", 4 << 20, "Bytes of each rank's staging area for the staged allreduce: one round moves this much of the vector."
+    "PYCOLL_ARENA_STAGE", 4 << 20, "Bytes of each rank's staging area: the chunk ring of the staged (pipelined) allreduce, reduce-scatter, allgather and broadcast."
 )
 
 _MAGIC = 0x70C0A1E4A
@@ -46,7 +46,7 @@ def fold_seq(word: int, seq: int) -> int:
     from another call of the same arguments never matches (SEQ holds the number in clear for waits)."""
     return (int(word) ^ (int(seq) * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
 POST, READY = 8, 16
-# Round counters of the staged allreduce, one line each (monotonic over the arena's life).
+# Chunk counters of the staged (pipelined) algorithms, one line each (monotonic over the arena's life).
 STAGED, REDUCED, CONSUMED = 64, 72, 80
 _COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
 
@@ -132,10 +132,9 @@ class HostArena:
         self.path, self.rank, self.size = path, rank, size
         self.slot_bytes = (max(slot_bytes, 64) + 63) // 64 * 64
         self.stage_bytes = (max(stage_bytes, 64 * size) + 4095) // 4096 * 4096 if stage_bytes else 0
-        self.result_bytes = (self.stage_bytes // size + 4096 + 4095) // 4096 * 4096 if stage_bytes else 0
         self._data_base = _PAGE + size * _CTRL_WORDS * 8
         self._stage_base = self._data_base + size * 2 * self.slot_bytes
-        total = self._stage_base + size * (self.stage_bytes + self.result_bytes)
+        total = self._stage_base + size * self.stage_bytes
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         try:
             fd = os.open(path, flags, 0o600)
@@ -204,14 +203,13 @@ class HostArena:
             views = self._views[key] = [self._slots[r][op & 1][:nbytes].view(dtype) for r in range(self.size)]
         return views
 
-    def stage(self, rank: int) -> np.ndarray:
-        """``rank``'s staging area (bytes): its input for the current round."""
-        return np.frombuffer(self.mapping, np.uint8, self.stage_bytes, self._stage_base + rank * (self.stage_bytes + self.result_bytes))
+    def stage_offset(self, rank: int) -> int:
+        """Where ``rank``'s staging area starts in the mapping (the ranks' areas follow each other)."""
+        return self._stage_base + rank * self.stage_bytes
 
-    def result(self, rank: int) -> np.ndarray:
-        """``rank``'s result area (bytes): its reduced block of the current round."""
-        off = self._stage_base + rank * (self.stage_bytes + self.result_bytes) + self.stage_bytes
-        return np.frombuffer(self.mapping, np.uint8, self.result_bytes, off)
+    def stage(self, rank: int) -> np.ndarray:
+        """``rank``'s staging area (bytes): the ring the staged algorithms pass chunks through."""
+        return np.frombuffer(self.mapping, np.uint8, self.stage_bytes, self.stage_offset(rank))
 
     def set_counter(self, what: str, value: int) -> None:
         self.words[self.ctrl(self.rank) + _COUNTERS[what]] = value

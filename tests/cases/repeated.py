@@ -112,3 +112,62 @@ def case_bcast_repeated(ctx):
     ctx.record("compiled", _compiled_on(comm))
     ctx.record("inline", getattr(getattr(comm, "_compiled", None), "inline", 0))
     comm.Free()
+
+
+@case
+def case_staged_repeated(ctx):
+    """Allreduce, Reduce_scatter_block, Reduce_scatter and Allgather on the pipelined staged algorithms: three
+    calls each on the same memory with new values (Allgather's send a fresh view each time), in and out of
+    place, counts from 0 to many chunks. Repeats run inline, one kernel call each; records how many did."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's own algorithms")
+    MPI, p, r = ctx.MPI, ctx.size, ctx.rank
+    saved = os.environ.get("PYCOLL_ALGO")
+    os.environ["PYCOLL_ALGO"] = "allreduce:staged,reduce_scatter:staged,allgather:staged"
+    try:
+        comm = ctx.comm.Dup()
+        for op, dt in ctx.pairs(ops=("SUM", "MAX"), dtypes=(np.float32, np.int64, np.complex128, np.float16)):
+            for each in (0, 1, 3001):
+                n = each * p
+                for inplace in (False, True):
+                    where = f"op={op} dtype={np.dtype(dt).name} each={each} {'in' if inplace else 'out-of'}-place"
+                    send, recv, block = np.empty(n, dt), sentinel(dt, n), sentinel(dt, each)
+                    gather_src = np.empty(each + 5, dt)
+                    for k in range(3):
+                        inputs = [ctx.data(dt, n, q, "staged", k, op=op) for q in range(p)]
+                        whole = reduce_ref(op, inputs, dt)
+                        send[...] = inputs[r]
+                        if inplace:
+                            comm.Allreduce(MPI.IN_PLACE, send, op=ctx.op(op))
+                            ctx.check(f"Allreduce {where} call {k}", send, whole)
+                            send[...] = inputs[r]
+                            comm.Reduce_scatter_block(MPI.IN_PLACE, send, op=ctx.op(op))
+                            ctx.check(f"Reduce_scatter_block {where} call {k}", send[:each], whole[r * each : (r + 1) * each])
+                        else:
+                            comm.Allreduce(send, recv, op=ctx.op(op))
+                            ctx.check(f"Allreduce {where} call {k}", recv, whole)
+                            comm.Reduce_scatter_block(send, block, op=ctx.op(op))
+                            ctx.check(f"Reduce_scatter_block {where} call {k}", block, whole[r * each : (r + 1) * each])
+                            ctx.check(f"sendbuf unchanged {where} call {k}", send, inputs[r])
+                        counts = [each + 7 * (q % 2) for q in range(p)]
+                        vin = [ctx.data(dt, sum(counts), q, "staged-v", k, op=op) for q in range(p)]
+                        vwhole, lo = reduce_ref(op, vin, dt), sum(counts[:r])
+                        vrecv = sentinel(dt, counts[r])
+                        comm.Reduce_scatter(vin[r], vrecv, counts, op=ctx.op(op))
+                        ctx.check(f"Reduce_scatter {where} call {k}", vrecv, vwhole[lo : lo + counts[r]])
+                        gather_src[:each] = inputs[r][:each]
+                        out = sentinel(dt, n)
+                        if inplace:
+                            out[r * each : (r + 1) * each] = inputs[r][:each]
+                            comm.Allgather(MPI.IN_PLACE, out)
+                        else:
+                            comm.Allgather(gather_src[:each], out)
+                        ctx.check(f"Allgather {where} call {k}", out, np.concatenate([inputs[q][:each] for q in range(p)]))
+        ctx.record("compiled", _compiled_on(comm))
+        ctx.record("inline", getattr(getattr(comm, "_compiled", None), "inline", 0))
+        comm.Free()
+    finally:
+        if saved is None:
+            os.environ.pop("PYCOLL_ALGO", None)
+        else:
+            os.environ["PYCOLL_ALGO"] = saved
