@@ -16,6 +16,12 @@ copy of c bytes is 2c bytes of traffic, so at the copy bandwidth B measured in t
 np.copyto of 64 MiB) the time is at least (1 + (p-1)/(2p)) n / B: busbw <= 2(p-1)/p x B / (1 + (p-1)/(2p)).
 For p = 2 that is 0.8 B. It assumes each rank's traffic runs at one core's copy rate while the others run.
 
+Allgather through shared memory (no process can map another's private buffer; the kernel's cross-memory
+copy is slower here) has a bound of the same kind, printed for evidence beside the targets: each rank reads
+its own block once (n/p), writes it to shared memory and to its output (2n/p), then reads the others' blocks
+from shared memory and writes them out (2(p-1)/p n): (3/p + 2(p-1)/p) n bytes, so busbw <= 2(p-1) B / (2p + 1),
+0.4 B at 2 ranks. MPICH's shared-memory path moves at least as much.
+
 Exit code 0 when every target is met, 1 when one is missed, 2 when the files lack a peer or a size.
 """
 
@@ -103,7 +109,22 @@ def check(table: dict[tuple, dict[str, Any]], copy: Optional[float]) -> tuple[li
     if mine is not None and copy:
         bound = memory_bound(copy, 2)
         row(f"allreduce np=2 busbw vs memory bound (copy {copy:.2f})", 64 * MiB, mine["busbw_GBps"], bound, 0.7)
+    lines.append("")
+    lines.append("# evidence, not targets: allgather np=2 busbw against its shared-memory bound 0.4 B (module doc)")
+    for size in sizes:
+        for peer in ("pycoll", "mpi"):
+            rec = get(peer, "allgather", 2, size)
+            if rec is None or size < 16 * MiB or not rec.get("_copy_GBps"):
+                continue
+            bound = allgather_bound(rec["_copy_GBps"], 2)
+            lines.append(f"{'allgather np=2 ' + peer + ' / bound':44} {_size(size):>6} {rec['busbw_GBps']:9.3f} {bound:9.3f} "
+                         f"{rec['busbw_GBps'] / bound:6.2f}")
     return lines, passed, failed
+
+
+def allgather_bound(copy_gbps: float, p: int) -> float:
+    """The busbw bound (GB/s) of a p-rank allgather through shared memory at copy bandwidth ``copy_gbps``."""
+    return 2 * (p - 1) * copy_gbps / (2 * p + 1)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -176,11 +176,35 @@ class _PipePlan:
             send: Optional[np.ndarray] = sendbuf.reshape(-1)
         else:
             send = recv[: self.send_len] if self.send_len >= 0 else None
-        return dataclasses.replace(self.template, send=send, recv=recv)
+        t = self.template  # a Call built field by field: dataclasses.replace costs microseconds
+        return Call(t.coll, t.dtype, send, recv, t.op, t.root, t.counts, t.displs, t.send_counts, t.send_displs, t.in_place)
 
 
 def _pipe_key(label: str, sendbuf: Any, recvbuf: Any, *extra: Any) -> Optional[tuple]:
-    """A ``_PipePlan``'s key: the call and its arrays' addresses, for plain contiguous NumPy arrays (else None)."""
+    """A ``_PipePlan``'s key: the call and its arrays' addresses, for plain contiguous NumPy arrays (else None).
+
+    The addresses of arrays seen last time come from a memo by identity (an ``__array_interface__`` costs a
+    microsecond per array); a fresh view falls through to its address.
+    """
+    try:
+        memo = _KEY_MEMO.get((label, id(sendbuf), id(recvbuf), *extra))
+    except TypeError:
+        return None
+    if memo is not None and memo[1]() is recvbuf and (memo[0] is None or memo[0]() is sendbuf):
+        return memo[2]
+    key = _address_key(label, sendbuf, recvbuf, *extra)
+    if key is not None:
+        if len(_KEY_MEMO) >= 32:
+            _KEY_MEMO.pop(next(iter(_KEY_MEMO)))
+        _KEY_MEMO[(label, id(sendbuf), id(recvbuf), *extra)] = (
+            None if sendbuf is IN_PLACE else weakref.ref(sendbuf), weakref.ref(recvbuf), key)
+    return key
+
+
+_KEY_MEMO: dict[tuple, tuple] = {}  # (label, id(send), id(recv), ...) -> (weakref send, weakref recv, address key)
+
+
+def _address_key(label: str, sendbuf: Any, recvbuf: Any, *extra: Any) -> Optional[tuple]:
     if type(recvbuf) is not np.ndarray or not recvbuf.flags.c_contiguous:
         return None
     if sendbuf is IN_PLACE:
