@@ -85,6 +85,8 @@ SUBCOMMANDS: list[tuple[str, Union[AddParser, str]]] = [
     ("plot", "pycoll.perf.plot:add_plot_parser"),
     ("perf", "pycoll.perf.options:add_perf_parser"),
     ("tune", "pycoll.tune:add_tune_parser"),
+    ("topo", "pycoll.topology.cli:add_topo_parser"),
+    ("simulate", "pycoll.topology.simulate:add_simulate_parser"),
 ]
 
 

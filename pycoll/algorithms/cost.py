@@ -8,6 +8,9 @@ When a host holds more ranks than it has cores, CPU-bound terms stretch by ``loc
 `pycoll tune` measures the constants on the machine at hand and saves them (see ``save``); otherwise
 the defaults below, measured on a 2-core VM, apply. On the exact layout it timed, tune also keeps each
 algorithm's measured / predicted ratio per size (``residuals``), so selection there follows the timings.
+
+``CostModel.from_topology`` builds the model for ranks placed on a topology instead: link terms from its
+paths and NICs, device constants for GPU ranks (`pycoll simulate`; docs/simulator.md).
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..config import str_param
 from .base import Layout
+
+if TYPE_CHECKING:  # the topology package is imported only when a model is built from one
+    from ..topology.model import Device, Topology
 
 TUNE_FILE = str_param(
     "PYCOLL_TUNE_FILE",
@@ -30,6 +37,11 @@ TUNE_FILE = str_param(
     "defaults; `builtin` forces the defaults).",
 )
 BUILTIN = "builtin"
+# The version of the cost functions that saved constants were fitted with. Version 2 counts the bytes that
+# really leave a host in tree and recursive halving/doubling algorithms (``phase``'s ``wire``); version 1 charged
+# every rank's bytes to its host's link, and `pycoll tune` then fitted the network constants to that count.
+FORMULA = 2
+log = logging.getLogger("pycoll")
 
 
 def default_path() -> str:
@@ -61,6 +73,12 @@ class CostModel:
     # Measured / predicted time at the sizes `pycoll tune` timed, per algorithm and exact layout (see ``residual``):
     # ("allreduce:ring@hosts=0.0.1.1", ((bytes, ratio), ...)).
     residuals: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+    # Device ranks (a model taken from a topology, see ``from_topology``): kernels reduce while the data streams, so a
+    # phase costs the slower of its transfer and its reduction, not their sum; and a fixed cost per call (a kernel
+    # launch), the same for every algorithm, which the simulator adds and selection can ignore.
+    fused: bool = False
+    call_us: float = 0.0
+    formula: int = FORMULA  # see FORMULA
     source: str = field(default="built-in defaults", compare=False)
 
     # ---- per-algorithm corrections ----------------------------------------------------------------
@@ -128,19 +146,34 @@ class CostModel:
         return max(1, math.ceil(nbytes / self.chunk_bytes))
 
     def phase(self, lay: Layout, steps: float, nbytes: float, *, reduced: float = 0.0, flows: float = 1.0,
-              messages: Optional[float] = None) -> float:
+              messages: Optional[float] = None, wire: Optional[float] = None, local: float = 0.0) -> float:
         """Seconds for ``steps`` dependent message steps moving ``nbytes`` per rank over the layout's slowest link.
 
         ``flows`` ranks of one host share the host's network link at once; ``reduced`` bytes are
         combined by each rank; ``messages`` defaults to one pipelined message per chunk per step.
+        Across hosts, an algorithm that knows which of its messages leave a host gives ``wire``: the bytes
+        that leave the busiest host (replacing ``nbytes * flows``), and ``local``: the bytes a rank moves
+        in steps that stay inside hosts, at the intra-host bandwidth. The rest of a rank's bytes move while
+        the network carries its share, so where hosts hold several ranks the phase takes at least their
+        time over the intra-host link (a ring across hosts is as slow as its slowest hop).
         """
         lat, bw = self.link(lay)
         over = self.over(lay)
         msgs = steps * self.messages(nbytes / max(steps, 1)) if messages is None else messages
-        cpu = steps * lat + msgs * self.msg_us * 1e-6 + reduced / (self.reduce_GBps * 1e9)
+        cpu = steps * lat + msgs * self.msg_us * 1e-6
+        red = reduced / (self.reduce_GBps * 1e9)
         if lay.hosts > 1:
-            return cpu * over + nbytes * flows / bw
-        return (cpu + nbytes / bw) * over
+            moved = (nbytes * flows if wire is None else wire) / bw
+            if max(lay.local_sizes) > 1:  # meanwhile, the steps between ranks of one host use the host's own links
+                moved = max(moved, (nbytes - local) / (self.shm_GBps * 1e9))
+            if local:
+                moved += local / (self.shm_GBps * 1e9)
+            if self.fused:
+                return cpu * over + max(moved, red * over)
+            return (cpu + red) * over + moved
+        if self.fused:
+            return (cpu + max(nbytes / bw, red)) * over
+        return (cpu + red + nbytes / bw) * over
 
     def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0) -> float:
         """A ring in rank order: each host's link carries one flow per place the ring leaves the host."""
@@ -154,6 +187,22 @@ class CostModel:
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""
         return float(max(lay.local_sizes, default=1)) if lay.hosts > 1 else 1.0
+
+    # ---- a model from a topology ---------------------------------------------------------------
+    @classmethod
+    def from_topology(cls, topo: "Topology", placement: Sequence["Device"], kind: Optional[str] = None,
+                      base: Optional["CostModel"] = None) -> "CostModel":
+        """The model for ranks placed on ``placement`` (rank r on device ``placement[r]``) of ``topo``.
+
+        The links come from the topology: intra-host, the slowest path between ranks that follow each other
+        on a host; across hosts, the NICs a host's ranks can drive, added up. GPU ranks ("gpu") take device
+        constants (no Python per-message cost, reductions at memory speed, fused with the transfer); CPU ranks
+        ("cpu") keep ``base``'s fitted host constants (default: the built-in ones). Tuned corrections and
+        residuals are dropped: they belong to the layout they were measured on. docs/simulator.md has every
+        constant and its source.
+        """
+        return _from_topology(topo, placement, kind or (placement[0].kind if placement else "cpu"),
+                              base if base is not None else cls())
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -169,6 +218,15 @@ class CostModel:
         values["corrections"] = tuple(sorted((k, float(v[0]), float(v[1])) for k, v in dict(values.get("corrections") or {}).items()))
         values["residuals"] = tuple(sorted(
             (k, tuple(sorted((int(b), float(r)) for b, r in v))) for k, v in dict(values.get("residuals") or {}).items() if v))
+        values["formula"] = FORMULA
+        tuned_net = any(c[0].endswith("@net") for c in values["corrections"]) or any(_multi_host(r[0]) for r in values["residuals"])
+        if int(data.get("formula", 1)) < FORMULA and tuned_net:  # tuned across hosts with older cost functions
+            default = CostModel()
+            values.update(net_latency_us=default.net_latency_us, net_GBps=default.net_GBps)
+            values["corrections"] = tuple(c for c in values["corrections"] if not c[0].endswith("@net"))
+            values["residuals"] = tuple(r for r in values["residuals"] if not _multi_host(r[0]))
+            log.warning("cost model %s was tuned across hosts with older cost functions: its network terms are dropped "
+                        "(re-run `pycoll tune --hosts N` to fit them again)", source or "(unnamed)")
         if source:
             values["source"] = source
         return CostModel(**values)
@@ -181,6 +239,118 @@ class CostModel:
             json.dump(self.to_json(), f, indent=2)
         os.replace(tmp, path)
         return path
+
+
+def _multi_host(key: str) -> bool:
+    """Whether a residual's key (``allreduce:ring@hosts=0.0.1.1``) names a layout of several hosts."""
+    _, _, where = key.partition("@hosts=")
+    return len(set(where.split("."))) > 1
+
+
+# ---- a model taken from a topology (docs/simulator.md gives every constant's source) -------------------------
+# The share of a link's signalling rate that carries payload.
+NVLINK_EFFICIENCY = 20.6 / 25.0  # NCCL (src/graph/topo.h) rates an SM90 NVLink at 20.6 GB/s of its 25 GB/s (SM80: 20.0)
+PCIE_EFFICIENCY = 12.0 / 15.75  # NCCL's PCI_BW: 12 GB/s for a PCIe Gen3 x16 link that signals 15.75 GB/s
+RDMA_EFFICIENCY = 4096 / (4096 + 26)  # InfiniBand: a 4 KiB MTU of payload behind LRH 8 + BTH 12 + ICRC 4 + VCRC 2 bytes
+TCP_EFFICIENCY = 1448 / 1538  # TCP over Ethernet: 1448 payload bytes (MSS with timestamps) per 1538 bytes of wire time
+# Device ranks.
+GPU_STEP_US = 2.6  # a kernel's per-step flag handshake: NCCL's Ring/Simple NVLink hop (3.4 us) less the NVSwitch hop (0.8)
+GPU_LAUNCH_US = 8.4  # NCCL's base latency of a Ring/Simple call (src/graph/tuning.cc, baseLat)
+GPU_CHUNK_BYTES = 512 << 10  # NCCL's Simple protocol step: NCCL_BUFFSIZE 4 MiB over NCCL_STEPS 8
+GPU_PCI_GBPS = 12.0  # NCCL's PCI_BW, for GPUs whose path the topology cannot rate
+GPU_NET_GBPS = 12.0  # NCCL's NET_BW (100 Gbit/s), for hosts whose NICs the topology does not know
+# Memory bandwidth of a GPU (GB/s, the vendors' data sheets), by a substring of its name; the first match wins.
+HBM_GBPS = (("H200", 4800.0), ("H100", 3350.0), ("A100", 2039.0), ("V100", 900.0), ("L40", 864.0))
+HBM_DEFAULT_GBPS = 2000.0
+
+
+def _path_efficiency(kind: int) -> float:
+    from ..topology.model import PathType
+
+    if kind in (PathType.NVL, PathType.NVS):
+        return NVLINK_EFFICIENCY
+    if kind in (PathType.PIX, PathType.PXB, PathType.PHB):
+        return PCIE_EFFICIENCY
+    return 1.0  # the socket link (SYS): the topology gives its figure as a payload rate already
+
+
+def _neighbours(placement: Sequence["Device"]) -> list[tuple["Device", "Device"]]:
+    """Pairs of ranks that follow each other on one host, each host's ranks taken as a ring in rank order."""
+    by_host: dict[int, list["Device"]] = {}
+    for d in placement:
+        by_host.setdefault(d.host, []).append(d)
+    pairs = []
+    for devs in by_host.values():
+        if len(devs) > 1:
+            pairs += [(a, b) for a, b in zip(devs, devs[1:] + devs[:1]) if a != b]
+    return pairs
+
+
+def _intra(topo: "Topology", pairs: list[tuple["Device", "Device"]]) -> tuple[Optional[float], Optional[float]]:
+    """(GB/s, latency us) of the slowest path between neighbouring ranks, payload rates; None where unknown."""
+    seen: dict[tuple, tuple[float, float]] = {}
+    for a, b in pairs:
+        key = (a.host, a.kind, a.id, b.kind, b.id)
+        if key not in seen:
+            path = topo.path(a, b)
+            seen[key] = (path.GBps * _path_efficiency(path.type), path.latency_us)
+    rates = [bw for bw, _ in seen.values() if math.isfinite(bw) and bw > 0]
+    lats = [lat for _, lat in seen.values()]
+    return (min(rates) if rates else None), (max(lats) if lats else None)
+
+
+def _host_net_GBps(host: Any, ranks_here: int) -> Optional[float]:
+    """Payload GB/s a host's ranks can send off the host: the fastest NICs, at most one per rank (RDMA ones when
+    there are any), added up, as NCCL runs a channel per NIC. None when the host names no NIC with a speed."""
+    nics = [n for n in host.nics if n.GBps > 0]
+    if any(n.rdma for n in nics):
+        nics = [n for n in nics if n.rdma]
+    if not nics:
+        return None
+    nics = sorted(nics, key=lambda n: -n.GBps)[: max(1, ranks_here)]
+    return sum(n.GBps * (RDMA_EFFICIENCY if n.rdma else TCP_EFFICIENCY) for n in nics)
+
+
+def _hbm_GBps(topo: "Topology", placement: Sequence["Device"]) -> float:
+    names = {topo.hosts[h].gpu(i).name for h, i in {(d.host, d.id) for d in placement}}
+    rates = [next((bw for key, bw in HBM_GBPS if key in name.upper()), HBM_DEFAULT_GBPS) for name in names]
+    return min(rates, default=HBM_DEFAULT_GBPS)
+
+
+def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, base: "CostModel") -> "CostModel":
+    if kind not in ("gpu", "cpu"):
+        raise ValueError(f"rank kind must be 'gpu' or 'cpu', not {kind!r}")
+    counts: dict[int, int] = {}
+    for d in placement:
+        counts[d.host] = counts.get(d.host, 0) + 1
+    intra_GBps, intra_us = _intra(topo, _neighbours(placement))
+    nets = [_host_net_GBps(topo.hosts[h], n) for h, n in counts.items()] if len(counts) > 1 else []
+    net_GBps = min(nets) if nets and all(x is not None for x in nets) else None  # type: ignore[type-var]
+    where = f"topology {topo.source or '(unnamed)'}: {len(placement)} {kind} ranks on {len(counts)} hosts"
+    plain = dataclasses.replace(base, corrections=(), residuals=())
+    if kind == "gpu":
+        hbm = _hbm_GBps(topo, placement)
+        from ..topology.model import LATENCY_US, PathType
+
+        return dataclasses.replace(
+            plain,
+            shm_latency_us=(intra_us if intra_us is not None else LATENCY_US[PathType.NVS]) + GPU_STEP_US,
+            shm_GBps=intra_GBps if intra_GBps is not None else GPU_PCI_GBPS,
+            net_latency_us=topo.net_latency_us + GPU_STEP_US,
+            net_GBps=net_GBps if net_GBps is not None else GPU_NET_GBPS,
+            reduce_GBps=hbm / 3,  # c = a + b reads two bytes and writes one per byte reduced
+            copy_GBps=hbm / 2, cma_GBps=hbm / 2,
+            msg_us=0.0, cores=max(counts.values(), default=1), chunk_bytes=GPU_CHUNK_BYTES,
+            fused=True, call_us=GPU_LAUNCH_US, source=where,
+        )
+    cores = [topo.hosts[h].cores for h in counts if topo.hosts[h].cores > 0]
+    return dataclasses.replace(
+        plain,
+        shm_GBps=min(base.shm_GBps, intra_GBps) if intra_GBps is not None else base.shm_GBps,
+        net_GBps=net_GBps if net_GBps is not None else base.net_GBps,
+        cores=min(cores) if cores else base.cores,
+        source=where,
+    )
 
 
 def load(path: Optional[str] = None) -> CostModel:

@@ -8,6 +8,7 @@ The 2^q active ranks are numbered v = 0 .. 2^q-1 ("virtual ranks").
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -42,6 +43,55 @@ class Fold:
 
     def sits_out(self, r: int) -> bool:
         return r < 2 * self.rem and r % 2 == 0
+
+
+@functools.lru_cache(maxsize=32)
+def _crossings(lay: Layout) -> tuple[tuple[int, ...], int, int]:
+    """Where the folded recursive pattern leaves hosts: for each round (mask 1, 2, 4, ...) the most active ranks of one
+    host whose partner is on another host; then, for the fold pairs, the most even ranks (which send in) and odd
+    ranks (which send back) of one host whose partner is on another."""
+    host, fold = lay.host_of, Fold(lay.size)
+    rounds = []
+    mask = 1
+    while mask < fold.p2:
+        out = [0] * lay.hosts
+        for v in range(fold.p2):
+            a = fold.rank(v)
+            if host[a] != host[fold.rank(v ^ mask)]:
+                out[host[a]] += 1
+        rounds.append(max(out))
+        mask <<= 1
+    ins, outs = [0] * lay.hosts, [0] * lay.hosts
+    for r in range(0, 2 * fold.rem, 2):
+        if host[r] != host[r + 1]:
+            ins[host[r]] += 1
+            outs[host[r + 1]] += 1
+    return tuple(rounds), max(ins), max(outs)
+
+
+def _spread(lay: Layout, round_bytes: Sequence[float], fold_in: float = 0.0, fold_out: float = 0.0) -> tuple[float, float]:
+    """(wire, local) for ``phase``: the bytes that leave the busiest host, and a rank's bytes in the steps that
+    stay inside hosts, when round k (mask 2^k) moves ``round_bytes[k]`` per rank and the fold pairs move
+    ``fold_in`` and ``fold_out``."""
+    rounds, ins, outs = _crossings(lay)
+    wire = ins * fold_in + outs * fold_out + sum(c * b for c, b in zip(rounds, round_bytes))
+    local = sum(b for c, b in zip(rounds, round_bytes) if c == 0)
+    if ins == 0 and outs == 0:
+        local += fold_in + fold_out
+    return wire, local
+
+
+def _masks(p2: int) -> list[int]:
+    """The partner masks of the recursive rounds: 1, 2, 4, ... p2/2 (halving runs them in reverse, moving the same bytes)."""
+    return [1 << k for k in range(log2ceil(p2))]
+
+
+def _across(lay: Layout, round_bytes: Sequence[float], fold_in: float, fold_out: float) -> dict[str, float]:
+    """``phase``'s ``wire`` and ``local`` on several hosts (nothing on one host)."""
+    if lay.hosts < 2:
+        return {}
+    wire, local = _spread(lay, round_bytes, fold_in, fold_out)
+    return {"wire": wire, "local": local}
 
 
 def exchange(st: Steps, peer: int, out: list[np.ndarray], into: list[np.ndarray], local: Optional[list[np.ndarray]] = None,
@@ -113,8 +163,9 @@ def _rabenseifner_cost(m: CostModel, n: float, lay: Layout) -> float:
     extra = 2 if p2 != lay.size else 0
     steps = 2 * log2ceil(p2) + extra
     msgs = 2 * _halving_messages(m, n, p2) + (2 * m.messages(n) if extra else 0)
+    across = _across(lay, [2 * n * mask / p2 for mask in _masks(p2)], n if extra else 0.0, n if extra else 0.0)
     return m.phase(lay, steps, 2 * (p2 - 1) / p2 * n + extra * n, reduced=(p2 - 1) / p2 * n + (extra / 2) * n,
-                   flows=m.flows(lay), messages=msgs)
+                   flows=m.flows(lay), messages=msgs, **across)
 
 
 @register(
@@ -157,7 +208,8 @@ def _doubling_cost(m: CostModel, n: float, lay: Layout) -> float:
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
     rounds = log2ceil(p2)
-    return m.phase(lay, rounds + extra, (rounds + extra) * n, reduced=(rounds + extra / 2) * n, flows=m.flows(lay))
+    across = _across(lay, [n] * rounds, n if extra else 0.0, n if extra else 0.0)
+    return m.phase(lay, rounds + extra, (rounds + extra) * n, reduced=(rounds + extra / 2) * n, flows=m.flows(lay), **across)
 
 
 @register(
@@ -204,9 +256,10 @@ def allreduce_doubling(st: Steps, call: Call) -> Schedule:
 def _halving_cost(m: CostModel, n: float, lay: Layout) -> float:
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
+    across = _across(lay, [n * mask / p2 for mask in _masks(p2)], n if extra else 0.0, n / lay.size if extra else 0.0)
     return m.phase(lay, log2ceil(p2) + extra, (p2 - 1) / p2 * n + (n if extra else 0),
                    reduced=(p2 - 1) / p2 * n + (n if extra else 0), flows=m.flows(lay),
-                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0))
+                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0), **across)
 
 
 @register(
@@ -254,8 +307,9 @@ def reduce_scatter_halving(st: Steps, call: Call) -> Schedule:
 def _allgather_doubling_cost(m: CostModel, n: float, lay: Layout) -> float:
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
+    across = _across(lay, [n * mask / p2 for mask in _masks(p2)], n / lay.size if extra else 0.0, n if extra else 0.0)
     return m.phase(lay, log2ceil(p2) + extra, (lay.size - 1) / lay.size * n + (n if extra else 0), flows=m.flows(lay),
-                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0))
+                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0), **across)
 
 
 @register(

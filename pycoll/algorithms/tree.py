@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import numpy as np
@@ -100,7 +101,35 @@ def _tree_cost(m: CostModel, n: float, lay: Layout) -> float:
     depth = log2ceil(lay.size + 1)
     k = m.messages(n / 2)
     # up and down each tree: depth steps plus one per further chunk; a rank sends about 2n in all
-    return m.phase(lay, 2 * (depth + k - 1), 2 * n, reduced=n, flows=m.flows(lay), messages=6 * k)
+    wire = _double_tree_wire(lay) * n if lay.hosts > 1 else None
+    return m.phase(lay, 2 * (depth + k - 1), 2 * n, reduced=n, flows=m.flows(lay), messages=6 * k, wire=wire)
+
+
+@functools.lru_cache(maxsize=32)
+def _double_tree_wire(lay: Layout) -> float:
+    """Bytes per vector byte that leave the busiest host in a double-tree allreduce: each tree edge carries
+    half the vector up (from the child's host) and half down (from the parent's)."""
+    out = [0.0] * lay.hosts
+    host = lay.host_of
+    for tree in double_tree(lay.size):
+        for child, parent in tree.parent.items():
+            if parent is not None and host[child] != host[parent]:
+                out[host[child]] += 0.5
+                out[host[parent]] += 0.5
+    return max(out)
+
+
+@functools.lru_cache(maxsize=32)
+def _rooted_tree_wire(lay: Layout, down: bool) -> float:
+    """Vectors that leave the busiest host in a binary tree rooted at rank 0: one per edge that crosses hosts,
+    sent by the parent's host (``down``, broadcast) or the child's (reduce)."""
+    out = [0.0] * lay.hosts
+    host = lay.host_of
+    tree = rooted_tree(lay.size, 0)
+    for child, parent in tree.parent.items():
+        if parent is not None and host[child] != host[parent]:
+            out[host[parent] if down else host[child]] += 1.0
+    return max(out)
 
 
 @register(
@@ -138,7 +167,8 @@ def allreduce_tree(st: Steps, call: Call) -> Schedule:
     steps="log2 p + chunks",
     bytes="2 n at interior ranks",
     cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, 2 * n, flows=m.flows(lay),
-                                   messages=2 * m.messages(n)) if lay.size > 1 else 0.0,
+                                   messages=2 * m.messages(n),
+                                   wire=_rooted_tree_wire(lay, True) * n if lay.hosts > 1 else None) if lay.size > 1 else 0.0,
 )
 def broadcast_tree(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
@@ -154,7 +184,8 @@ def broadcast_tree(st: Steps, call: Call) -> Schedule:
     steps="log2 p + chunks",
     bytes="n",
     cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, n, reduced=2 * n,
-                                   flows=m.flows(lay), messages=2 * m.messages(n)) if lay.size > 1 else 0.0,
+                                   flows=m.flows(lay), messages=2 * m.messages(n),
+                                   wire=_rooted_tree_wire(lay, False) * n if lay.hosts > 1 else None) if lay.size > 1 else 0.0,
 )
 def reduce_tree(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.op is not None

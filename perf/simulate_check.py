@@ -1,0 +1,253 @@
+"""Checks `pycoll simulate` against published NCCL figures and against pycoll's own measured sweeps (issue 8).
+
+Usage: python perf/simulate_check.py [--out DIR] [SWEEP.json ...]
+
+(a) One DGX-H100 node, 8 GPUs on NVSwitch: ring allreduce busbw at 1 GiB against NCCL's published ~370 GB/s.
+(b) DGX-A100 nodes, 8 GPUs and 8 x 200 Gb/s InfiniBand each, 2 to 16 nodes: the busbw of the algorithm the
+    model picks at 1 GiB against NCCL's published ~192 GB/s across nodes.
+(c) Every record of pycoll's sweeps (default: issue 5's 1-host sweeps and issue 4's two network-namespace
+    hosts at 1 Gbit/s) at >= 1 MiB: the measured time of the algorithm that ran (the forced one, else
+    ``algo_used``; where the sweep did not record it, the model's pick) against the simulated time of that
+    algorithm for the same ranks and layout. This machine is modelled as a one-host topology of CPU ranks with
+    the sweep's core count; the namespace hosts as hosts of one NIC at the sweep's link rate, sharing the cores.
+    The host constants are the built-in fitted ones, with the memory-bound rates taken from the memory speed
+    the sweep measured in the same run (its ``limits``): this VM's copy bandwidth drifts between about 4.5 and
+    10 GB/s from one hour to the next, and the built-in constants were fitted at 8 GB/s.
+
+A point PASSes when the prediction is within +-25 % of the figure it is compared with. With --out it writes
+``simulate_check.json`` (every row) and the simulated sweeps of (a) and (b) as `pycoll perf` JSON that
+`pycoll plot` draws. Exit code: 0 when every published check passes and at least 80 % of the measured points do,
+else 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from pycoll.algorithms import CostModel  # noqa: E402
+from pycoll.netns import parse_rate  # noqa: E402
+from pycoll.perf import report  # noqa: E402
+from pycoll.topology.model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology  # noqa: E402
+from pycoll.topology.simulate import placement_of, simulate  # noqa: E402
+
+MiB, GiB = 1 << 20, 1 << 30
+TOLERANCE = 0.25
+LARGE = 1 * GiB
+SWEEPS = [
+    "perf/results/issue5/allreduce_mid.json",
+    "perf/results/issue5/allreduce_large.json",
+    "perf/results/issue5/others_mid.json",
+    "perf/results/issue5/others_large.json",
+    "perf/results/issue4/allreduce_2hosts_2x2_1gbit_large.json",
+]
+# Published NCCL figures (nccl-tests all_reduce_perf, busbw at large sizes): see docs/simulator.md for the sources.
+H100_NVLINK_BUSBW = 370.0
+A100_IB_BUSBW = 192.0
+
+
+# ---- reference nodes -------------------------------------------------------------------------------
+
+
+def dgx(name: str, gpu: str, nvlinks: int, nic_gbit: float, gts: float) -> Topology:
+    """A DGX-like node: 8 GPUs with ``nvlinks`` NVLinks of 25 GB/s each to the NVSwitches, and 8 RDMA NICs of
+    ``nic_gbit`` Gb/s; each of 4 PCIe switches (``gts`` GT/s x16) holds 2 GPUs and their 2 NICs, 2 per socket."""
+    host = Host(name=name, cores=128, numa=[Numa(0, "0-63", 0), Numa(1, "64-127", 1)])
+    for s in range(4):
+        root, switch = f"0000:{0x10 + 0x20 * s:02x}", f"0000:{0x11 + 0x20 * s:02x}:00.0"
+        host.pci += [PciNode(root, "root", None, 0.0, 0, s // 2), PciNode(switch, "switch", root, gts, 16)]
+        for j in range(2):
+            i = 2 * s + j
+            gbus, nbus = f"0000:{0x12 + 0x20 * s + 2 * j:02x}:00.0", f"0000:{0x13 + 0x20 * s + 2 * j:02x}:00.0"
+            host.pci += [PciNode(gbus, "gpu", switch, gts, 16, s // 2), PciNode(nbus, "nic", switch, gts, 16, s // 2)]
+            host.gpus.append(Gpu(i, gbus, gpu, s // 2, 80.0, [NvLink("nvswitch", nvlinks, 25.0)]))
+            host.nics.append(Nic(f"mlx5_{i}", nbus, s // 2, nic_gbit, True, f"mlx5_{i}"))
+    return Topology(hosts=[host], source=name)
+
+
+def dgx_h100() -> Topology:
+    """DGX H100: H100 SXM5 with 18 NVLink4 links (450 GB/s a direction), 8 ConnectX-7 at 400 Gb/s, PCIe Gen5."""
+    return dgx("dgx-h100", "NVIDIA H100 80GB HBM3", 18, 400.0, 32.0)
+
+
+def dgx_a100() -> Topology:
+    """DGX A100: A100 SXM4 with 12 NVLink3 links (300 GB/s a direction), 8 ConnectX-6 HDR at 200 Gb/s, PCIe Gen4."""
+    return dgx("dgx-a100", "NVIDIA A100-SXM4-80GB", 12, 200.0, 16.0)
+
+
+def this_vm(cores: int) -> Topology:
+    """This machine as the model sees it: one host of CPU ranks with ``cores`` cores, no NIC."""
+    return Topology(hosts=[Host(name="vm", cores=cores, numa=[Numa(0, f"0-{cores - 1}", 0)])], source=f"this VM ({cores} cores)")
+
+
+def namespace_hosts(hosts: int, cores: int, rate: str) -> Topology:
+    """`pycoll perf --hosts`: network namespaces on this machine, each with one veth NIC shaped to ``rate``; the
+    namespaces share the machine's ``cores``, so each host gets its share of them."""
+    gbit = parse_rate(rate) / 1e9
+    share = max(1, cores // hosts)
+    topo = Topology(hosts=[Host(name=f"ns{h}", cores=share, numa=[Numa(0, "", 0)], nics=[Nic("veth0", "", 0, gbit, False)])
+                           for h in range(hosts)], source=f"{hosts} namespace hosts at {rate} ({cores} cores shared)")
+    return topo
+
+
+# ---- (a) and (b): published figures ------------------------------------------------------------------
+
+
+def _row(kind: str, what: str, predicted: float, reference: float, unit: str, **extra: Any) -> dict[str, Any]:
+    ratio = predicted / reference if reference else float("inf")
+    return {"kind": kind, "what": what, "predicted": predicted, "reference": reference, "unit": unit, "ratio": ratio,
+            "pass": abs(ratio - 1.0) <= TOLERANCE + 1e-12, **extra}
+
+
+def published_checks(sweeps_out: Optional[dict[str, list[dict[str, Any]]]] = None) -> list[dict[str, Any]]:
+    """Rows of (a) and (b); the simulated records go into ``sweeps_out`` by file name when given."""
+    rows = []
+    sizes = [1 << k for k in range(10, 34)]  # 1 KiB .. 8 GiB
+    h100 = dgx_h100()
+    recs = simulate(h100, "allreduce", 8, sizes, "gpu")
+    ring = next(r for r in recs if r["peer"] == "sim[ring]" and r["bytes"] == LARGE)
+    rows.append(_row("published", "1 x DGX-H100 (8 H100 on NVSwitch), allreduce, ring, 1 GiB", ring["busbw_GBps"],
+                     H100_NVLINK_BUSBW, "GB/s busbw", algo="ring", nranks=8, hosts=1))
+    if sweeps_out is not None:
+        sweeps_out["sim_dgx_h100_8gpu_allreduce.json"] = recs
+    a100 = dgx_a100()
+    for nodes in (2, 4, 16):
+        topo = Topology.cluster(a100, nodes, name="dgx-a100-")
+        recs = simulate(topo, "allreduce", 8 * nodes, sizes, "gpu")
+        pick = next(r for r in recs if r["peer"] == "sim" and r["bytes"] == LARGE)
+        rows.append(_row("published", f"{nodes} x DGX-A100 (8 x 200 Gb/s IB each), allreduce, {pick['algo_used']} "
+                         f"(pick), 1 GiB", pick["busbw_GBps"], A100_IB_BUSBW, "GB/s busbw",
+                         algo=pick["algo_used"], nranks=8 * nodes, hosts=nodes))
+        if sweeps_out is not None:
+            sweeps_out[f"sim_dgx_a100_{nodes}nodes_allreduce.json"] = recs
+    return rows
+
+
+# ---- (c): pycoll's measured sweeps -----------------------------------------------------------------
+
+
+def host_base(limits: dict[str, Any]) -> CostModel:
+    """The built-in host constants at the memory speed a sweep measured: every memory-bound rate (copy, the
+    shared-memory stream, cross-memory attach) in proportion to the measured copy rate, and the measured
+    reduction rate. Without limits, the built-in constants."""
+    base = CostModel()
+    copy, reduce = limits.get("copy_GBps"), limits.get("reduce_GBps")
+    if not copy or not reduce:
+        return base
+    scale = float(copy) / base.copy_GBps
+    return dataclasses.replace(base, copy_GBps=float(copy), reduce_GBps=float(reduce), cma_GBps=base.cma_GBps * scale,
+                               shm_GBps=base.shm_GBps * scale)
+
+
+def _algorithm(rec: dict[str, Any]) -> Optional[str]:
+    """The algorithm a record timed: the forced one, else the one auto reported using; None when unknown."""
+    if rec.get("algo") not in (None, "", "auto"):
+        return str(rec["algo"])
+    used = rec.get("algo_used")
+    return str(used) if used and "/" not in str(used) else None
+
+
+def measured_checks(paths: list[str], builtin: bool = False) -> list[dict[str, Any]]:
+    """Rows of (c): one per pycoll record at >= 1 MiB of the sweep files ``paths``; each row also carries the
+    prediction with the built-in host constants as they are (``builtin_predicted``, ``builtin_ratio``)."""
+    rows = []
+    for path in paths:
+        data = json.loads((ROOT / path).read_text() if not os.path.isabs(path) else Path(path).read_text())
+        meta, limits = data.get("meta", {}), data.get("limits", {})
+        cores = int(meta.get("cpus") or os.cpu_count() or 1)
+        base = CostModel() if builtin else host_base(limits)
+        cache: dict[tuple, Any] = {}
+        plain: dict[tuple, Any] = {}
+        for rec in data["records"]:
+            if not str(rec["peer"]).startswith("pycoll") or rec["bytes"] < MiB or rec.get("inplace"):
+                continue
+            hosts, n, coll = int(rec.get("hosts") or 1), int(rec["nranks"]), rec["collective"]
+            key = (hosts, n, rec.get("link_rate"))
+            if key not in cache:
+                topo = this_vm(cores) if hosts == 1 else namespace_hosts(hosts, cores, str(rec.get("link_rate") or meta.get("link_rate")))
+                placement, layout = placement_of(topo, n, "cpu", n // hosts)
+                cache[key] = (topo, layout, CostModel.from_topology(topo, placement, "cpu", base))
+                plain[key] = CostModel.from_topology(topo, placement, "cpu")
+            topo, layout, model = cache[key]
+            name = _algorithm(rec)
+            sims = simulate(topo, coll, n, [rec["bytes"]], "cpu", rec["dtype"], per_host=n // hosts, model=model)
+            if name is None:
+                pick = next(r for r in sims if r["peer"] == "sim")
+                name, how = pick["algo_used"], "model's pick (not recorded)"
+            else:
+                how = "forced" if rec.get("algo") not in (None, "", "auto") else "auto's choice"
+            sim = next((r for r in sims if r["algo"] == name), None)
+            if sim is None:
+                continue
+            where = f"{n} ranks" + (f" on {hosts} hosts ({rec.get('link_rate')})" if hosts > 1 else ", 1 host")
+            label = name + (" (pick)" if how.startswith("model") else "")
+            alt = simulate(topo, coll, n, [rec["bytes"]], "cpu", rec["dtype"], per_host=n // hosts, model=plain[key])
+            alt_us = next(r["time_us"] for r in alt if r["algo"] == name)
+            rows.append(_row("measured", f"{coll} {where}, {label}, {report.human(rec['bytes'])}",
+                             sim["time_us"], rec["time_us"], "us", source=path, collective=coll, nranks=n, hosts=hosts,
+                             bytes=rec["bytes"], algo=name, how=how, peer=rec["peer"], builtin_predicted=alt_us,
+                             builtin_ratio=alt_us / rec["time_us"], rounds_us=rec.get("round_times_us")))
+    return rows
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["# ratio = predicted / reference; PASS within +-25 %. Measured rows: reference = the sweep's median time (us);",
+             "# predicted with the built-in host constants at the sweep's own memory speed (built-in ratio: as they are).", ""]
+    for kind, title in (("published", "Published NCCL figures"), ("measured", "pycoll's measured sweeps on this machine, >= 1 MiB")):
+        chosen = [r for r in rows if r["kind"] == kind]
+        if not chosen:
+            continue
+        lines.append(f"# {title}")
+        extra = kind == "measured"
+        lines.append(f"# {'what':<70} {'reference':>11} {'predicted':>11} {'ratio':>6}  verdict"
+                     + ("  built-in ratio" if extra else ""))
+        source = None
+        for r in chosen:
+            if r.get("source") != source:
+                source = r.get("source")
+                lines.append(f"## {source}")
+            lines.append(f"  {r['what']:<70} {r['reference']:>11.1f} {r['predicted']:>11.1f} {r['ratio']:>6.2f}  "
+                         f"{'PASS' if r['pass'] else 'MISS'}" + (f"  {r['builtin_ratio']:>14.2f}" if extra else ""))
+        passed = sum(r["pass"] for r in chosen)
+        lines.append(f"# {passed} of {len(chosen)} within +-{TOLERANCE:.0%} ({chosen[0]['unit']})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python perf/simulate_check.py", description=__doc__.splitlines()[0])
+    p.add_argument("sweeps", nargs="*", default=SWEEPS, help="measured `pycoll perf` JSON files (default: issue 4 and 5's)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write simulate_check.json and the simulated sweeps here")
+    p.add_argument("--builtin", action="store_true", help="(c) with the built-in host constants as they are")
+    args = p.parse_args(argv)
+    sims: dict[str, list[dict[str, Any]]] = {}
+    rows = published_checks(sims) + measured_checks(args.sweeps, args.builtin)
+    print(table(rows))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "simulate_check.json"), "w") as f:
+            json.dump({"tolerance": TOLERANCE, "builtin_host_constants": args.builtin, "rows": rows}, f, indent=1)
+            f.write("\n")
+        for name, recs in sims.items():
+            meta = {"command": "python perf/simulate_check.py", "simulated": True, "collective": "allreduce"}
+            report.write_json(os.path.join(args.out, name), meta, {}, recs)
+    published = [r for r in rows if r["kind"] == "published"]
+    measured = [r for r in rows if r["kind"] == "measured"]
+    ok = all(r["pass"] for r in published) and (not measured or sum(r["pass"] for r in measured) >= 0.8 * len(measured))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Topology: what devices each host has and how they connect (discovery, the model, NCCL XML, dump and load)."""
+
+from __future__ import annotations
+
+from .discover import discover, load_or_discover, merge
+from .model import Device, Gpu, Host, Nic, Numa, NvLink, Path, PathType, PciNode, Topology, matrix, pcie_GBps
+from .rings import DoubleTree, ring_order, trees
+
+__all__ = [
+    "Device", "DoubleTree", "Gpu", "Host", "Nic", "Numa", "NvLink", "Path", "PathType", "PciNode", "Topology",
+    "discover", "load_or_discover", "matrix", "merge", "pcie_GBps", "ring_order", "trees",
+]

@@ -1,0 +1,224 @@
+"""`pycoll simulate` and the cost model taken from a topology: physical predictions, JSON for `pycoll plot`, scale."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from pycoll.algorithms import CostModel, Layout
+from pycoll.algorithms import cost
+from pycoll.perf.plot import load_sweep
+from pycoll.topology.model import Topology
+from pycoll.topology.simulate import main, placement_of, simulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check_module():
+    spec = importlib.util.spec_from_file_location("simulate_check", ROOT / "perf" / "simulate_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHECK = _check_module()
+SIZES = [1 << k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
+
+
+def _by_peer(records: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for rec in records:
+        out.setdefault(rec["peer"], []).append(rec)
+    return out
+
+
+def test_a_model_from_a_topology_takes_its_links_from_the_paths_and_nics() -> None:
+    node = CHECK.dgx_h100()
+    placement, _ = placement_of(node, 8, "gpu")
+    m = CostModel.from_topology(node, placement, "gpu")
+    assert m.shm_GBps == pytest.approx(18 * 25.0 * cost.NVLINK_EFFICIENCY)
+    assert m.msg_us == 0 and m.fused and m.call_us > 0 and m.over(Layout.flat(8)) == 1.0
+    two = Topology.cluster(node, 2)
+    placement, _ = placement_of(two, 16, "gpu")
+    m2 = CostModel.from_topology(two, placement)
+    assert m2.net_GBps == pytest.approx(8 * 50.0 * cost.RDMA_EFFICIENCY)  # a channel per NIC: all 8 per host
+    placement, _ = placement_of(two, 4, "gpu", per_host=2)
+    assert CostModel.from_topology(two, placement).net_GBps == pytest.approx(2 * 50.0 * cost.RDMA_EFFICIENCY)  # a NIC per rank
+    # CPU ranks keep the fitted host constants; the namespace hosts get their NIC and their share of the cores.
+    ns = CHECK.namespace_hosts(2, 2, "1gbit")
+    placement, _ = placement_of(ns, 4, "cpu", per_host=2)
+    m3 = CostModel.from_topology(ns, placement, "cpu")
+    assert m3.shm_GBps == CostModel().shm_GBps and m3.msg_us == CostModel().msg_us and not m3.fused
+    assert m3.net_GBps == pytest.approx(0.125 * cost.TCP_EFFICIENCY) and m3.cores == 1
+
+
+def test_without_a_topology_the_model_is_as_before() -> None:
+    m = CostModel()
+    assert not m.fused and m.call_us == 0.0
+    lay = Layout((0, 0, 1, 1))
+    # phase without wire/local: the per-rank bytes times the flows over the host link, as it always was
+    lat, bw = m.link(lay)
+    expected = (2 * lat + 2 * m.messages(1e6 / 2) * m.msg_us * 1e-6 + 5e5 / (m.reduce_GBps * 1e9)) * m.over(lay) + 1e6 * 2 / bw
+    assert m.phase(lay, 2, 1e6, reduced=5e5, flows=2) == pytest.approx(expected, rel=1e-12)
+    assert CostModel.from_json(m.to_json()) == m
+
+
+def test_time_grows_with_size_and_ring_busbw_approaches_the_nvlink_bottleneck() -> None:
+    node = CHECK.dgx_h100()
+    recs = simulate(node, "allreduce", 8, SIZES, "gpu")
+    for peer, rows in _by_peer(recs).items():
+        times = [r["time_us"] for r in sorted(rows, key=lambda r: r["bytes"])]
+        assert all(a < b for a, b in zip(times, times[1:])), peer
+    placement, _ = placement_of(node, 8, "gpu")
+    bottleneck = CostModel.from_topology(node, placement).shm_GBps
+    ring = sorted((r for r in recs if r["peer"] == "sim[ring]"), key=lambda r: r["bytes"])
+    assert all(r["busbw_GBps"] <= bottleneck * (1 + 1e-9) for r in ring)
+    assert ring[-1]["busbw_GBps"] == pytest.approx(bottleneck, rel=0.02)
+    assert ring[0]["busbw_GBps"] < 0.05 * bottleneck  # 1 KiB: latency-bound
+    # Across hosts a ring is as slow as its slowest hop: here NVLink (370.8 GB/s), not the 8 NICs (397.5 GB/s).
+    two = Topology.cluster(node, 2)
+    placement, _ = placement_of(two, 16, "gpu")
+    m = CostModel.from_topology(two, placement)
+    assert m.net_GBps > m.shm_GBps
+    ring = [r for r in simulate(two, "allreduce", 16, SIZES, "gpu") if r["peer"] == "sim[ring]"]
+    assert max(r["busbw_GBps"] for r in ring) <= m.shm_GBps * (1 + 1e-9)
+    # CPU ranks on the same hosts: the Python engine's shared-memory rate bounds them, whatever the NICs.
+    cpu = [r for r in simulate(two, "allreduce", 8, SIZES, "cpu", per_host=4) if r["peer"] == "sim[ring]"]
+    assert max(r["busbw_GBps"] for r in cpu) <= CostModel().shm_GBps
+
+
+def test_more_hosts_never_raise_busbw_above_the_nic_bound() -> None:
+    node = CHECK.dgx_a100()
+    best = []
+    for hosts in (2, 4, 8, 16):
+        topo = Topology.cluster(node, hosts)
+        p = 8 * hosts
+        placement, _ = placement_of(topo, p, "gpu")
+        net = CostModel.from_topology(topo, placement).net_GBps
+        # An allreduce must move 2(H-1)/H of the vector out of every host: algbw <= net / (2(H-1)/H).
+        bound = net * _bus_bound(p, hosts)
+        recs = simulate(topo, "allreduce", p, [1 << 20, 1 << 26, 1 << 30], "gpu")
+        assert all(r["busbw_GBps"] <= bound * (1 + 1e-9) for r in recs), hosts
+        best.append(max(r["busbw_GBps"] for r in recs if r["peer"] == "sim" and r["bytes"] == 1 << 30))
+    assert all(b <= a * (1 + 1e-9) for a, b in zip(best, best[1:])), best
+
+
+def _bus_bound(p: int, hosts: int) -> float:
+    """busbw / host-link bandwidth at best: busbw = algbw · 2(p-1)/p and algbw <= net / (2(H-1)/H)."""
+    return (2 * (p - 1) / p) / (2 * (hosts - 1) / hosts)
+
+
+def test_selection_on_a_topology_is_sensible() -> None:
+    two = Topology.cluster(CHECK.dgx_h100(), 2)
+    picks = {r["bytes"]: r["algo_used"] for r in simulate(two, "allreduce", 16, [1 << 10, 1 << 30], "gpu") if r["peer"] == "sim"}
+    assert picks[1 << 30] in ("ring", "hierarchical")
+    assert picks[1 << 10] in ("doubling", "tree")  # few steps for small messages
+    recs = simulate(two, "allreduce", 16, [1 << 10], "gpu")
+    assert not {"oneshot", "cma", "staged"} & {r["algo"] for r in recs}  # host-memory arena algorithms: not for GPUs
+    vm = CHECK.this_vm(2)
+    picks = {r["bytes"]: r["algo_used"] for r in simulate(vm, "allreduce", 4, [1 << 10, 64 << 20], "cpu", per_host=4)
+             if r["peer"] == "sim"}
+    assert picks[1 << 10] == "oneshot" and picks[64 << 20] in ("staged", "cma")
+    ns = CHECK.namespace_hosts(2, 2, "1gbit")
+    picks = {r["bytes"]: r["algo_used"] for r in simulate(ns, "allreduce", 4, [8, 64 << 20], "cpu", per_host=2)
+             if r["peer"] == "sim"}
+    assert picks[64 << 20] == "hierarchical" and picks[8] != "ring"
+
+
+def test_published_nccl_figures_are_met_within_25_percent() -> None:
+    rows = CHECK.published_checks()
+    assert len(rows) >= 4
+    for row in rows:
+        assert row["pass"], row
+
+
+def test_json_is_a_perf_file_that_plot_reads(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    topo_file = tmp_path / "node.json"
+    CHECK.dgx_a100().dump(str(topo_file))
+    out = tmp_path / "sim.json"
+    assert main(["--topo", str(topo_file), "--collective", "allreduce", "--np", "8,16", "-b", "1K", "-e", "1G",
+                 "-f", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "# peer sim[ring], 8 ranks, allreduce" in text and "2 copies of its host" in text
+    data = load_sweep(out)
+    assert data["meta"]["simulated"] is True and data["meta"]["topology"]
+    peers = {r["peer"] for r in data["records"]}
+    assert {"sim", "sim[ring]", "sim[tree]"} <= peers
+    assert {r["nranks"] for r in data["records"]} == {8, 16}
+    assert all(r["algo"] == "auto" for r in data["records"] if r["peer"] == "sim")
+    pytest.importorskip("matplotlib")
+    from pycoll.perf.plot import make_plots
+
+    pngs = make_plots([out], tmp_path / "plots", False, None)
+    assert pngs and all(p.exists() for p in pngs)
+
+
+def test_bad_arguments_fail_cleanly(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--topo", str(tmp_path / "missing.json")]) == 2
+    topo_file = tmp_path / "node.json"
+    CHECK.this_vm(2).dump(str(topo_file))
+    assert main(["--topo", str(topo_file), "--np", "2", "--algos", "nosuch"]) == 2
+    assert "has no algorithm nosuch" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_4096_ranks_complete() -> None:
+    cluster = Topology.cluster(CHECK.dgx_h100(), 512)
+    t0 = time.perf_counter()
+    recs = simulate(cluster, "allreduce", 4096, [1 << k for k in range(10, 31)], "gpu")
+    elapsed = time.perf_counter() - t0
+    picks = [r for r in recs if r["peer"] == "sim"]
+    assert len(picks) == 21 and all(r["nranks"] == 4096 and r["hosts"] == 512 for r in picks)
+    assert all(math.isfinite(r["time_us"]) and r["time_us"] > 0 for r in recs)
+    print(f"4096 ranks, 21 sizes: {elapsed:.2f} s")
+
+
+def test_check_script_writes_its_files(tmp_path: Path) -> None:
+    sweep = {"meta": {"cpus": 2, "hosts": 1}, "limits": {"copy_GBps": 8.0, "reduce_GBps": 6.0}, "records": [
+        {"peer": "pycoll", "algo": "auto", "algo_used": "staged", "hosts": 1, "link_rate": None, "collective": "allreduce",
+         "nranks": 2, "bytes": 16 << 20, "count": 4 << 20, "dtype": "float", "op": "sum", "root": -1, "inplace": False,
+         "time_us": 3000.0, "algbw_GBps": 5.6, "busbw_GBps": 5.6, "wrong": 0}]}
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(sweep))
+    CHECK.main([str(path), "--out", str(tmp_path / "out")])
+    rows = json.loads((tmp_path / "out" / "simulate_check.json").read_text())["rows"]
+    measured = [r for r in rows if r["kind"] == "measured"]
+    assert len(measured) == 1 and measured[0]["algo"] == "staged" and measured[0]["predicted"] > 0
+    load_sweep(tmp_path / "out" / "sim_dgx_h100_8gpu_allreduce.json")
+
+
+def test_the_subcommand_registers_as_simulate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import argparse
+
+    from pycoll.topology.simulate import add_simulate_parser
+
+    parser = argparse.ArgumentParser(prog="pycoll")
+    add_simulate_parser(parser.add_subparsers(dest="command"))
+    topo_file = tmp_path / "vm.json"
+    CHECK.this_vm(2).dump(str(topo_file))
+    args = parser.parse_args(["simulate", "--topo", str(topo_file), "-b", "1M", "-e", "4M", "-C", "broadcast"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "2 cpu ranks on 1 hosts" in out and "# peer sim, 2 ranks, broadcast" in out
+
+
+def test_a_file_tuned_across_hosts_with_the_older_cost_functions_loses_its_network_terms(tmp_path: Path) -> None:
+    old = dict(CostModel(net_GBps=0.19, net_latency_us=318.0, shm_GBps=3.5).to_json(),
+               corrections={"allreduce:tree@net": [0.6, 0.7], "allreduce:ring@shm": [0.9, 1.3]},
+               residuals={"allreduce:tree@hosts=0.0.1.1": [[1024, 1.2]], "allreduce:ring@hosts=0.0.0.0": [[1024, 0.9]]})
+    del old["formula"]  # as written before the version field existed
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    m = cost.load(str(path))
+    assert (m.net_GBps, m.net_latency_us) == (CostModel().net_GBps, CostModel().net_latency_us)
+    assert m.shm_GBps == 3.5 and m.formula == cost.FORMULA  # one-host terms stay
+    assert [c[0] for c in m.corrections] == ["allreduce:ring@shm"]
+    assert [r[0] for r in m.residuals] == ["allreduce:ring@hosts=0.0.0.0"]
+    assert CostModel.from_json({"net_GBps": 0.1}).net_GBps == 0.1  # a hand-written file is taken as it is
+    assert cost.load(m.save(str(tmp_path / "new.json"))) == m
