@@ -5,8 +5,9 @@ Usage: python perf/simulate_check.py [--out DIR] [SWEEP.json ...]
 (a) One DGX-H100 node, 8 GPUs on NVSwitch: ring allreduce busbw at 1 GiB against NCCL's published ~370 GB/s.
 (b) DGX-A100 nodes, 8 GPUs and 8 x 200 Gb/s InfiniBand each, 2 to 16 nodes: the busbw of the algorithm the
     model picks at 1 GiB against NCCL's published ~192 GB/s across nodes.
-(c) Every record of pycoll's sweeps (default: issue 5's 1-host sweeps and issue 4's two network-namespace
-    hosts at 1 Gbit/s) at >= 1 MiB: the measured time of the algorithm that ran (the forced one, else
+(c) Every record of pycoll's sweeps at >= 1 MiB (default: issue 5's 1-host sweeps, issue 8's 1-host sweeps of
+    the arena algorithms and the ring on 2-4 ranks (perf/issue8_host_sweep.sh), and issue 4's two network-namespace
+    hosts at 1 Gbit/s): the measured time of the algorithm that ran (the forced one, else
     ``algo_used``; where the sweep did not record it, the model's pick) against the simulated time of that
     algorithm for the same ranks and layout. This machine is modelled as a one-host topology of CPU ranks with
     the sweep's core count; the namespace hosts as hosts of one NIC at the sweep's link rate, sharing the cores.
@@ -49,6 +50,10 @@ SWEEPS = [
     "perf/results/issue5/others_mid.json",
     "perf/results/issue5/others_large.json",
     "perf/results/issue4/allreduce_2hosts_2x2_1gbit_large.json",
+    "perf/results/issue8/host_allreduce_mid.json",
+    "perf/results/issue8/host_allreduce_large.json",
+    "perf/results/issue8/host_others_mid.json",
+    "perf/results/issue8/host_others_large.json",
 ]
 # Published NCCL figures (nccl-tests all_reduce_perf, busbw at large sizes): see docs/simulator.md for the sources.
 H100_NVLINK_BUSBW = 370.0

@@ -255,7 +255,7 @@ class Comm:
         self._aborted: Optional[AbortedError] = None
         self._name = name
         self.timeout: float = runtime.timeout
-        self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks])
+        self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks], runtime.ring_of(world_ranks))
         self._arena: Optional[ArenaState] = None
         self._plans: dict[tuple, _AllreducePlan] = {}
         self._last_plan: Any = None  # the plan (_AllreducePlan or _BcastPlan) of the call being scheduled
@@ -320,7 +320,7 @@ class Comm:
             from .errors import CommunicatorBrokenError, CommunicatorLostError, PeerFailureError, RemoteError
 
             op = f"{opname} #{self._seq + 1}"
-            self._engine.flush(1.0)  # reports this rank passes on leave before it raises (and perhaps exits)
+            self._engine.flush(1.0, delivered=True)  # reports this rank passes on leave before it raises (and perhaps exits)
             if isinstance(err, RemoteError) and self._engine.broken_since(self._ctx) == self._seq + 1:
                 self._seq += 1  # the failure was in this very call (a peer found it first): report it as such
                 raise type(err)(err.cause, op=f"{opname} #{self._seq}", rank=self._rank, peers=err.peers)

@@ -107,7 +107,7 @@ def all_params() -> list[Param]:
     import pycoll.comm  # noqa: F401
     import pycoll.launcher  # noqa: F401
     import pycoll.p2p  # noqa: F401
-    import pycoll.topology.discover  # noqa: F401  (declares PYCOLL_TOPO_FILE, PYCOLL_TOPO_DUMP_FILE)
+    import pycoll.topology.discover  # noqa: F401  (declares PYCOLL_TOPO_FILE, PYCOLL_TOPO_DUMP_FILE, PYCOLL_TOPO_DISCOVER)
     import pycoll.transport  # noqa: F401
 
     return sorted(_REGISTRY.values(), key=lambda p: p.name)

@@ -261,6 +261,8 @@ class Engine:
         self._broken: dict[int, tuple[PycollError, int]] = {}  # ctx base -> (the abort, first failed call)
         self._left: set[int] = set()  # world ranks that said goodbye (a normal shutdown)
         self._told: set[int] = set()  # ctx bases whose failure this rank reported to the other members
+        self._pulling: set[int] = set()  # peers whose stream a _pull on the stack is reading
+        self._closed: set[int] = set()  # peers whose channel _channel_failed closed
         self._skipped: dict[tuple[int, int], RemoteError] = {}  # (ctx, seq) -> why a peer skipped that call
         self._schedules: list[Schedule] = []
         self._post_seq = 0
@@ -377,10 +379,22 @@ class Engine:
         return moved
 
     def _pull(self, peer: int) -> bool:
+        # Completing a message can run code that reads channels again (a failed cross-memory copy polls for
+        # reports): a stream already being read higher up is left to that reader, and one closed meanwhile
+        # (its peer failed) is not read again.
+        if peer in self._pulling or peer in self._closed:
+            return False
+        self._pulling.add(peer)
+        try:
+            return self._pull_stream(peer)
+        finally:
+            self._pulling.discard(peer)
+
+    def _pull_stream(self, peer: int) -> bool:
         ch = self.channels[peer]
         st = self._inbound[peer]
         moved = False
-        while True:
+        while peer not in self._closed:
             if st.target is None and st.have < HEADER_SIZE:  # reading a header
                 n = ch.recv_some(memoryview(st.hdr)[st.have :])
                 if n == 0:
@@ -408,6 +422,7 @@ class Engine:
             st.have = 0
             st.target = None
             moved = True
+        return moved
 
     def _pull_payload(self, ch: Channel, st: _Inbound) -> int:
         target = st.target
@@ -550,6 +565,7 @@ class Engine:
         st = self._inbound[peer]
         if isinstance(st.target, RecvRequest):
             st.target.fail(st.target.owner.error(PeerFailureError, cause, [peer]))
+        self._closed.add(peer)
         try:
             self.channels[peer].close()
         except Exception:  # closing a broken channel is best effort
@@ -736,7 +752,7 @@ class Engine:
             self._told.add(base)
             self._tell_members(owner, err, _ABORT_TAG, base)
             self._broken.setdefault(base, (err, owner.tag))
-        self.flush(1.0)  # best effort: a peer that does not drain is probably dead
+        self.flush(1.0, delivered=True)  # best effort: a peer that does not drain is probably dead
         for sched in self._schedules:
             if self._is_broken_for(sched.owner):
                 sched.fail(err)
@@ -878,7 +894,10 @@ class Engine:
             reqs = self._tell_members(owner, err, _ABORT_TAG, base)
             self.break_ctx(base, err, -1)  # earlier calls too: nothing on this communicator completes any more
             deadline = time.monotonic() + 1.0  # best effort, as in abort()
-            while not all(r.done for r in reqs) and time.monotonic() < deadline:
+            told = {r.peer for r in reqs}
+            while time.monotonic() < deadline and not (
+                all(r.done for r in reqs) and not any(self.channels[p].unsafe_to_exit() for p in told if p not in self._dead)
+            ):
                 if not self.progress():
                     time.sleep(0.0005)
 
@@ -985,10 +1004,16 @@ class Engine:
         raise err
 
     # ---- shutdown --------------------------------------------------------------------------
-    def flush(self, timeout: float) -> None:
-        """Push out queued sends (e.g. before exit), for at most ``timeout`` seconds."""
+    def flush(self, timeout: float, delivered: bool = False) -> None:
+        """Push out queued sends (e.g. before exit), for at most ``timeout`` seconds; with ``delivered``, also
+        until every live peer holds them (a report sent just before an exit must not die in a socket buffer)."""
         deadline = time.monotonic() + timeout
-        while any(self._sendq[p] for p in self._sendq if p not in self._dead) and time.monotonic() < deadline:
+
+        def pending() -> bool:
+            live = [p for p in self._sendq if p not in self._dead]
+            return any(self._sendq[p] for p in live) or (delivered and any(self.channels[p].unsafe_to_exit() for p in live))
+
+        while pending() and time.monotonic() < deadline:
             if not self.progress():
                 time.sleep(0.0005)
 

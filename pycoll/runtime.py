@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import atexit
+import ipaddress
 import json
 import logging
 import os
 import socket
 import threading
-from typing import Optional
+from typing import Optional, Sequence
 
 from . import config
 from .algorithms import cost
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
-from .bootstrap import BootstrapInfo, bootstrap, publish_all
+from .bootstrap import BootstrapInfo, bootstrap, ipv4_addresses, publish_all
 from .bootstrap.store import barrier as store_barrier
 from .errors import InvalidArgumentError
 from .p2p import Engine
+from .topology import live as topo_live
+from .topology.model import Device, Topology
+from .topology.rings import comm_ring
 from .transport import Channel, PeerInfo, choose, make_transports
 
 HOSTID = config.str_param(
@@ -76,13 +80,20 @@ class Runtime:
         self.info: BootstrapInfo = bootstrap(self.timeout) if info is None else info
         self.rank, self.size = self.info.rank, self.info.size
         transports = make_transports()
+        local = topo_live.local_topology()  # this host's, once per process
+        kind, ident = topo_live.own_device(local.hosts[0], self.info.local_rank)
         me = PeerInfo(
             rank=self.rank,
             host_id=host_id(),
             hostname=socket.gethostname(),
             pid=os.getpid(),
             transports=[t.name for t in transports if t.enabled()],
+            device=[kind, ident],
         )
+        near = self._nearest_nic(local, Device(0, kind, ident))
+        for t in transports:
+            if t.name == "tcp" and near is not None:
+                t.near_address = near  # type: ignore[attr-defined]
         for t in transports:
             if t.name in me.transports and self.size > 1:
                 addr = t.listen(me, self.info.store_host)
@@ -91,6 +102,14 @@ class Runtime:
         raw = publish_all(self.info, "pycoll/peers", json.dumps(me.to_json()).encode(), self.timeout)
         self.peers = [PeerInfo.from_json(json.loads(r)) for r in raw]
         self.me = self.peers[self.rank]
+        # one topology per host, published by its first rank (read after the transports' barriers below)
+        firsts: dict[str, int] = {}
+        for peer in self.peers:
+            firsts.setdefault(peer.host_id, peer.rank)
+        mine = json.dumps(local.to_dict(), separators=(",", ":")).encode()
+        if self.size > 1 and firsts[self.me.host_id] == self.rank:
+            assert self.info.store is not None
+            self.info.store.set(f"pycoll/topo/{self.rank}", mine)
         by_transport: dict[str, list[PeerInfo]] = {t.name: [] for t in transports}
         for peer in self.peers:
             chosen = choose(transports, self.me, peer)
@@ -113,6 +132,9 @@ class Runtime:
         for t in transports:  # every rank runs every transport's set-up so their barriers line up
             channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, job_barrier, self.timeout))
         job_barrier("connected")
+        self.topology, self.placement = self._merge_topology(firsts, mine)
+        self.device: Device = self.placement[self.rank]
+        self._rings: dict[tuple[Device, ...], tuple[int, ...]] = {}
         self.engine = Engine(self.rank, channels)
         self.engine.tags_per_call = LANES
         self.cost_model = self._agree_on_cost_model()
@@ -120,21 +142,69 @@ class Runtime:
         self.engine.oversubscribed = len(self.local_ranks) > _usable_cores()
         self.hosts = len({p.host_id for p in self.peers})
         log.info(
-            "rank %d/%d up (launcher %s, %d hosts): %s",
+            "rank %d/%d up (launcher %s, %d hosts, on %s %s; topology %s in %.1f ms): %s",
             self.rank,
             self.size,
             self.info.launcher,
             self.hosts,
+            self.device.kind,
+            self.device.id,
+            local.source,
+            topo_live.local_seconds() * 1e3,
             ", ".join(f"{r}:{n}" for r, n in sorted(self.transport_of.items())),
         )
         self._closed = False
         atexit.register(self.close)
+
+    def _nearest_nic(self, local: Topology, device: Device) -> Optional[str]:
+        """The IPv4 address of the NIC nearest this rank's device, when its host has several NICs with one and the
+        job spans hosts (a store on loopback means one host); the TCP transport listens there unless
+        PYCOLL_SOCKET_ADDR or PYCOLL_SOCKET_IFNAME say otherwise."""
+        if self.size == 1:
+            return None
+        try:
+            if ipaddress.ip_address(self.info.store_host).is_loopback:
+                return None
+        except ValueError:
+            pass
+        host = local.hosts[0]
+        choice = topo_live.listen_nic(local, device, ipv4_addresses(n.name for n in host.nics))
+        if choice is None:
+            return None
+        log.info("rank %d on %s %s: TCP prefers NIC %s (%s)", self.rank, device.kind, device.id, *choice)
+        return choice[1]
+
+    def _merge_topology(self, firsts: dict[str, int], mine: bytes) -> tuple[Topology, list[Device]]:
+        """The cluster's topology and placement, the same on every rank: each host's is its first rank's JSON."""
+        tops: dict[str, Topology] = {}
+        for hid, r in firsts.items():
+            try:
+                if r == self.rank:
+                    raw = mine
+                else:
+                    assert self.info.store is not None
+                    raw = self.info.store.get(f"pycoll/topo/{r}", self.timeout)
+                tops[hid] = Topology.from_dict(json.loads(raw))
+            except (ValueError, KeyError, TypeError) as exc:  # unreadable (a newer format?): host-only for it
+                log.warning("topology of rank %d's host unreadable (%s); using a host-only one", r, exc)
+        return topo_live.cluster([p.host_id for p in self.peers], [p.device for p in self.peers], tops)
+
+    def ring_of(self, world_ranks: Sequence[int]) -> tuple[int, ...]:
+        """The ring a communicator of ``world_ranks`` walks, as indices into them (``comm_ring`` over their
+        placement): the same on every rank."""
+        devices = tuple(self.placement[w] for w in world_ranks)
+        ring = self._rings.get(devices)
+        if ring is None:
+            ring = self._rings[devices] = tuple(comm_ring(self.topology, devices))
+        return ring
 
     def _agree_on_cost_model(self) -> CostModel:
         """Rank 0's cost model for every rank: algorithm choices must be identical everywhere."""
         store = self.info.store
         if self.rank == 0:
             model = cost.load()
+            if model.source == CostModel().source:  # untuned: the links come from the topology
+                model = self._topology_model(model)
             if store is not None and self.size > 1:
                 store.set("pycoll/cost_model", json.dumps(model.to_json()).encode())
         else:
@@ -144,6 +214,16 @@ class Runtime:
         cost.use(model)
         log.info("cost model: %s", model.source)
         return model
+
+    def _topology_model(self, base: CostModel) -> CostModel:
+        """``base`` with its link terms from the job's topology (host buffers: every rank as the CPU nearest its
+        device); ``base`` itself where the topology cannot say (a NIC of unknown speed keeps its network)."""
+        placement = [d if d.kind == "cpu" else Device(d.host, "cpu", max(self.topology.numa_of(d), 0)) for d in self.placement]
+        try:
+            return CostModel.from_topology(self.topology, placement, "cpu", base)
+        except (ValueError, KeyError, IndexError) as exc:  # a topology the model cannot read: keep the constants
+            log.warning("cost model: topology not usable (%s); keeping %s", exc, base.source)
+            return base
 
     def close(self) -> None:
         """Drain queued sends, tell peers we are gone, release segments and sockets."""

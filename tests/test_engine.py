@@ -98,3 +98,61 @@ def test_wait_times_out_naming_the_silent_peer() -> None:
         eng.wait_requests([r], 0.2, owner("Recv #1"))
     assert info.value.op == "Recv #1" and info.value.peers == (1,)
     assert "timed out after 0.2 s" in str(info.value)
+
+
+def test_tcp_channel_knows_when_bytes_could_die_with_an_exit() -> None:
+    """A report pushed into a socket is not safe until the peer acknowledged it: an exit with unread input
+    resets the connection and drops it. ``unsafe_to_exit`` must see that, and clear once the peer read it."""
+    import socket
+    import time
+
+    from pycoll.transport.tcp import TcpChannel
+
+    lsn = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lsn.getsockname())
+    b, _ = lsn.accept()
+    lsn.close()
+    ch = TcpChannel(1, a)
+    try:
+        assert not ch.unsafe_to_exit()
+        blob = memoryview(bytes(8 << 20))
+        sent = 0
+        while sent < len(blob):  # fill both socket buffers: the peer reads nothing yet
+            n = ch.send_some(blob[sent:])
+            if n == 0:
+                break
+            sent += n
+        assert sent > 0 and ch.unsafe_to_exit()
+        got, deadline = 0, time.monotonic() + 10
+        b.settimeout(1.0)
+        while got < sent and time.monotonic() < deadline:
+            got += len(b.recv(1 << 20))
+        assert got == sent
+        while ch.unsafe_to_exit() and time.monotonic() < deadline:  # the last ACK is on its way
+            time.sleep(0.001)
+        assert not ch.unsafe_to_exit()
+    finally:
+        ch.close()
+        b.close()
+
+
+def test_a_stream_is_never_read_reentrantly_nor_after_its_channel_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Completing a message may run code that reads channels again (a failed cross-memory copy polls for
+    reports) or fails the very peer being read: the stream must not be read from inside its own read, nor
+    once its channel is closed."""
+    eng = engine()
+    seen: list[int] = []
+    complete = eng._on_complete
+
+    def nested(peer: int, st) -> None:
+        seen.append(peer)
+        assert eng._pull(peer) is False  # the reader higher up owns the stream
+        complete(peer, st)
+        eng._channel_failed(peer, "failed while its message completed")
+
+    monkeypatch.setattr(eng, "_on_complete", nested)
+    for tag in (1, 2):
+        eng.isend(1, np.arange(4, dtype=np.int32), 2, tag, Sig(), owner())
+    eng.progress()
+    eng.poll_reports()
+    assert seen == [1] and 1 in eng.dead_peers()

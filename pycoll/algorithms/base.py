@@ -79,14 +79,25 @@ def split(arr: np.ndarray, parts: int) -> list[np.ndarray]:
 
 @dataclass(frozen=True)
 class Layout:
-    """Where a communicator's ranks live: ``host_of[r]`` numbers rank r's host (0, 1, ... in order of first rank)."""
+    """Where a communicator's ranks live: ``host_of[r]`` numbers rank r's host (0, 1, ... in order of first rank).
+
+    ``ring`` is the order ring algorithms walk (a permutation of the ranks, from the topology: hosts
+    contiguous, fastest links inside each); empty means rank order, and rank order is stored as empty, so
+    equal rings compare equal."""
 
     host_of: tuple[int, ...]
+    ring: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        ring = tuple(int(r) for r in self.ring)
+        if ring and sorted(ring) != list(range(len(self.host_of))):
+            raise ValueError(f"ring {ring} is not a permutation of {len(self.host_of)} ranks")
+        object.__setattr__(self, "ring", () if ring == tuple(range(len(ring))) else ring)
 
     @staticmethod
-    def from_ids(ids: Sequence[str]) -> "Layout":
+    def from_ids(ids: Sequence[str], ring: Sequence[int] = ()) -> "Layout":
         first: dict[str, int] = {}
-        return Layout(tuple(first.setdefault(i, len(first)) for i in ids))
+        return Layout(tuple(first.setdefault(i, len(first)) for i in ids), tuple(ring))
 
     @staticmethod
     def flat(size: int) -> "Layout":
@@ -117,8 +128,18 @@ class Layout:
         """Every host holds the same number of ranks."""
         return len(set(self.local_sizes)) <= 1
 
+    @property
+    def order(self) -> tuple[int, ...]:
+        """The ring order: ``ring``, or rank order."""
+        return self.ring or tuple(range(self.size))
+
     def sub(self, members: Sequence[int]) -> "Layout":
-        return Layout.from_ids([str(self.host_of[m]) for m in members])
+        """The layout of ``members`` (member i is rank ``members[i]`` here); its ring keeps this ring's order."""
+        ring: tuple[int, ...] = ()
+        if self.ring:
+            pos = {m: i for i, m in enumerate(members)}
+            ring = tuple(pos[r] for r in self.ring if r in pos)
+        return Layout.from_ids([str(self.host_of[m]) for m in members], ring)
 
 
 # Message lanes within one call: a schedule that runs phases or trees side by side gives each its own

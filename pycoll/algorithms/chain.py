@@ -1,4 +1,7 @@
-"""Pipelined chain algorithms rooted at one rank: broadcast flows down the chain, reduce flows up it."""
+"""Pipelined chain algorithms rooted at one rank: broadcast flows down the chain, reduce flows up it.
+
+The chain follows the layout's ring order from the root (as the cost model's ``ring`` counts it).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from collections import deque
 
 from .base import Call, Schedule, Steps, split
 from .registry import register
+from .ring import on_ring
 
 
 @register(
@@ -18,10 +22,12 @@ from .registry import register
 )
 def broadcast_chain(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
+    st, order = on_ring(st)
+    root = order.index(call.root) if order else call.root
     p, r = st.size, st.rank
     if p == 1:
         return
-    pos = (r - call.root) % p
+    pos = (r - root) % p
     prev, nxt = (r - 1) % p, (r + 1) % p
     pieces = split(call.recv, st.num_chunks(call.recv.nbytes))
     if pos == 0:
@@ -45,8 +51,10 @@ def broadcast_chain(st: Steps, call: Call) -> Schedule:
 )
 def reduce_chain(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.op is not None
+    st, order = on_ring(st)
+    root = order.index(call.root) if order else call.root
     p, r = st.size, st.rank
-    pos = (r - call.root) % p
+    pos = (r - root) % p
     at_root = pos == 0
     acc = call.recv if at_root else st.mem.scratch(call.send.shape[0], call.dtype)
     assert acc is not None

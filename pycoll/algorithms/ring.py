@@ -1,4 +1,9 @@
-"""Ring algorithms: pipelined reduce-scatter, allgather, and allreduce as the one followed by the other."""
+"""Ring algorithms: pipelined reduce-scatter, allgather, and allreduce as the one followed by the other.
+
+They walk the layout's ring order (``Layout.ring``: hosts contiguous, fastest links first), not rank order:
+``on_ring`` gives a view of the verbs in which rank i is ring position i, and per-rank block lists are
+permuted to match, so each rank still ends with its own block.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,13 @@ import numpy as np
 
 from .base import Call, Schedule, Steps, blocks_of, even_counts, pieces_of
 from .registry import register
+
+
+def on_ring(st: Steps) -> tuple[Steps, tuple[int, ...]]:
+    """``st`` seen in ring order (rank i of the view is ring position i, so neighbours are i-1 and i+1), and the
+    order itself (position i is rank ``order[i]``) to permute per-rank lists with; ``(st, ())`` for rank order."""
+    order = st.layout.ring
+    return (st.sub(order), order) if order else (st, ())
 
 
 def reduce_scatter_ring(
@@ -23,8 +35,13 @@ def reduce_scatter_ring(
     ``inputs[b]`` is this rank's contribution to block b; ``partial(b)`` is where partial sums of block b
     may be kept (it may be ``inputs[b]`` itself for in-place calls). At step s a rank receives block
     (r-s-2) from its left, reduces it with its own contribution, and forwards it at step s+1; the
-    pieces pipeline, so piece c of step s+1 leaves while piece c+1 of step s arrives.
+    pieces pipeline, so piece c of step s+1 leaves while piece c+1 of step s arrives. Positions on the
+    layout's ring stand for ranks here (see ``on_ring``).
     """
+    st, order = on_ring(st)
+    if order:
+        inputs, by_rank = [inputs[b] for b in order], partial
+        partial = lambda b: by_rank(order[b])  # noqa: E731
     p, r = st.size, st.rank
     if p == 1:
         for dst, src in zip(final, inputs[0]):
@@ -52,7 +69,11 @@ def reduce_scatter_ring(
 
 
 def allgather_ring(st: Steps, blocks: list[list[np.ndarray]], mine: list[np.ndarray]) -> Schedule:
-    """Fill ``blocks[b]`` (lists of k pieces) with rank b's block; this rank's comes from ``mine``, copied in last."""
+    """Fill ``blocks[b]`` (lists of k pieces) with rank b's block; this rank's comes from ``mine``, copied in last.
+    The blocks travel along the layout's ring (see ``on_ring``)."""
+    st, order = on_ring(st)
+    if order:
+        blocks = [blocks[b] for b in order]
     p, r = st.size, st.rank
     if p > 1:
         left, right = (r - 1) % p, (r + 1) % p
@@ -78,7 +99,9 @@ def chunked(st: Steps, blocks: list[list[np.ndarray]]) -> list[list[np.ndarray]]
 
 
 def ring_allreduce(st: Steps, send: np.ndarray, recv: np.ndarray, op) -> Schedule:
-    """Allreduce of ``send`` into ``recv`` (they may be the same array) over the ranks of ``st``."""
+    """Allreduce of ``send`` into ``recv`` (they may be the same array) over the ranks of ``st``, along its ring:
+    ring position i reduces part i of the vector."""
+    st, _ = on_ring(st)
     p, r = st.size, st.rank
     counts = even_counts(recv.shape[0], p)
     # Partial sums live in scratch: user memory is written only once every rank's

@@ -9,6 +9,8 @@ attach, every rank learns it at set-up and runs the named stream algorithm inste
 
 from __future__ import annotations
 
+import math
+
 import errno
 import logging
 import os
@@ -359,15 +361,17 @@ def _refuse_oneshot(call: Call, lay: Layout) -> Optional[str]:
 
 def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
     p = lay.size
-    work = m.arena_sync_us * 1e-6 + n / (m.copy_GBps * 1e9) + (p - 1) * n / (m.reduce_GBps * 1e9)
-    return work * m.over(lay)
+    footprint = 3 * p * n  # input, result and slot of every rank
+    work = m.arena_sync_us * 1e-6 + m.copy_s(n, footprint) + m.reduce_s((p - 1) * n, footprint)
+    return work * m.over(lay) + m.handovers(lay, 1)
 
 
 def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, copied: float, reduced: float) -> float:
     chunks = max(1.0, reduced / m.arena_chunk)
-    work = syncs * m.arena_sync_us * 1e-6 + chunks * m.arena_step_us * 1e-6
+    work = (m.cma_call_us + syncs * m.arena_sync_us + chunks * m.arena_step_us) * 1e-6
+    # (kernel copies between address spaces: measured no faster in cache, unlike the arena's own)
     work += copied / (m.cma_GBps * 1e9) + reduced / (m.reduce_GBps * 1e9)
-    return work * m.over(lay)
+    return work * m.over(lay) + m.handovers(lay, syncs)  # its chunk copies wait on no one
 
 
 # ---- algorithms ----------------------------------------------------------------------------------
@@ -687,16 +691,16 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
 def _pipe_cost(m: CostModel, n: float, lay: Layout) -> float:
     """A meeting, the pipeline's fill, then one copy's time: the root's and the readers' copies overlap.
 
-    When ranks outnumber cores they cannot overlap, and partners spin on a core that another rank needs:
-    twice the oversubscription then (measured: 2.6x slower than cma at 16 MiB on 4 ranks, 2 cores).
+    When ranks outnumber cores they cannot overlap, and partners wait on descheduled ranks: hand-overs at the
+    meetings and as the ring of chunks turns over.
     """
     chunk = min(float(ARENA_PIPE_CHUNK.get()), max(n, 1.0))
     # The root's and the readers' copies overlap chunk by chunk, each chunk still in cache for the reader.
     # (Before the compiled copy stopped using libc's memcpy, 4K-aliased copies made it lose to cma past
     # 32 MiB; measured since: 11.3 against 8.7 GB/s at 64 MiB, 11.4 against 9.0 at 256 MiB on 2 ranks.)
-    work = 2 * m.arena_sync_us * 1e-6 + (n + chunk) / (m.copy_GBps * 1e9)
-    over = m.over(lay)
-    return work * (over if over <= 1 else 2 * over)
+    footprint = lay.size * n + min(float(m.arena_stage), n)
+    work = 2 * m.arena_sync_us * 1e-6 + m.copy_s(n + chunk, footprint)
+    return work * m.over(lay) + m.handovers(lay, 2 + math.ceil(2 * n / max(float(m.arena_stage), 1.0)))
 
 
 @register(

@@ -12,6 +12,8 @@ is late.
 
 from __future__ import annotations
 
+import math
+
 import os
 from typing import Optional
 
@@ -202,15 +204,22 @@ def _pipelined(st: Steps, call: Call, fallback) -> Schedule:
     yield from pipe_rest(st, arena, op, post_call(arena, op, st.sig), pipe, call, False, 0)
 
 
-def _pipe_cost(m: CostModel, n: float, lay: Layout, copied: float, reduced: float) -> float:
-    """Two meetings, the pipe's fill (one chunk of every block), then the copies and reductions of one rank.
+def _pipe_cost(m: CostModel, n: float, lay: Layout, copied: float, reduced: float, touched: float, phases: int,
+               fused: float = 0.0) -> float:
+    """Two meetings, the pipe's fill, then the copies and reductions of one rank.
 
-    When ranks outnumber cores the pipe takes two big steps, and partners wait on descheduled ranks.
+    ``touched`` is what one rank's buffers hold in units of n (its stage adds up to ``arena_stage``): the host's
+    calls stay in its cache while they fit. ``fused`` is a second write the reduction pass makes: free while
+    memory-bound, a copy's work in cache. When ranks outnumber cores the pipe takes two big steps, and
+    partners wait on descheduled ranks: a hand-over per chunk and phase (``phases`` flags per chunk).
     """
     p = lay.size
     chunk = min(float(ARENA_PIPE_CHUNK.get()) * p, max(n, 1.0))
-    work = 2 * m.arena_sync_us * 1e-6 + (copied * n + chunk) / (m.copy_GBps * 1e9) + reduced * n / (m.reduce_GBps * 1e9)
-    return work * m.over(lay)
+    footprint = p * (touched * n + min(float(m.arena_stage), n))
+    work = 2 * m.arena_sync_us * 1e-6 + m.copy_s(copied * n + chunk, footprint) + m.reduce_s(reduced * n, footprint)
+    work += m.cached(footprint) * fused * n / (m.copy_GBps * m.cache_speedup * 1e9)
+    steps = math.ceil(2 * n / max(float(m.arena_stage), 1.0))  # oversubscribed: a chunk of every block fills half the stage
+    return work * m.over(lay) + m.handovers(lay, 2 + steps * phases)
 
 
 @register(
@@ -222,7 +231,8 @@ def _pipe_cost(m: CostModel, n: float, lay: Layout, copied: float, reduced: floa
     steps="1 meeting, then flags per chunk",
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced, (p-1)/p · n copied out",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size),
+    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3,
+                                      (lay.size - 1) / lay.size),
 )
 def allreduce_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, allreduce_ring)
@@ -237,7 +247,7 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
     steps="1 meeting, then flags per chunk",
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _pipe_cost(m, n, lay, (lay.size - 1) / lay.size, (lay.size - 1) / lay.size),
+    cost=lambda m, n, lay: _pipe_cost(m, n, lay, (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 1.0 + 1.0 / lay.size, 2),
 )
 def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
     # In place the result overwrites the front of the input: safe, because chunk j of every block is staged
@@ -253,7 +263,7 @@ def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
     steps="1 meeting, then flags per chunk",
     bytes="n/p copied in by each rank, (p-1)/p · n copied out",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 1.0, 0.0),
+    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 1.0, 0.0, 1.0 + 1.0 / lay.size, 2),
 )
 def allgather_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, allgather_ring_algo)

@@ -34,7 +34,7 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 from pycoll.config import int_param, str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
@@ -51,6 +51,7 @@ __all__ = [
     "bootstrap",
     "detect_launcher",
     "interface_address",
+    "ipv4_addresses",
     "job_token",
     "publish_all",
 ]
@@ -208,6 +209,13 @@ def interface_address(spec: Optional[str] = None) -> tuple[str, str]:
             op="init",
         )
     return chosen[0]
+
+
+def ipv4_addresses(names: Iterable[str]) -> dict[str, str]:
+    """Interface name -> IPv4 address, for those of ``names`` that have one (Linux only: elsewhere, none)."""
+    if not sys.platform.startswith("linux"):
+        return {}
+    return {name: addr for name in names for addr in [_ipv4_of(name)] if addr is not None}
 
 
 def _has(env: Mapping[str, str], *names: str) -> bool:

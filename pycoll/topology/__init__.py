@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from .discover import discover, load_or_discover, merge
 from .model import Device, Gpu, Host, Nic, Numa, NvLink, Path, PathType, PciNode, Topology, matrix, pcie_GBps
-from .rings import DoubleTree, ring_order, trees
+from .rings import DoubleTree, comm_ring, ring_order, trees
 
 __all__ = [
     "Device", "DoubleTree", "Gpu", "Host", "Nic", "Numa", "NvLink", "Path", "PathType", "PciNode", "Topology",
-    "discover", "load_or_discover", "matrix", "merge", "pcie_GBps", "ring_order", "trees",
+    "comm_ring", "discover", "load_or_discover", "matrix", "merge", "pcie_GBps", "ring_order", "trees",
 ]

@@ -8,7 +8,7 @@ import textwrap
 from typing import Optional, TextIO
 
 from .model import LATENCY_US, Device, PathType, Topology, matrix
-from .rings import label, ring_bottleneck, ring_order, trees
+from .rings import comm_ring, label, ring_bottleneck, trees
 
 LEGEND = {
     "X": "the device itself",
@@ -116,7 +116,7 @@ def report(topo: Topology, host: int = 0, np: Optional[int] = None, out: Optiona
     except ValueError as exc:
         say(f"rings and trees: {exc}")
         return
-    order = ring_order(topo, ranks)
+    order = comm_ring(topo, ranks)  # the ring the runtime's communicators walk
     dt = trees(topo, ranks)
     say(f"ring of {_n(total, 'rank')} on {'GPUs' if kind == 'gpu' else 'CPUs (no GPU)'}, "
         "rank(device) in ring order:")

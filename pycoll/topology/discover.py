@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..config import str_param
+from ..config import bool_param, str_param
 from .model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology
 
 log = logging.getLogger("pycoll.topology")
@@ -24,6 +24,12 @@ TOPO_FILE = str_param(
 )
 TOPO_DUMP_FILE = str_param(
     "PYCOLL_TOPO_DUMP_FILE", "", "Write the topology pycoll discovered (or loaded) to this JSON file."
+)
+TOPO_DISCOVER = bool_param(
+    "PYCOLL_TOPO_DISCOVER",
+    True,
+    "0: ranks skip topology discovery (and PYCOLL_TOPO_FILE) at start-up; the runtime then knows hosts only, one "
+    "CPU device each.",
 )
 
 _BDF = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")

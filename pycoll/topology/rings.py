@@ -76,6 +76,23 @@ def ring_order(topo: Topology, devices: Sequence[Device]) -> list[int]:
     return order
 
 
+def comm_ring(topo: Topology, devices: Sequence[Device]) -> list[int]:
+    """The ring a communicator of ranks on ``devices`` walks (indices into ``devices``; the runtime and `pycoll topo`
+    both use it): ``ring_order``, except that a host whose ranks all run on CPUs keeps them in rank order (their
+    NUMA nodes share memory, and the single-host algorithms and tuned costs assume rank order)."""
+    by_host: dict[int, list[int]] = {}
+    for i, d in enumerate(devices):
+        by_host.setdefault(d.host, []).append(i)
+    order: list[int] = []
+    for h in sorted(by_host):
+        mine = by_host[h]
+        if all(devices[i].kind == "cpu" for i in mine):
+            order += mine
+        else:
+            order += [mine[j] for j in ring_order(topo, [devices[i] for i in mine])]
+    return order
+
+
 def ring_bottleneck(topo: Topology, devices: Sequence[Device], order: Sequence[int]) -> tuple[int, int, float, str]:
     """The ring's slowest link: (from index, to index, GB/s, path class); of equally slow links the farthest
     class, then the first in ring order."""

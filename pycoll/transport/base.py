@@ -17,6 +17,7 @@ class PeerInfo:
     pid: int
     transports: list[str]  # the transports this rank enabled, in priority order
     addresses: dict[str, Any] = field(default_factory=dict)  # transport name -> its listen address
+    device: list = field(default_factory=list)  # [kind, id] of the device it runs on (pycoll.topology.live)
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -60,6 +61,10 @@ class Channel(abc.ABC):
 
     def has_pending_output(self) -> bool:
         """True while bytes accepted by send_some are still queued inside the channel."""
+        return False
+
+    def unsafe_to_exit(self) -> bool:
+        """True while bytes already accepted could still be lost if this process exited now."""
         return False
 
     @abc.abstractmethod

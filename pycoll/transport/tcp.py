@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import hmac
 import logging
 import os
@@ -10,6 +11,7 @@ import secrets
 import selectors
 import socket
 import struct
+import termios
 import time
 from typing import Any, Optional, Union
 
@@ -179,6 +181,14 @@ class TcpChannel(Channel):
     def fileno(self) -> Optional[int]:
         return self._fd
 
+    def unsafe_to_exit(self) -> bool:
+        # Bytes the peer has not acknowledged die with this process if it exits with unread input: the
+        # kernel then resets the connection instead of finishing the stream.
+        try:
+            return struct.unpack("i", fcntl.ioctl(self._fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0] > 0
+        except OSError:
+            return False
+
     def close(self) -> None:
         try:
             self.sock.close()
@@ -195,12 +205,15 @@ class TcpTransport(Transport):
         self._listener: Optional[socket.socket] = None
         self._token = token  # None: the job's (pycoll.bootstrap.job_token)
         self.refused = 0  # connections closed during set-up for a failed handshake
+        # The address of the NIC nearest this rank's device, when the runtime found one (topology.live.listen_nic)
+        self.near_address: Optional[str] = None
 
     def listen(self, me: PeerInfo, store_host: str) -> Any:
         host = SOCKET_ADDR.get()
         if not host and SOCKET_IFNAME.get():
             host = interface_address()[1]
-        host = host or store_host or "127.0.0.1"  # never all addresses unless PYCOLL_SOCKET_ADDR says so
+        # never all addresses unless PYCOLL_SOCKET_ADDR says so
+        host = host or self.near_address or store_host or "127.0.0.1"
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
