@@ -1,9 +1,9 @@
-"""Parsing of mpi4py buffer specs (buf, [buf, count], [buf, count, dtype], [buf, counts, displs, dtype])."""
+"""Parsing of mpi4py buffer specs (buf, [buf, count], [buf, count, dtype], [buf, counts, displs, dtype]), host or CUDA."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -35,13 +35,70 @@ _DLPACK_CPU = 1
 _DLPACK_CUDA = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
 
 
+@dataclass(frozen=True)
+class DeviceArray:
+    """A flat, contiguous run of ``size`` elements in CUDA memory: the user's object (kept alive) and a byte range.
+
+    pycoll reads device buffers through ``__cuda_array_interface__`` only, so parsing needs no CUDA library;
+    pycoll.cuda.memory turns one into an array its kernels and copies take.
+    """
+
+    owner: Any  # the exporting object (CuPy/Numba array, torch tensor): keeps the memory alive
+    base: int  # device address of the exported buffer's first byte
+    start: int  # byte offset of this view from ``base``
+    size: int
+    dtype: np.dtype
+    readonly: bool = False
+
+    ndim = 1
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def ptr(self) -> int:
+        return self.base + self.start
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, key: slice) -> "DeviceArray":
+        if not isinstance(key, slice):
+            raise TypeError("a DeviceArray takes slices only (its elements live on the device)")
+        lo, hi, step = key.indices(self.size)
+        if step != 1:
+            raise ValueError("a DeviceArray slice must be contiguous")
+        hi = max(lo, hi)
+        return replace(self, start=self.start + lo * self.dtype.itemsize, size=hi - lo)
+
+    def view(self, dtype: Any) -> "DeviceArray":
+        dtype = np.dtype(dtype)
+        if self.nbytes % dtype.itemsize:
+            raise ValueError(f"{self.nbytes} bytes are not a whole number of {dtype.name} elements")
+        return replace(self, size=self.nbytes // dtype.itemsize, dtype=dtype)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = self.dtype.str if self.dtype.kind != "V" else f"|u{self.dtype.itemsize}"  # bfloat16: its carrier
+        return {"shape": (self.size,), "typestr": typestr, "data": (self.ptr if self.size else 0, self.readonly),
+                "strides": None, "version": 3}
+
+
+AnyArray = Union[np.ndarray, DeviceArray]
+
+
 @dataclass
 class Buf:
     """A resolved buffer: a flat array of ``count`` elements over the user's memory (no copy)."""
 
-    array: np.ndarray
+    array: AnyArray  # a NumPy array, or a DeviceArray for CUDA memory
     dtype: np.dtype
-    memory: str = "host"  # the memory backend that owns it; "cuda" slots in later
+    memory: str = "host"  # "host" or "cuda": the memory backend that owns it
 
     @property
     def count(self) -> int:
@@ -56,18 +113,27 @@ class Buf:
 class VBuf:
     """A resolved vector buffer: one flat array and per-rank (count, displacement) in elements."""
 
-    array: np.ndarray
+    array: AnyArray
     dtype: np.dtype
     counts: list[int]
     displs: list[int]
     memory: str = "host"
 
-    def part(self, i: int) -> np.ndarray:
+    def part(self, i: int) -> AnyArray:
         return self.array[self.displs[i] : self.displs[i] + self.counts[i]]
 
 
+def memory_of(arr: Any) -> str:
+    """"cuda" for a DeviceArray, else "host"."""
+    return "cuda" if isinstance(arr, DeviceArray) else "host"
+
+
 def _is_cuda(obj: Any) -> bool:
-    if hasattr(obj, "__cuda_array_interface__"):
+    """True for device memory: ``__cuda_array_interface__``, a Numba (simulator) device array, or CUDA DLPack."""
+    try:
+        if hasattr(obj, "__cuda_array_interface__") or getattr(obj, "__cuda_ndarray__", False) is True:
+            return True
+    except Exception:  # noqa: BLE001 - torch raises RuntimeError for a tensor that requires grad
         return True
     dev = getattr(obj, "__dlpack_device__", None)
     if dev is not None:
@@ -78,8 +144,68 @@ def _is_cuda(obj: Any) -> bool:
     return False
 
 
-def _as_flat_array(obj: Any, what: str, op: str) -> np.ndarray:
-    """A 1-D view of the object's memory, no copy; raises InvalidArgumentError otherwise."""
+def _interface(obj: Any, what: str, op: str) -> dict:
+    """The object's CUDA array interface (a Numba simulator array answers with its host array's interface)."""
+    try:
+        if getattr(obj, "__cuda_ndarray__", False) is True and isinstance(getattr(obj, "_ary", None), np.ndarray):
+            return obj._ary.__array_interface__  # numba's simulator: "device" memory is a NumPy array
+        if not hasattr(obj, "__cuda_array_interface__"):  # DLPack only: CuPy can turn it into an exporter
+            try:
+                import cupy  # type: ignore[import-not-found]
+            except ImportError:
+                raise InvalidArgumentError(
+                    f"{what} of type {type(obj).__name__} is a CUDA buffer with DLPack only; pycoll reads device memory "
+                    "through __cuda_array_interface__ (CuPy, Numba and PyTorch export it): wrap it, e.g. "
+                    "cupy.from_dlpack(buf)", op=op) from None
+            return _interface(cupy.from_dlpack(obj), what, op)
+        return dict(obj.__cuda_array_interface__)
+    except InvalidArgumentError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - exporters fail in their own ways (torch: RuntimeError for grad tensors)
+        raise InvalidArgumentError(
+            f"{what} of type {type(obj).__name__} could not be read as a CUDA array ({type(exc).__name__}: {exc})", op=op
+        ) from None
+
+
+def _device_array(obj: Any, what: str, op: str) -> DeviceArray:
+    """A DeviceArray over a CUDA object's whole buffer; InvalidArgumentError for masked or strided memory."""
+    iface = _interface(obj, what, op)
+    if iface.get("mask") is not None:
+        raise InvalidArgumentError(f"{what} is a masked CUDA array", op=op)
+    try:
+        dtype = np.dtype(iface["typestr"])
+        shape = tuple(int(x) for x in iface["shape"])
+        ptr, readonly = iface["data"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{what}: malformed __cuda_array_interface__ ({exc})", op=op) from None
+    if dtype.hasobject:
+        raise InvalidArgumentError(f"{what}: dtype {dtype} holds Python objects, not data", op=op)
+    size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    strides = iface.get("strides")
+    if strides is not None and size > 1 and not _contiguous(shape, tuple(int(x) for x in strides), dtype.itemsize):
+        raise InvalidArgumentError(
+            f"{what} is a non-contiguous CUDA array (shape {shape}, strides {tuple(strides)}); pass a contiguous one "
+            "(e.g. .copy() or ascontiguousarray)", op=op)
+    return DeviceArray(obj, int(ptr or 0), 0, size, dtype, bool(readonly))
+
+
+def _contiguous(shape: tuple, strides: tuple, itemsize: int) -> bool:
+    """C or Fortran order without gaps (dimensions of length 1 may have any stride)."""
+    for order in (shape, shape[::-1]):
+        st = strides if order is shape else strides[::-1]
+        want, ok = itemsize, True
+        for n, s in zip(reversed(order), reversed(st)):
+            if n != 1 and s != want:
+                ok = False
+                break
+            want *= n
+        if ok:
+            return True
+    return False
+
+
+def _as_flat_array(obj: Any, what: str, op: str) -> AnyArray:
+    """A 1-D view of the object's memory (a DeviceArray for CUDA memory), no copy; InvalidArgumentError otherwise."""
     if type(obj) is np.ndarray:  # the common case: host memory, no protocol to ask
         if obj.ndim == 1 and obj.flags.c_contiguous:
             return obj
@@ -87,10 +213,7 @@ def _as_flat_array(obj: Any, what: str, op: str) -> np.ndarray:
             raise InvalidArgumentError(f"{what} is not contiguous (shape {obj.shape}, strides {obj.strides})", op=op)
         return obj.reshape(-1, order="A")
     if _is_cuda(obj):
-        raise InvalidArgumentError(
-            f"{what} is a CUDA array; this pycoll build has host buffers only (the cuda memory backend is not installed)",
-            op=op,
-        )
+        return _device_array(obj, what, op)
     if isinstance(obj, np.ndarray):
         arr = obj.view(np.ndarray)  # a subclass (np.matrix stays 2-D when flattened) as a plain array
     elif hasattr(obj, "__array_interface__") or hasattr(obj, "__dlpack__"):
@@ -135,9 +258,13 @@ def _memoryview_array(mv: memoryview, what: str, op: str) -> np.ndarray:
     return arr
 
 
-def _reinterpret(arr: np.ndarray, dtype: np.dtype, what: str, op: str) -> np.ndarray:
+def _reinterpret(arr: AnyArray, dtype: np.dtype, what: str, op: str) -> AnyArray:
     if arr.dtype == dtype:
         return arr
+    if isinstance(arr, DeviceArray):
+        if arr.nbytes % dtype.itemsize:
+            raise InvalidArgumentError(f"{what}: {arr.nbytes} bytes are not a whole number of {dtype.name} elements", op=op)
+        return arr.view(dtype)
     if arr.dtype.hasobject:  # references, not data: never reinterpreted (NumPy would raise TypeError)
         raise InvalidArgumentError(f"{what}: dtype {arr.dtype} holds Python objects, not data", op=op)
     if arr.nbytes % dtype.itemsize:
@@ -212,9 +339,9 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
         raise InvalidArgumentError(
             f"{what}: {arr.shape[0]} elements do not split into {blocks} equal blocks (one per rank)", op=op
         )
-    if writable and not arr.flags.writeable:
+    if writable and not _writable(arr):
         raise InvalidArgumentError(f"{what} is read-only", op=op)
-    return Buf(arr, arr.dtype)
+    return Buf(arr, arr.dtype, memory_of(arr))
 
 
 def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = False) -> VBuf:
@@ -226,7 +353,7 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
                 f"{what}: without counts the {base.count} elements must split evenly over {size} ranks", op=op
             )
         each = base.count // size
-        return VBuf(base.array, base.dtype, [each] * size, [i * each for i in range(size)])
+        return VBuf(base.array, base.dtype, [each] * size, [i * each for i in range(size)], base.memory)
     items = list(spec)
     dtype = _dtype_of(items.pop(), what, op) if _is_datatype(items[-1]) else None
     obj = items[0]
@@ -252,10 +379,14 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
                 op=op,
             )
     if writable:
-        if not arr.flags.writeable:
+        if not _writable(arr):
             raise InvalidArgumentError(f"{what} is read-only", op=op)
         _check_disjoint(counts, displs, what, op)
-    return VBuf(arr, arr.dtype, counts, displs)
+    return VBuf(arr, arr.dtype, counts, displs, memory_of(arr))
+
+
+def _writable(arr: AnyArray) -> bool:
+    return not arr.readonly if isinstance(arr, DeviceArray) else bool(arr.flags.writeable)
 
 
 def _is_int(x: Any) -> bool:
@@ -287,6 +418,12 @@ def _check_disjoint(counts: list[int], displs: list[int], what: str, op: str) ->
             )
 
 
-def overlaps(a: np.ndarray, b: np.ndarray) -> bool:
-    """True if two arrays may share memory (bounds check; cheap)."""
-    return a.size > 0 and b.size > 0 and np.may_share_memory(a, b)
+def overlaps(a: AnyArray, b: AnyArray) -> bool:
+    """True if two arrays may share memory (bounds check; cheap); host and device memory never overlap."""
+    if a.size == 0 or b.size == 0:
+        return False
+    if isinstance(a, DeviceArray) or isinstance(b, DeviceArray):
+        if not (isinstance(a, DeviceArray) and isinstance(b, DeviceArray)):
+            return False
+        return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
+    return bool(np.may_share_memory(a, b))

@@ -394,23 +394,65 @@ class Comm:
             self._arena.give_back(sched.owner.tag)
         self._engine.abort(sched.owner, sched.error)
 
-    def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple) -> tuple[Call, Sig]:
-        """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us."""
+    def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None
+                 ) -> tuple[Call, Sig, Any]:
+        """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us.
+
+        A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it (else None).
+        """
         self._live(label)
         try:
-            return build(*args)
+            call, sig = build(*args)
+            call, stage = self._stage(call, stream, label)
+            return call, sig, stage
         except InvalidArgumentError as err:
             self._seq += 1  # every rank consumes this call's number, so the next call still lines up
             owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
             self._engine.notify_skip(owner, err)
             raise InvalidArgumentError(err.cause, op=owner.op, rank=self._rank, peers=err.peers) from None
 
-    def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any) -> None:
-        self._finish(self._schedule(label, *self._resolve(label, build, args)))
+    def _stage(self, call: Call, stream: Any, label: str) -> tuple[Call, Any]:
+        """(the call to schedule, its Staged device copy or None): device buffers are copied to pinned host memory."""
+        mem = {buffers.memory_of(a) for a in (call.send, call.recv) if a is not None}
+        if mem != {"cuda"}:
+            if len(mem) > 1:
+                where = "on the device" if buffers.memory_of(call.send) == "cuda" else "in host memory"
+                raise InvalidArgumentError(
+                    f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
+                    "the host", op=label, rank=self._rank)
+            return call, None
+        try:
+            from .cuda.memory import Staged
 
-    def _start(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any) -> Request:
-        sched = self._schedule(label, *self._resolve(label, build, args))
-        return Request(self._engine, self, schedule=sched)
+            staged_call = Staged(call, self._rank, stream)
+        except InvalidArgumentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no numba.cuda, no device, a bad stream: tell the peers too
+            raise InvalidArgumentError(f"could not stage the device buffers ({type(exc).__name__}: {exc})", op=label,
+                                       rank=self._rank) from None
+        return staged_call.call, staged_call
+
+    def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> None:
+        call, sig, stage = self._resolve(label, build, args, stream)
+        if stage is None:
+            self._finish(self._schedule(label, call, sig))
+            return
+        try:
+            self._finish(self._schedule(label, call, sig))
+        except BaseException:
+            stage.discard()
+            raise
+        stage.finish()
+
+    def _start(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> Request:
+        call, sig, stage = self._resolve(label, build, args, stream)
+        try:
+            sched = self._schedule(label, call, sig)
+        except BaseException:
+            if stage is not None:
+                stage.discard()
+            raise
+        return Request(self._engine, self, schedule=sched, after=stage)
 
     # ---- argument resolution -----------------------------------------------------------------
     def _recv(self, spec: Any, opname: str, blocks: int = 1) -> Buf:
@@ -482,10 +524,10 @@ class Comm:
         self._plans[key] = self._last_plan = _AllreducePlan(sendbuf, recvbuf, call, sig)
         return call, sig
 
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         if self._arena is not None and self._arena.status == "ready" and self._allreduce_fast(sendbuf, recvbuf, op):
             return
-        self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op)
+        self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op, stream=stream)
 
     def _allreduce_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
         """A repeated Allreduce whose plan chose oneshot or staged, run inline; False (nothing done) otherwise."""
@@ -647,8 +689,8 @@ class Comm:
         self._finish(self._engine.start(Schedule(rest(steps, arena, opno, mine), owner)))
         return True
 
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
-        return self._start("Iallreduce", self._allreduce_planned, sendbuf, recvbuf, op)
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iallreduce", self._allreduce_planned, sendbuf, recvbuf, op, stream=stream)
 
     def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
         name = "Reduce"
@@ -671,11 +713,11 @@ class Comm:
         call = Call("reduce", send.dtype, send.array, recv.array if recv else None, o, root=root, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, send.count, op=o)
 
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> None:  # noqa: N802
-        self._run("Reduce", self._reduce_call, sendbuf, recvbuf, op, root)
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Reduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
 
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Ireduce", self._reduce_call, sendbuf, recvbuf, op, root)
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Ireduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
 
     def _reduce_scatter_call(
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]], op: Any, name: str
@@ -717,19 +759,19 @@ class Comm:
         call = Call("reduce_scatter", recv.dtype, send_arr, recv.array, o, counts=counts, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, total, _vhash(counts), op=o)
 
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         key = _pipe_key("Reduce_scatter_block", sendbuf, recvbuf, op)
         if self._planned_fast("Reduce_scatter_block", key, sendbuf, recvbuf):
             return
         self._run("Reduce_scatter_block", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, None, op,
-                  "Reduce_scatter_block")
+                  "Reduce_scatter_block", stream=stream)
 
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM) -> Request:  # noqa: N802
-        return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block")
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block", stream=stream)
 
     def Reduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
-    ) -> None:
+    , *, stream: Any = None) -> None:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
         try:
@@ -740,14 +782,14 @@ class Comm:
         if self._planned_fast("Reduce_scatter", key, sendbuf, recvbuf):
             return
         self._run("Reduce_scatter", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op,
-                  "Reduce_scatter")
+                  "Reduce_scatter", stream=stream)
 
     def Ireduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
-    ) -> Request:
+    , *, stream: Any = None) -> Request:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Ireduce_scatter")
-        return self._start("Ireduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter")
+        return self._start("Ireduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter", stream=stream)
 
     def _gather_counts(self, recvbuf: Any, name: str) -> list[int]:
         """Without recvcounts, each rank's recvbuf size is its count (one extra allgather)."""
@@ -777,10 +819,10 @@ class Comm:
             self._bcast_plans[(id(buf), call.root)] = self._last_plan = _BcastPlan(buf, call, sig)
         return call, sig
 
-    def Bcast(self, buf: Any, root: int = 0) -> None:  # noqa: N802
+    def Bcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
         if self._arena is not None and self._arena.status == "ready" and self._bcast_fast(buf, root):
             return
-        self._run("Bcast", self._bcast_planned, buf, root)
+        self._run("Bcast", self._bcast_planned, buf, root, stream=stream)
 
     def _bcast_fast(self, buf: Any, root: Any) -> bool:
         """A repeated Bcast whose plan chose ``broadcast:staged``, run inline by one kernel call when the
@@ -820,8 +862,8 @@ class Comm:
 
         return self._arena_meeting("Bcast", plan.sig, attempt, rest)
 
-    def Ibcast(self, buf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Ibcast", self._bcast_call, buf, root)
+    def Ibcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Ibcast", self._bcast_call, buf, root, stream=stream)
 
     def _allgather_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Allgatherv" if vector else "Allgather"
@@ -838,20 +880,20 @@ class Comm:
         call = Call("allgather", rv.dtype, send_arr, rv.array, counts=rv.counts, displs=rv.displs, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
         key = _pipe_key("Allgather", sendbuf, recvbuf)
         if self._planned_fast("Allgather", key, sendbuf, recvbuf):
             return
-        self._run("Allgather", self._pipe_planned, key, self._allgather_call, sendbuf, recvbuf, False)
+        self._run("Allgather", self._pipe_planned, key, self._allgather_call, sendbuf, recvbuf, False, stream=stream)
 
-    def Iallgather(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False)
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False, stream=stream)
 
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Allgatherv", self._allgather_call, sendbuf, recvbuf, True)
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Allgatherv", self._allgather_call, sendbuf, recvbuf, True, stream=stream)
 
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Iallgatherv", self._allgather_call, sendbuf, recvbuf, True)
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iallgatherv", self._allgather_call, sendbuf, recvbuf, True, stream=stream)
 
     def _gather_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Gatherv" if vector else "Gather"
@@ -876,17 +918,17 @@ class Comm:
         )
         return call, self._sig(call)
 
-    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Gather", self._gather_call, sendbuf, recvbuf, root, False)
+    def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Gather", self._gather_call, sendbuf, recvbuf, root, False, stream=stream)
 
-    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Igather", self._gather_call, sendbuf, recvbuf, root, False)
+    def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Igather", self._gather_call, sendbuf, recvbuf, root, False, stream=stream)
 
-    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Gatherv", self._gather_call, sendbuf, recvbuf, root, True)
+    def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Gatherv", self._gather_call, sendbuf, recvbuf, root, True, stream=stream)
 
-    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Igatherv", self._gather_call, sendbuf, recvbuf, root, True)
+    def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Igatherv", self._gather_call, sendbuf, recvbuf, root, True, stream=stream)
 
     def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Scatterv" if vector else "Scatter"
@@ -911,17 +953,17 @@ class Comm:
         )
         return call, self._sig(call)
 
-    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Scatter", self._scatter_call, sendbuf, recvbuf, root, False)
+    def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Scatter", self._scatter_call, sendbuf, recvbuf, root, False, stream=stream)
 
-    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Iscatter", self._scatter_call, sendbuf, recvbuf, root, False)
+    def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iscatter", self._scatter_call, sendbuf, recvbuf, root, False, stream=stream)
 
-    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> None:  # noqa: N802
-        self._run("Scatterv", self._scatter_call, sendbuf, recvbuf, root, True)
+    def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Scatterv", self._scatter_call, sendbuf, recvbuf, root, True, stream=stream)
 
-    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0) -> Request:  # noqa: N802
-        return self._start("Iscatterv", self._scatter_call, sendbuf, recvbuf, root, True)
+    def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iscatterv", self._scatter_call, sendbuf, recvbuf, root, True, stream=stream)
 
     def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Alltoallv" if vector else "Alltoall"
@@ -947,17 +989,17 @@ class Comm:
         )
         return call, self._sig(call, 0 if vector else rv.counts[0])
 
-    def Alltoall(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Alltoall", self._alltoall_call, sendbuf, recvbuf, False)
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Alltoall", self._alltoall_call, sendbuf, recvbuf, False, stream=stream)
 
-    def Ialltoall(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Ialltoall", self._alltoall_call, sendbuf, recvbuf, False)
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Ialltoall", self._alltoall_call, sendbuf, recvbuf, False, stream=stream)
 
-    def Alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Alltoallv", self._alltoall_call, sendbuf, recvbuf, True)
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
+        self._run("Alltoallv", self._alltoall_call, sendbuf, recvbuf, True, stream=stream)
 
-    def Ialltoallv(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Ialltoallv", self._alltoall_call, sendbuf, recvbuf, True)
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Ialltoallv", self._alltoall_call, sendbuf, recvbuf, True, stream=stream)
 
     def _barrier_call(self) -> tuple[Call, Sig]:
         call = Call("barrier", np.dtype(np.uint8))

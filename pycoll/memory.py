@@ -71,7 +71,12 @@ class HostMemory:
 HOST = HostMemory()
 
 
-def backend(name: str) -> MemoryBackend:
+def backend(name: str, stream: object = None) -> MemoryBackend:
+    """The backend for "host" (NumPy) or "cuda" (device arrays, pycoll.cuda.memory; imports numba.cuda, with ``stream``)."""
     if name == "host":
         return HOST
+    if name == "cuda":
+        from .cuda.memory import CudaMemory
+
+        return CudaMemory(stream)
     raise KeyError(f"no memory backend {name!r} in this build")

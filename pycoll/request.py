@@ -57,12 +57,14 @@ class Request:
         schedule: Optional[Schedule] = None,
         p2p: Optional[_P2PRequest] = None,
         finish: Optional[Callable[[np.ndarray], Any]] = None,
+        after: Any = None,
     ) -> None:
         self._engine = engine
         self._comm = comm
         self._schedule = schedule
         self._p2p = p2p
         self._finish = finish  # turns received bytes into the object of a lowercase irecv
+        self._after = after  # a device call's staging (pycoll.cuda.memory.Staged): copies the result back on completion
         self._status = Status()
         self._result: Any = None
         self._completed = schedule is None and p2p is None
@@ -87,6 +89,12 @@ class Request:
             self._completed = True
             if self._schedule is not None:
                 err = self._schedule.error
+                after, self._after = self._after, None
+                if after is not None:
+                    if err is None:
+                        after.finish()  # the device result is in place (in stream order) when Wait returns
+                    else:
+                        after.discard()
                 if err is not None:
                     assert self._engine is not None
                     if self._comm is not None:
