@@ -30,6 +30,8 @@ def _resolve_stream(stream: Any) -> Any:
     """A stream object with ``synchronize`` (numba's, or the caller's in the simulator), or None for "no stream"."""
     if stream is None:
         return None
+    if _k.SIM:  # the simulator runs everything at once: only a stream it can wait on (numba's) matters
+        return stream if callable(getattr(stream, "synchronize", None)) else None
     s = launch._stream(stream)
     if isinstance(s, int):  # 0: the legacy default stream
         return None if _k.SIM else cuda.default_stream()

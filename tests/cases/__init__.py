@@ -39,6 +39,7 @@ MODULES = (
     "comm_mgmt",
     "errors",
     "topology",
+    "device",
 )
 
 
