@@ -271,3 +271,26 @@ def case_errors(ctx):
     out = cuda.device_array(4, np.float32)
     comm.Allreduce(dev, out, op=MPI.SUM)
     ctx.check("Allreduce after the errors", out.copy_to_host(), np.full(4, ctx.size, np.float32))
+
+
+@case
+def case_gather_scatter_alltoall(ctx):
+    """The rooted and all-to-all movements stage the same way."""
+    cuda = _cuda(ctx)
+    comm = ctx.comm
+    n = ctx.size
+    blocks = [ctx.data(np.int32, 3, r) for r in range(n)]
+    for root in range(n):
+        recv = cuda.to_device(sentinel(np.int32, 3 * n)) if ctx.rank == root else None
+        comm.Gather(cuda.to_device(blocks[ctx.rank]), recv, root=root, stream=cuda.stream())
+        if ctx.rank == root:
+            ctx.check(f"Gather root={root}", recv.copy_to_host(), np.concatenate(blocks))
+        send = cuda.to_device(np.concatenate(blocks)) if ctx.rank == root else None
+        mine = cuda.to_device(sentinel(np.int32, 3))
+        comm.Scatter(send, mine, root=root)
+        ctx.check(f"Scatter root={root}", mine.copy_to_host(), blocks[ctx.rank])
+    rows = [ctx.data(np.float32, 2 * n, r) for r in range(n)]
+    recv = cuda.to_device(sentinel(np.float32, 2 * n))
+    comm.Alltoall(cuda.to_device(rows[ctx.rank]), recv)
+    want = np.concatenate([rows[r][2 * ctx.rank : 2 * ctx.rank + 2] for r in range(n)])
+    ctx.check("Alltoall", recv.copy_to_host(), want)
