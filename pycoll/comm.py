@@ -1075,21 +1075,29 @@ class Comm:
         req = self._engine.irecv(peer, arr, self._ctx, tag, None, owner)
         return Request(self._engine, self, p2p=req, finish=finish)
 
+    def _p2p_buf(self, buf: Any, opname: str, writable: bool = False) -> np.ndarray:
+        """A host buffer for point-to-point; device buffers are for collectives only in this build."""
+        b = buffers.parse(buf, "buf", opname, writable=writable)
+        if b.memory != "host":
+            raise InvalidArgumentError("point-to-point calls take host buffers only; device buffers work in collectives",
+                                       op=opname, rank=self._rank)
+        return b.array  # type: ignore[return-value]
+
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
-        return self._isend_array(buffers.parse(buf, "buf", "Isend").array, dest, tag, "Isend")
+        return self._isend_array(self._p2p_buf(buf, "Isend"), dest, tag, "Isend")
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._isend_array(buffers.parse(buf, "buf", "Send").array, dest, tag, "Send").Wait()
+        self._isend_array(self._p2p_buf(buf, "Send"), dest, tag, "Send").Wait()
 
     Ssend = Send
     Rsend = Send
     Bsend = Send
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
-        return self._irecv_array(buffers.parse(buf, "buf", "Irecv", writable=True).array, source, tag, "Irecv")
+        return self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv")
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
-        self._irecv_array(buffers.parse(buf, "buf", "Recv", writable=True).array, source, tag, "Recv").Wait(status)
+        self._irecv_array(self._p2p_buf(buf, "Recv", writable=True), source, tag, "Recv").Wait(status)
 
     def Sendrecv(  # noqa: N802
         self,

@@ -267,6 +267,9 @@ def case_errors(ctx):
     if err is not None:
         ctx.expect("non-contiguous" in str(err), "non-contiguous error says so", str(err))
     ctx.raises("count past the device buffer", InvalidArgumentError, comm.Allreduce, [dev, 5], cuda.device_array(5, np.float32))
+    err = ctx.raises("Send of a device buffer", InvalidArgumentError, comm.Send, dev, (ctx.rank + 1) % ctx.size)
+    if err is not None:
+        ctx.expect("host buffers only" in str(err), "point-to-point error says why", str(err))
     host_out = np.zeros(4, np.float32)
     comm.Allreduce(np.ones(4, np.float32), host_out, op=MPI.SUM, stream=cuda.stream())  # stream= ignored for host buffers
     ctx.check("host buffers with stream=", host_out, np.full(4, ctx.size, np.float32))
