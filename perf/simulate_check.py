@@ -5,20 +5,25 @@ Usage: python perf/simulate_check.py [--out DIR] [SWEEP.json ...]
 (a) One DGX-H100 node, 8 GPUs on NVSwitch: ring allreduce busbw at 1 GiB against NCCL's published ~370 GB/s.
 (b) DGX-A100 nodes, 8 GPUs and 8 x 200 Gb/s InfiniBand each, 2 to 16 nodes: the busbw of the algorithm the
     model picks at 1 GiB against NCCL's published ~192 GB/s across nodes.
-(c) Every record of pycoll's sweeps at >= 1 MiB (default: issue 5's 1-host sweeps, issue 8's 1-host sweeps of
-    the arena algorithms and the ring on 2-4 ranks (perf/issue8_host_sweep.sh), and issue 4's two network-namespace
-    hosts at 1 Gbit/s): the measured time of the algorithm that ran (the forced one, else
-    ``algo_used``; where the sweep did not record it, the model's pick) against the simulated time of that
-    algorithm for the same ranks and layout. This machine is modelled as a one-host topology of CPU ranks with
-    the sweep's core count; the namespace hosts as hosts of one NIC at the sweep's link rate, sharing the cores.
-    The host constants are the built-in fitted ones, with the memory-bound rates taken from the memory speed
-    the sweep measured in the same run (its ``limits``): this VM's copy bandwidth drifts between about 4.5 and
-    10 GB/s from one hour to the next, and the built-in constants were fitted at 8 GB/s.
+(c) Every record of pycoll's sweeps at >= 1 MiB (default: issue 8's one-host sweeps of the arena algorithms and
+    the ring on 2-4 ranks, 1-256 MiB (perf/issue8_host_sweep.sh), and issue 4's two network-namespace hosts at
+    1 Gbit/s): the measured time of the algorithm that ran (the forced one, else ``algo_used``; where the sweep
+    did not record it, the model's pick) against the simulated time of that algorithm for the same ranks and
+    layout. This machine is modelled as a one-host topology of CPU ranks with the sweep's core count; the
+    namespace hosts as hosts of one NIC at the sweep's link rate, sharing the cores. The host constants are the
+    built-in fitted ones, with the memory-bound rates taken from the memory speed the sweep measured in the same
+    run (its ``limits``): this VM's copy bandwidth drifts between about 4.5 and 10 GB/s from one hour to the
+    next, and the built-in constants were fitted at 8 GB/s. The reference is the best of the sweep's rounds
+    (each round a median over its iterations): on this shared 2-core VM interference only ever adds time, and
+    rounds of one point have differed by up to 2.2x (the ``spread`` column), while the model describes the
+    machine undisturbed. The median's ratio is kept in every row (``median_ratio``).
+    One-host points with more ranks than cores are listed but not judged: there the OS scheduler decides who
+    runs, and the same point's rounds differ by more than the tolerance (their ``spread`` column shows it).
+    Issue 5's sweeps (perf/results/issue5) were taken with older code; pass them as arguments to compare.
 
 A point PASSes when the prediction is within +-25 % of the figure it is compared with. With --out it writes
 ``simulate_check.json`` (every row) and the simulated sweeps of (a) and (b) as `pycoll perf` JSON that
-`pycoll plot` draws. Exit code: 0 when every published check passes and at least 80 % of the measured points do,
-else 1.
+`pycoll plot` draws. Exit code: 0 when every published check and every judged measured point passes, else 1.
 """
 
 from __future__ import annotations
@@ -45,15 +50,13 @@ MiB, GiB = 1 << 20, 1 << 30
 TOLERANCE = 0.25
 LARGE = 1 * GiB
 SWEEPS = [
-    "perf/results/issue5/allreduce_mid.json",
-    "perf/results/issue5/allreduce_large.json",
-    "perf/results/issue5/others_mid.json",
-    "perf/results/issue5/others_large.json",
     "perf/results/issue4/allreduce_2hosts_2x2_1gbit_large.json",
     "perf/results/issue8/host_allreduce_mid.json",
     "perf/results/issue8/host_allreduce_large.json",
     "perf/results/issue8/host_others_mid.json",
     "perf/results/issue8/host_others_large.json",
+    "perf/results/issue8/host_allreduce_large_over.json",
+    "perf/results/issue8/host_others_large_over.json",
 ]
 # Published NCCL figures (nccl-tests all_reduce_perf, busbw at large sizes): see docs/simulator.md for the sources.
 H100_NVLINK_BUSBW = 370.0
@@ -166,6 +169,9 @@ def measured_checks(paths: list[str], builtin: bool = False) -> list[dict[str, A
     prediction with the built-in host constants as they are (``builtin_predicted``, ``builtin_ratio``)."""
     rows = []
     for path in paths:
+        if not (ROOT / path).exists() and not os.path.isabs(path):
+            print(f"# (no {path}: run perf/issue8_host_sweep.sh)", file=sys.stderr)
+            continue
         data = json.loads((ROOT / path).read_text() if not os.path.isabs(path) else Path(path).read_text())
         meta, limits = data.get("meta", {}), data.get("limits", {})
         cores = int(meta.get("cpus") or os.cpu_count() or 1)
@@ -197,34 +203,45 @@ def measured_checks(paths: list[str], builtin: bool = False) -> list[dict[str, A
             label = name + (" (pick)" if how.startswith("model") else "")
             alt = simulate(topo, coll, n, [rec["bytes"]], "cpu", rec["dtype"], per_host=n // hosts, model=plain[key])
             alt_us = next(r["time_us"] for r in alt if r["algo"] == name)
-            rows.append(_row("measured", f"{coll} {where}, {label}, {report.human(rec['bytes'])}",
-                             sim["time_us"], rec["time_us"], "us", source=path, collective=coll, nranks=n, hosts=hosts,
+            rounds = [t for t in rec.get("round_times_us") or [] if t]
+            ref = min(rounds) if rounds else rec["time_us"]  # the best round's median: see the module docstring
+            kind = "oversubscribed" if hosts == 1 and n > cores else "measured"
+            rows.append(_row(kind, f"{coll} {where}, {label}, {report.human(rec['bytes'])}",
+                             sim["time_us"], ref, "us", source=path, collective=coll, nranks=n, hosts=hosts,
                              bytes=rec["bytes"], algo=name, how=how, peer=rec["peer"], builtin_predicted=alt_us,
-                             builtin_ratio=alt_us / rec["time_us"], rounds_us=rec.get("round_times_us")))
+                             builtin_ratio=alt_us / ref, rounds_us=rounds or None, median_ratio=sim["time_us"] / rec["time_us"],
+                             spread=max(rounds) / min(rounds) if len(rounds) > 1 else None))
     return rows
 
 
 # ---- output -------------------------------------------------------------------------------------
 
 
+def _spread(r: dict[str, Any]) -> str:
+    return f"{r['spread']:>6.2f}" if r.get("spread") else f"{'-':>6}"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["# ratio = predicted / reference; PASS within +-25 %. Measured rows: reference = the sweep's median time (us);",
-             "# predicted with the built-in host constants at the sweep's own memory speed (built-in ratio: as they are).", ""]
-    for kind, title in (("published", "Published NCCL figures"), ("measured", "pycoll's measured sweeps on this machine, >= 1 MiB")):
+    lines = ["# ratio = predicted / reference; PASS within +-25 %. Measured rows: reference = the best round's median time (us);",
+             "# predicted with the built-in host constants at the sweep's own memory speed (built-in ratio: as they are);",
+             "# spread = slowest round / fastest round of the point.", ""]
+    for kind, title in (("published", "Published NCCL figures"), ("measured", "pycoll's measured sweeps on this machine, >= 1 MiB"),
+                        ("oversubscribed", "Not judged: more ranks than cores on one host (spread = slowest / fastest round)")):
         chosen = [r for r in rows if r["kind"] == kind]
         if not chosen:
             continue
         lines.append(f"# {title}")
-        extra = kind == "measured"
+        extra = kind != "published"
         lines.append(f"# {'what':<70} {'reference':>11} {'predicted':>11} {'ratio':>6}  verdict"
-                     + ("  built-in ratio" if extra else ""))
+                     + ("  built-in ratio  spread" if extra else ""))
         source = None
         for r in chosen:
             if r.get("source") != source:
                 source = r.get("source")
                 lines.append(f"## {source}")
             lines.append(f"  {r['what']:<70} {r['reference']:>11.1f} {r['predicted']:>11.1f} {r['ratio']:>6.2f}  "
-                         f"{'PASS' if r['pass'] else 'MISS'}" + (f"  {r['builtin_ratio']:>14.2f}" if extra else ""))
+                         f"{'PASS' if r['pass'] else 'MISS'}"
+                         + (f"  {r['builtin_ratio']:>14.2f}  {_spread(r)}" if extra else ""))
         passed = sum(r["pass"] for r in chosen)
         lines.append(f"# {passed} of {len(chosen)} within +-{TOLERANCE:.0%} ({chosen[0]['unit']})")
         lines.append("")
@@ -250,7 +267,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             report.write_json(os.path.join(args.out, name), meta, {}, recs)
     published = [r for r in rows if r["kind"] == "published"]
     measured = [r for r in rows if r["kind"] == "measured"]
-    ok = all(r["pass"] for r in published) and (not measured or sum(r["pass"] for r in measured) >= 0.8 * len(measured))
+    ok = all(r["pass"] for r in published) and all(r["pass"] for r in measured)
     return 0 if ok else 1
 
 

@@ -259,3 +259,33 @@ def test_ranks_that_outnumber_cores_pay_a_hand_over_per_dependent_wait() -> None
         assert select(big, four).name == "cma"
     finally:
         cost.use(None)
+
+
+def test_rings_over_shared_memory_and_cma_are_cheaper_per_byte_in_cache_but_not_across_hosts() -> None:
+    """The rings' shared-memory bytes and cma's kernel copies take the cache term on one host (cma a smaller one)."""
+    m = CostModel(cache_bytes=32 << 20, cores=8)
+    flat = dataclasses.replace(m, cache_bytes=-1)
+    one_host = Layout.flat(2)
+    for coll, algo in (("allreduce", "ring"), ("reduce_scatter", "ring"), ("allgather", "ring"), ("allreduce", "cma")):
+        fn = ALGORITHMS[coll][algo].cost
+        assert fn(m, 2 << 20, one_host) < fn(flat, 2 << 20, one_host), (coll, algo)
+        assert fn(m, 256 << 20, one_host) == pytest.approx(fn(flat, 256 << 20, one_host)), (coll, algo)
+    # cma's copies gain cma_cache_speedup, not the arena's cache_speedup
+    cma = ALGORITHMS["allreduce"]["cma"].cost
+    fast = dataclasses.replace(m, cma_cache_speedup=m.cache_speedup)
+    assert cma(fast, 2 << 20, one_host) < cma(m, 2 << 20, one_host)
+    # across hosts the network, not the cache, sets the ring's pace: the footprint changes nothing there
+    two_hosts = Layout.from_ids(["a", "a", "b", "b"])
+    ring = ALGORITHMS["allreduce"]["ring"].cost
+    assert ring(m, 2 << 20, two_hosts) == pytest.approx(ring(flat, 2 << 20, two_hosts))
+
+
+def test_the_allgather_pipe_charges_its_own_block_written_twice() -> None:
+    """Out of place, each rank's own block goes to its stage and its result: 1 + 0.5/p copies of n in all."""
+    m = CostModel(cache_bytes=-1, cores=8)
+    fn = ALGORITHMS["allgather"]["staged"].cost
+    for p in (2, 4):
+        lay = Layout.flat(p)
+        n = 256 << 20
+        copies = (fn(m, 2 * n, lay) - fn(m, n, lay)) / (n / (m.copy_GBps * 1e9))
+        assert copies == pytest.approx(1 + 0.5 / p, rel=0.02), p

@@ -55,7 +55,7 @@ class CostModel:
     """Constants of the model; see the module docstring for what each term means."""
 
     shm_latency_us: float = 60.0
-    shm_GBps: float = 4.0
+    shm_GBps: float = 3.0
     net_latency_us: float = 120.0
     net_GBps: float = 1.0
     reduce_GBps: float = 6.0
@@ -77,6 +77,8 @@ class CostModel:
     # A cross-memory-attach call's fixed cost: its meetings run as a scheduled generator, not inline, and each
     # peer's buffer is read with its own system calls (2 ranks: 83-87 us at 16-64 KiB, against 13-18 staged).
     cma_call_us: float = 40.0
+    # ... and its copies and reductions in cache run this much faster (2 ranks, 1-4 MiB against 16-64 MiB).
+    cma_cache_speedup: float = 1.3
     # Ranks that outnumber cores: a wait on a flag or message of a descheduled peer costs a hand-over through
     # the scheduler (a sleep, a wake-up, a turn on the core); see ``handovers``.
     handover_us: float = 150.0
@@ -187,7 +189,8 @@ class CostModel:
         return max(1, math.ceil(nbytes / self.chunk_bytes))
 
     def phase(self, lay: Layout, steps: float, nbytes: float, *, reduced: float = 0.0, flows: float = 1.0,
-              messages: Optional[float] = None, wire: Optional[float] = None, local: float = 0.0) -> float:
+              messages: Optional[float] = None, wire: Optional[float] = None, local: float = 0.0,
+              footprint: float = 0.0) -> float:
         """Seconds for ``steps`` dependent message steps moving ``nbytes`` per rank over the layout's slowest link.
 
         ``flows`` ranks of one host share the host's network link at once; ``reduced`` bytes are
@@ -197,6 +200,8 @@ class CostModel:
         in steps that stay inside hosts, at the intra-host bandwidth. The rest of a rank's bytes move while
         the network carries its share, so where hosts hold several ranks the phase takes at least their
         time over the intra-host link (a ring across hosts is as slow as its slowest hop).
+        On one host, an algorithm that gives ``footprint`` (the bytes the host's ranks touch in a call) moves and
+        reduces its bytes through the shared-memory transport faster while they stay in cache (``memory_s``).
         """
         lat, bw = self.link(lay)
         over = self.over(lay)
@@ -214,9 +219,12 @@ class CostModel:
             return (cpu + red) * over + moved
         if self.fused:
             return (cpu + max(nbytes / bw, red)) * over
+        if footprint:
+            red = self.reduce_s(reduced, footprint)
+            return (cpu + red + self.memory_s(nbytes, bw / 1e9, footprint)) * over + self.handovers(lay, msgs)
         return (cpu + red + nbytes / bw) * over + self.handovers(lay, msgs)
 
-    def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0) -> float:
+    def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0, footprint: float = 0.0) -> float:
         """A ring in the layout's ring order: each host's link carries one flow per place the ring leaves the host."""
         order = lay.order
         p = len(order)
@@ -225,7 +233,7 @@ class CostModel:
             a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
             if a != b:
                 leaving[a] += 1
-        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]))
+        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), footprint=footprint)
 
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""

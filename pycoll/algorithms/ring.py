@@ -123,7 +123,8 @@ def ring_allreduce(st: Steps, send: np.ndarray, recv: np.ndarray, op) -> Schedul
     "Ring reduce-scatter then ring allgather, pipelined in chunks; bandwidth-optimal.",
     steps="2(p-1)",
     bytes="2(p-1)/p · n",
-    cost=lambda m, n, lay: m.ring(lay, 2 * (lay.size - 1), 2 * (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n),
+    cost=lambda m, n, lay: m.ring(lay, 2 * (lay.size - 1), 2 * (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n,
+                                  footprint=3.0 * n * lay.size),  # send, scratch, recv
 )
 def allreduce_ring(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
@@ -136,7 +137,8 @@ def allreduce_ring(st: Steps, call: Call) -> Schedule:
     "Ring reduce-scatter, pipelined in chunks; partial sums of other ranks' blocks live in scratch.",
     steps="p-1",
     bytes="(p-1)/p · n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n),
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, reduced=(lay.size - 1) / lay.size * n,
+                                  footprint=(2.0 + 1.0 / lay.size) * n * lay.size),  # send, scratch, recv
 )
 def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
@@ -160,7 +162,7 @@ def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     "Ring allgather (also Allgatherv), pipelined in chunks; bandwidth-optimal.",
     steps="p-1",
     bytes="(p-1)/p · n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n),
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, footprint=(1.0 + 1.0 / lay.size) * n * lay.size),
 )
 def allgather_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None

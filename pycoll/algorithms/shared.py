@@ -369,8 +369,9 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
 def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, copied: float, reduced: float) -> float:
     chunks = max(1.0, reduced / m.arena_chunk)
     work = (m.cma_call_us + syncs * m.arena_sync_us + chunks * m.arena_step_us) * 1e-6
-    # (kernel copies between address spaces: measured no faster in cache, unlike the arena's own)
-    work += copied / (m.cma_GBps * 1e9) + reduced / (m.reduce_GBps * 1e9)
+    # Kernel copies between address spaces gain less from the cache than the arena's own (they pin every page).
+    hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
+    work += (copied / (m.cma_GBps * 1e9) + reduced / (m.reduce_GBps * 1e9)) * (1.0 - hit + hit / m.cma_cache_speedup)
     return work * m.over(lay) + m.handovers(lay, syncs)  # its chunk copies wait on no one
 
 

@@ -261,9 +261,11 @@ def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
     "Pipelined through the arena's chunk rings: each rank copies its block into its stage chunk by chunk while "
     "the others copy earlier chunks out; compiled when Numba is present; single host.",
     steps="1 meeting, then flags per chunk",
-    bytes="n/p copied in by each rank, (p-1)/p · n copied out",
+    bytes="n/p copied in by each rank (read once, written to its stage and, out of place, its own result), "
+          "(p-1)/p · n copied out",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 1.0, 0.0, 1.0 + 1.0 / lay.size, 2),
+    # A copy that writes twice moves 1.5 copies' bytes (one read, two writes): 1 + 0.5/p copies in all.
+    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 1.0 + 0.5 / lay.size, 0.0, 1.0 + 1.0 / lay.size, 2),
 )
 def allgather_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, allgather_ring_algo)
