@@ -29,7 +29,8 @@ from .perf import metrics
 
 SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast")
-# reduce_GBps is measured directly (np.add), not fitted: it trades off against shm_GBps and would drift to nonsense.
+# The memory rates (copy, reduction, cma) are measured directly, not fitted: reduce_GBps trades off against shm_GBps
+# and would drift to nonsense.
 LOCAL_PARAMS = ("shm_latency_us", "shm_GBps", "msg_us")
 NET_PARAMS = ("net_latency_us", "net_GBps")
 
@@ -63,15 +64,15 @@ def measure(comm: Any, sizes: tuple[int, ...], iters: int, layout: Layout) -> li
     return points
 
 
-def measure_reduce_GBps(nbytes: int = 8 << 20) -> float:
-    a, b = np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)
-    np.add(a, b, out=a)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        np.add(a, b, out=a)
-        times.append(time.perf_counter() - t0)
-    return nbytes / float(np.median(times)) / 1e9
+def memory_rates(base: CostModel) -> CostModel:
+    """``base`` with this host's memory-bound rates measured, not fitted: copy and reduction out of cache (64 MiB, as
+    `pycoll perf`'s limit line; the model adds the cache's speed-up itself), cross-memory attach in proportion."""
+    from .perf.sweep import measure_limits
+
+    limits = measure_limits()
+    scale = limits["copy_GBps"] / base.copy_GBps
+    return dataclasses.replace(base, copy_GBps=limits["copy_GBps"], reduce_GBps=limits["reduce_GBps"],
+                               cma_GBps=base.cma_GBps * scale)
 
 
 # ---- the fit ------------------------------------------------------------------------------------------
@@ -164,7 +165,7 @@ def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
     start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=os.cpu_count() or 1)
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
-        start = dataclasses.replace(start, reduce_GBps=measure_reduce_GBps())
+        start = memory_rates(start)
     before = misfit(start, points, layout)
     model = fit(dataclasses.replace(start, corrections=()), points, layout, params)
     model = fit_corrections(dataclasses.replace(model, corrections=start.corrections, residuals=()), points, layout)

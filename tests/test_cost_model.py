@@ -289,3 +289,21 @@ def test_the_allgather_pipe_charges_its_own_block_written_twice() -> None:
         n = 256 << 20
         copies = (fn(m, 2 * n, lay) - fn(m, n, lay)) / (n / (m.copy_GBps * 1e9))
         assert copies == pytest.approx(1 + 0.5 / p, rel=0.02), p
+
+
+def test_tune_measures_the_memory_rates_out_of_cache(monkeypatch) -> None:
+    """`pycoll tune` takes copy and reduction rates from the 64 MiB limit measurement, and scales cma with the copy."""
+    from pycoll import tune
+    from pycoll.perf import sweep
+
+    seen = {}
+
+    def fake_limits(nbytes: int = sweep.LIMIT_BYTES, repeats: int = 3) -> dict:
+        seen["bytes"] = nbytes
+        return {"copy_GBps": 16.0, "reduce_GBps": 5.0}
+
+    monkeypatch.setattr(sweep, "measure_limits", fake_limits)
+    base = CostModel(copy_GBps=8.0, cma_GBps=5.5)
+    got = tune.memory_rates(base)
+    assert (got.copy_GBps, got.reduce_GBps, got.cma_GBps) == (16.0, 5.0, 11.0)
+    assert seen["bytes"] >= 64 << 20  # past this VM's 32 MiB cache
