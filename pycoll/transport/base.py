@@ -39,9 +39,18 @@ class Channel(abc.ABC):
     def send_some(self, data: memoryview) -> int:
         """Accept up to ``len(data)`` bytes (copied out before return); 0 when there is no room."""
 
-    @abc.abstractmethod
     def recv_some(self, out: memoryview) -> int:
-        """Copy up to ``len(out)`` received bytes into ``out``; 0 when none have arrived."""
+        """Copy up to ``len(out)`` received bytes into ``out``; 0 when none have arrived (here: by peek and consume)."""
+        got = 0
+        while got < len(out):
+            view = self.peek()
+            if not view:
+                break
+            n = min(len(view), len(out) - got)
+            out[got : got + n] = view[:n]
+            self.consume(n)
+            got += n
+        return got
 
     @abc.abstractmethod
     def peek(self) -> memoryview:

@@ -37,16 +37,6 @@ class LoopbackChannel(Channel):
                 self._chunks.popleft()
                 self._offset = 0
 
-    def recv_some(self, out: memoryview) -> int:
-        got = 0
-        while got < len(out) and self._chunks:
-            view = self.peek()
-            n = min(len(view), len(out) - got)
-            out[got : got + n] = view[:n]
-            self.consume(n)
-            got += n
-        return got
-
     def close(self) -> None:
         self._chunks.clear()
         self._offset = 0

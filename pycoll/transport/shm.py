@@ -105,18 +105,6 @@ class ShmChannel(Channel):
         self._head += n
         self._in.head[0] = self._head
 
-    def recv_some(self, out: memoryview) -> int:
-        got = 0
-        while got < len(out):
-            view = self.peek()
-            if not view:
-                break
-            n = min(len(view), len(out) - got)
-            out[got : got + n] = view[:n]
-            self.consume(n)
-            got += n
-        return got
-
     @property
     def closed_by_peer(self) -> bool:
         """The peer closed this channel itself (a normal shutdown), rather than dying."""
