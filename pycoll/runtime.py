@@ -94,6 +94,8 @@ class Runtime:
         for t in transports:
             if t.name == "tcp" and near is not None:
                 t.near_address = near  # type: ignore[attr-defined]
+            if t.name == "rdma":  # it exchanges queue-pair numbers per pair of ranks through the store
+                t.store = self.info.store  # type: ignore[attr-defined]
         for t in transports:
             if t.name in me.transports and self.size > 1:
                 addr = t.listen(me, self.info.store_host)

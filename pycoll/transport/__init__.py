@@ -6,6 +6,7 @@ from typing import Optional
 
 from .base import Channel, PeerInfo, Transport
 from .loopback import LoopbackTransport
+from .rdma import RdmaTransport
 from .shm import ShmTransport
 from .tcp import TcpTransport
 
@@ -13,8 +14,8 @@ __all__ = ["Channel", "PeerInfo", "Transport", "make_transports", "choose"]
 
 
 def make_transports() -> list[Transport]:
-    """Every transport this build has, highest priority first (cuda_ipc and rdma will slot in here)."""
-    return [LoopbackTransport(), ShmTransport(), TcpTransport()]
+    """Every transport this build has, highest priority first (cuda_ipc will slot in here)."""
+    return [LoopbackTransport(), ShmTransport(), RdmaTransport(), TcpTransport()]
 
 
 def choose(transports: list[Transport], me: PeerInfo, peer: PeerInfo) -> Optional[Transport]:
