@@ -435,16 +435,20 @@ class MRCache:
         self._lru: "OrderedDict[tuple[int, int], _Entry]" = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = self.evictions = self.invalidations = 0
+        self._gone: list[_Entry] = []  # entries whose owner was garbage-collected, forgotten at the next call
 
     def __len__(self) -> int:
+        self._reap()
         return len(self._lru)
 
     def __contains__(self, key: tuple[int, int]) -> bool:
+        self._reap()
         return key in self._lru
 
     def acquire(self, addr: int, length: int, owner: Any = None) -> _Entry:
         """The registration of [addr, addr+length), registering on a miss; release it with ``release``. Without
         an owner that can be watched (weakref), the registration is not cached and ends at release."""
+        self._reap()
         key = (addr, length)
         entry = self._lru.get(key)
         if entry is not None and not entry.stale:
@@ -456,7 +460,7 @@ class MRCache:
         entry = _Entry(key, self._register(addr, length))
         entry.users = 1
         try:
-            entry.finalizer = weakref.finalize(owner, self._owner_gone, key, entry) if owner is not None else None
+            entry.finalizer = weakref.finalize(owner, self._gone.append, entry) if owner is not None else None
         except TypeError:  # bytes and other objects without weak references
             entry.finalizer = None
         if entry.finalizer is None:
@@ -468,6 +472,7 @@ class MRCache:
         return entry
 
     def release(self, entry: _Entry) -> None:
+        self._reap()
         entry.users -= 1
         if entry.users == 0 and entry.stale:
             self._drop_handle(entry)
@@ -476,6 +481,7 @@ class MRCache:
 
     def invalidate(self, addr: int, length: int) -> int:
         """Forget every entry overlapping [addr, addr+length) (memory unmapped or reused); returns how many."""
+        self._reap()
         hit = [e for (a, n), e in self._lru.items() if a < addr + length and addr < a + n]
         for e in hit:
             self._forget(e)
@@ -486,10 +492,14 @@ class MRCache:
         for e in list(self._lru.values()):
             self._forget(e)
 
-    def _owner_gone(self, key: tuple[int, int], entry: _Entry) -> None:
-        if self._lru.get(key) is entry:
-            self.invalidations += 1
-            self._forget(entry)
+    def _reap(self) -> None:
+        """Forget the entries whose owners were collected. The finalizer only queues them: it may run inside
+        any allocation, on any thread, while this cache is half-way through an update."""
+        while self._gone:
+            entry = self._gone.pop()
+            if self._lru.get(entry.key) is entry:
+                self.invalidations += 1
+                self._forget(entry)
 
     def _forget(self, entry: _Entry) -> None:
         if self._lru.get(entry.key) is entry:
