@@ -18,7 +18,7 @@ import pytest
 
 import harness
 from pycoll.errors import PeerFailureError
-from pycoll.transport import PeerInfo, choose, make_transports
+from pycoll.transport import PeerInfo, choose, make_transports, rdma_verbs
 from pycoll.transport.rdma import RdmaChannel, RdmaTransport
 from pycoll.transport.rdma_fake import FakeProvider
 from pycoll.transport.rdma_proto import NoRdma
@@ -225,7 +225,16 @@ def test_rdma_is_chosen_only_when_both_ends_share_a_fabric():
     assert choose(ts, a, _info(1, "host-b")).name == "tcp"  # the peer has no RDMA
 
 
+def test_no_device_in_sysfs_is_no_rdma_without_importing_pyverbs(monkeypatch, tmp_path):
+    monkeypatch.setattr(rdma_verbs, "SYSFS_IB", str(tmp_path / "missing"))
+    monkeypatch.setitem(sys.modules, "pyverbs", None)  # an import would fail loudly
+    t = RdmaTransport()
+    assert not t.enabled() and t.reason.startswith("no RDMA device (") and "missing" in t.reason
+
+
 def test_without_pyverbs_the_transport_is_off_with_an_info_line(monkeypatch, caplog, tmp_path):
+    (tmp_path / "mlx5_0").mkdir()
+    monkeypatch.setattr(rdma_verbs, "SYSFS_IB", str(tmp_path))  # the kernel lists a device
     monkeypatch.setitem(sys.modules, "pyverbs", None)  # `import pyverbs` fails
     monkeypatch.setenv("PYCOLL_IB_PYVERBS_PATH", str(tmp_path))
     with caplog.at_level(logging.INFO, logger="pycoll"):
@@ -248,7 +257,7 @@ def test_get_device_list_raising_means_no_rdma(monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "pyverbs.device", types.SimpleNamespace(get_device_list=get_device_list))
     monkeypatch.setitem(sys.modules, "pyverbs.enums", types.SimpleNamespace())
     with caplog.at_level(logging.INFO, logger="pycoll"):
-        t = RdmaTransport()
+        t = RdmaTransport(VerbsProvider(sysfs_first=False))
         assert not t.enabled()
     assert t.reason.startswith("no RDMA device (get_device_list: Failed to get devices list")
     assert any("RDMA transport off: no RDMA device" in r.getMessage() for r in caplog.records)
@@ -276,7 +285,7 @@ def test_installed_pyverbs_imports_and_reports_devices():
         pytest.skip(f"pyverbs not available: {exc}")
     if rdma_device() is None:
         with pytest.raises(NoRdma, match="no RDMA device"):
-            VerbsProvider().ports()
+            VerbsProvider(sysfs_first=False).ports()  # get_device_list itself raises, or returns nothing
     else:
         assert VerbsProvider().ports()
 

@@ -84,12 +84,26 @@ def _gid_text(gid: Any) -> str:
         return raw
 
 
+def sysfs_devices() -> list[str]:
+    """The RDMA devices the kernel lists (libibverbs enumerates the same directory's kin)."""
+    try:
+        return sorted(os.listdir(SYSFS_IB))
+    except OSError:
+        return []
+
+
 class VerbsProvider(Provider):
-    """Real devices through pyverbs."""
+    """Real devices through pyverbs. With ``sysfs_first``, a host whose kernel lists no RDMA device is told so
+    without importing pyverbs at all (every rank of every job asks)."""
 
     name = "verbs"
 
+    def __init__(self, sysfs_first: bool = True) -> None:
+        self.sysfs_first = sysfs_first
+
     def ports(self) -> list[PortInfo]:
+        if self.sysfs_first and not sysfs_devices():
+            raise NoRdma(f"no RDMA device ({SYSFS_IB} is empty or missing)")
         load_pyverbs()
         import pyverbs.device as d
         import pyverbs.enums as e
@@ -306,7 +320,7 @@ def status() -> str:
         return f"pyverbs: {exc}"
     lines = [f"pyverbs: {getattr(mod, '__file__', None) or list(getattr(mod, '__path__', []))}"]
     try:
-        for p in VerbsProvider().ports():
+        for p in VerbsProvider(sysfs_first=False).ports():
             lines.append(f"  {p.label}: {'active' if p.active else 'down'}, {p.link_layer}, lid {p.lid}, gid[{p.gid_index}] {p.gid}")
     except NoRdma as exc:
         lines.append(f"  {exc}")
