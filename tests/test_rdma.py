@@ -157,6 +157,21 @@ def test_large_sends_go_direct_and_reuse_their_registration(small, monkeypatch):
             t.close()
 
 
+def test_the_fake_nic_catches_a_source_changed_before_completion(small, monkeypatch):
+    """Why a direct send counts as accepted only once complete: the device reads the buffer until then."""
+    monkeypatch.setenv("PYCOLL_IB_ZCOPY", "32K")
+    ts, a, b = _pair()
+    try:
+        arr = np.ones(20_000, np.float32)
+        assert a.send_some(memoryview(arr).cast("B")) == 0  # posted straight from the buffer, not complete yet
+        arr[0] = 2  # what the engine never does before a send is complete
+        with pytest.raises(PeerFailureError, match="source changed before its completion"):
+            a.send_some(memoryview(arr).cast("B"))
+    finally:
+        for t in ts:
+            t.close()
+
+
 def test_completion_error_names_the_peer(small):
     ts, a, b = _pair()
     try:

@@ -332,12 +332,13 @@ class RdmaChannel(Channel):
             return
         try:
             if self._error is None and not self._peer_closed():
-                # tell the peer (the closed word rides on a credit write), then let the device finish reading
-                self._src[CTRL_CLOSED] = 1
+                # tell the peer (the closed word rides on a credit write), then let the device finish reading;
+                # the credit cell changes only while no write reads it
                 told = False
                 deadline = time.monotonic() + 0.5
                 while time.monotonic() < deadline and not (told and not self._inflight):
                     if not self._credit_busy and not told:
+                        self._src[CTRL_CLOSED] = 1
                         self._return_credits(force=True)
                         told = True
                     self._progress()

@@ -3,8 +3,9 @@
 It implements the thin layer's interface (``rdma_proto.Provider``/``Nic``/``Endpoint``) so that the RDMA
 channel, its credits, pipelining and failure handling run between real pycoll processes without a device
 (``PYCOLL_IB_FAKE=1``). It is strict where hardware would be: a write with immediate that finds no posted
-receive puts the queue pair in error (receiver-not-ready), as does a write outside the remote region, and a
-peer process that is gone makes the next completions fail (transport retry exceeded).
+receive puts the queue pair in error (receiver-not-ready), as does a write outside the remote region; a write
+whose source changes before its completion fails; a peer process that is gone makes the next completions
+fail (transport retry exceeded).
 
 Registered regions that peers write into are files in PYCOLL_SHM_DIR named after the job, mapped by the
 peer on its first write; each queue pair's inbound completions are a small ring in such a file too.
@@ -19,6 +20,7 @@ import random
 import socket
 import struct
 import time
+import zlib
 from collections import deque
 from typing import Optional
 
@@ -43,6 +45,10 @@ def _host_key() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+def _checksum(addr: int, length: int) -> int:
+    return zlib.crc32((ctypes.c_char * length).from_address(addr)) if length else 0
 
 
 class _Mapped(_Segment):
@@ -79,7 +85,8 @@ class FakeEndpoint(Endpoint):
         self._slots = self._file.view[_QP_WORDS * 8 :].cast("I")
         self._polled = 0  # arrivals turned into completions
         self._posted = 0
-        self._done: deque[Completion] = deque()  # completions of our writes, returned by the next poll
+        # completions of our writes, returned by the next poll, with a checksum of each write's source
+        self._done: deque[tuple[Completion, int, int, int]] = deque()
         self._error: Optional[str] = None
         self._remote: Optional[dict] = None
         self._peer_qp: Optional[_Mapped] = None
@@ -102,7 +109,7 @@ class FakeEndpoint(Endpoint):
         """Put the queue pair in error (tests, and the checks below): every outstanding write completes in error."""
         if self._error is None:
             self._error = why
-            self._done = deque(c._replace(ok=False, status=why) for c in self._done)
+            self._done = deque((c._replace(ok=False, status=why), 0, 0, 0) for c, _, _, _ in self._done)
 
     def _remote_region(self, rkey: int) -> tuple[_Mapped, int, int, int]:
         got = self._regions.get(rkey)
@@ -120,7 +127,10 @@ class FakeEndpoint(Endpoint):
             raise RuntimeError(f"send queue full ({self.send_depth} writes outstanding)")
         if self._error is None:
             self._write(src, offset, length, raddr, rkey, imm)
-        self._done.append(Completion(wr_id, self._error is None, status=self._error or ""))
+        ok = self._error is None
+        # A device reads the source some time before the completion: a sender that changes it earlier is caught.
+        crc = _checksum(src.addr + offset, length) if ok else 0
+        self._done.append((Completion(wr_id, ok, status=self._error or ""), src.addr + offset, length, crc))
 
     def _write(self, src: Region, offset: int, length: int, raddr: int, rkey: int, imm: Optional[int]) -> None:
         assert self._peer_words is not None and self._peer_slots is not None
@@ -163,7 +173,10 @@ class FakeEndpoint(Endpoint):
                 if not _process_alive(int(self._remote["pid"])):
                     self.fail(f"transport retry counter exceeded (pid {self._remote['pid']} is gone)")
         while self._done and len(out) < max_entries:
-            out.append(self._done.popleft())
+            c, addr, length, crc = self._done.popleft()
+            if c.ok and _checksum(addr, length) != crc:
+                c = c._replace(ok=False, status="local protection error: the write's source changed before its completion")
+            out.append(c)
         arrived = self._words[_ARRIVED]
         while self._polled < arrived and len(out) < max_entries:
             slot = (self._polled % self.recv_depth) * 2
