@@ -160,7 +160,11 @@ class RdmaChannel(Channel):
         if self._error is not None:
             raise self._error
         reposts = 0
-        for c in self._ep.poll(64):
+        try:
+            completions = self._ep.poll(64)
+        except Exception as exc:  # the device refused to poll: nothing on this queue pair can be trusted
+            raise self._fail(f"polling the RDMA completions of rank {self.peer} failed: {exc}") from None
+        for c in completions:
             if not c.ok:
                 what = "receive" if c.recv else "RDMA write"
                 raise self._fail(f"{what} to rank {self.peer} failed: {c.status}")
@@ -185,7 +189,10 @@ class RdmaChannel(Channel):
             else:
                 self._credit_busy = False
         if reposts:
-            self._ep.post_recv(reposts)
+            try:
+                self._ep.post_recv(reposts)
+            except Exception as exc:
+                raise self._fail(f"re-posting RDMA receives for rank {self.peer} failed: {exc}") from None
             self._return.reposted += reposts
         try:
             self._credits.update(self._ctrl[CTRL_CONSUMED], self._ctrl[CTRL_REPOSTED], self.peer)
