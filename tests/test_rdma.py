@@ -65,10 +65,11 @@ class _Store:
             return self._data[key]
 
 
-def _pair() -> tuple[list[RdmaTransport], RdmaChannel, RdmaChannel]:
-    """Transports for ranks 0 and 1 and the channels 0->1 and 1->0, connected through the fake NIC."""
+def _pair(provider=FakeProvider) -> tuple[list[RdmaTransport], RdmaChannel, RdmaChannel]:
+    """Transports for ranks 0 and 1 and the channels 0->1 and 1->0, connected through the fake NIC (or another
+    provider: two queue pairs of one process then talk through the device's loopback)."""
     store, job = _Store(), f"t{os.getpid()}x{next(_jobs)}"
-    ts = [RdmaTransport(FakeProvider()) for _ in range(2)]
+    ts = [RdmaTransport(provider()) for _ in range(2)]
     me = [PeerInfo(rank=r, host_id="h", hostname="h", pid=os.getpid(), transports=["rdma"]) for r in range(2)]
     for t, info in zip(ts, me):
         assert t.enabled(), t.reason
@@ -305,6 +306,18 @@ def test_installed_pyverbs_imports_and_reports_devices():
         assert VerbsProvider().ports()
 
 
+def test_status_command(monkeypatch, capsys):
+    """`python -m pycoll.transport.rdma` says what pyverbs and the ports look like, and what pycoll would use."""
+    from pycoll.transport import rdma
+
+    rdma.main()
+    out = capsys.readouterr().out
+    assert out.startswith("pyverbs: ") and "RDMA transport: " in out
+    monkeypatch.setenv("PYCOLL_IB_FAKE", "1")
+    rdma.main()
+    assert "RDMA transport: usable ports fake0:1" in capsys.readouterr().out
+
+
 # ---- ranks over the fake NIC, and over real devices -----------------------------------------------
 
 _CASES = ["p2p.ring_send_recv", "p2p.large_bidirectional", "p2p.any_source_status", "reduce.allreduce",
@@ -336,6 +349,28 @@ def test_a_rank_dying_mid_allreduce_fails_the_others_not_hangs(tmp_path):
         assert any(name in got[r].get("mro", [got[r].get("class")]) for name in ("PeerFailureError", "RemoteError")), got
     assert any(2 in (got[r].get("peers") or []) for r in (0, 1)), got
     assert "1:rdma, 2:rdma" in res.proc.stderr
+
+
+def test_channel_over_a_real_device(small, monkeypatch):
+    """The in-process transfer of the first test, through a real device: two queue pairs on one port."""
+    if rdma_device() is None:
+        pytest.skip(NO_DEVICE)
+    try:
+        load_pyverbs()
+    except NoRdma as exc:
+        pytest.skip(f"an RDMA device but no pyverbs: {exc}")
+    monkeypatch.setenv("PYCOLL_IB_ZCOPY", "32K")
+    ts, a, b = _pair(VerbsProvider)
+    try:
+        rng = np.random.default_rng(2)
+        ab = rng.integers(0, 256, 700_000, dtype=np.uint8)  # direct (registered) sends
+        ba = rng.integers(0, 256, 3_001, dtype=np.uint8).tobytes()  # bounce blocks
+        out_ab, out_ba = bytearray(len(ab)), bytearray(len(ba))
+        _pump([(a, memoryview(ab), b, out_ab), (b, ba, a, out_ba)])
+        assert bytes(out_ab) == ab.tobytes() and bytes(out_ba) == ba
+    finally:
+        for t in ts:
+            t.close()
 
 
 @pytest.mark.timeout(180)

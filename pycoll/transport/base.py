@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import abc
+import builtins
+import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
+
+from ..errors import TimeoutError
 
 
 @dataclass
@@ -113,3 +118,21 @@ class Transport(abc.ABC):
 
     def close(self) -> None:
         """Release listening sockets and other set-up resources."""
+
+
+# ---- set-up data exchanged per pair of ranks through the bootstrap store (queue pairs, IPC handles) ----
+
+
+def publish_pair(store: Any, name: str, me: int, peer: int, value: Any) -> None:
+    """Publish ``value`` (JSON) for ``peer`` under ``pycoll/<name>/<me>-<peer>``."""
+    store.set(f"pycoll/{name}/{me}-{peer}", json.dumps(value).encode())
+
+
+def read_pair(store: Any, name: str, me: int, peer: int, deadline: float) -> Any:
+    """What ``peer`` published for this rank, waiting until ``deadline`` (monotonic); a TimeoutError names it."""
+    try:
+        return json.loads(store.get(f"pycoll/{name}/{peer}-{me}", max(deadline - time.monotonic(), 0.0)))
+    except builtins.TimeoutError as exc:
+        raise TimeoutError(
+            f"{name} set-up: rank {peer} did not publish its part in time ({exc})", op="init", rank=me, peers=[peer]
+        ) from None

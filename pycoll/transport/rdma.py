@@ -20,17 +20,15 @@ memory (``rdma_fake``) that runs the same channel between processes of one host.
 
 from __future__ import annotations
 
-import builtins
-import json
 import logging
 import time
 from collections import deque
 from typing import Any, NamedTuple, Optional
 
 from ..config import bool_param, int_param, size_param, str_param
-from ..errors import PeerFailureError, ProtocolError, PycollError, TimeoutError
+from ..errors import PeerFailureError, ProtocolError, PycollError
 from . import rdma_verbs
-from .base import Barrier, Channel, PeerInfo, Transport
+from .base import Barrier, Channel, PeerInfo, Transport, publish_pair, read_pair
 from .rdma_proto import (
     CTRL_BYTES,
     CTRL_CLOSED,
@@ -452,7 +450,7 @@ class RdmaTransport(Transport):
             if peers:
                 if self.store is None:
                     raise PycollError("RDMA set-up needs the bootstrap store", op="init", rank=me.rank)
-                channels = self._connect_all(me, peers, job_id, deadline, timeout)
+                channels = self._connect_all(me, peers, job_id, deadline)
             barrier("rdma-connected")  # every queue pair is ready to receive before anyone writes
         except BaseException:
             for ch in channels.values():
@@ -461,7 +459,7 @@ class RdmaTransport(Transport):
             raise
         return channels
 
-    def _connect_all(self, me: PeerInfo, peers: list[PeerInfo], job_id: str, deadline: float, timeout: float) -> dict[int, Channel]:
+    def _connect_all(self, me: PeerInfo, peers: list[PeerInfo], job_id: str, deadline: float) -> dict[int, Channel]:
         try:
             nic = self._open(job_id)
         except Exception as exc:
@@ -481,17 +479,11 @@ class RdmaTransport(Transport):
                 "ctrl": [mem.ctrl.addr, mem.ctrl.region.rkey],
                 "recv_depth": recv_depth,
             }
-            self.store.set(f"pycoll/rdma/{me.rank}-{peer.rank}", json.dumps(desc).encode())
+            publish_pair(self.store, "rdma", me.rank, peer.rank, desc)
         out: dict[int, Channel] = {}
         for peer in peers:
             ep, mem = pending[peer.rank]
-            try:
-                remote = json.loads(self.store.get(f"pycoll/rdma/{peer.rank}-{me.rank}", max(deadline - time.monotonic(), 0.0)))
-            except builtins.TimeoutError as exc:
-                raise TimeoutError(
-                    f"RDMA set-up: rank {peer.rank} did not publish its queue pair within {timeout:g} s ({exc})",
-                    op="init", rank=me.rank, peers=[peer.rank],
-                ) from None
+            remote = read_pair(self.store, "rdma", me.rank, peer.rank, deadline)
             try:
                 ep.connect(remote["ep"])
             except Exception as exc:
