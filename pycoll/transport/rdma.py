@@ -405,10 +405,10 @@ class RdmaTransport(Transport):
     def enabled(self) -> bool:
         try:
             self._ports = self.probe()
-        except NoRdma as exc:
-            self.reason = str(exc)
+        except Exception as exc:  # NoRdma, or a provider surprise: either way this process goes without RDMA
+            self.reason = str(exc) if isinstance(exc, NoRdma) else f"probing the RDMA devices failed: {type(exc).__name__}: {exc}"
             if not IB_DISABLE.get():
-                log.info("RDMA transport off: %s; peers use shared memory or TCP", exc)
+                log.info("RDMA transport off: %s; peers use shared memory or TCP", self.reason)
             return False
         return True
 
