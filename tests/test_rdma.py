@@ -3,6 +3,7 @@ pyverbs when installed, and real devices when `ibv_devices` lists one."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import logging
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import types
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -43,6 +45,16 @@ def rdma_device() -> str | None:
 NO_DEVICE = "no RDMA device here (`ibv_devices` lists none, or ibverbs-utils is not installed)"
 
 
+def need_device() -> None:
+    """Skip, saying why, unless this host has an RDMA device and pyverbs."""
+    if rdma_device() is None:
+        pytest.skip(NO_DEVICE)
+    try:
+        load_pyverbs()
+    except NoRdma as exc:
+        pytest.skip(f"an RDMA device but no pyverbs: {exc}")
+
+
 # ---- an in-process pair of channels over the fake NIC ------------------------------------------
 
 
@@ -65,7 +77,8 @@ class _Store:
             return self._data[key]
 
 
-def _pair(provider=FakeProvider) -> tuple[list[RdmaTransport], RdmaChannel, RdmaChannel]:
+@contextlib.contextmanager
+def _pair(provider=FakeProvider) -> Iterator[tuple[list[RdmaTransport], RdmaChannel, RdmaChannel]]:
     """Transports for ranks 0 and 1 and the channels 0->1 and 1->0, connected through the fake NIC (or another
     provider: two queue pairs of one process then talk through the device's loopback)."""
     store, job = _Store(), f"t{os.getpid()}x{next(_jobs)}"
@@ -88,9 +101,13 @@ def _pair(provider=FakeProvider) -> tuple[list[RdmaTransport], RdmaChannel, Rdma
         th.start()
     for th in threads:
         th.join(30)
-    for r in range(2):
-        assert isinstance(got[r], dict), got[r]
-    return ts, got[0][1], got[1][0]  # type: ignore[index]
+    try:
+        for r in range(2):
+            assert isinstance(got[r], dict), got[r]
+        yield ts, got[0][1], got[1][0]  # type: ignore[index]
+    finally:
+        for t in ts:
+            t.close()
 
 
 @pytest.fixture
@@ -119,8 +136,7 @@ def _pump(pairs, limit: int = 200000) -> None:
 
 
 def test_channel_moves_bytes_both_ways_through_small_rings(small):
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         rng = np.random.default_rng(1)
         ab = rng.integers(0, 256, 700_000, dtype=np.uint8).tobytes()
         ba = rng.integers(0, 256, 300_001, dtype=np.uint8).tobytes()
@@ -130,15 +146,11 @@ def test_channel_moves_bytes_both_ways_through_small_rings(small):
         # credit reports are batched: far fewer than the writes they answer
         assert a._credits.msgs > 80 and b.credit_writes < a._credits.msgs
         assert b._return.consumed == len(ab) and a._credits.acked <= len(ab)
-    finally:
-        for t in ts:
-            t.close()
 
 
 def test_large_sends_go_direct_and_reuse_their_registration(small, monkeypatch):
     monkeypatch.setenv("PYCOLL_IB_ZCOPY", "32K")
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         arr = np.arange(50_000, dtype=np.float32)  # 200 KB: direct, in 8 KB writes through a 64 KB ring
         for _ in range(3):  # a static shape, sent again and again
             out = np.zeros_like(arr)
@@ -153,43 +165,31 @@ def test_large_sends_go_direct_and_reuse_their_registration(small, monkeypatch):
         got = bytearray(100)
         _pump([(a, small_msg, b, got)])
         assert bytes(got) == small_msg and nic.registered == 1
-    finally:
-        for t in ts:
-            t.close()
 
 
 def test_the_fake_nic_catches_a_source_changed_before_completion(small, monkeypatch):
     """Why a direct send counts as accepted only once complete: the device reads the buffer until then."""
     monkeypatch.setenv("PYCOLL_IB_ZCOPY", "32K")
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         arr = np.ones(20_000, np.float32)
         assert a.send_some(memoryview(arr).cast("B")) == 0  # posted straight from the buffer, not complete yet
         arr[0] = 2  # what the engine never does before a send is complete
         with pytest.raises(PeerFailureError, match="source changed before its completion"):
             a.send_some(memoryview(arr).cast("B"))
-    finally:
-        for t in ts:
-            t.close()
 
 
 def test_completion_error_names_the_peer(small):
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         a._ep.fail("transport retry counter exceeded")  # what a vanished peer looks like to the sender
         with pytest.raises(PeerFailureError) as info:  # a queue pair in error still takes posts; they complete in error
             for _ in range(3):
                 a.send_some(memoryview(b"hello"))
         assert info.value.peers == (1,) and "rank 1" in str(info.value) and "retry counter" in str(info.value)
         assert "rank 1" in (a.check_alive() or "")
-    finally:
-        for t in ts:
-            t.close()
 
 
 def test_a_dead_peer_process_is_noticed(small):
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         a._ep._remote["pid"] = gone.pid  # the peer's process has exited
@@ -197,14 +197,10 @@ def test_a_dead_peer_process_is_noticed(small):
         assert reason is not None and "rank 1" in reason and "gone" in reason
         with pytest.raises(PeerFailureError):
             a.peek()
-    finally:
-        for t in ts:
-            t.close()
 
 
 def test_close_reaches_the_peer_after_its_data(small):
-    ts, a, b = _pair()
-    try:
+    with _pair() as (ts, a, b):
         assert a.send_some(memoryview(b"last words")) == 10
         a.close()
         got = bytearray(10)
@@ -212,9 +208,6 @@ def test_close_reaches_the_peer_after_its_data(small):
         with pytest.raises(PeerFailureError, match="closed its RDMA channel"):
             b.peek()
         assert b.closed_by_peer and "closed" in (b.check_alive() or "")
-    finally:
-        for t in ts:
-            t.close()
 
 
 # ---- selection and fallback -----------------------------------------------------------------------
@@ -353,34 +346,20 @@ def test_a_rank_dying_mid_allreduce_fails_the_others_not_hangs(tmp_path):
 
 def test_channel_over_a_real_device(small, monkeypatch):
     """The in-process transfer of the first test, through a real device: two queue pairs on one port."""
-    if rdma_device() is None:
-        pytest.skip(NO_DEVICE)
-    try:
-        load_pyverbs()
-    except NoRdma as exc:
-        pytest.skip(f"an RDMA device but no pyverbs: {exc}")
+    need_device()
     monkeypatch.setenv("PYCOLL_IB_ZCOPY", "32K")
-    ts, a, b = _pair(VerbsProvider)
-    try:
+    with _pair(VerbsProvider) as (ts, a, b):
         rng = np.random.default_rng(2)
         ab = rng.integers(0, 256, 700_000, dtype=np.uint8)  # direct (registered) sends
         ba = rng.integers(0, 256, 3_001, dtype=np.uint8).tobytes()  # bounce blocks
         out_ab, out_ba = bytearray(len(ab)), bytearray(len(ba))
         _pump([(a, memoryview(ab), b, out_ab), (b, ba, a, out_ba)])
         assert bytes(out_ab) == ab.tobytes() and bytes(out_ba) == ba
-    finally:
-        for t in ts:
-            t.close()
 
 
 @pytest.mark.timeout(180)
 def test_ranks_over_a_real_device(tmp_path):
-    if rdma_device() is None:
-        pytest.skip(NO_DEVICE)
-    try:
-        load_pyverbs()
-    except NoRdma as exc:
-        pytest.skip(f"an RDMA device but no pyverbs: {exc}")
+    need_device()
     res = harness.run_cases(2, _CASES[:5], transport="tcp", out_dir=str(tmp_path), job_timeout=150, env=dict(_SMALL))
     res.assert_ok()
     assert "0:self, 1:rdma" in res.proc.stderr, res.proc.stderr[-3000:]

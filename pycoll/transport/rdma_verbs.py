@@ -177,18 +177,19 @@ class VerbsNic(Nic):
         mr = MR(self.pd, length, 0, address=addr)  # local read: the source of writes
         return Region(addr, length, mr.lkey, mr.rkey, None, mr)
 
-    def register_dmabuf(self, fd: int, offset: int, length: int, iova: int) -> Region:
-        """Register GPU memory exported as a dma-buf (``DmaBufMR``); raises NotImplementedError where this
-        pyverbs or kernel lacks it, and the caller stages through host memory instead."""
+    def register_dmabuf(self, fd: int, offset: int, length: int) -> Region:
+        """Register GPU memory exported as a dma-buf ``fd`` (``DmaBufMR``; its I/O virtual address is ``offset``, as
+        pyverbs registers it). Raises NotImplementedError where this pyverbs lacks it: the caller then stages
+        through host memory."""
         try:
             from pyverbs.mr import DmaBufMR
         except ImportError:
             raise NotImplementedError("this pyverbs has no DmaBufMR") from None
         try:
-            mr = DmaBufMR(self.pd, length, _ACCESS_RECV, fd=fd, offset=offset, iova=iova)
-        except TypeError as exc:  # an older signature
+            mr = DmaBufMR(self.pd, length, _ACCESS_RECV, dmabuf=fd, offset=offset)
+        except TypeError as exc:  # a signature other than rdma-core 44's
             raise NotImplementedError(f"DmaBufMR signature not supported: {exc}") from None
-        return Region(iova, length, mr.lkey, mr.rkey, None, mr)
+        return Region(offset, length, mr.lkey, mr.rkey, None, mr)
 
     def deregister(self, region: Region) -> None:
         if region.view is not None:
