@@ -23,7 +23,7 @@ from pycoll.errors import PeerFailureError
 from pycoll.transport import PeerInfo, choose, make_transports, rdma_verbs
 from pycoll.transport.rdma import RdmaChannel, RdmaTransport
 from pycoll.transport.rdma_fake import FakeProvider
-from pycoll.transport.rdma_proto import NoRdma
+from pycoll.transport.rdma_proto import NoRdma, PortInfo, Region
 from pycoll.transport.rdma_verbs import VerbsProvider, load_pyverbs
 
 _jobs = itertools.count()
@@ -309,6 +309,47 @@ def test_status_command(monkeypatch, capsys):
     monkeypatch.setenv("PYCOLL_IB_FAKE", "1")
     rdma.main()
     assert "RDMA transport: usable ports fake0:1" in capsys.readouterr().out
+
+
+def _pyverbs():
+    try:
+        load_pyverbs()
+    except NoRdma as exc:
+        pytest.skip(f"pyverbs not available: {exc}")
+    import pyverbs.enums as e
+
+    return e
+
+
+@pytest.mark.parametrize("layer", ["Ethernet", "InfiniBand"])
+def test_queue_pair_attributes_with_real_pyverbs(layer, monkeypatch):
+    """The thin layer's RTR/RTS attributes, built from real pyverbs objects (no device needed for these)."""
+    _pyverbs()
+    monkeypatch.setenv("PYCOLL_IB_TIMEOUT", "18")
+    port = PortInfo("mlx5_0", 1, True, layer, lid=4, gid="fe80:0000:0000:0000:0000:0000:0000:0001", gid_index=3, fabric="x")
+    remote = {"qpn": 77, "psn": 1234, "lid": 9, "gid": "0000:0000:0000:0000:0000:ffff:0a00:0002", "mtu": 3}
+    attr = rdma_verbs.rts_attributes(port, 5, 4321, remote)
+    assert (attr.dest_qp_num, attr.rq_psn, attr.sq_psn, attr.path_mtu) == (77, 1234, 4321, 3)  # the smaller MTU
+    assert (attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.ah_attr.port_num) == (18, 7, 7, 1)
+    if layer == "Ethernet":  # RoCE: a global route to the peer's GID from our chosen GID index
+        ah = attr.ah_attr
+        assert (ah.is_global, ah.sgid_index, ah.hop_limit, str(ah.dgid)) == (1, 3, 64, remote["gid"])
+    else:  # InfiniBand: by LID
+        assert (attr.ah_attr.is_global, attr.ah_attr.dlid) == (0, 9)
+
+
+def test_write_requests_and_completions_with_real_pyverbs():
+    e = _pyverbs()
+    from pyverbs.cq import WC
+
+    src = Region(0x10000, 4096, lkey=5, rkey=6)
+    wr = rdma_verbs.write_request(11, src, 64, 100, 0x20000, 7, imm=100)
+    assert (wr.wr_id, wr.opcode, wr.imm_data) == (11, e.IBV_WR_RDMA_WRITE_WITH_IMM, 100)
+    assert rdma_verbs.write_request(12, src, 0, 24, 0x30000, 7, imm=None).opcode == e.IBV_WR_RDMA_WRITE
+    got = rdma_verbs.completion(WC(wr_id=0, status=e.IBV_WC_SUCCESS, opcode=e.IBV_WC_RECV_RDMA_WITH_IMM, byte_len=100, imm_data=100))
+    assert got.ok and got.recv and (got.imm, got.nbytes) == (100, 100)
+    bad = rdma_verbs.completion(WC(wr_id=12, status=e.IBV_WC_RETRY_EXC_ERR, opcode=e.IBV_WC_RDMA_WRITE))
+    assert not bad.ok and not bad.recv and bad.wr_id == 12 and bad.status == "transport retry counter exceeded"
 
 
 # ---- ranks over the fake NIC, and over real devices -----------------------------------------------

@@ -219,6 +219,52 @@ _WC_STATUS = {
 }
 
 
+def rts_attributes(port: PortInfo, mtu: int, psn: int, remote: dict) -> Any:
+    """The QPAttr that takes an RC queue pair on ``port`` to RTR and RTS towards ``remote`` (its ``address()``)."""
+    from pyverbs.addr import GID, AHAttr, GlobalRoute
+    from pyverbs.qp import QPAttr
+
+    attr = QPAttr(port_num=port.port)
+    attr.qp_access_flags = _ACCESS_RECV
+    attr.path_mtu = min(mtu, int(remote["mtu"]))
+    attr.dest_qp_num = int(remote["qpn"])
+    attr.rq_psn = int(remote["psn"])
+    attr.sq_psn = psn
+    attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    attr.timeout = IB_TIMEOUT.get()
+    attr.retry_cnt = IB_RETRY_CNT.get()
+    attr.rnr_retry = 7  # credits keep receives posted; 7 retries an RNR forever rather than failing
+    if port.link_layer == "Ethernet":  # RoCE: routed by GID
+        gr = GlobalRoute(dgid=GID(remote["gid"]), sgid_index=port.gid_index, hop_limit=64)
+        attr.ah_attr = AHAttr(port_num=port.port, is_global=1, gr=gr)
+    else:  # InfiniBand, one subnet: routed by LID
+        attr.ah_attr = AHAttr(port_num=port.port, dlid=int(remote["lid"]))
+    return attr
+
+
+def write_request(wr_id: int, src: Region, offset: int, length: int, raddr: int, rkey: int, imm: Optional[int]) -> Any:
+    """A signaled RDMA WRITE (WITH IMMEDIATE when ``imm`` is given) of ``length`` bytes at ``src.addr + offset``."""
+    import pyverbs.enums as e
+    from pyverbs.wr import SGE, SendWR
+
+    op = e.IBV_WR_RDMA_WRITE if imm is None else e.IBV_WR_RDMA_WRITE_WITH_IMM
+    wr = SendWR(wr_id=wr_id, opcode=op, num_sge=1, sg=[SGE(src.addr + offset, length, src.lkey)],
+                imm_data=imm or 0, send_flags=e.IBV_SEND_SIGNALED)
+    wr.set_wr_rdma(rkey, raddr)
+    return wr
+
+
+def completion(wc: Any) -> Completion:
+    """A pyverbs WC as a Completion: arrived writes with immediate are ``recv``, failures carry their status."""
+    import pyverbs.enums as e
+
+    ok = wc.status == e.IBV_WC_SUCCESS
+    recv = wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM
+    status = "" if ok else _WC_STATUS.get(int(wc.status), f"completion status {wc.status}")
+    return Completion(wc.wr_id, ok, recv, wc.imm_data if recv else 0, wc.byte_len, status)
+
+
 class VerbsEndpoint(Endpoint):
     """One RC queue pair and its completion queue."""
 
@@ -250,53 +296,20 @@ class VerbsEndpoint(Endpoint):
         return {"qpn": self.qp.qp_num, "psn": self.psn, "lid": p.lid, "gid": p.gid, "mtu": int(self.nic.mtu), "link": p.link_layer}
 
     def connect(self, remote: dict) -> None:
-        from pyverbs.addr import GID, AHAttr, GlobalRoute
-        from pyverbs.qp import QPAttr
-
-        p = self.nic.port
-        attr = QPAttr(port_num=p.port)
-        attr.qp_access_flags = _ACCESS_RECV
-        attr.path_mtu = min(int(self.nic.mtu), int(remote["mtu"]))
-        attr.dest_qp_num = int(remote["qpn"])
-        attr.rq_psn = int(remote["psn"])
-        attr.sq_psn = self.psn
-        attr.max_dest_rd_atomic = attr.max_rd_atomic = 1
-        attr.min_rnr_timer = 12
-        attr.timeout = IB_TIMEOUT.get()
-        attr.retry_cnt = IB_RETRY_CNT.get()
-        attr.rnr_retry = 7  # credits keep receives posted; 7 retries an RNR forever rather than failing
-        if p.link_layer == "Ethernet":  # RoCE: routed by GID
-            gr = GlobalRoute(dgid=GID(remote["gid"]), sgid_index=p.gid_index, hop_limit=64)
-            attr.ah_attr = AHAttr(port_num=p.port, is_global=1, gr=gr)
-        else:  # InfiniBand, one subnet: routed by LID
-            attr.ah_attr = AHAttr(port_num=p.port, dlid=int(remote["lid"]))
+        attr = rts_attributes(self.nic.port, int(self.nic.mtu), self.psn, remote)
         self.qp.to_rtr(attr)
         self.qp.to_rts(attr)
 
     def post_write(self, wr_id: int, src: Region, offset: int, length: int, raddr: int, rkey: int, imm: Optional[int]) -> None:
-        from pyverbs.wr import SGE, SendWR
-
-        e = self.e
-        op = e.IBV_WR_RDMA_WRITE if imm is None else e.IBV_WR_RDMA_WRITE_WITH_IMM
-        wr = SendWR(wr_id=wr_id, opcode=op, num_sge=1, sg=[SGE(src.addr + offset, length, src.lkey)],
-                    imm_data=imm or 0, send_flags=e.IBV_SEND_SIGNALED)
-        wr.set_wr_rdma(rkey, raddr)
-        self.qp.post_send(wr)
+        self.qp.post_send(write_request(wr_id, src, offset, length, raddr, rkey, imm))
 
     def post_recv(self, count: int) -> None:
         for _ in range(count):
             self.qp.post_recv(self._recv_wr)
 
     def poll(self, max_entries: int) -> list[Completion]:
-        e = self.e
         n, wcs = self.cq.poll(max_entries)
-        out = []
-        for wc in wcs[: max(n, 0)]:
-            ok = wc.status == e.IBV_WC_SUCCESS
-            recv = wc.opcode == e.IBV_WC_RECV_RDMA_WITH_IMM
-            status = "" if ok else _WC_STATUS.get(int(wc.status), f"completion status {wc.status}")
-            out.append(Completion(wc.wr_id, ok, recv, wc.imm_data if recv else 0, wc.byte_len, status))
-        return out
+        return [completion(wc) for wc in wcs[: max(n, 0)]]
 
     def error(self) -> Optional[str]:
         if self.closed:
