@@ -385,6 +385,19 @@ def test_a_rank_dying_mid_allreduce_fails_the_others_not_hangs(tmp_path):
     assert "1:rdma, 2:rdma" in res.proc.stderr
 
 
+@pytest.mark.timeout(150)
+def test_virtual_hosts_use_rdma_between_them_and_shm_within(tmp_path):
+    """Two network-namespace hosts of two ranks each: the fake NIC between hosts, shared memory within one."""
+    why = harness.multihost_unavailable()
+    if why is not None:
+        pytest.skip(f"no virtual hosts here: {why}")
+    env = dict(_SMALL, PYCOLL_IB_FAKE="1")
+    res = harness.run_cases_on_hosts(_CASES, hosts=2, n=4, env=env, job_timeout=120, out_dir=str(tmp_path))
+    res.assert_ok()
+    assert "0:self, 1:shm, 2:rdma, 3:rdma" in res.proc.stderr, res.proc.stderr[-3000:]
+    assert "0:rdma, 1:rdma, 2:self, 3:shm" in res.proc.stderr
+
+
 def test_channel_over_a_real_device(small, monkeypatch):
     """The in-process transfer of the first test, through a real device: two queue pairs on one port."""
     need_device()
