@@ -55,6 +55,20 @@ def _bootstrap_status() -> str:
     return f"{launcher} ({note})"
 
 
+def _rdma_status() -> str:
+    """The RDMA ports this host would use, best first, or why RDMA is off."""
+    from pycoll.transport.rdma import RdmaTransport
+    from pycoll.transport.rdma_proto import NoRdma
+
+    try:
+        ports = RdmaTransport().probe()
+        return ", ".join(f"{p.label} ({p.link_layer}, lid {p.lid}, gid[{p.gid_index}] {p.gid})" for p in ports)
+    except NoRdma as exc:
+        return f"off ({exc})"
+    except Exception as exc:  # a provider surprise: still report, never fail `pycoll info`
+        return f"off ({type(exc).__name__}: {exc})"
+
+
 def info_command(args: argparse.Namespace) -> int:
     """Entry point of ``pycoll info``."""
     rows = [
@@ -63,6 +77,7 @@ def info_command(args: argparse.Namespace) -> int:
         ("numpy", _import_status("numpy")),
     ]
     rows += [(name, _import_status(name)) for name in OPTIONAL_PACKAGES]
+    rows.append(("rdma", _rdma_status()))
     rows.append(("bootstrap", _bootstrap_status()))
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

@@ -299,16 +299,15 @@ def test_installed_pyverbs_imports_and_reports_devices():
         assert VerbsProvider().ports()
 
 
-def test_status_command(monkeypatch, capsys):
-    """`python -m pycoll.transport.rdma` says what pyverbs and the ports look like, and what pycoll would use."""
-    from pycoll.transport import rdma
+def test_pycoll_info_reports_rdma(monkeypatch):
+    """`pycoll info`'s rdma line: the ports pycoll would use, or why RDMA is off."""
+    from pycoll.cli import _rdma_status
 
-    rdma.main()
-    out = capsys.readouterr().out
-    assert out.startswith("pyverbs: ") and "RDMA transport: " in out
+    monkeypatch.setenv("PYCOLL_IB_DISABLE", "1")
+    assert _rdma_status() == "off (PYCOLL_IB_DISABLE is set)"
+    monkeypatch.delenv("PYCOLL_IB_DISABLE")
     monkeypatch.setenv("PYCOLL_IB_FAKE", "1")
-    rdma.main()
-    assert "RDMA transport: usable ports fake0:1" in capsys.readouterr().out
+    assert _rdma_status().startswith("fake0:1 (fake, lid 1, gid[0] ")
 
 
 def _pyverbs():

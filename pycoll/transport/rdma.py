@@ -522,19 +522,3 @@ def _topology_and_device(me: PeerInfo) -> tuple[Any, Any]:
     except Exception as exc:  # the topology is a preference only
         log.debug("RDMA port choice without topology: %s", exc)
         return None, None
-
-
-def main() -> None:
-    """``python -m pycoll.transport.rdma``: what this host offers and which port a rank would use."""
-    print(rdma_verbs.status())
-    t = RdmaTransport()
-    try:
-        ports = t.probe()
-    except NoRdma as exc:
-        print(f"RDMA transport: off ({exc})")
-        return
-    print("RDMA transport: usable ports " + ", ".join(p.label for p in ports))
-
-
-if __name__ == "__main__":
-    main()

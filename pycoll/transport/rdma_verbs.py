@@ -324,18 +324,3 @@ class VerbsEndpoint(Endpoint):
         self.closed = True
         self.qp.close()
         self.cq.close()
-
-
-def status() -> str:
-    """A few lines on what this host offers: pyverbs, devices and ports (``python -m pycoll.transport.rdma``)."""
-    try:
-        mod = load_pyverbs()
-    except NoRdma as exc:
-        return f"pyverbs: {exc}"
-    lines = [f"pyverbs: {getattr(mod, '__file__', None) or list(getattr(mod, '__path__', []))}"]
-    try:
-        for p in VerbsProvider(sysfs_first=False).ports():
-            lines.append(f"  {p.label}: {'active' if p.active else 'down'}, {p.link_layer}, lid {p.lid}, gid[{p.gid_index}] {p.gid}")
-    except NoRdma as exc:
-        lines.append(f"  {exc}")
-    return "\n".join(lines)
