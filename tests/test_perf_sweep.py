@@ -345,9 +345,10 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
             for s in (1024, 4096) for ip in (False, True)}
     assert got == want
     assert all(r["wrong"] == 0 for r in data["records"])
-    fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "collective", "nranks", "bytes", "count", "dtype",
-              "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
+    fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "device", "collective", "nranks", "bytes", "count",
+              "dtype", "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
     assert all(set(r) == fields for r in data["records"])
+    assert all(r["device"] == ("cuda" if r["peer"] == "nccl" else "host") for r in data["records"])
     assert all(r["hosts"] == 1 and r["link_rate"] is None for r in data["records"])
     assert {r["algo"] for r in data["records"] if r["peer"] == "pycoll"} == {"auto"}
     assert all(r["algo"] is None and r["algo_used"] is None for r in data["records"] if r["peer"] != "pycoll")

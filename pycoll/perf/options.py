@@ -47,6 +47,7 @@ class PerfOptions:
     algos: list[str] = field(default_factory=list)  # forced "collective:name" runs besides the automatic one
     interleave: bool = False  # forced algorithms run inside the automatic pycoll job, per point
     rounds: int = 1  # every job this many times, order rotated each round; the median per point is reported
+    device: str = "host"  # where the buffers live: host (NumPy) or cuda (CuPy / numba.cuda / torch CUDA tensors)
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -88,6 +89,8 @@ class PerfOptions:
             flags.append("--interleave")
         if self.rounds > 1:
             flags.append(f"--rounds {self.rounds}")
+        if self.device != "host":
+            flags.append(f"--device {self.device}")
         return " ".join(["pycoll", "perf", *flags])
 
     def algo_groups(self) -> list[tuple[str, list[str]]]:
@@ -216,6 +219,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=_positive(1), default=1, metavar="R",
                    help="run every job R times, rotating the job order each round, and report each point's median "
                         "time over the rounds: peers then share the machine's drifts alike (default 1)")
+    p.add_argument("--device", choices=("host", "cuda"), default="host",
+                   help="where the buffers live: host memory, or the GPU (CuPy or numba.cuda arrays for pycoll, CUDA "
+                        "tensors for gloo and nccl; the limit line is then the device-to-device copy) (default host)")
 
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> PerfOptions:

@@ -28,13 +28,94 @@ def _missing(module: str) -> Optional[str]:
     return None if importlib.util.find_spec(module) is not None else f"{module} is not installed"
 
 
-def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float", hosts: Optional[int] = None) -> Optional[str]:
+def _torch_dist_missing() -> Optional[str]:
+    """None when torch.distributed imports, else why not."""
+    reason = _missing("torch")
+    if reason:
+        return reason
+    try:
+        import torch.distributed as dist
+    except Exception as exc:  # broken install
+        return f"torch.distributed fails to import ({type(exc).__name__})"
+    return None if dist.is_available() else "torch was built without torch.distributed"
+
+
+def _torch_cuda_missing() -> Optional[str]:
+    import torch
+
+    return None if torch.cuda.is_available() else "no CUDA GPU on this machine"
+
+
+def _torch_nccl_missing() -> Optional[str]:
+    reason = _torch_dist_missing() or _torch_cuda_missing()
+    if reason:
+        return reason
+    import torch.distributed as dist
+
+    return None if dist.is_nccl_available() else "torch was built without nccl"
+
+
+def _cupy_nccl_missing() -> Optional[str]:
+    from pycoll.perf import devices
+
+    if devices.simulator():
+        return "numba's CUDA simulator is on (NUMBA_ENABLE_CUDASIM), and CuPy needs a real GPU"
+    reason = _missing("cupy")
+    if reason:
+        return reason
+    try:
+        import cupy
+        from cupy.cuda import nccl
+
+        nccl.get_version()
+    except Exception as exc:  # CuPy built without NCCL, or the NCCL library is not found
+        return f"cupy.cuda.nccl is unusable ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver
+        return f"CuPy finds no CUDA driver ({type(exc).__name__})"
+    return None if count > 0 else "CuPy sees no CUDA GPU"
+
+
+def nccl_route() -> tuple[Optional[str], str]:
+    """How the nccl peer reaches NCCL: ("torch" or "cupy", "") or (None, why neither can).
+
+    torch.distributed's nccl backend first, CuPy's cupy.cuda.nccl where torch lacks CUDA or NCCL;
+    PYCOLL_PERF_NCCL=torch or =cupy allows only that one."""
+    forced = os.environ.get("PYCOLL_PERF_NCCL", "").strip().lower()
+    routes = {"torch": _torch_nccl_missing, "cupy": _cupy_nccl_missing}
+    if forced and forced not in routes:
+        return None, f"PYCOLL_PERF_NCCL={forced!r}: choose torch or cupy"
+    reasons = []
+    for name, missing in routes.items():
+        if forced and name != forced:
+            continue
+        why = missing()
+        if why is None:
+            return name, ""
+        reasons.append((name, why))
+    if len(reasons) == 1:
+        return None, reasons[0][1]
+    (_, t), (_, c) = reasons
+    if t == c or (t == "no CUDA GPU on this machine" and c in ("cupy is not installed", "CuPy sees no CUDA GPU")):
+        return None, t
+    return None, f"torch: {t}; CuPy: {c}"
+
+
+def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float", hosts: Optional[int] = None,
+                device: str = "host") -> Optional[str]:
     """None if the peer can run, else a one-line reason."""
     if peer == "pycoll":
+        if device == "cuda":
+            from pycoll.perf import devices
+
+            return devices.numba_cuda_missing()
         return None
     if hosts and not in_mpi and peer in ("mpi", "nccl"):
         return f"{'mpiexec' if peer == 'mpi' else 'nccl'} is not run on virtual hosts (--hosts); pycoll and gloo are"
     if peer == "mpi":
+        if device == "cuda":
+            return "--device cuda: the mpi peer moves host buffers only (pip's MPICH is not built CUDA-aware)"
         if dtype == "bfloat16":
             return "MPI has no bfloat16 datatype"
         reason = _missing("mpi4py")
@@ -42,24 +123,27 @@ def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float", hosts: Op
             return reason
         return None if find_mpiexec() else "no mpiexec next to python or on PATH"
     if peer in ("gloo", "nccl"):
-        reason = _missing("torch")
+        if in_mpi:
+            return _missing("torch") or "runs only under pycoll run, not inside an mpiexec job"
+        if peer == "nccl":
+            return nccl_route()[1] or None
+        reason = _torch_dist_missing()
         if reason:
             return reason
-        if in_mpi:
-            return "runs only under pycoll run, not inside an mpiexec job"
-        try:
-            import torch.distributed as dist
-        except Exception as exc:  # broken install
-            return f"torch.distributed fails to import ({type(exc).__name__})"
-        if not dist.is_available():
-            return "torch was built without torch.distributed"
-        if peer == "gloo":
-            return None if dist.is_gloo_available() else "torch was built without gloo"
-        import torch
-        if not torch.cuda.is_available():
-            return "no CUDA GPU on this machine"
-        return None if dist.is_nccl_available() else "torch was built without nccl"
+        import torch.distributed as dist
+
+        if not dist.is_gloo_available():
+            return "torch was built without gloo"
+        return _torch_cuda_missing() if device == "cuda" else None
     return f"unknown peer {peer}"
+
+
+def job_unavailable(peer: str, nranks: int, gpus: int) -> Optional[str]:
+    """None if one job of ``nranks`` ranks can run, else why not: NCCL takes one GPU per rank."""
+    if peer == "nccl" and nranks > gpus:
+        return (f"NCCL refuses {nranks} ranks on {gpus} GPU{'' if gpus == 1 else 's'} in one communicator "
+                "(\"Duplicate GPU detected\"): it takes one GPU per rank")
+    return None
 
 
 def free_port() -> int:

@@ -80,12 +80,17 @@ def load_sweep(path: Path) -> dict[str, Any]:
     return data
 
 
-def _copy_bound(sweeps: list[dict[str, Any]]) -> Optional[float]:
-    """The memory copy bandwidth of the first file that has one."""
+HOST_BOUND = "memory copy bound (this machine)"
+DEVICE_BOUND = "device-to-device copy bound (cudaMemcpy)"
+
+
+def _copy_bound(sweeps: list[dict[str, Any]]) -> Optional[tuple[float, str]]:
+    """The copy bandwidth of the first file that has one, and its legend: host memory, or the GPU's D2D copy."""
     for sweep in sweeps:
-        value = (sweep.get("limits") or {}).get("copy_GBps")
+        limits = sweep.get("limits") or {}
+        value = limits.get("copy_GBps")
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
-            return float(value)
+            return float(value), DEVICE_BOUND if limits.get("memory") == "cuda" else HOST_BOUND
     return None
 
 
@@ -148,6 +153,8 @@ def _describe(coll: str, table: Table) -> str:
         ops = sorted({str(r["op"]) for r in recs if r.get("op")})
         parts += ["/".join(ops)] if ops else []
     parts.append("in-place" if any(r["inplace"] for r in recs) else "out-of-place")
+    if any(r.get("device") == "cuda" for r in recs):
+        parts.append("CUDA buffers")
     return ", ".join(parts)
 
 
@@ -223,8 +230,8 @@ def _finish(fig: "Figure", ax: "Axes", path: Path, any_wrong: bool) -> Path:
 # ---------------------------------------------------------------- the four charts
 
 
-def plot_busbw(coll: str, table: Table, nranks: int, bound: Optional[float], desc: str, out: Path) -> Path:
-    """busbw vs message size at one rank count, one line per peer, plus the memory copy bound."""
+def plot_busbw(coll: str, table: Table, nranks: int, bound: Optional[tuple[float, str]], desc: str, out: Path) -> Path:
+    """busbw vs message size at one rank count, one line per peer, plus the copy bound (host or device)."""
     fig = _new_figure()
     ax = fig.axes[0]
     any_wrong, sizes = False, set()
@@ -235,7 +242,7 @@ def plot_busbw(coll: str, table: Table, nranks: int, bound: Optional[float], des
             any_wrong |= _mark_wrong(ax, points)
             sizes.update(p[0] for p in points)
     if bound is not None:
-        ax.axhline(bound, color="black", linestyle="--", linewidth=1.2, label="memory copy bound (this machine)")
+        ax.axhline(bound[0], color="black", linestyle="--", linewidth=1.2, label=bound[1])
     _size_axis(ax, sizes)
     ax.set_ylim(bottom=0)
     _style_axes(ax, _title(coll, nranks, "bus bandwidth", desc), "message size (bytes)", "bus bandwidth (GB/s)")
@@ -318,7 +325,7 @@ def plot_ratio(coll: str, table: Table, nranks: int, desc: str, out: Path) -> Op
 # ---------------------------------------------------------------- driver
 
 
-def plot_collective(coll: str, table: Table, bound: Optional[float], out: Path) -> list[Path]:
+def plot_collective(coll: str, table: Table, bound: Optional[tuple[float, str]], out: Path) -> list[Path]:
     """Every chart for one collective; prints a note for each one skipped."""
     desc, written = _describe(coll, table), []
     for nranks in _rank_counts(table):

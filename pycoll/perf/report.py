@@ -12,10 +12,11 @@ GROUP = "{:>10} {:>8} {:>8} {:>6}"
 
 
 def header(peer: str, nranks: int, coll: str, dtype: str, op: str, hosts: Optional[int] = None,
-           link_rate: Optional[str] = None) -> str:
+           link_rate: Optional[str] = None, device: Optional[str] = None) -> str:
     opname = op if coll in REDUCING else "none"
     where = f" on {hosts} hosts" + (f" ({link_rate} links)" if link_rate else "") if hosts else ""
-    return f"# peer {peer}, {nranks} ranks{where}, {coll}, dtype {dtype}, op {opname}"
+    buffers = ", CUDA buffers" if device == "cuda" else ""
+    return f"# peer {peer}, {nranks} ranks{where}, {coll}, dtype {dtype}, op {opname}{buffers}"
 
 
 def _cell(rec: Optional[dict[str, Any]]) -> str:
@@ -46,7 +47,8 @@ def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records
     width = len(GROUP.format("", "", "", ""))
     cols, units = GROUP.format("time", "algbw", "busbw", "#wrong"), GROUP.format("(us)", "(GB/s)", "(GB/s)", "")
     picks = any(r.get("algo") == "auto" and r.get("algo_used") for r in records)
-    lines = [header(peer, nranks, coll, dtype, op, hosts, link_rate),
+    device = "cuda" if any(r.get("device") == "cuda" for r in records) else None
+    lines = [header(peer, nranks, coll, dtype, op, hosts, link_rate, device),
              left.format("", "", "", "", "") + "".join(f"  {names[m]:^{width}}" for m in modes),
              left.format("size", "count", "type", "redop", "root") + "".join("  " + cols for _ in modes)
              + ("  algo" if picks else ""),
@@ -97,7 +99,7 @@ def human(n: int) -> str:
     return str(n)
 
 
-def write_json(path: str, meta: dict[str, Any], limits: dict[str, float], records: list[dict[str, Any]]) -> None:
+def write_json(path: str, meta: dict[str, Any], limits: dict[str, Any], records: list[dict[str, Any]]) -> None:
     with open(path, "w") as fh:
         json.dump({"meta": meta, "limits": limits, "records": records}, fh, indent=1)
         fh.write("\n")

@@ -74,9 +74,11 @@ def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
     return jobs
 
 
-def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None) -> dict[str, Any]:
+def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None, nccl_via: Optional[str] = None
+                ) -> dict[str, Any]:
     job = job or Job(peer, peer, list(opts.collectives), "auto" if peer == "pycoll" else None)
     return {"peer": peer, "label": job.label, "algo": job.algo, "hosts": opts.hosts or 1, "link_rate": opts.link_rate,
+            "device": opts.device, "nccl_via": nccl_via if peer == "nccl" else None,
             "collectives": job.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
             "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
             "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root,
@@ -120,7 +122,7 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, progress: repor
             rec = parse_line(line)
             if rec is not None:
                 records.append(rec)
-                if "error" not in rec:
+                if "bytes" in rec:  # a measured point (not an error or a skip)
                     progress.advance(f"{label} {rec['collective']} {report.human(rec['bytes'])}")
         sel.close()
         rc = proc.wait()
@@ -131,12 +133,13 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, progress: repor
     return records, failure
 
 
-def _in_process(opts: PerfOptions, job: Job) -> tuple[list[dict[str, Any]], Optional[str]]:
+def _in_process(opts: PerfOptions, job: Job, nccl_via: Optional[str] = None
+                ) -> tuple[list[dict[str, Any]], Optional[str]]:
     records: list[dict[str, Any]] = []
     saved = {k: os.environ.get(k) for k in job.env}
     os.environ.update(job.env)  # PYCOLL_ALGO is read at every call
     try:
-        worker.run_peer(worker_spec(opts, job.peer, job), records.append)
+        worker.run_peer(worker_spec(opts, job.peer, job, nccl_via), records.append)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -182,6 +185,15 @@ def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
+def _gpus(peer: str) -> int:
+    """GPUs a job of ``peer`` may use (asked only for the peers that need one GPU per rank)."""
+    if peer != "nccl":
+        return 1 << 30
+    from pycoll.perf import devices
+
+    return devices.gpu_count()
+
+
 def run_sweep(opts: PerfOptions) -> int:
     """Entry point of `pycoll perf`; returns the exit code (1 when a job failed or a result was wrong)."""
     in_mpi = peers_mod.inside_mpi_job()
@@ -196,10 +208,33 @@ def run_sweep(opts: PerfOptions) -> int:
         sys.stdout = stdout
 
 
+def sweep_limits(device: str) -> dict[str, Any]:
+    """The limit line's numbers: host memory copy/add, or for --device cuda the device-to-device copy
+    (``copy_GBps``, what `pycoll plot` draws) with the host's numbers kept as ``host_*``."""
+    host = measure_limits()
+    if device != "cuda":
+        return host
+    from pycoll.perf import devices
+
+    return {**devices.device_limits(), "host_copy_GBps": host["copy_GBps"], "host_reduce_GBps": host["reduce_GBps"]}
+
+
+def limit_line(limits: dict[str, Any]) -> str:
+    """The console line that states the limits."""
+    if limits.get("memory") != "cuda":
+        return f"# limit: copy {limits['copy_GBps']:.2f} GB/s, reduce {limits['reduce_GBps']:.2f} GB/s"
+    host = f"host copy {limits['host_copy_GBps']:.2f} GB/s"
+    if "copy_GBps" not in limits:
+        return f"# limit: device copy not measured ({limits.get('error', 'unknown reason')}); {host}"
+    add = f", add {limits['reduce_GBps']:.2f} GB/s" if "reduce_GBps" in limits else ""
+    return (f"# limit: device-to-device copy {limits['copy_GBps']:.2f} GB/s{add} on {limits.get('device_name', '?')} "
+            f"({limits.get('via', '?')}, {limits.get('limit_bytes', 0) >> 20} MiB); {host}")
+
+
 def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
-    limits = measure_limits()
+    limits = sweep_limits(opts.device)
     print(f"# {opts.command()}")
-    print(f"# limit: copy {limits['copy_GBps']:.2f} GB/s, reduce {limits['reduce_GBps']:.2f} GB/s")
+    print(limit_line(limits))
     skipped: dict[str, str] = {}
     runnable = []
     if opts.hosts and in_mpi:
@@ -217,12 +252,22 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
         print(f"# ranks on {opts.hosts} virtual hosts (network namespaces){rate}")
     hosts = opts.hosts
     for peer in opts.peers:
-        reason = peers_mod.unavailable(peer, in_mpi, opts.dtype, hosts)
+        reason = peers_mod.unavailable(peer, in_mpi, opts.dtype, hosts, opts.device)
         if reason:
             skipped[peer] = reason
             print(f"{peer}: skipped ({reason})")
         else:
             runnable.append(peer)
+    nccl_via = peers_mod.nccl_route()[0] if "nccl" in runnable else None
+    if nccl_via:
+        print(f"# nccl through {'torch.distributed' if nccl_via == 'torch' else 'cupy.cuda.nccl'}")
+    if opts.device == "cuda":
+        from pycoll.perf import devices
+
+        gpus = devices.gpu_count()
+        where = "numba's CUDA simulator" if devices.simulator() else f"{gpus} GPU{'' if gpus == 1 else 's'}"
+        print(f"# device buffers (--device cuda) on {where}; ranks share the GPUs round robin by local rank")
+    jobs_skipped: list[dict[str, Any]] = []
     nps = opts.nps
     if in_mpi:
         print("# inside an mpiexec job: running on its ranks in-process, --np ignored")
@@ -247,12 +292,22 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
             for job in jobs[rnd % len(jobs):] + jobs[: rnd % len(jobs)] if jobs else []:
                 label = f"{job.label} np={n}" if n else job.label
                 start = progress.done
-                if in_mpi:
-                    recs, failure = _in_process(opts, job)
+                why = None if in_mpi else peers_mod.job_unavailable(job.peer, n, _gpus(job.peer))
+                if why:
+                    recs, failure = [{"peer": job.label, "collective": c, "nranks": n, "skipped": why}
+                                     for c in job.collectives], None
+                elif in_mpi:
+                    recs, failure = _in_process(opts, job, nccl_via)
                 else:
-                    spec = json.dumps(worker_spec(opts, job.peer, job))
+                    spec = json.dumps(worker_spec(opts, job.peer, job, nccl_via))
                     cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
                     recs, failure = run_job(cmd, env, opts.timeout, progress, label)
+                skips = [r for r in recs if "skipped" in r]
+                recs = [r for r in recs if "skipped" not in r]
+                for why in dict.fromkeys(r["skipped"] for r in skips):
+                    if rnd == 0:
+                        jobs_skipped.append({"peer": job.label, "nranks": n, "reason": why})
+                    print(f"# peer {job.label}, {n} ranks: skipped ({why})", flush=True)
                 progress.done = start + sum(len(j.collectives) for j in [job] + job.variants) * per_size
                 progress.clear()
                 if rounds == 1:
@@ -279,7 +334,8 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "host": socket.gethostname(), "cpus": os.cpu_count() or 1, "python": platform.python_version(),
                 "pycoll": pycoll.__version__, "peers_skipped": skipped, "hosts": hosts or 1,
-                "link_rate": opts.link_rate if hosts else None, "algos": opts.algos}
+                "link_rate": opts.link_rate if hosts else None, "algos": opts.algos, "device": opts.device,
+                "jobs_skipped": jobs_skipped, "nccl_via": nccl_via}
         report.write_json(opts.json, meta, limits, records)
         print(f"# wrote {len(records)} records to {opts.json}")
     return 1 if failed or wrong else 0

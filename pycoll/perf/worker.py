@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Optional
 import numpy as np
 
 from pycoll.perf import metrics
+from pycoll.perf.devices import HostArrays
 
 MARKER = "@@PERF "
 Emit = Callable[[dict[str, Any]], None]
@@ -87,6 +88,7 @@ class Backend:
     name = ""
     rank = 0
     size = 1
+    memory = "host"  # where its buffers live: host or cuda
 
     def barrier(self) -> None: ...
 
@@ -100,28 +102,38 @@ class Backend:
 
 
 class _MpiStyle(Backend):
-    """pycoll.MPI and mpi4py share the buffer API; only the module differs."""
+    """pycoll.MPI and mpi4py share the buffer API; only the module differs. ``arrays`` allocates the buffers
+    (NumPy, or device arrays for pycoll with --device cuda, passed with the allocator's stream)."""
 
-    def __init__(self, name: str, mpi: Any, native_avg: bool) -> None:
+    def __init__(self, name: str, mpi: Any, native_avg: bool, arrays: Optional[HostArrays] = None) -> None:
         self.name, self.MPI, self.native_avg = name, mpi, native_avg
+        self.arrays = arrays or HostArrays()
+        self.memory = "host" if self.arrays.name == "host" else "cuda"
         self.comm = mpi.COMM_WORLD
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
 
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def sync(self) -> None:
+        self.arrays.sync()
+
     def gather(self, obj: Any) -> list[Any]:
         return self.comm.gather(obj, root=0) or []
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
-        MPI, comm, n, rank = self.MPI, self.comm, self.size, self.rank
+        MPI, comm, n, rank, A = self.MPI, self.comm, self.size, self.rank, self.arrays
         dt = np_dtype(dtype)
         avg = op == "avg" and not self.native_avg  # mpi4py has no AVG: SUM, then divide (timed)
+        if avg and self.memory != "host":
+            raise ValueError("a peer without AVG takes host buffers only")
         mop = MPI.SUM if avg else getattr(MPI, op.upper())
         big = n * count if coll in ("reduce_scatter", "alltoall") else count
-        send = inputs(rank, big, op, dt)
-        recv = np.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=dt)
+        send = A.from_host(inputs(rank, big, op, dt))
+        recv = A.zeros(n * count if coll in ("allgather", "alltoall") else count, dt)
         ip = MPI.IN_PLACE
+        kw = {"stream": A.stream} if A.stream is not None else {}  # pycoll's stream= (device buffers only)
+        B = lambda x: A.spec(x, dt)  # noqa: E731 - bfloat16 device buffers carry their datatype
 
         def scale(a: np.ndarray) -> None:
             if avg:
@@ -134,48 +146,48 @@ class _MpiStyle(Backend):
         if coll == "allreduce":
             if inplace:
                 out = send
-                run = lambda: (comm.Allreduce(ip, send, op=mop), scale(send))
+                run = lambda: (comm.Allreduce(ip, B(send), op=mop, **kw), scale(send))
             else:
-                run = lambda: (comm.Allreduce(send, recv, op=mop), scale(recv))
+                run = lambda: (comm.Allreduce(B(send), B(recv), op=mop, **kw), scale(recv))
         elif coll == "reduce_scatter":
             if inplace:
                 out = send[:count]
-                run = lambda: (comm.Reduce_scatter_block(ip, send, op=mop), scale(send[:count]))
+                run = lambda: (comm.Reduce_scatter_block(ip, B(send), op=mop, **kw), scale(send[:count]))
             else:
-                run = lambda: (comm.Reduce_scatter_block(send, recv, op=mop), scale(recv))
+                run = lambda: (comm.Reduce_scatter_block(B(send), B(recv), op=mop, **kw), scale(recv))
         elif coll == "allgather":
             if inplace:
-                recv[rank * count:(rank + 1) * count] = send
-                run = lambda: comm.Allgather(ip, recv)
+                A.copy(recv[rank * count:(rank + 1) * count], send)
+                run = lambda: comm.Allgather(ip, B(recv), **kw)
             else:
-                run = lambda: comm.Allgather(send, recv)
+                run = lambda: comm.Allgather(B(send), B(recv), **kw)
         elif coll == "broadcast":
             # MPI has no out-of-place Bcast: both modes broadcast one buffer that the root filled
             out = send
-            run = lambda: comm.Bcast(send, root=root)
+            run = lambda: comm.Bcast(B(send), root=root, **kw)
         elif coll == "reduce":
             if inplace and rank == root:
                 out = send
-                run = lambda: (comm.Reduce(ip, send, op=mop, root=root), scale(send))
+                run = lambda: (comm.Reduce(ip, B(send), op=mop, root=root, **kw), scale(send))
             elif inplace:
-                run = lambda: comm.Reduce(send, None, op=mop, root=root)
+                run = lambda: comm.Reduce(B(send), None, op=mop, root=root, **kw)
             else:
-                run = lambda: (comm.Reduce(send, recv, op=mop, root=root), rank == root and scale(recv))
+                run = lambda: (comm.Reduce(B(send), B(recv), op=mop, root=root, **kw), rank == root and scale(recv))
         elif coll == "alltoall":
             if inplace:
                 out = send
-                run = lambda: comm.Alltoall(ip, send)
+                run = lambda: comm.Alltoall(ip, B(send), **kw)
             else:
-                run = lambda: comm.Alltoall(send, recv)
+                run = lambda: comm.Alltoall(B(send), B(recv), **kw)
         else:
             raise ValueError(coll)
-        return run, lambda: out.astype(np.float64)
+        return run, lambda: A.to_host(out, dt).astype(np.float64)
 
 
 class _Torch(Backend):
     """torch.distributed with gloo (CPU tensors) or nccl (CUDA tensors)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: str = "host") -> None:
         import torch
         import torch.distributed as dist
 
@@ -188,12 +200,13 @@ class _Torch(Backend):
             store = env.get("PYCOLL_STORE_ADDR", "")
             env["MASTER_ADDR"] = store.rpartition(":")[0].strip("[]") or "127.0.0.1"
         self.device = torch.device("cpu")
-        if name == "nccl":
+        if name == "nccl" or device == "cuda":  # one GPU per local rank, shared round robin when there are fewer
             local = int(env.get("PYCOLL_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
             self.device = torch.device("cuda", local % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         dist.init_process_group(name, init_method="env://")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        self.memory = self.device.type
 
     def barrier(self) -> None:
         self.dist.barrier()
@@ -265,19 +278,115 @@ class _Torch(Backend):
         return run, lambda: out.to(torch.float64).cpu().numpy()
 
 
-def make_backend(peer: str) -> Backend:
-    """Select the peer's API."""
+class _CupyNccl(Backend):
+    """NCCL through CuPy's cupy.cuda.nccl, for a torch without CUDA; pycoll's host communicator hands out
+    the NCCL unique id and does the barriers and gathers. Buffers are CuPy arrays, work goes on one stream."""
+
+    # NumPy dtype name or op -> (cupy.cuda.nccl constant, its value in nccl.h where CuPy lacks the name)
+    DTYPES = {"int8": ("NCCL_INT8", 0), "uint8": ("NCCL_UINT8", 1), "int32": ("NCCL_INT32", 2),
+              "uint32": ("NCCL_UINT32", 3), "int64": ("NCCL_INT64", 4), "uint64": ("NCCL_UINT64", 5),
+              "float16": ("NCCL_FLOAT16", 6), "float32": ("NCCL_FLOAT32", 7), "float64": ("NCCL_FLOAT64", 8),
+              "bfloat16": ("NCCL_BFLOAT16", 9)}
+    OPS = {"sum": ("NCCL_SUM", 0), "prod": ("NCCL_PROD", 1), "max": ("NCCL_MAX", 2), "min": ("NCCL_MIN", 3),
+           "avg": ("NCCL_AVG", 4)}
+    name = "nccl"
+    memory = "cuda"
+
+    def __init__(self) -> None:
+        from cupy.cuda import nccl
+
+        from pycoll import MPI as pmpi
+        from pycoll.perf.devices import CupyArrays
+
+        self.nccl, self.host = nccl, pmpi.COMM_WORLD
+        self.rank, self.size = self.host.Get_rank(), self.host.Get_size()
+        self.arrays = CupyArrays()
+        uid = self.host.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
+
+    def barrier(self) -> None:
+        self.host.Barrier()
+
+    def sync(self) -> None:
+        self.arrays.sync()
+
+    def gather(self, obj: Any) -> list[Any]:
+        return self.host.gather(obj, root=0) or []
+
+    def close(self) -> None:
+        self.comm.destroy()
+
+    def _const(self, table: dict[str, tuple[str, int]], key: str) -> int:
+        name, value = table[key]
+        return int(getattr(self.nccl, name, value))
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
+        A, c, n, rank, nccl = self.arrays, self.comm, self.size, self.rank, self.nccl
+        dt = np_dtype(dtype)
+        t, o, s = self._const(self.DTYPES, dtype), self._const(self.OPS, op), A.stream.ptr
+        big = n * count if coll in ("reduce_scatter", "alltoall") else count
+        send = A.from_host(inputs(rank, big, op, dt))
+        recv = A.zeros(n * count if coll in ("allgather", "alltoall") else count, dt)
+        ptr = lambda x: x.data.ptr  # noqa: E731
+        out = recv
+        if coll == "allreduce":
+            out = send if inplace else recv
+            run = lambda: c.allReduce(ptr(send), ptr(out), count, t, o, s)
+        elif coll == "reduce_scatter":  # in place: NCCL's recvbuff is sendbuff + rank * recvcount
+            out = send[rank * count:(rank + 1) * count] if inplace else recv
+            run = lambda: c.reduceScatter(ptr(send), ptr(out), count, t, o, s)
+        elif coll == "allgather":
+            src = send
+            if inplace:
+                src = recv[rank * count:(rank + 1) * count]
+                A.copy(src, send)
+            run = lambda: c.allGather(ptr(src), ptr(recv), count, t, s)
+        elif coll == "broadcast":
+            out = send  # one buffer filled on the root, as for the other peers
+            run = lambda: c.broadcast(ptr(send), ptr(send), count, t, root, s)
+        elif coll == "reduce":
+            out = send if inplace else recv
+            run = lambda: c.reduce(ptr(send), ptr(out), count, t, o, root, s)
+        elif coll == "alltoall":  # NCCL has no alltoall call: grouped send/recv, as nccl-tests does
+            src, out = send, recv
+            pre: Callable[[], Any] = lambda: None  # noqa: E731
+            if inplace:  # no in-place form either: copy to scratch, exchange back (both timed)
+                src, out = A.zeros(n * count, dt), send
+                pre = lambda: A.cp.copyto(src, send)  # noqa: E731 - inside the stream block below
+            step = count * dt.itemsize
+
+            def run() -> None:
+                with A.stream:
+                    pre()
+                nccl.groupStart()
+                for peer in range(n):
+                    c.send(ptr(src) + peer * step, count, t, peer, s)
+                    c.recv(ptr(out) + peer * step, count, t, peer, s)
+                nccl.groupEnd()
+        else:
+            raise ValueError(coll)
+        if coll == "reduce" and rank != root:
+            return run, lambda: None
+        return run, lambda: A.to_host(out, dt).astype(np.float64)
+
+
+def make_backend(peer: str, device: str = "host", nccl_via: Optional[str] = None) -> Backend:
+    """Select the peer's API; ``device`` cuda puts pycoll's and gloo's buffers on the GPU (nccl's always are)."""
     if peer == "pycoll":
         # A benchmark measures the steady state: the compiled arena path from the first repeated call,
         # rather than after PYCOLL_ARENA_JIT_AFTER calls (the user's setting wins).
         os.environ.setdefault("PYCOLL_ARENA_JIT_AFTER", "0")
         from pycoll import MPI as pmpi
-        return _MpiStyle("pycoll", pmpi, native_avg=True)
+        from pycoll.perf.devices import arrays_for
+
+        return _MpiStyle("pycoll", pmpi, native_avg=True, arrays=arrays_for(device))
     if peer == "mpi":
         from mpi4py import MPI as mmpi
         return _MpiStyle("mpi", mmpi, native_avg=False)
+    if peer == "nccl" and nccl_via == "cupy":
+        return _CupyNccl()
     if peer in ("gloo", "nccl"):
-        return _Torch(peer)
+        return _Torch(peer, device)
     raise ValueError(f"unknown peer {peer!r}")
 
 
@@ -357,7 +466,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
         rows.append({
             "peer": v.get("label") or spec.get("label") or b.name, "algo": v.get("algo", spec.get("algo")),
             "algo_used": picks.pop() if len(picks) == 1 else "/".join(sorted(map(str, picks))),
-            "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"),
+            "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"), "device": b.memory,
             "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
             "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
             "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
@@ -392,9 +501,23 @@ def _env(values: dict[str, str]):
                 os.environ[k] = v
 
 
+DUPLICATE_GPU = "Duplicate GPU detected"
+
+
+def skip_reason(exc: BaseException) -> Optional[str]:
+    """Why a peer cannot run this job at all (a skip, not a failure), or None for a real error.
+
+    NCCL refuses two ranks of one communicator on the same GPU; torch and CuPy raise its message."""
+    text = f"{exc}"
+    if DUPLICATE_GPU in text:
+        line = next((ln.strip() for ln in text.splitlines() if DUPLICATE_GPU in ln), DUPLICATE_GPU)
+        return f"NCCL takes one GPU per rank ({line})"
+    return None
+
+
 def run_peer(spec: dict[str, Any], emit: Emit) -> int:
-    """Run every (collective, size, mode) of spec with spec['peer']; rank 0 emits records or errors."""
-    b = make_backend(spec["peer"])
+    """Run every (collective, size, mode) of spec with spec['peer']; rank 0 emits records, errors or skips."""
+    b = make_backend(spec["peer"], spec.get("device", "host"), spec.get("nccl_via"))
     try:
         for coll in spec["collectives"]:
             try:
@@ -409,8 +532,12 @@ def run_peer(spec: dict[str, Any], emit: Emit) -> int:
                             emit(rec)
             except Exception as exc:  # e.g. an op or dtype the backend lacks; raised alike on every rank
                 if b.rank == 0:
-                    emit({"peer": spec.get("label") or b.name, "collective": coll, "nranks": b.size,
-                          "error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+                    rec = {"peer": spec.get("label") or b.name, "collective": coll, "nranks": b.size}
+                    skip = skip_reason(exc)
+                    if skip:
+                        emit(dict(rec, skipped=skip))
+                        continue
+                    emit(dict(rec, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
                     traceback.print_exc(file=sys.stderr)
     finally:
         b.close()
