@@ -1,4 +1,4 @@
-"""``ProcessGroupPycoll``: torch.distributed's operations on CPU tensors, carried by pycoll communicators."""
+"""``ProcessGroupPycoll``: torch.distributed's operations on CPU and CUDA tensors, carried by pycoll communicators."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import datetime
 import threading
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -112,8 +111,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     # ---- plumbing ---------------------------------------------------------------------------
     def _submit(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any],
-                source: Optional[Callable[[], int]] = None) -> PycollWork:
-        fut = self._progress.submit(Job(name, start, finish, self._timeout))
+                source: Optional[Callable[[], int]] = None, at: Optional[T.Placement] = None) -> PycollWork:
+        scope = None
+        if at is not None and at.cuda:  # the result is on the device, in the caller's stream, when the Work completes
+            done = finish
+            scope = at.scope
+
+            def finish() -> Any:
+                out = done()
+                at.synchronize()
+                return out
+
+        fut = self._progress.submit(Job(name, start, finish, self._timeout, scope))
         if self._coalescing is not None:
             self._coalescing.append(fut)
         return PycollWork(fut, source)
@@ -126,6 +135,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def _dtypes(self, name: str, tensors: list[torch.Tensor], dtype: torch.dtype) -> None:
         T.same_dtype(name, tensors, dtype, self.comm.rank)
+
+    def _place(self, name: str, tensors: list[torch.Tensor]) -> T.Placement:
+        """Where the call's tensors are (all on one device), with the caller's stream for a GPU."""
+        T.same_device(name, tensors, tensors[0].device, self.comm.rank)
+        return T.Placement(tensors[0])
 
     def _one(self, name: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         if len(tensors) != 1:
@@ -150,8 +164,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         name = "allreduce"
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
+        at = self._place(name, [t])
         buf = T.Staged(t)
-        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op)], lambda: (buf.done(), tensors)[1])
+        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op, stream=at.stream)],
+                            lambda: (buf.done(), tensors)[1], at=at)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "allreduce_coalesced"
@@ -161,9 +177,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             self._tensor(name, t)
         self._dtypes(name, tensors, tensors[0].dtype)
         op = self._op(name, (opts or dist.AllreduceCoalescedOptions()).reduceOp, tensors[0].dtype)
+        at = self._place(name, tensors)
         flat = T.flat_concat(tensors)
-        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, flat, op)],
-                            lambda: (T.split_into(flat, tensors), tensors)[1])
+        return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, T.buffer(flat), op, stream=at.stream)],
+                            lambda: (T.split_into(flat, tensors), tensors)[1], at=at)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "reduce"
@@ -171,12 +188,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         opts = opts or dist.ReduceOptions()
         root = self._root(name, opts.rootRank)
         op = self._op(name, opts.reduceOp, t.dtype)
+        at = self._place(name, [t])
         buf = T.Staged(t)
         if self.comm.rank == root:
-            start = lambda: [self.comm.Ireduce(IN_PLACE, buf.arr, op, root)]  # noqa: E731
+            start = lambda: [self.comm.Ireduce(IN_PLACE, buf.arr, op, root, stream=at.stream)]  # noqa: E731
         else:
-            start = lambda: [self.comm.Ireduce(buf.arr, None, op, root)]  # noqa: E731
-        return self._submit(name, start, lambda: (buf.done(), tensors)[1])
+            start = lambda: [self.comm.Ireduce(buf.arr, None, op, root, stream=at.stream)]  # noqa: E731
+        return self._submit(name, start, lambda: (buf.done(), tensors)[1], at=at)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> PycollWork:
         name = "reduce_scatter"
@@ -189,10 +207,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"output has {out.numel()} elements, input_list[{self.comm.rank}] {parts[self.comm.rank].numel()}", op=name, rank=self.comm.rank
             )
         op = self._op(name, (opts or dist.ReduceScatterOptions()).reduceOp, out.dtype)
+        at = self._place(name, [out, *parts])
         send = T.flat_concat(parts)
         counts = [p.numel() for p in parts]
         buf = T.Staged(out, load=False)
-        return self._submit(name, lambda: [self.comm.Ireduce_scatter(send, buf.arr, counts, op)], lambda: (buf.done(), outputs)[1])
+        return self._submit(name, lambda: [self.comm.Ireduce_scatter(T.buffer(send), buf.arr, counts, op, stream=at.stream)],
+                            lambda: (buf.done(), outputs)[1], at=at)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
         name = "reduce_scatter_tensor"
@@ -204,8 +224,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"input has {input.numel()} elements, not {self.comm.size} x output's {output.numel()}", op=name, rank=self.comm.rank
             )
         op = self._op(name, (opts or dist.ReduceScatterOptions()).reduceOp, output.dtype)
+        at = self._place(name, [output, input])
         send, buf = T.Staged(input), T.Staged(output, load=False)
-        return self._submit(name, lambda: [self.comm.Ireduce_scatter_block(send.arr, buf.arr, op)], lambda: (buf.done(), [output])[1])
+        return self._submit(name, lambda: [self.comm.Ireduce_scatter_block(send.arr, buf.arr, op, stream=at.stream)],
+                            lambda: (buf.done(), [output])[1], at=at)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         return self._each("reduce_scatter_tensor_coalesced", outputs, inputs, lambda o, i: self.reduce_scatter_single(o, i, opts))
@@ -215,8 +237,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         name = "broadcast"
         t = self._one(name, tensors)
         root = self._root(name, (opts or dist.BroadcastOptions()).rootRank)
+        at = self._place(name, [t])
         buf = T.Staged(t)
-        return self._submit(name, lambda: [self.comm.Ibcast(buf.arr, root)], lambda: (buf.done(), tensors)[1])
+        return self._submit(name, lambda: [self.comm.Ibcast(buf.arr, root, stream=at.stream)],
+                            lambda: (buf.done(), tensors)[1], at=at)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "all_gather"
@@ -229,13 +253,14 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"tensor has {t.numel()} elements, tensor_list[{self.comm.rank}] {counts[self.comm.rank]}", op=name, rank=self.comm.rank
             )
+        at = self._place(name, [t, *outs])
         send = T.Staged(t)
-        recv = np.empty(sum(counts), send.arr.dtype)
+        recv = T.flat_empty(sum(counts), t)
         if len(set(counts)) == 1:
-            start = lambda: [self.comm.Iallgather(send.arr, recv)]  # noqa: E731
+            start = lambda: [self.comm.Iallgather(send.arr, T.buffer(recv), stream=at.stream)]  # noqa: E731
         else:
-            start = lambda: [self.comm.Iallgatherv(send.arr, [recv, counts])]  # noqa: E731
-        return self._submit(name, start, lambda: (T.split_into(recv, outs), outputs)[1])
+            start = lambda: [self.comm.Iallgatherv(send.arr, T.vector(T.buffer(recv), counts), stream=at.stream)]  # noqa: E731
+        return self._submit(name, start, lambda: (T.split_into(recv, outs), outputs)[1], at=at)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> PycollWork:  # noqa: A002
         name = "all_gather_into_tensor"
@@ -246,8 +271,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise InvalidArgumentError(
                 f"output has {output.numel()} elements, not {self.comm.size} x input's {input.numel()}", op=name, rank=self.comm.rank
             )
+        at = self._place(name, [output, input])
         send, buf = T.Staged(input), T.Staged(output, load=False)
-        return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr)], lambda: (buf.done(), [output])[1])
+        return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr, stream=at.stream)],
+                            lambda: (buf.done(), [output])[1], at=at)
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         return self._each("all_gather_coalesced", outputs, inputs, lambda o, i: self.allgather([o], [i], opts))
@@ -259,34 +286,40 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         name = "gather"
         t = self._one(name, inputs)
         root = self._root(name, (opts or dist.GatherOptions()).rootRank)
+        at = self._place(name, [t])
         send = T.Staged(t)
         if self.comm.rank != root:
             if outputs and any(outputs):
                 raise InvalidArgumentError("gather_list must be empty on ranks other than the root", op=name, rank=self.comm.rank)
-            return self._submit(name, lambda: [self.comm.Igatherv(send.arr, None, root)], lambda: [])
+            return self._submit(name, lambda: [self.comm.Igatherv(send.arr, None, root, stream=at.stream)], lambda: [], at=at)
         if len(outputs) != 1:
             raise InvalidArgumentError(f"the root takes one gather_list, got {len(outputs)}", op=name, rank=self.comm.rank)
         outs = self._checked_list(name, outputs[0], t.dtype, "gather_list")
+        self._place(name, [t, *outs])
         counts = [o.numel() for o in outs]
-        recv = np.empty(sum(counts), send.arr.dtype)
-        return self._submit(name, lambda: [self.comm.Igatherv(send.arr, [recv, counts], root)],
-                            lambda: (T.split_into(recv, outs), outputs)[1])
+        recv = T.flat_empty(sum(counts), t)
+        return self._submit(name, lambda: [self.comm.Igatherv(send.arr, T.vector(T.buffer(recv), counts), root, stream=at.stream)],
+                            lambda: (T.split_into(recv, outs), outputs)[1], at=at)
 
     def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None) -> PycollWork:
         name = "scatter"
         out = self._one(name, outputs)
         root = self._root(name, (opts or dist.ScatterOptions()).rootRank)
+        at = self._place(name, [out])
         buf = T.Staged(out, load=False)
         if self.comm.rank != root:
             if inputs and any(inputs):
                 raise InvalidArgumentError("scatter_list must be empty on ranks other than the root", op=name, rank=self.comm.rank)
-            return self._submit(name, lambda: [self.comm.Iscatterv(None, buf.arr, root)], lambda: (buf.done(), outputs)[1])
+            return self._submit(name, lambda: [self.comm.Iscatterv(None, buf.arr, root, stream=at.stream)],
+                                lambda: (buf.done(), outputs)[1], at=at)
         if len(inputs) != 1:
             raise InvalidArgumentError(f"the root takes one scatter_list, got {len(inputs)}", op=name, rank=self.comm.rank)
         parts = self._checked_list(name, inputs[0], out.dtype, "scatter_list")
+        self._place(name, [out, *parts])
         counts = [p.numel() for p in parts]
         send = T.flat_concat(parts)
-        return self._submit(name, lambda: [self.comm.Iscatterv([send, counts], buf.arr, root)], lambda: (buf.done(), outputs)[1])
+        return self._submit(name, lambda: [self.comm.Iscatterv(T.vector(T.buffer(send), counts), buf.arr, root, stream=at.stream)],
+                            lambda: (buf.done(), outputs)[1], at=at)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "all_to_all"
@@ -295,11 +328,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         dtype = self._tensor(name, inputs[0], "input_tensor_list").dtype
         ins = self._checked_list(name, inputs, dtype, "input_tensor_list")
         outs = self._checked_list(name, outputs, dtype, "output_tensor_list")
+        at = self._place(name, [*ins, *outs])
         scounts, rcounts = [t.numel() for t in ins], [t.numel() for t in outs]
         send = T.flat_concat(ins)
-        recv = np.empty(sum(rcounts), send.dtype)
-        return self._submit(name, lambda: [self.comm.Ialltoallv([send, scounts], [recv, rcounts])],
-                            lambda: (T.split_into(recv, outs), outputs)[1])
+        recv = T.flat_empty(sum(rcounts), send)
+        return self._submit(name, lambda: [self.comm.Ialltoallv(T.vector(T.buffer(send), scounts), T.vector(T.buffer(recv), rcounts),
+                                                                stream=at.stream)],
+                            lambda: (T.split_into(recv, outs), outputs)[1], at=at)
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],  # noqa: A002
                           input_split_sizes: list[int], opts: Any = None) -> PycollWork:
@@ -309,9 +344,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._dtypes(name, [input], output.dtype)
         scounts = self._split_counts(name, input, input_split_sizes, "input")
         rcounts = self._split_counts(name, output, output_split_sizes, "output")
+        at = self._place(name, [output, input])
         send, buf = T.Staged(input), T.Staged(output, load=False)
-        return self._submit(name, lambda: [self.comm.Ialltoallv([send.arr, scounts], [buf.arr, rcounts])],
-                            lambda: (buf.done(), [output])[1])
+        return self._submit(name, lambda: [self.comm.Ialltoallv(T.vector(send.arr, scounts), T.vector(buf.arr, rcounts),
+                                                                stream=at.stream)],
+                            lambda: (buf.done(), [output])[1], at=at)
 
     def _split_counts(self, name: str, t: torch.Tensor, splits: list[int], what: str) -> list[int]:
         """Elements per rank for a split of ``t`` along its first dimension (even when ``splits`` is empty)."""
@@ -340,7 +377,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         name = "send"
         t = self._one(name, tensors)
         self._peer(name, dst)
-        buf = T.Staged(t)
+        at = self._place(name, [t])
+        # pycoll's point-to-point moves host buffers: a CUDA tensor is copied to the host here (in stream order)
+        buf = T.Staged(t.detach().cpu() if at.cuda else t)
         return self._submit(name, lambda: [self.comm.Isend(buf.arr, dst, tag)], lambda: tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> PycollWork:
@@ -352,7 +391,9 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def _recv(self, name: str, tensors: list[torch.Tensor], src: int, tag: int) -> PycollWork:
         t = self._one(name, tensors)
-        buf = T.Staged(t, load=False)
+        at = self._place(name, [t])
+        host = torch.empty(t.shape, dtype=t.dtype) if at.cuda else t  # received on the host, then copied over
+        buf = T.Staged(host, load=False)
         status = Status()
         reqs: list[Request] = []
 
@@ -367,9 +408,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                     f"received {status.count} bytes from rank {status.Get_source()}, the tensor holds {buf.arr.nbytes}", op=name, rank=self.comm.rank
                 )
             buf.done()
+            if at.cuda:
+                with torch.no_grad():
+                    t.copy_(host)
             return tensors
 
-        return self._submit(name, start, finish, source=status.Get_source)
+        return self._submit(name, start, finish, source=status.Get_source, at=at)
 
     def _peer(self, name: str, peer: int) -> None:
         if not 0 <= peer < self.comm.size:
@@ -438,4 +482,4 @@ def register() -> None:
     """Make ``"pycoll"`` a torch.distributed backend (idempotent)."""
     if BACKEND.upper() in dist.Backend._plugins:
         return
-    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

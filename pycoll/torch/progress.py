@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from torch.futures import Future
 
@@ -14,12 +15,17 @@ from ..p2p import Engine
 from ..request import Request
 
 class Job:
-    """One torch call: ``start`` issues its pycoll requests, ``finish`` turns their completion into the result."""
+    """One torch call: ``start`` issues its pycoll requests, ``finish`` turns their completion into the result.
 
-    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout")
+    ``scope`` (a CUDA call's device and stream) is entered around everything the thread does for the job:
+    pycoll copies a device result back while a request completes, so the device must be current then too."""
 
-    def __init__(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any], timeout: float) -> None:
+    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout", "scope")
+
+    def __init__(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any], timeout: float,
+                 scope: Optional[Callable[[], ContextManager[Any]]] = None) -> None:
         self.name, self.start, self.finish, self.timeout = name, start, finish, timeout
+        self.scope = scope or contextlib.nullcontext
         self.future: Future = Future()
         self.requests: list[Request] = []
         self.deadline = 0.0
@@ -85,7 +91,8 @@ class ProgressThread:
 
     def _begin(self, job: Job, running: list[Job]) -> None:
         try:
-            job.requests = job.start()
+            with job.scope():
+                job.requests = job.start()
         except BaseException as exc:  # a bad argument, a broken communicator: this call fails alone
             job.fail(exc)
             return
@@ -98,15 +105,17 @@ class ProgressThread:
         now = time.monotonic()
         for job in running:
             try:
-                if all(r.Test() for r in job.requests):
-                    pass
-                elif now > job.deadline:
-                    for r in job.requests:  # the request's own wait names whom it waits for, and aborts
-                        r.Wait()
-                else:
-                    still.append(job)
-                    continue
-                job.future.set_result(job.finish())
+                with job.scope():
+                    if all(r.Test() for r in job.requests):
+                        pass
+                    elif now > job.deadline:
+                        for r in job.requests:  # the request's own wait names whom it waits for, and aborts
+                            r.Wait()
+                    else:
+                        still.append(job)
+                        continue
+                    result = job.finish()
+                job.future.set_result(result)
             except BaseException as exc:
                 job.fail(exc)
         return still

@@ -1,8 +1,9 @@
-"""Torch tensors as the NumPy arrays pycoll moves, and torch's ReduceOp as pycoll's ops."""
+"""Torch tensors as the buffers pycoll moves (NumPy views of CPU tensors, CUDA views of GPU ones), and torch's ReduceOp as pycoll's ops."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import contextlib
+from typing import Any, ContextManager, Optional
 
 import ml_dtypes
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .. import ops as _ops
+from ..datatypes import BFLOAT16
 from ..errors import InvalidArgumentError
 
 # torch dtype -> NumPy dtype of the same bits; bfloat16 goes through ml_dtypes, which NumPy lacks.
@@ -60,8 +62,8 @@ def reduce_op(opname: str, op: Any, dtype: torch.dtype, rank: Optional[int] = No
 def check_tensor(opname: str, t: Any, what: str = "tensor", rank: Optional[int] = None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise InvalidArgumentError(f"{what} is a {type(t).__name__}, not a torch.Tensor", op=opname, rank=rank)
-    if t.device.type != "cpu":
-        raise InvalidArgumentError(f"{what} is on {t.device}; the pycoll backend takes CPU tensors (the GPU path is not there yet)", op=opname, rank=rank)
+    if t.device.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"{what} is on {t.device}; the pycoll backend takes CPU and CUDA tensors", op=opname, rank=rank)
     if t.dtype not in DTYPES:
         raise InvalidArgumentError(f"{what} has dtype {t.dtype}, which the pycoll backend does not carry", op=opname, rank=rank)
     if t.is_sparse or t.layout != torch.strided:
@@ -75,6 +77,88 @@ def same_dtype(opname: str, tensors: list[torch.Tensor], dtype: torch.dtype, ran
             raise InvalidArgumentError(f"tensors of dtypes {dtype} and {t.dtype} in one call", op=opname, rank=rank)
 
 
+def same_device(opname: str, tensors: list[torch.Tensor], device: torch.device, rank: Optional[int] = None) -> None:
+    """All tensors of one call on one device: CPU, or one GPU (pycoll, like NCCL, does not mix them)."""
+    for t in tensors:
+        if t.device != device:
+            raise InvalidArgumentError(f"tensors on {device} and {t.device} in one call", op=opname, rank=rank)
+
+
+# ---- CUDA tensors ------------------------------------------------------------------------------------------------
+# The three functions below are the only places that touch the CUDA runtime; tests/torch_ranks/cuda_sim.py swaps
+# them to run the device path on CPU tensors under numba's simulator.
+
+
+def is_device(t: torch.Tensor) -> bool:
+    """True for a CUDA tensor: it goes through pycoll's device-buffer path."""
+    return t.device.type == "cuda"
+
+
+def current_stream(device: torch.device) -> Any:
+    """The caller's current stream on ``device``: pycoll queues its copies there (``stream=``)."""
+    return torch.cuda.current_stream(device)
+
+
+def device_scope(device: torch.device, stream: Any) -> ContextManager[Any]:
+    """``device`` and ``stream`` current in this thread, for torch and for numba.cuda (same primary context)."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.cuda.device(device))
+    if stream is not None:
+        stack.enter_context(torch.cuda.stream(stream))
+    return stack
+
+
+class CudaView:
+    """A contiguous CUDA tensor's memory, flat, as ``__cuda_array_interface__`` (bfloat16 as its uint16 carrier).
+
+    Built by hand rather than taken from torch: torch exports no bfloat16, and refuses tensors that require grad."""
+
+    __slots__ = ("tensor", "_iface")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.tensor = t  # keeps the memory alive while pycoll uses it
+        carrier = np.dtype(np.uint16) if t.dtype == torch.bfloat16 else DTYPES[t.dtype]
+        n = t.numel()
+        self._iface = {"shape": (n,), "typestr": carrier.str, "data": (t.data_ptr() if n else 0, False),
+                       "strides": None, "version": 3}
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return self._iface
+
+
+def buffer(t: torch.Tensor) -> Any:
+    """The pycoll buffer argument for a contiguous tensor: a NumPy view (CPU) or a CUDA view with its datatype."""
+    if not is_device(t):
+        return array(t)
+    view = CudaView(t.detach())
+    return [view, BFLOAT16] if t.dtype == torch.bfloat16 else view
+
+
+def vector(spec: Any, counts: list[int]) -> list[Any]:
+    """``[buf, counts]`` for a buffer argument from ``buffer`` (``[view, counts, datatype]`` for a typed one)."""
+    return [spec[0], counts, spec[1]] if isinstance(spec, list) else [spec, counts]
+
+
+class Placement:
+    """Where one call's tensors live: the CPU, or a GPU with the caller's current stream on it."""
+
+    __slots__ = ("device", "stream", "cuda")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self.device = t.device
+        self.cuda = is_device(t)
+        self.stream = current_stream(t.device) if self.cuda else None
+
+    def scope(self) -> ContextManager[Any]:
+        return device_scope(self.device, self.stream) if self.cuda else contextlib.nullcontext()
+
+    def synchronize(self) -> None:
+        """Wait for the device copies queued on the caller's stream (a result is complete when its Work is)."""
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
 def array(t: torch.Tensor) -> np.ndarray:
     """A flat NumPy view of a contiguous CPU tensor's memory (no copy)."""
     t = t.detach()
@@ -86,7 +170,9 @@ def array(t: torch.Tensor) -> np.ndarray:
 
 
 class Staged:
-    """A tensor's flat array for pycoll: the tensor's own memory when contiguous, else a copy put back on ``done``."""
+    """A tensor's flat buffer for pycoll: the tensor's own memory when contiguous, else a copy put back on ``done``.
+
+    ``arr`` is a NumPy view for a CPU tensor, a CUDA view (see ``buffer``) for a GPU one."""
 
     __slots__ = ("tensor", "arr", "copy")
 
@@ -94,10 +180,10 @@ class Staged:
         self.tensor = t
         self.copy: Optional[torch.Tensor] = None
         if t.is_contiguous():
-            self.arr = array(t)
+            self.arr = buffer(t)
         else:
-            self.copy = t.detach().contiguous() if load else torch.empty(t.shape, dtype=t.dtype)
-            self.arr = array(self.copy)
+            self.copy = t.detach().contiguous() if load else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            self.arr = buffer(self.copy)
 
     def done(self) -> None:
         if self.copy is not None:
@@ -105,30 +191,23 @@ class Staged:
                 self.tensor.copy_(self.copy)
 
 
-def flat_concat(tensors: list[torch.Tensor]) -> np.ndarray:
-    """One new contiguous array holding ``tensors`` one after another."""
+def flat_concat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """One new contiguous 1-D tensor holding ``tensors`` one after another, where they live (CPU or GPU)."""
     if not tensors:
-        return np.empty(0, np.uint8)
-    return array(torch.cat([t.detach().reshape(-1) for t in tensors]))
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def split_into(flat: np.ndarray, tensors: list[torch.Tensor]) -> None:
-    """Copy consecutive pieces of ``flat`` into ``tensors`` (each keeps its shape)."""
+def flat_empty(count: int, like: torch.Tensor) -> torch.Tensor:
+    """A new 1-D tensor of ``count`` elements with ``like``'s dtype and device (contents undefined)."""
+    return torch.empty(count, dtype=like.dtype, device=like.device)
+
+
+def split_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    """Copy consecutive pieces of the 1-D ``flat`` into ``tensors`` (each keeps its shape), on their device."""
     at = 0
-    for t in tensors:
-        n = t.numel()
-        src = flat[at:at + n]
-        at += n
-        if t.is_contiguous():
-            np.copyto(array(t), src)
-        else:
-            with torch.no_grad():
-                t.copy_(_tensor_of(src, t.dtype).reshape(t.shape))
-
-
-def _tensor_of(arr: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    if dtype == torch.bool:
-        return torch.from_numpy(arr.view(np.uint8)).view(torch.bool)
-    return torch.from_numpy(arr)
+    with torch.no_grad():
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[at:at + n].reshape(t.shape))
+            at += n

@@ -1,0 +1,217 @@
+"""`pycoll perf --device cuda`: the option, the nccl peer's absence and skip reasons, the device limit line,
+and a 2-rank device sweep of pycoll under numba's CUDA simulator checked for wrong results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pycoll.perf import devices, options, peers, plot, sweep, worker
+
+ROOT = Path(__file__).resolve().parents[1]
+DUP = "NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 0"
+
+
+# ---------------------------------------------------------------- options
+
+
+def test_device_option() -> None:
+    assert options.parse_args([]).device == "host"
+    o = options.parse_args(["--device", "cuda", "--np", "2,4", "--peers", "pycoll,nccl"])
+    assert o.device == "cuda"
+    rebuilt = options.PerfOptions(**{**o.to_dict(), "argv": []}).command()
+    assert rebuilt.endswith("--device cuda") and "--device" not in options.PerfOptions().command()
+    spec = sweep.worker_spec(o, "pycoll")
+    assert (spec["device"], spec["nccl_via"]) == ("cuda", None)
+    assert sweep.worker_spec(o, "nccl", nccl_via="cupy")["nccl_via"] == "cupy"
+    assert sweep.worker_spec(options.parse_args([]), "pycoll")["device"] == "host"
+
+
+def test_bad_device_is_an_argparse_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        options.parse_args(["--device", "gpu"])
+    assert exc.value.code == 2 and "invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- peers: absence and skips
+
+
+def test_peer_reasons_with_device_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    assert "CUDA-aware" in peers.unavailable("mpi", device="cuda")
+    monkeypatch.setattr(devices, "numba_cuda_missing", lambda: "no CUDA device (numba.cuda.is_available() is False)")
+    assert peers.unavailable("pycoll", device="cuda") == "no CUDA device (numba.cuda.is_available() is False)"
+    assert peers.unavailable("pycoll") is None  # host buffers need no device
+    monkeypatch.setattr(devices, "numba_cuda_missing", lambda: None)
+    assert peers.unavailable("pycoll", device="cuda") is None
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")
+    assert devices.simulator() and "simulator" in peers._cupy_nccl_missing()
+
+
+def test_nccl_route_and_reasons(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYCOLL_PERF_NCCL", raising=False)
+    monkeypatch.setattr(peers, "_torch_nccl_missing", lambda: "no CUDA GPU on this machine")
+    monkeypatch.setattr(peers, "_cupy_nccl_missing", lambda: "cupy is not installed")
+    assert peers.nccl_route() == (None, "no CUDA GPU on this machine")
+    assert peers.unavailable("nccl") == "no CUDA GPU on this machine"
+    monkeypatch.setattr(peers, "_cupy_nccl_missing", lambda: "cupy.cuda.nccl is unusable (ImportError: libnccl)")
+    assert peers.nccl_route() == (None, "torch: no CUDA GPU on this machine; CuPy: cupy.cuda.nccl is unusable "
+                                        "(ImportError: libnccl)")
+    monkeypatch.setattr(peers, "_cupy_nccl_missing", lambda: None)
+    assert peers.nccl_route() == ("cupy", "") and peers.unavailable("nccl") is None
+    monkeypatch.setattr(peers, "_torch_nccl_missing", lambda: None)
+    assert peers.nccl_route() == ("torch", "")  # torch first
+    monkeypatch.setenv("PYCOLL_PERF_NCCL", "cupy")
+    assert peers.nccl_route() == ("cupy", "")
+    monkeypatch.setattr(peers, "_cupy_nccl_missing", lambda: "cupy is not installed")
+    assert peers.nccl_route() == (None, "cupy is not installed")  # forced: torch is not tried
+    monkeypatch.setenv("PYCOLL_PERF_NCCL", "mpi")
+    assert "choose torch or cupy" in peers.nccl_route()[1]
+    assert "virtual hosts" in peers.unavailable("nccl", hosts=2)
+
+
+def test_nccl_absent_here_is_reported() -> None:
+    """On this machine (no GPU, torch without CUDA) the nccl peer says why it cannot run."""
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: nccl may run")
+    reason = peers.unavailable("nccl")
+    assert reason and ("CUDA" in reason or "cupy" in reason.lower())
+
+
+def test_duplicate_gpu_jobs_are_skipped() -> None:
+    why = peers.job_unavailable("nccl", 2, 1)
+    assert why and "Duplicate GPU detected" in why and "2 ranks on 1 GPU " in why
+    assert peers.job_unavailable("nccl", 1, 1) is None and peers.job_unavailable("nccl", 4, 8) is None
+    assert peers.job_unavailable("pycoll", 8, 1) is None and peers.job_unavailable("gloo", 8, 0) is None
+    assert worker.skip_reason(RuntimeError(DUP)) == \
+        "NCCL takes one GPU per rank (Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 0)"
+    assert worker.skip_reason(RuntimeError("NCCL error: unhandled system error")) is None
+
+
+class _DupBackend(worker.Backend):
+    """A 1-rank backend whose collectives fail as NCCL does with two ranks on one GPU."""
+
+    name = "nccl"
+
+    def gather(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> worker.Prepared:
+        raise RuntimeError(DUP)
+
+
+def test_worker_reports_a_duplicate_gpu_as_a_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "make_backend", lambda *a: _DupBackend())
+    spec = sweep.worker_spec(options.parse_args(["-C", "allreduce,broadcast", "-b", "8", "-e", "8"]), "nccl")
+    recs: list[dict[str, Any]] = []
+    worker.run_peer(spec, recs.append)
+    assert [(r["collective"], "error" in r, r["skipped"].startswith("NCCL takes one GPU per rank")) for r in recs] == \
+        [("allreduce", False, True), ("broadcast", False, True)]
+
+
+def test_sweep_records_skipped_nccl_jobs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """np=2 on one GPU: the nccl job is not launched, the JSON says why, and the sweep does not fail."""
+    monkeypatch.setattr(peers, "unavailable", lambda peer, *a, **k: None)
+    monkeypatch.setattr(peers, "nccl_route", lambda: ("torch", ""))
+    monkeypatch.setattr(devices, "gpu_count", lambda: 1)
+    monkeypatch.setattr(sweep, "measure_limits", lambda: {"copy_GBps": 1.0, "reduce_GBps": 1.0})
+    launched: list[Any] = []
+    monkeypatch.setattr(sweep, "run_job", lambda *a: launched.append(a) or ([], None))
+    out = tmp_path / "s.json"
+    opts = options.parse_args(["--np", "2", "--peers", "nccl", "-C", "allreduce", "-b", "1K", "-e", "1K",
+                               "--json", str(out), "--no-progress"])
+    assert sweep.run_sweep(opts) == 0 and not launched
+    text = capsys.readouterr().out
+    assert "# nccl through torch.distributed" in text
+    assert "# peer nccl, 2 ranks: skipped (NCCL refuses 2 ranks on 1 GPU" in text
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["jobs_skipped"] == [{"peer": "nccl", "nranks": 2, "reason": peers.job_unavailable("nccl", 2, 1)}]
+    assert meta["device"] == "host" and meta["nccl_via"] == "torch"
+
+
+# ---------------------------------------------------------------- the limit line
+
+
+def test_device_limits_under_the_simulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NUMBA_ENABLE_CUDASIM", "1")  # the child process that measures inherits it
+    lim = sweep.sweep_limits("cuda")
+    assert lim["memory"] == "cuda" and lim["copy_GBps"] > 0 and lim["via"] == "numba"
+    assert lim["device_name"] == "numba simulator" and lim["limit_bytes"] == devices.SIM_LIMIT_BYTES
+    assert lim["host_copy_GBps"] > 0 and lim["host_reduce_GBps"] > 0
+    line = sweep.limit_line(lim)
+    assert line.startswith("# limit: device-to-device copy ") and "numba simulator (numba, 4 MiB); host copy" in line
+    assert plot._copy_bound([{"limits": lim}]) == (lim["copy_GBps"], plot.DEVICE_BOUND)
+    assert plot._copy_bound([{"limits": {"copy_GBps": 3.0}}]) == (3.0, plot.HOST_BOUND)
+
+
+def test_device_limit_failure_draws_no_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = {"memory": "cuda", "error": "the device copy measurement failed (exit 1: CudaSupportError)",
+              "host_copy_GBps": 2.0, "host_reduce_GBps": 1.0}
+    assert sweep.limit_line(failed) == ("# limit: device copy not measured (the device copy measurement failed "
+                                        "(exit 1: CudaSupportError)); host copy 2.00 GB/s")
+    assert plot._copy_bound([{"limits": failed}]) is None
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    if devices.numba_cuda_missing() is not None:  # no device here: the child fails and says so
+        got = devices.device_limits(timeout=120)
+        assert got["memory"] == "cuda" and "copy_GBps" not in got and got["error"].startswith("the device copy")
+
+
+# ---------------------------------------------------------------- a device sweep under the simulator
+
+
+@pytest.mark.timeout(150)
+def test_device_sweep_under_the_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "dev.json"
+    argv = ["--np", "2", "--peers", "pycoll,mpi,gloo,nccl", "--device", "cuda", "-b", "64", "-e", "1K", "-f", "16",
+            "-n", "2", "-w", "1", "--json", str(out), "--no-progress"]
+    env = dict(__import__("os").environ, NUMBA_ENABLE_CUDASIM="1")
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=140, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(out.read_text())
+    recs = data["records"]
+    got = {(r["collective"], r["bytes"], r["inplace"]) for r in recs}
+    want = {(c, s, ip) for c in options.COLLECTIVES for s in (64, 1024) for ip in (False, True)}
+    assert got == want and all(r["peer"] == "pycoll" and r["nranks"] == 2 for r in recs)
+    assert all(r["device"] == "cuda" for r in recs)
+    assert sum(r["wrong"] for r in recs) == 0 and "# Out of bounds values : 0 OK" in proc.stdout
+    assert set(data["meta"]["peers_skipped"]) == {"mpi", "gloo", "nccl"}
+    assert "CUDA-aware" in data["meta"]["peers_skipped"]["mpi"]
+    assert data["meta"]["device"] == "cuda" and data["meta"]["command"].endswith("--device cuda --no-progress")
+    assert data["limits"]["memory"] == "cuda" and data["limits"]["copy_GBps"] > 0
+    assert "# device buffers (--device cuda) on numba's CUDA simulator" in proc.stdout
+    assert "2 ranks, allreduce, dtype float, op sum, CUDA buffers" in proc.stdout
+    pytest.importorskip("matplotlib")
+    written = plot.make_plots([out], tmp_path / "png", False, ["allreduce"])
+    assert [p.name for p in written] == ["busbw_allreduce_np2.png", "latency_allreduce_np2.png"]
+
+
+@pytest.mark.timeout(120)
+def test_device_sweep_bfloat16_and_wrong_results_are_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 device buffers travel with their datatype; and a sweep whose results are corrupted reports them."""
+    spec = sweep.worker_spec(options.parse_args(["-C", "allreduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
+                                                 "-d", "bfloat16", "--device", "cuda"]), "pycoll")
+    script = ("import json, sys; from pycoll.perf import worker\n"
+              "spec = json.loads(sys.argv[1]); bad = sys.argv[2] == '1'\n"
+              "if bad:\n"
+              "    real = worker._MpiStyle.prepare\n"
+              "    def prepare(self, *a):\n"
+              "        run, result = real(self, *a)\n"
+              "        return run, lambda: result() + (self.rank == 0)\n"
+              "    worker._MpiStyle.prepare = prepare\n"
+              "worker.run_peer(spec, lambda r: print(json.dumps(r)) if r.get('bytes') else None)\n")
+    env = dict(__import__("os").environ, NUMBA_ENABLE_CUDASIM="1")
+    for bad in ("0", "1"):
+        proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", script,
+                               json.dumps(spec), bad], capture_output=True, text=True, cwd=ROOT, timeout=100, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        recs = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+        assert [(r["dtype"], r["device"], r["count"]) for r in recs] == [("bfloat16", "cuda", 32)] * 2
+        assert [r["wrong"] for r in recs] == ([0, 0] if bad == "0" else [32, 32])
