@@ -215,3 +215,41 @@ def test_device_sweep_bfloat16_and_wrong_results_are_counted(tmp_path: Path, mon
         recs = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
         assert [(r["dtype"], r["device"], r["count"]) for r in recs] == [("bfloat16", "cuda", 32)] * 2
         assert [r["wrong"] for r in recs] == ([0, 0] if bad == "0" else [32, 32])
+
+
+def _gpu_missing() -> str | None:
+    """Why the real device cannot be used (asked in a child process, without the simulator), or None."""
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    code = "from pycoll.perf import devices; print(devices.numba_cuda_missing() or '')"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        return "probing numba.cuda timed out"
+    return (out.stdout.strip() or None) if out.returncode == 0 else f"probe failed: {out.stderr.strip()[-300:]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(400)
+def test_device_sweep_on_gpu(tmp_path: Path) -> None:
+    """A real --device cuda sweep: pycoll on 1 and 2 ranks, NCCL where it runs (skipped, saying why, where not)."""
+    why = _gpu_missing()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "gpu.json"
+    argv = ["--np", "1,2", "--peers", "pycoll,nccl", "--device", "cuda", "-C", "allreduce,allgather,reduce_scatter,"
+            "broadcast,reduce,alltoall", "-b", "1K", "-e", "4M", "-f", "64", "-n", "3", "-w", "1", "-d", "bfloat16",
+            "--json", str(out), "--no-progress"]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=380, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert data["limits"]["memory"] == "cuda" and data["limits"]["copy_GBps"] > 0, data["limits"]
+    recs = data["records"]
+    mine = {(r["nranks"], r["collective"]) for r in recs if r["peer"] == "pycoll"}
+    assert mine == {(n, c) for n in (1, 2) for c in options.COLLECTIVES}
+    assert all(r["device"] == "cuda" and r["wrong"] == 0 for r in recs)
+    skipped = {(s["peer"], s["nranks"]) for s in data["meta"]["jobs_skipped"]}
+    if "nccl" not in data["meta"]["peers_skipped"]:
+        assert any(r["peer"] == "nccl" and r["nranks"] == 1 for r in recs)
+        assert devices.gpu_count() >= 2 or ("nccl", 2) in skipped
