@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pycoll.perf import devices, options, peers, plot, sweep, worker
+from test_device_buffers import _gpu_missing  # numba.cuda's own answer, asked without the simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 DUP = "NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 0"
@@ -215,17 +216,6 @@ def test_device_sweep_bfloat16_and_wrong_results_are_counted(tmp_path: Path, mon
         recs = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
         assert [(r["dtype"], r["device"], r["count"]) for r in recs] == [("bfloat16", "cuda", 32)] * 2
         assert [r["wrong"] for r in recs] == ([0, 0] if bad == "0" else [32, 32])
-
-
-def _gpu_missing() -> str | None:
-    """Why the real device cannot be used (asked in a child process, without the simulator), or None."""
-    env = {k: v for k, v in __import__("os").environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    code = "from pycoll.perf import devices; print(devices.numba_cuda_missing() or '')"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    except subprocess.TimeoutExpired:
-        return "probing numba.cuda timed out"
-    return (out.stdout.strip() or None) if out.returncode == 0 else f"probe failed: {out.stderr.strip()[-300:]}"
 
 
 @pytest.mark.gpu
