@@ -3,17 +3,17 @@
 # sharing one GPU, NCCL where it can run), with the device-to-device copy as the limit line. Results (JSON, console
 # tables, PNGs, the commands) go to perf/results/gpu-<date>/.
 #
-# Usage: bash perf/gpu_sweep.sh PART      PART: env tests np2 np4 np8 nccl gloo plot all (default all)
+# Usage: bash perf/gpu_sweep.sh [PART...]   PART: env tests nccl np2 np4 np8 gloo plot all (default all)
 #
 # The device tool (/work/.library/device/README.md) stops a command after 600 s and lends 30 minutes in all, so
-# run it there as one call per part, in this order, each with the same date so that the parts share one folder:
-#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh tests     # pytest -m gpu (about 3-5 min)
-#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh nccl      # pycoll and NCCL at 1 rank; NCCL's skips at 2, 4, 8
-#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh np2       # pycoll, 2 ranks on one GPU, 1 KiB .. 1 GiB
-#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh np4
-#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh np8
-# Each part ends by packing the folder into $OUT/gpu-<part>.tar.gz (when $OUT is set, as it is there), which comes
-# back to this machine; unpack each in the repository root (tar xzf FILE), then draw the charts here:
+# run it there in three calls, in this order, each with the same date so that the parts share one folder:
+#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh tests          # pytest -m gpu (a few minutes)
+#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh nccl np2 np4   # NCCL and pycoll at 1 rank (NCCL's skips at
+#                                                                   # 2, 4, 8), then pycoll on 2 and 4 ranks
+#   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh np8            # pycoll, 8 ranks on one GPU
+# (pycoll sweeps: allreduce, 1 KiB .. 1 GiB, out of place and in place.) After every part the folder is packed into
+# $OUT/gpu-<parts>.tar.gz (when $OUT is set, as it is there), which comes back to this machine even if a later
+# part is cut off; unpack each in the repository root (tar xzf FILE), then draw the charts here:
 #   GPU_SWEEP_DATE=2026-11-24 bash perf/gpu_sweep.sh plot
 # and commit perf/results/gpu-<date>/.
 #
@@ -28,22 +28,29 @@
 # barely). This script installs whatever is in .whl/ into /tmp/site first. On a machine with a package index it
 # pip-installs what is missing instead: the `cuda` extra's cupy-cuda12x, and a CUDA build of torch.
 #
-# Knobs: GPU_SWEEP_DATE (folder name), GPU_SWEEP_MAXBYTES (1G), GPU_SWEEP_ITERS (20), GPU_SWEEP_WARMUP (5),
-# GPU_SWEEP_JOB_TIMEOUT (seconds per job, 420: a job cut short keeps the points it measured), PYTHON (python3).
+# Knobs: GPU_SWEEP_DATE (folder name), GPU_SWEEP_RESULTS (the folder itself), GPU_SWEEP_MAXBYTES (1G),
+# GPU_SWEEP_ITERS (20), GPU_SWEEP_WARMUP (5), GPU_SWEEP_JOB_TIMEOUT (seconds per job, 420: a job cut short keeps
+# the points it measured), PYTHON (python3). GPU_SWEEP_SIM=1 is a dry run without a GPU: numba's simulator, no
+# installs (e.g. GPU_SWEEP_SIM=1 GPU_SWEEP_MAXBYTES=4K GPU_SWEEP_RESULTS=/tmp/g bash perf/gpu_sweep.sh nccl np2).
 
 set -u -o pipefail
-PART=${1:-all}
+PARTS=("${@:-all}")
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ] && [ "${PARTS[*]}" = plot ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
 DATE=${GPU_SWEEP_DATE:-$(date -u +%Y-%m-%d)}
-RES=perf/results/gpu-$DATE
+RES=${GPU_SWEEP_RESULTS:-perf/results/gpu-$DATE}
 MAXB=${GPU_SWEEP_MAXBYTES:-1G}
 ITERS=${GPU_SWEEP_ITERS:-20}
 WARM=${GPU_SWEEP_WARMUP:-5}
 JOB_TIMEOUT=${GPU_SWEEP_JOB_TIMEOUT:-420}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYCOLL_TIMEOUT=${PYCOLL_TIMEOUT:-300}
-unset NUMBA_ENABLE_CUDASIM  # the real device, never the simulator
+if [ "${GPU_SWEEP_SIM:-0}" = 1 ]; then
+    export NUMBA_ENABLE_CUDASIM=1
+else
+    unset NUMBA_ENABLE_CUDASIM  # the real device, never the simulator
+fi
 mkdir -p "$RES"
 STATUS=0
 
@@ -137,17 +144,25 @@ part() {
             local files=("$RES"/*.json)
             step plot "$PY" -m pycoll plot "${files[@]}" --out "$RES/plots"
             step plot_inplace "$PY" -m pycoll plot "${files[@]}" --out "$RES/plots-inplace" --inplace in ;;
-        all) for p in env tests nccl np2 np4 np8 gloo plot; do part "$p"; done ;;
+        all) for q in env tests nccl np2 np4 np8 gloo plot; do part "$q"; pack; done ;;
         *) echo "unknown part $1: env tests nccl np2 np4 np8 gloo plot all" >&2; exit 2 ;;
     esac
 }
 
-if [ "$PART" != plot ]; then
-    install_missing
+pack() {  # the device tool brings $OUT back; one file holds the whole folder
+    if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then
+        local name
+        name=gpu-$(IFS=-; echo "${PARTS[*]}").tar.gz
+        tar czf "$OUT/$name" "$RES" && log "packed $RES into \$OUT/$name"
+    fi
+}
+
+if [ "${PARTS[*]}" != plot ]; then
+    [ "${GPU_SWEEP_SIM:-0}" = 1 ] || install_missing
     env_report
 fi
-part "$PART"
-if [ -n "${OUT:-}" ] && [ -d "${OUT}" ]; then  # the device tool brings $OUT back; one file holds the whole folder
-    tar czf "$OUT/gpu-$PART.tar.gz" "$RES" && log "packed $RES into $OUT/gpu-$PART.tar.gz"
-fi
+for p in "${PARTS[@]}"; do
+    part "$p"
+    pack
+done
 exit $STATUS
