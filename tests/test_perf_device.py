@@ -137,6 +137,20 @@ def test_sweep_records_skipped_nccl_jobs(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert meta["device"] == "host" and meta["nccl_via"] == "torch"
 
 
+def test_check_in_chunks_counts_every_wrong_element(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker, "CHECK_CHUNK", 3)  # 10 elements: chunks of 3, 3, 3 and 1
+    for coll, n in (("allreduce", 3), ("allgather", 2), ("alltoall", 2), ("reduce_scatter", 2)):
+        length = worker.output_length(coll, n, 5 if coll == "allgather" else 10 // n if coll == "alltoall" else 10)
+        count = 5 if coll == "allgather" else 10 // n if coll == "alltoall" else 10
+        good = worker.expected(coll, 1, n, count, "sum", 0, "float32")
+        assert good.size == length and worker.check_result(good, coll, 1, n, count, "sum", 0, "float32") == 0
+        bad = good.astype("float32")
+        bad[[0, 4, length - 1]] += 1
+        assert worker.check_result(bad, coll, 1, n, count, "sum", 0, "float32") == 3, coll
+        assert worker.check_result(bad[:-1], coll, 1, n, count, "sum", 0, "float32") == length  # wrong size
+    assert worker.check_result(None, "reduce", 1, 2, 4, "sum", 0, "float32") == 0  # not the root: nothing to check
+
+
 # ---------------------------------------------------------------- the limit line
 
 

@@ -154,15 +154,13 @@ def cupy_usable() -> bool:
     return not simulator() and importlib.util.find_spec("cupy") is not None
 
 
-def arrays_for(device: str, prefer: Optional[str] = None) -> HostArrays:
+def arrays_for(device: str) -> HostArrays:
     """The allocator of one rank: NumPy for host; CuPy when importable, else numba.cuda, for cuda."""
     if device == "host":
         return HostArrays()
     if device != "cuda":
         raise ValueError(f"unknown device {device!r}; choose from {', '.join(DEVICES)}")
-    if (prefer or "cupy") == "cupy" and cupy_usable():
-        return CupyArrays()
-    return NumbaArrays()
+    return CupyArrays() if cupy_usable() else NumbaArrays()
 
 
 def numba_cuda_missing() -> Optional[str]:
