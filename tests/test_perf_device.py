@@ -139,9 +139,8 @@ def test_sweep_records_skipped_nccl_jobs(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 def test_check_in_chunks_counts_every_wrong_element(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker, "CHECK_CHUNK", 3)  # 10 elements: chunks of 3, 3, 3 and 1
-    for coll, n in (("allreduce", 3), ("allgather", 2), ("alltoall", 2), ("reduce_scatter", 2)):
-        length = worker.output_length(coll, n, 5 if coll == "allgather" else 10 // n if coll == "alltoall" else 10)
-        count = 5 if coll == "allgather" else 10 // n if coll == "alltoall" else 10
+    for coll, n, count in (("allreduce", 3, 10), ("allgather", 2, 5), ("alltoall", 2, 5), ("reduce_scatter", 2, 10)):
+        length = worker.output_length(coll, n, count)
         good = worker.expected(coll, 1, n, count, "sum", 0, "float32")
         assert good.size == length and worker.check_result(good, coll, 1, n, count, "sum", 0, "float32") == 0
         bad = good.astype("float32")
