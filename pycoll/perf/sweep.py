@@ -304,6 +304,8 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
                     recs, failure = run_job(cmd, env, opts.timeout, progress, label)
                 skips = [r for r in recs if "skipped" in r]
                 recs = [r for r in recs if "skipped" not in r]
+                if skips and not recs:  # a job that could not run at all (NCCL's duplicate GPU): its exit is moot
+                    failure = None
                 for why in dict.fromkeys(r["skipped"] for r in skips):
                     if rnd == 0:
                         jobs_skipped.append({"peer": job.label, "nranks": n, "reason": why})
