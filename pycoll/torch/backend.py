@@ -379,7 +379,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._peer(name, dst)
         at = self._place(name, [t])
         # pycoll's point-to-point moves host buffers: a CUDA tensor is copied to the host here (in stream order)
-        buf = T.Staged(t.detach().cpu() if at.cuda else t)
+        buf = T.Staged(t.detach().cpu() if at.cuda else t, host=True)
         return self._submit(name, lambda: [self.comm.Isend(buf.arr, dst, tag)], lambda: tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> PycollWork:
@@ -393,7 +393,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         t = self._one(name, tensors)
         at = self._place(name, [t])
         host = torch.empty(t.shape, dtype=t.dtype) if at.cuda else t  # received on the host, then copied over
-        buf = T.Staged(host, load=False)
+        buf = T.Staged(host, load=False, host=True)
         status = Status()
         reqs: list[Request] = []
 

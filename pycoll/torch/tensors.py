@@ -172,18 +172,20 @@ def array(t: torch.Tensor) -> np.ndarray:
 class Staged:
     """A tensor's flat buffer for pycoll: the tensor's own memory when contiguous, else a copy put back on ``done``.
 
-    ``arr`` is a NumPy view for a CPU tensor, a CUDA view (see ``buffer``) for a GPU one."""
+    ``arr`` is a NumPy view for a CPU tensor, a CUDA view (see ``buffer``) for a GPU one; ``host`` asks for the
+    NumPy view of a tensor known to be in host memory (point-to-point, which takes host buffers only)."""
 
     __slots__ = ("tensor", "arr", "copy")
 
-    def __init__(self, t: torch.Tensor, load: bool = True) -> None:
+    def __init__(self, t: torch.Tensor, load: bool = True, host: bool = False) -> None:
         self.tensor = t
         self.copy: Optional[torch.Tensor] = None
+        view = array if host else buffer
         if t.is_contiguous():
-            self.arr = buffer(t)
+            self.arr = view(t)
         else:
             self.copy = t.detach().contiguous() if load else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-            self.arr = buffer(self.copy)
+            self.arr = view(self.copy)
 
     def done(self) -> None:
         if self.copy is not None:
