@@ -231,7 +231,7 @@ class _Torch(Backend):
             torch.cuda.set_device(self.device)
         dist.init_process_group(name, init_method="env://")
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
-        self.memory = self.device.type
+        self.memory = "cuda" if self.device.type == "cuda" else "host"
 
     def barrier(self) -> None:
         self.dist.barrier()
