@@ -3,12 +3,16 @@ and a 2-rank device sweep of pycoll under numba's CUDA simulator checked for wro
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pycoll.perf import devices, options, peers, plot, sweep, worker
@@ -148,6 +152,81 @@ def test_check_in_chunks_counts_every_wrong_element(monkeypatch: pytest.MonkeyPa
         assert worker.check_result(bad, coll, 1, n, count, "sum", 0, "float32") == 3, coll
         assert worker.check_result(bad[:-1], coll, 1, n, count, "sum", 0, "float32") == length  # wrong size
     assert worker.check_result(None, "reduce", 1, 2, 4, "sum", 0, "float32") == 0  # not the root: nothing to check
+
+
+class _PtrArray(np.ndarray):
+    """A NumPy array with CuPy's ``.data.ptr`` (its address), for a fake NCCL that works on addresses."""
+
+    @property
+    def data(self) -> Any:  # type: ignore[override]
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+class _FakeArrays(devices.HostArrays):
+    """CupyArrays' interface over _PtrArray host memory."""
+
+    name = "cupy"
+    stream = contextlib.nullcontext()  # `with stream:` as CuPy's; .ptr below
+    stream.ptr = 0  # type: ignore[attr-defined]
+    cp = types.SimpleNamespace(copyto=np.copyto)
+
+    def from_host(self, host: np.ndarray) -> Any:
+        return host.copy().view(_PtrArray)
+
+    def zeros(self, n: int, dtype: Any) -> Any:
+        return np.zeros(n, dtype).view(_PtrArray)
+
+
+class _FakeNcclComm:
+    """One rank's NCCL: every collective is a copy of count elements; send/recv pair up inside a group."""
+
+    SIZES = {0: 1, 1: 1, 2: 4, 3: 4, 4: 8, 5: 8, 6: 2, 7: 4, 8: 8, 9: 2}  # nccl.h datatype -> bytes
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.sent: list[tuple[int, int]] = []
+
+    def _copy(self, name: str, src: int, dst: int, count: int, dtype: int) -> None:
+        self.calls.append(name)
+        ctypes.memmove(dst, src, count * self.SIZES[dtype])
+
+    def allReduce(self, src, dst, count, dtype, op, stream):  # noqa: N802 - CuPy's names
+        self._copy("allReduce", src, dst, count, dtype)
+
+    def reduceScatter(self, src, dst, count, dtype, op, stream):  # noqa: N802
+        self._copy("reduceScatter", src, dst, count, dtype)
+
+    def allGather(self, src, dst, count, dtype, stream):  # noqa: N802
+        self._copy("allGather", src, dst, count, dtype)
+
+    def broadcast(self, src, dst, count, dtype, root, stream):
+        self._copy("broadcast", src, dst, count, dtype)
+
+    def reduce(self, src, dst, count, dtype, op, root, stream):
+        self._copy("reduce", src, dst, count, dtype)
+
+    def send(self, src, count, dtype, peer, stream):
+        self.sent.append((src, count * self.SIZES[dtype]))
+
+    def recv(self, dst, count, dtype, peer, stream):
+        src, nbytes = self.sent.pop(0)
+        self.calls.append("sendrecv")
+        ctypes.memmove(dst, src, nbytes)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+def test_cupy_nccl_peer_calls_on_one_rank(dtype: str) -> None:
+    """The CuPy NCCL peer's buffers, counts, in-place offsets and datatypes, against a 1-rank fake NCCL."""
+    b = object.__new__(worker._CupyNccl)
+    b.arrays, b.nc, b.size, b.rank = _FakeArrays(), _FakeNcclComm(), 1, 0
+    b.nccl = types.SimpleNamespace(groupStart=lambda: None, groupEnd=lambda: None)  # no NCCL_* names: nccl.h values
+    for coll in options.COLLECTIVES:
+        for inplace in (False, True):
+            run, result = b.prepare(coll, inplace, 7, dtype, "sum", 0)
+            run()
+            assert worker.check_result(result(), coll, 0, 1, 7, "sum", 0, dtype) == 0, (coll, inplace)
+    assert b.nc.calls.count("sendrecv") == 2 and b.nc.calls.count("allReduce") == 2
+    assert b._const(b.DTYPES, dtype) == {"float32": 7, "bfloat16": 9, "int64": 4}[dtype]
 
 
 # ---------------------------------------------------------------- the limit line

@@ -303,9 +303,9 @@ class _Torch(Backend):
         return run, lambda: out.to(torch.float64).cpu().numpy()
 
 
-class _CupyNccl(Backend):
-    """NCCL through CuPy's cupy.cuda.nccl, for a torch without CUDA; pycoll's host communicator hands out
-    the NCCL unique id and does the barriers and gathers. Buffers are CuPy arrays, work goes on one stream."""
+class _CupyNccl(_MpiStyle):
+    """NCCL through CuPy's cupy.cuda.nccl, for a torch without CUDA; pycoll's host communicator (the base
+    class's) hands out the NCCL unique id and does the barriers and gathers. CuPy buffers, one stream."""
 
     # NumPy dtype name or op -> (cupy.cuda.nccl constant, its value in nccl.h where CuPy lacks the name)
     DTYPES = {"int8": ("NCCL_INT8", 0), "uint8": ("NCCL_UINT8", 1), "int32": ("NCCL_INT32", 2),
@@ -314,39 +314,26 @@ class _CupyNccl(Backend):
               "bfloat16": ("NCCL_BFLOAT16", 9)}
     OPS = {"sum": ("NCCL_SUM", 0), "prod": ("NCCL_PROD", 1), "max": ("NCCL_MAX", 2), "min": ("NCCL_MIN", 3),
            "avg": ("NCCL_AVG", 4)}
-    name = "nccl"
-    memory = "cuda"
-
     def __init__(self) -> None:
         from cupy.cuda import nccl
 
         from pycoll import MPI as pmpi
         from pycoll.perf.devices import CupyArrays
 
-        self.nccl, self.host = nccl, pmpi.COMM_WORLD
-        self.rank, self.size = self.host.Get_rank(), self.host.Get_size()
-        self.arrays = CupyArrays()
-        uid = self.host.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
-        self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)
-
-    def barrier(self) -> None:
-        self.host.Barrier()
-
-    def sync(self) -> None:
-        self.arrays.sync()
-
-    def gather(self, obj: Any) -> list[Any]:
-        return self.host.gather(obj, root=0) or []
+        super().__init__("nccl", pmpi, native_avg=True, arrays=CupyArrays())
+        self.nccl = nccl
+        uid = self.comm.bcast(nccl.get_unique_id() if self.rank == 0 else None, root=0)
+        self.nc = nccl.NcclCommunicator(self.size, uid, self.rank)
 
     def close(self) -> None:
-        self.comm.destroy()
+        self.nc.destroy()
 
     def _const(self, table: dict[str, tuple[str, int]], key: str) -> int:
         name, value = table[key]
         return int(getattr(self.nccl, name, value))
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
-        A, c, n, rank, nccl = self.arrays, self.comm, self.size, self.rank, self.nccl
+        A, c, n, rank, nccl = self.arrays, self.nc, self.size, self.rank, self.nccl
         dt = np_dtype(dtype)
         t, o, s = self._const(self.DTYPES, dtype), self._const(self.OPS, op), A.stream.ptr
         big = n * count if coll in ("reduce_scatter", "alltoall") else count
