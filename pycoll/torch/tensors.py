@@ -100,11 +100,16 @@ def current_stream(device: torch.device) -> Any:
 
 
 def device_scope(device: torch.device, stream: Any) -> ContextManager[Any]:
-    """``device`` and ``stream`` current in this thread, for torch and for numba.cuda (same primary context)."""
+    """``device`` and ``stream`` current in this thread, for torch and for numba.cuda (pycoll's copies), which
+    share the device's primary context: without it numba would take GPU 0's in a thread that never chose one."""
+    from numba import cuda
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
     stack = contextlib.ExitStack()
-    stack.enter_context(torch.cuda.device(device))
+    stack.enter_context(torch.cuda.device(index))
     if stream is not None:
         stack.enter_context(torch.cuda.stream(stream))
+    stack.enter_context(cuda.gpus[index])
     return stack
 
 
