@@ -56,11 +56,12 @@ STATUS=0
 
 log() { echo "[gpu_sweep $(date -u +%H:%M:%S)] $*" >&2; }
 
-# Run a command, append it to commands.txt, keep its console output in $RES/<name>.txt; a failure is recorded, not fatal.
+# Run a command; keep it in $RES/<name>.cmd and its console output in $RES/<name>.txt. A failure is recorded, not
+# fatal. (One file per step: the parts run on separate machines, and their folders are merged when unpacked.)
 step() {
     local name=$1
     shift
-    echo "$*" >>"$RES/commands.txt"
+    echo "$*" >"$RES/$name.cmd"
     log "$name: $*"
     "$@" 2>&1 | tee "$RES/$name.txt"
     local rc=${PIPESTATUS[0]}
@@ -128,6 +129,35 @@ perf() {  # perf NAME ARGS...: one `pycoll perf --device cuda` sweep into $RES/N
         --timeout "$JOB_TIMEOUT" --no-progress --json "$RES/$name.json" "$@"
 }
 
+summary() {  # commands.txt (every step, in run order) and summary.md (one line per sweep job) from the merged folder
+    local n
+    for n in tests nccl_np1 nccl_skips pycoll_np2 pycoll_np4 pycoll_np8 gloo_np2 plot plot_inplace; do
+        [ -f "$RES/$n.cmd" ] && cat "$RES/$n.cmd"
+    done >"$RES/commands.txt"
+    "$PY" - "$RES" >"$RES/summary.md" <<'EOF'
+import json, pathlib, sys
+res = pathlib.Path(sys.argv[1])
+print("| file | peer | ranks | largest | busbw out / in (GB/s) | wrong | limit copy (GB/s) |")
+print("|---|---|---|---|---|---|---|")
+for f in sorted(res.glob("*.json")):
+    data = json.loads(f.read_text())
+    limit = data.get("limits", {}).get("copy_GBps", "-")
+    jobs = {}
+    for r in data["records"]:
+        jobs.setdefault((r["peer"], r["nranks"]), []).append(r)
+    for (peer, n), recs in sorted(jobs.items()):
+        top = max(r["bytes"] for r in recs)
+        bw = {r["inplace"]: r["busbw_GBps"] for r in recs if r["bytes"] == top}
+        print(f"| {f.name} | {peer} | {n} | {top >> 10} KiB | {bw.get(False, '-')} / {bw.get(True, '-')} | "
+              f"{sum(r['wrong'] for r in recs)} | {limit} |")
+    for s in data["meta"].get("jobs_skipped", []):
+        print(f"| {f.name} | {s['peer']} | {s['nranks']} | skipped: {s['reason']} | | | |")
+    for peer, why in data["meta"].get("peers_skipped", {}).items():
+        print(f"| {f.name} | {peer} | | unavailable: {why} | | | |")
+EOF
+    cat "$RES/summary.md" >&2
+}
+
 part() {
     case $1 in
         env) env_report ;;
@@ -143,7 +173,8 @@ part() {
         plot)
             local files=("$RES"/*.json)
             step plot "$PY" -m pycoll plot "${files[@]}" --out "$RES/plots"
-            step plot_inplace "$PY" -m pycoll plot "${files[@]}" --out "$RES/plots-inplace" --inplace in ;;
+            step plot_inplace "$PY" -m pycoll plot "${files[@]}" --out "$RES/plots-inplace" --inplace in
+            summary ;;
         all) for q in env tests nccl np2 np4 np8 gloo plot; do part "$q"; pack; done ;;
         *) echo "unknown part $1: env tests nccl np2 np4 np8 gloo plot all" >&2; exit 2 ;;
     esac
