@@ -76,6 +76,10 @@ class ProtocolError(PeerFailureError):
     """A message from a peer did not follow pycoll's wire format."""
 
 
+class DeviceError(PycollError):
+    """A CUDA operation failed on this rank: a copy, a kernel launch, or mapping a peer's memory (CUDA IPC)."""
+
+
 class RemoteError(PycollError):
     """Another rank failed inside this operation and aborted it; the cause is that rank's error."""
 

@@ -39,6 +39,7 @@ class Call:
     send_counts: list[int] = field(default_factory=list)  # alltoall(v): per-destination counts in send
     send_displs: list[int] = field(default_factory=list)
     in_place: bool = False
+    stream: Any = None  # the caller's CUDA stream, for algorithms that run on device buffers (None: no stream given)
 
     @property
     def nbytes(self) -> int:
@@ -166,6 +167,7 @@ class Steps:
         mem: MemoryBackend,
         layout: Optional[Layout] = None,
         arena: Any = None,
+        ipc: Any = None,
     ) -> None:
         self.engine = engine
         self.rank = rank
@@ -181,6 +183,7 @@ class Steps:
         self.layout = layout or Layout.flat(size)
         self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
         self.arena = arena  # the communicator's ArenaState when all its ranks share a host (shared.py), else None
+        self.ipc = ipc  # the communicator's IpcState for device buffers on one host (cuda_ipc.py), else None
 
     @property
     def owner(self) -> Owner:
@@ -225,6 +228,7 @@ class Steps:
         other._world = [self._world[m] for m in members]
         other.layout = self.layout.sub(members)
         other.arena = None  # the arena belongs to the whole communicator
+        other.ipc = None
         return other
 
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:

@@ -92,6 +92,16 @@ class CostModel:
     # launch), the same for every algorithm, which the simulator adds and selection can ignore.
     fused: bool = False
     call_us: float = 0.0
+    # Device buffers on one host (pycoll/algorithms/cuda_ipc.py). An IPC phase's fixed cost: a stream synchronisation,
+    # a meeting on the host arena's flags and a kernel launch (estimated from CUDA's documented launch and sync
+    # latencies, not yet measured); a kernel's reads of a peer GPU's memory through CUDA IPC (PCIe unless the
+    # topology says NVLink); copies within one GPU's memory; and the staged path's copies between device and
+    # pinned host memory, each a fixed cost plus bytes over PCIe.
+    ipc_sync_us: float = 20.0
+    ipc_GBps: float = 12.0
+    device_GBps: float = 1000.0
+    stage_us: float = 10.0
+    stage_GBps: float = 12.0
     formula: int = FORMULA  # see FORMULA
     source: str = field(default="built-in defaults", compare=False)
 
@@ -135,7 +145,8 @@ class CostModel:
     def latency_only(self) -> "CostModel":
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
-        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, cma_GBps=inf, corrections=(), residuals=())
+        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, cma_GBps=inf, ipc_GBps=inf,
+                                   device_GBps=inf, stage_GBps=inf, corrections=(), residuals=())
 
     def split(self, cost_fn, nbytes: float, lay: Layout) -> tuple[float, float]:
         """(latency part, bandwidth part) of an uncorrected cost function's prediction."""
@@ -177,6 +188,10 @@ class CostModel:
         """Seconds that ``waits`` dependent waits on peers cost when a host has more ranks than cores: the peer a
         rank waits for is often descheduled, and each such wait is a trip through the scheduler."""
         return waits * self.handover_us * 1e-6 if self.over(lay) > 1 else 0.0
+
+    def staging_s(self, nbytes: float) -> float:
+        """Seconds a device call spends staged through pinned host memory: its input copied out, its result back."""
+        return 2 * (self.stage_us * 1e-6 + nbytes / (self.stage_GBps * 1e9))
 
     def link(self, lay: Layout) -> tuple[float, float]:
         """(latency s, bandwidth B/s) of the slowest link between the layout's ranks."""
@@ -417,7 +432,8 @@ def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, b
             net_latency_us=topo.net_latency_us + GPU_STEP_US,
             net_GBps=net_GBps if net_GBps is not None else GPU_NET_GBPS,
             reduce_GBps=hbm / 3,  # c = a + b reads two bytes and writes one per byte reduced
-            copy_GBps=hbm / 2, cma_GBps=hbm / 2,
+            copy_GBps=hbm / 2, cma_GBps=hbm / 2, device_GBps=hbm / 2,
+            ipc_GBps=intra_GBps if intra_GBps is not None else GPU_PCI_GBPS,
             msg_us=0.0, cores=max(counts.values(), default=1), chunk_bytes=GPU_CHUNK_BYTES,
             fused=True, call_us=GPU_LAUNCH_US, source=where,
         )

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional, Union
 
+from ..buffers import DeviceArray
 from ..config import str_param
 from ..errors import InvalidArgumentError
 from . import cost as cost_model
@@ -50,6 +51,9 @@ class Algorithm:
     run: Callable[[Steps, Call], Schedule]
     refuse: Optional[Refusal] = None
     cost: Optional[Cost] = None  # seconds predicted by the model for n bytes on a layout
+    # "host": runs on host arrays (a device call is staged through pinned host memory for it); "cuda": runs on
+    # device buffers only (its refusal declines host calls)
+    memory: str = "host"
 
     def refusal(self, call: Call, layout: Layout) -> Optional[str]:
         return self.refuse(call, layout) if self.refuse else None
@@ -86,19 +90,23 @@ def register(
     bytes: str,
     refuse: Optional[Refusal] = None,
     cost: Optional[Cost] = None,
+    memory: str = "host",
 ) -> Callable[[Callable[[Steps, Call], Schedule]], Callable[[Steps, Call], Schedule]]:
     """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered.
 
-    ``refuse(call, layout)`` returns why the algorithm cannot serve a call, from the call's size and the
-    layout only; ``cost(model, nbytes, layout)`` predicts its time in seconds.
+    ``refuse(call, layout)`` returns why the algorithm cannot serve a call, from the call's size, its memory
+    (host or device) and the layout only; ``cost(model, nbytes, layout)`` predicts its time in seconds.
+    ``memory`` is "host" or "cuda" (see ``Algorithm.memory``).
     """
+    if memory not in ("host", "cuda"):
+        raise ValueError(f"memory must be 'host' or 'cuda', not {memory!r}")
 
     def wrap(fn: Callable[[Steps, Call], Schedule]) -> Callable[[Steps, Call], Schedule]:
         _cache.clear()
         table = ALGORITHMS[collective]
         if name in table:
             raise ValueError(f"algorithm {collective}:{name} registered twice")
-        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost)
+        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost, memory)
         return fn
 
     return wrap
@@ -141,14 +149,24 @@ class Choice:
 last_choice = Choice()
 
 
+def on_device(call: Call) -> bool:
+    """Whether the call's buffers are CUDA memory (Comm accepts both on the device or both on the host)."""
+    return isinstance(call.recv, DeviceArray) or isinstance(call.send, DeviceArray)
+
+
 def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> list[tuple[float, Algorithm]]:
-    """The algorithms that accept this call, cheapest first by the model (registration order breaks ties)."""
+    """The algorithms that accept this call, cheapest first by the model (registration order breaks ties).
+
+    For a call on device buffers, a host algorithm's prediction includes staging the buffers through host memory.
+    """
     model = model or cost_model.current()
+    staged = model.staging_s(call.size_bytes) if on_device(call) else 0.0
     out = []
     for algo in ALGORITHMS[call.coll].values():
         reason = algo.refusal(call, layout)
         if reason is None:
-            out.append((algo.predict(model, call.size_bytes, layout), algo))
+            extra = staged if algo.memory == "host" else 0.0
+            out.append((algo.predict(model, call.size_bytes, layout) + extra, algo))
         else:
             log.debug("%s: %s declined: %s", call.coll, algo.name, reason)
     out.sort(key=lambda pair: pair[0])  # stable: equal costs keep registration order
@@ -160,7 +178,7 @@ _cache_model: list[Optional[CostModel]] = [None]  # the model the cache was fill
 
 
 def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, call: Call) -> list[tuple[float, Algorithm]]:
-    """``ranked`` memoised per (collective, size, layout) for the model in force: repeated calls skip the model.
+    """``ranked`` memoised per (collective, size, layout, memory) for the model in force: repeated calls skip the model.
 
     The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
     than the lookup saves. Refusals may depend only on these (and on nothing else in the call) for the cache to hold.
@@ -168,7 +186,7 @@ def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, cal
     if _cache_model[0] is not model:
         _cache.clear()
         _cache_model[0] = model
-    key = (coll, nbytes, layout)
+    key = (coll, nbytes, layout, on_device(call))
     hit = _cache.get(key)
     if hit is None:
         if len(_cache) > 4096:
