@@ -19,6 +19,7 @@ from . import ops as _ops
 from .algorithms import ALGO, CHECK_CALLS, Call, Layout, Steps, select, verify_call
 from .algorithms import cost as cost_model
 from .algorithms import arena_jit, shared, staged
+from .algorithms.cuda_ipc import IpcState
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import AbortedError, InvalidArgumentError
@@ -270,6 +271,8 @@ class Comm:
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
             self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
             self._arena.gate = self._compiled
+        # device buffers of one host: CUDA IPC buffers, set up by the first device call that selects them
+        self._ipc: Optional[IpcState] = IpcState() if self._arena is not None else None
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -357,7 +360,7 @@ class Comm:
         owner.sig = sig
         steps = Steps(
             self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
-            self._layout, self._arena,
+            self._layout, self._arena, self._ipc,
         )
         return steps, owner
 
@@ -421,6 +424,10 @@ class Comm:
                     f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
                     "the host", op=label, rank=self._rank)
             return call, None
+        if call.coll == "allreduce" and self._ipc is not None:  # an algorithm on device buffers (CUDA IPC) if selected
+            device_call = dataclasses.replace(call, stream=stream)
+            if select(device_call, self._layout).memory == "cuda":
+                return device_call, None
         try:
             from .cuda.memory import Staged
 
@@ -1249,6 +1256,8 @@ class Comm:
         self._bcast_plans.clear()
         if self._arena is not None:
             self._arena.close()
+        if self._ipc is not None:
+            self._ipc.close()
 
     def Abort(self, errorcode: int = 1, *, terminate: bool = True) -> None:  # noqa: N802
         """Tear this communicator down, from any thread, without waiting for anyone.
