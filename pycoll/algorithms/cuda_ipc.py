@@ -14,8 +14,9 @@ through host memory instead, on every rank alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Generator, Optional
+from typing import Any, Generator, Iterator, Optional
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def _twoshot_cost(m: CostModel, n: float, lay: Layout) -> float:
 
 
 class _Device:
-    """One call's stream and views of its device buffers; every CUDA failure becomes a DeviceError."""
+    """One call's stream and views of its device buffers; ``failing`` turns CUDA failures into DeviceError."""
 
     def __init__(self, st: Steps, call: Call) -> None:
         from ..cuda.memory import CudaMemory
@@ -112,8 +113,14 @@ class _Device:
         self.mem = CudaMemory(call.stream)
         self.stream = self.mem.stream if self.mem.stream is not None else 0
 
-    def error(self, what: str, exc: Exception) -> PycollError:
-        return self.st.owner.error(DeviceError, f"{what} failed ({type(exc).__name__}: {exc})")
+    @contextlib.contextmanager
+    def failing(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except PycollError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - numba's CUDA errors have no common base
+            raise self.st.owner.error(DeviceError, f"{what} failed ({type(exc).__name__}: {exc})") from None
 
     def view(self, d: DeviceArray, dtype: Any = np.uint8) -> Any:
         from ..cuda.memory import device_view
@@ -130,20 +137,15 @@ class _Device:
 
         launch.reduce_many(self.call.op, out, srcs, dtype=self.call.dtype, stream=self.stream)
 
-
-def _copy_in(dev: _Device, arena: Any, op: int, rank: int) -> None:
-    """This rank's input into its slot for ``op``, after the caller's queued work; complete on return."""
-    call = dev.call
-    assert call.send is not None
-    try:
-        dev.mem.wait_for_inputs()
-        if call.send.nbytes:  # empty calls touch no memory, but meet all the same
-            dev.copy(arena.slot(rank, op, call.send.nbytes), dev.view(call.send))
-        dev.mem.synchronize()  # peers read the slot as soon as this rank posts
-    except PycollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numba's CUDA errors have no common base
-        raise dev.error("copying the input into the IPC buffer", exc) from None
+    def copy_in(self, arena: Any, op: int) -> None:
+        """This rank's input into its slot for ``op``, after the caller's queued work; complete on return."""
+        send = self.call.send
+        assert send is not None
+        with self.failing("copying the input into the IPC buffer"):
+            self.mem.wait_for_inputs()
+            if send.nbytes:  # empty calls touch no memory, but meet all the same
+                self.copy(arena.slot(self.st.rank, op, send.nbytes), self.view(send))
+            self.mem.synchronize()  # peers read the slot as soon as this rank posts
 
 
 # ---- set-up: allocate, exchange handles, map -------------------------------------------------------------------
@@ -279,7 +281,8 @@ def _staged(st: Steps, call: Call) -> Schedule:
 
 
 def _ipc_call(st: Steps, call: Call, body: Any) -> Schedule:
-    """Take an arena number, set up (or grow) the IPC buffers, run ``body`` on them; else stage the call."""
+    """Take an arena number and the IPC buffers (set up or grown if need be), copy the input in and meet the
+    peers, then run ``body``; where there are no IPC buffers for this call, stage it instead."""
     assert call.recv is not None and call.send is not None and call.op is not None
     number = _number(st)
     harena = yield from _ready(st)
@@ -292,7 +295,13 @@ def _ipc_call(st: Steps, call: Call, body: Any) -> Schedule:
         if _kernels_refuse(call) is None and st.ipc is not None:
             arena = yield from _prepared(st, st.ipc, call.recv.nbytes)
         if arena is not None:
-            yield from body(st, harena, op, arena, call)
+            others = [q for q in range(st.size) if q != st.rank]
+            dev = _Device(st, call)
+            dev.copy_in(arena, op)
+            mine = post_call(harena, op, st.sig)
+            yield from _meet(st, harena, op, others)
+            _check_posts(st, harena, op, others, mine)
+            yield from body(st, harena, op, arena, dev, others)
     finally:
         harena.set_done(op)
     if arena is None:
@@ -314,25 +323,16 @@ def allreduce_ipc_oneshot(st: Steps, call: Call) -> Schedule:
     yield from _ipc_call(st, call, _oneshot)
 
 
-def _oneshot(st: Steps, harena: Any, op: int, arena: Any, call: Call) -> Schedule:
-    assert call.recv is not None
-    p, r = st.size, st.rank
-    others = [q for q in range(p) if q != r]
-    dev = _Device(st, call)
-    _copy_in(dev, arena, op, r)
-    mine = post_call(harena, op, st.sig)
-    yield from _meet(st, harena, op, others)
-    _check_posts(st, harena, op, others, mine)
-    nb = call.recv.nbytes
-    try:
-        if nb:
-            srcs = [arena.slot(q, op, nb, dev.storage) for q in range(p)]
-            dev.reduce(dev.view(call.recv, dev.storage), srcs)
+def _oneshot(st: Steps, harena: Any, op: int, arena: Any, dev: _Device, others: list[int]) -> Schedule:
+    """Every rank's slot, in rank order, reduced into recv."""
+    recv = dev.call.recv
+    assert recv is not None
+    with dev.failing("reducing the peers' IPC buffers"):
+        if recv.nbytes:
+            srcs = [arena.slot(q, op, recv.nbytes, dev.storage) for q in range(st.size)]
+            dev.reduce(dev.view(recv, dev.storage), srcs)
         dev.mem.synchronize()
-    except PycollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numba's CUDA errors have no common base
-        raise dev.error("reducing the peers' IPC buffers", exc) from None
+    yield from ()  # no further meeting: a schedule all the same
 
 
 @register(
@@ -350,38 +350,26 @@ def allreduce_ipc_twoshot(st: Steps, call: Call) -> Schedule:
     yield from _ipc_call(st, call, _twoshot)
 
 
-def _twoshot(st: Steps, harena: Any, op: int, arena: Any, call: Call) -> Schedule:
-    assert call.recv is not None
+def _twoshot(st: Steps, harena: Any, op: int, arena: Any, dev: _Device, others: list[int]) -> Schedule:
+    """Reduce-scatter into this rank's own slot, meet again, allgather every rank's reduced block into recv."""
+    recv = dev.call.recv
+    assert recv is not None
     p, r = st.size, st.rank
-    others = [q for q in range(p) if q != r]
-    dev = _Device(st, call)
-    _copy_in(dev, arena, op, r)
-    mine = post_call(harena, op, st.sig)
-    yield from _meet(st, harena, op, others)
-    _check_posts(st, harena, op, others, mine)
-    isz = call.dtype.itemsize
-    counts = even_counts(call.recv.size, p)
+    isz = recv.dtype.itemsize
+    counts = even_counts(recv.size, p)
     displs = offsets(counts)
-    try:  # reduce-scatter: this rank's block of every slot, reduced into its own slot (peers read it next)
+    with dev.failing("reducing this rank's block of the IPC buffers"):  # peers read the result from this slot
         nb, start = counts[r] * isz, displs[r] * isz
         if nb:
             srcs = [arena.slot(q, op, nb, dev.storage, start) for q in range(p)]
             dev.reduce(srcs[r], srcs)
         dev.mem.synchronize()
-    except PycollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numba's CUDA errors have no common base
-        raise dev.error("reducing this rank's block of the IPC buffers", exc) from None
     harena.set_ready(op)
     yield from _meet(st, harena, op, others, "ready")
-    try:  # allgather: every rank's reduced block from its slot into recv
-        out = dev.view(call.recv) if call.recv.nbytes else None
+    with dev.failing("copying the reduced blocks from the IPC buffers"):
+        out = dev.view(recv) if recv.nbytes else None
         for q in range(p):
             lo, nb = displs[q] * isz, counts[q] * isz
             if nb:
                 dev.copy(out[lo : lo + nb], arena.slot(q, op, nb, np.uint8, lo))
         dev.mem.synchronize()
-    except PycollError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - numba's CUDA errors have no common base
-        raise dev.error("copying the reduced blocks from the IPC buffers", exc) from None
