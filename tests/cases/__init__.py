@@ -40,6 +40,7 @@ MODULES = (
     "errors",
     "topology",
     "device",
+    "cuda_ipc",
 )
 
 
