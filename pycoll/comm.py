@@ -260,6 +260,7 @@ class Comm:
         self._arena: Optional[ArenaState] = None
         self._plans: dict[tuple, _AllreducePlan] = {}
         self._last_plan: Any = None  # the plan (_AllreducePlan or _BcastPlan) of the call being scheduled
+        self._chosen: Any = None  # the algorithm _stage selected for a device call (run as is, or on its staged twin)
         self._bcast_plans: dict[tuple, _BcastPlan] = {}
         self._pipe_plans: dict[tuple, _PipePlan] = {}
         self._others = [q for q in range(self._size) if q != self._rank]
@@ -366,10 +367,11 @@ class Comm:
 
     def _schedule(self, label: str, call: Call, sig: Sig) -> Schedule:
         """Number the call, pick the algorithm and start it."""
+        chosen, self._chosen = self._chosen, None
         self._live(label)
         self._seq += 1
         steps, owner = self._steps(label, sig)
-        algo = select(call, self._layout)
+        algo = chosen if chosen is not None else select(call, self._layout)
         if self._last_plan is not None:  # remember the choice for the fast path
             self._last_plan.algo = algo.run
             self._last_plan.algo_for = self._choice_key()
@@ -404,6 +406,7 @@ class Comm:
         A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it (else None).
         """
         self._live(label)
+        self._chosen = None
         try:
             call, sig = build(*args)
             call, stage = self._stage(call, stream, label)
@@ -424,9 +427,12 @@ class Comm:
                     f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
                     "the host", op=label, rank=self._rank)
             return call, None
+        chosen = None
         if call.coll == "allreduce" and self._ipc is not None:  # an algorithm on device buffers (CUDA IPC) if selected
             device_call = dataclasses.replace(call, stream=stream)
-            if select(device_call, self._layout).memory == "cuda":
+            chosen = select(device_call, self._layout)  # a host algorithm's cost includes the staging
+            if chosen.memory == "cuda":
+                self._chosen = chosen
                 return device_call, None
         try:
             from .cuda.memory import Staged
@@ -437,6 +443,7 @@ class Comm:
         except Exception as exc:  # noqa: BLE001 - no numba.cuda, no device, a bad stream: tell the peers too
             raise InvalidArgumentError(f"could not stage the device buffers ({type(exc).__name__}: {exc})", op=label,
                                        rank=self._rank) from None
+        self._chosen = chosen  # the staged twin runs the host algorithm chosen for the device call
         return staged_call.call, staged_call
 
     def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> None:
