@@ -209,7 +209,7 @@ def _check_mappings(res: harness.Result, n: int, backend: str) -> None:
 
 @pytest.mark.ranks
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("n", [2, 3, 4])  # 4 ranks on 2 cores in CI: two-shot blocks of every size
 def test_ipc_allreduce_on_simulator(n: int, tmp_path) -> None:
     res = harness.run_cases(n, CASES, out_dir=str(tmp_path), env={**SIM_ENV, **ENV}, job_timeout=170)
     res.assert_ok()
