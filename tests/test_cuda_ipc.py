@@ -235,6 +235,19 @@ def test_ipc_late_peer_times_out(tmp_path) -> None:
     assert timeouts and all(absent in t["peers"] for t in timeouts), got
 
 
+@pytest.mark.ranks
+@pytest.mark.timeout(90)
+def test_ipc_mismatch_is_named(tmp_path) -> None:
+    n = 3
+    res = harness.run_cases(n, ["cuda_ipc.mismatch_is_named"], out_dir=str(tmp_path), env=SIM_ENV, job_timeout=60)
+    res.assert_ok()
+    got = res.records("cuda_ipc.mismatch_is_named")
+    for r in range(n):
+        info = got[r]
+        assert "MismatchError" in info.get("mro", [info["class"]]), (r, info)
+        assert "Allreduce" in (info["op"] or "") and "count=" in info["cause"], (r, info)
+
+
 @pytest.mark.gpu
 @pytest.mark.ranks
 @pytest.mark.timeout(600)

@@ -259,3 +259,26 @@ def case_late_peer_times_out(ctx):
     finally:
         _restore(old)
 
+
+
+@case
+def case_mismatch_is_named(ctx):
+    """After one IPC call, rank 0 passes 3 elements and the others 4: the posted signatures differ, every rank
+    raises MismatchError naming the call, and rank 0's input is unchanged. Runs alone in its job."""
+    cuda = _cuda(ctx)
+    from .errors import _outcome
+
+    comm, MPI = ctx.comm, ctx.MPI
+    old = _force("ipc_oneshot")
+    try:
+        x = cuda.to_device(np.ones(4, np.float32))
+        comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        ctx.check("warm-up", x.copy_to_host(), np.full(4, ctx.size, np.float32))
+        comm.timeout = 20.0
+        n = 3 if ctx.rank == 0 else 4
+        send = cuda.to_device(np.arange(n, dtype=np.float32))
+        recv = cuda.to_device(np.full(n, -7, np.float32))
+        _outcome(ctx, lambda: comm.Allreduce(send, recv, op=MPI.SUM), [], "mismatch")
+        ctx.check("sendbuf unchanged", send.copy_to_host(), np.arange(n, dtype=np.float32))
+    finally:
+        _restore(old)
