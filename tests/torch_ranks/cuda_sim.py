@@ -30,15 +30,23 @@ def _patch(real: bool) -> dict[str, int]:
 
     from pycoll.cuda import memory
 
-    seen = {"staged": 0, "streams": 0, "syncs": 0}
-    init = memory.Staged.__init__
+    from pycoll.algorithms import cuda_ipc
+
+    seen = {"staged": 0, "ipc": 0, "streams": 0, "syncs": 0}
+    init, ipc_init = memory.Staged.__init__, cuda_ipc._Device.__init__
 
     def counting(self, call, rank, s):  # type: ignore[no-untyped-def]
         seen["staged"] += 1
         seen["streams"] += s is stream if not real else s is not None
         init(self, call, rank, s)
 
+    def counting_ipc(self, st, call):  # type: ignore[no-untyped-def]  # an Allreduce on CUDA IPC buffers, not staged
+        seen["ipc"] += 1
+        seen["streams"] += call.stream is stream if not real else call.stream is not None
+        ipc_init(self, st, call)
+
     memory.Staged.__init__ = counting
+    cuda_ipc._Device.__init__ = counting_ipc
     if real:
         stream = None
         return seen
@@ -143,9 +151,11 @@ def run(r: int, n: int, fail: list[str], real: bool) -> int:
         same(got, torch.arange(5, dtype=torch.float32), "send/recv")
     dist.barrier()
     if not real:  # on a GPU, pycoll may take a path that does not stage (CUDA IPC)
-        expect(seen["staged"] >= 15, f"pycoll staged {seen['staged']} device calls: the CUDA path was not taken")
+        calls = seen["staged"] + seen["ipc"]
+        expect(calls >= 15, f"pycoll took {calls} device calls ({seen['ipc']} over CUDA IPC): the CUDA path was not taken")
         expect(seen["syncs"] >= 15, f"the caller's stream was synchronised {seen['syncs']} times")
-    expect(seen["streams"] == seen["staged"], f"{seen['staged'] - seen['streams']} device calls without the caller's stream")
+    calls = seen["staged"] + seen["ipc"]
+    expect(seen["streams"] == calls, f"{calls - seen['streams']} device calls without the caller's stream")
     return checks
 
 
