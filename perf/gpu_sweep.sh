@@ -28,7 +28,7 @@
 # barely). This script installs whatever is in .whl/ into /tmp/site first. On a machine with a package index it
 # pip-installs what is missing instead: the `cuda` extra's cupy-cuda12x, and a CUDA build of torch.
 #
-# Knobs: GPU_SWEEP_DATE (folder name), GPU_SWEEP_RESULTS (the folder itself), GPU_SWEEP_MAXBYTES (1G),
+# Knobs: PYCOLL_IPC_BYTES (default: GPU_SWEEP_MAXBYTES), GPU_SWEEP_DATE (folder name), GPU_SWEEP_RESULTS (the folder itself), GPU_SWEEP_MAXBYTES (1G),
 # GPU_SWEEP_ITERS (20), GPU_SWEEP_WARMUP (5), GPU_SWEEP_JOB_TIMEOUT (seconds per job, 420: a job cut short keeps
 # the points it measured), PYTHON (python3). GPU_SWEEP_SIM=1 is a dry run without a GPU: numba's simulator, no
 # installs (e.g. GPU_SWEEP_SIM=1 GPU_SWEEP_MAXBYTES=4K GPU_SWEEP_RESULTS=/tmp/g bash perf/gpu_sweep.sh nccl np2).
@@ -46,6 +46,9 @@ ITERS=${GPU_SWEEP_ITERS:-20}
 WARM=${GPU_SWEEP_WARMUP:-5}
 JOB_TIMEOUT=${GPU_SWEEP_JOB_TIMEOUT:-420}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYCOLL_TIMEOUT=${PYCOLL_TIMEOUT:-300}
+# The CUDA IPC allreduce takes calls up to the sweep's largest size (the default, 8M, stages larger ones), so that
+# issue 9's figure, IPC allreduce busbw against the copy line at 64 MiB and more, is measured.
+export PYCOLL_IPC_BYTES=${PYCOLL_IPC_BYTES:-$MAXB}
 if [ "${GPU_SWEEP_SIM:-0}" = 1 ]; then
     export NUMBA_ENABLE_CUDASIM=1
 else
