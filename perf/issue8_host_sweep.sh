@@ -3,7 +3,7 @@
 # its own job (--rounds rotates the jobs' order; not --interleave, which alternates algorithms on the same buffers
 # and so keeps the inline paths from their steady state), 2 to 4 ranks, 1 to 256 MiB. Then
 # `python perf/simulate_check.py --out perf/results/issue8` compares the model's predictions with it.
-# About 35 minutes on the 2-core VM. Run it alone: any other load on the 2 cores slows the spinning pipes 1.5-2x.
+# About 20 minutes on the 2-core VM. Run it alone: any other load on the 2 cores slows the spinning pipes 1.5-2x.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=perf/results/issue8
