@@ -70,9 +70,7 @@ def memory_rates(base: CostModel) -> CostModel:
     from .perf.sweep import measure_limits
 
     limits = measure_limits()
-    scale = limits["copy_GBps"] / base.copy_GBps
-    return dataclasses.replace(base, copy_GBps=limits["copy_GBps"], reduce_GBps=limits["reduce_GBps"],
-                               cma_GBps=base.cma_GBps * scale)
+    return base.at_memory_speed(limits["copy_GBps"], limits["reduce_GBps"])
 
 
 # ---- the fit ------------------------------------------------------------------------------------------

@@ -303,7 +303,52 @@ def test_tune_measures_the_memory_rates_out_of_cache(monkeypatch) -> None:
         return {"copy_GBps": 16.0, "reduce_GBps": 5.0}
 
     monkeypatch.setattr(sweep, "measure_limits", fake_limits)
-    base = CostModel(copy_GBps=8.0, cma_GBps=5.5)
+    base = CostModel(copy_GBps=8.0, cma_GBps=5.5, host_memory_GBps=12.0)
     got = tune.memory_rates(base)
-    assert (got.copy_GBps, got.reduce_GBps, got.cma_GBps) == (16.0, 5.0, 11.0)
+    assert (got.copy_GBps, got.reduce_GBps, got.cma_GBps, got.host_memory_GBps) == (16.0, 5.0, 11.0, 24.0)
     assert seen["bytes"] >= 64 << 20  # past this VM's 32 MiB cache
+
+
+def _per_byte(fn, m: CostModel, lay: Layout, n: float = 256 << 20) -> float:
+    """Seconds per byte a cost function adds between n and 2n (its fixed terms cancel)."""
+    return (fn(m, 2 * n, lay) - fn(m, n, lay)) / n
+
+
+def test_cma_is_bound_by_a_ranks_own_copies_or_by_what_the_hosts_memory_carries_for_all_its_ranks() -> None:
+    """Out of cache a cma call costs the slower of the rank's own kernel copies and the host's memory moving every
+    copying rank's bytes; the broadcast's root only waits, so 2 ranks load the host's memory with one reader."""
+    m = CostModel(cache_bytes=-1, cores=8, cma_GBps=6.0, reduce_GBps=6.0, copy_GBps=8.0)
+    two = Layout.flat(2)
+    roomy = dataclasses.replace(m, host_memory_GBps=1e6)
+    narrow = dataclasses.replace(m, host_memory_GBps=4.0)
+    bcast, allgather = ALGORITHMS["broadcast"]["cma"].cost, ALGORITHMS["allgather"]["cma"].cost
+    # a roomy host: the reader's core sets the pace (n at cma_GBps)
+    assert _per_byte(bcast, roomy, two) == pytest.approx(1 / 6e9, rel=1e-6)
+    # a narrow one: the host's memory does, for as many ranks as copy at once (one for a 2-rank broadcast)
+    assert _per_byte(bcast, narrow, two) == pytest.approx(1 / 4e9, rel=1e-6)
+    assert _per_byte(bcast, narrow, Layout.flat(3)) == pytest.approx(2 / 4e9, rel=1e-6)
+    # allgather: every rank reads (p-1)/p n and copies its own n/p, all at once
+    assert _per_byte(allgather, roomy, two) == pytest.approx(0.5 / 6e9 + 0.5 / 8e9, rel=1e-6)
+    assert _per_byte(allgather, narrow, two) == pytest.approx(2 * (0.5 + 0.5) / 4e9, rel=1e-6)
+
+
+def test_cma_pulled_bytes_are_reduced_with_one_operand_in_cache() -> None:
+    """reduce_scatter:cma reads each peer's part in chunks into a scratch that stays in cache and reduces it from
+    there: (p-1)/p n at cma_GBps plus the same bytes at 1.5 x reduce_GBps; on the host's memory, 1.5 copies each."""
+    m = CostModel(cache_bytes=-1, cores=8, cma_GBps=6.0, reduce_GBps=4.0, host_memory_GBps=1e6)
+    fn = ALGORITHMS["reduce_scatter"]["cma"].cost
+    for p in (2, 4):
+        share = (p - 1) / p
+        chunk_steps = share * m.arena_step_us * 1e-6 / m.arena_chunk  # per byte
+        assert _per_byte(fn, m, Layout.flat(p)) == pytest.approx(share / 6e9 + share / 6e9 + chunk_steps, rel=1e-6), p
+    narrow = dataclasses.replace(m, host_memory_GBps=2.0)
+    expect = 2 * 0.5 * 1.5 / 2e9 + 0.5 * m.arena_step_us * 1e-6 / m.arena_chunk
+    assert _per_byte(fn, narrow, Layout.flat(2)) == pytest.approx(expect, rel=1e-6)
+
+
+def test_a_model_at_another_memory_speed_scales_every_memory_bound_rate() -> None:
+    m = CostModel(copy_GBps=8.0, reduce_GBps=6.0, cma_GBps=6.8, host_memory_GBps=12.3)
+    fast = m.at_memory_speed(12.0, 9.0)
+    assert (fast.copy_GBps, fast.reduce_GBps) == (12.0, 9.0)
+    assert fast.cma_GBps == pytest.approx(6.8 * 1.5) and fast.host_memory_GBps == pytest.approx(12.3 * 1.5)
+    assert fast.shm_GBps == m.shm_GBps and fast.msg_us == m.msg_us  # links and CPU costs are not memory speed

@@ -346,7 +346,8 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
     assert got == want
     assert all(r["wrong"] == 0 for r in data["records"])
     fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "device", "collective", "nranks", "bytes", "count",
-              "dtype", "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup"}
+              "dtype", "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup",
+              "limit_copy_GBps", "limit_reduce_GBps"}  # the host memory's speed measured just before the record's job
     assert all(set(r) == fields for r in data["records"])
     assert all(r["device"] == ("cuda" if r["peer"] == "nccl" else "host") for r in data["records"])
     assert all(r["hosts"] == 1 and r["link_rate"] is None for r in data["records"])
@@ -367,6 +368,13 @@ def test_rounds_flag_and_median_merge() -> None:
     assert merged["algbw_GBps"] == pytest.approx((1 << 20) / 200e-6 / 1e9, rel=1e-3)
     assert merged["busbw_GBps"] == pytest.approx(merged["algbw_GBps"] * 2 * 3 / 4, rel=1e-3)
     assert sweep.merge_rounds([[dict(base, time_us=5.0, round=0)]]) == [dict(base, time_us=5.0)]
+    # each round's memory speed, measured before its job, stays with that round's time
+    timed = [[dict(base, time_us=t, round=i, limit_copy_GBps=c, limit_reduce_GBps=c / 2)]
+             for i, (t, c) in enumerate(((300.0, 7.0), (100.0, 9.0), (200.0, 8.0)))]
+    (merged,) = sweep.merge_rounds(timed)
+    assert merged["round_times_us"] == [100.0, 200.0, 300.0]
+    assert merged["round_limits"] == [[9.0, 4.5], [8.0, 4.0], [7.0, 3.5]]
+    assert not {"round", "limit_copy_GBps", "limit_reduce_GBps"} & set(merged)
 
 
 class _FakeBackend(worker.Backend):

@@ -193,6 +193,34 @@ def test_check_script_writes_its_files(tmp_path: Path) -> None:
     load_sweep(tmp_path / "out" / "sim_dgx_h100_8gpu_allreduce.json")
 
 
+def test_check_takes_the_fastest_memory_speed_a_sweep_measured() -> None:
+    """The reference is a point's best round, so the model runs at the sweep's fastest memory measurement."""
+    start = {"copy_GBps": 8.0, "reduce_GBps": 6.0}
+    old = {"limits": start, "records": [{"time_us": 1.0}]}
+    assert CHECK.undisturbed_memory(old) == start  # sweeps from before per-job measurements: the start's
+    new = {"limits": start, "records": [{"round_limits": [[9.0, 5.0], [4.0, 7.0]]}, {"limit_copy_GBps": 7.5, "limit_reduce_GBps": 6.5}]}
+    assert CHECK.undisturbed_memory(new) == {"copy_GBps": 9.0, "reduce_GBps": 7.0}
+
+
+def test_check_judges_one_host_points_by_their_median_ratio_over_the_sweeps(tmp_path: Path, monkeypatch) -> None:
+    def sweep(name: str, us: float) -> str:
+        rec = {"peer": "pycoll[staged]", "algo": "staged", "algo_used": "staged", "hosts": 1, "link_rate": None,
+               "collective": "allreduce", "nranks": 2, "bytes": 16 << 20, "count": 4 << 20, "dtype": "float", "op": "sum",
+               "root": -1, "inplace": False, "time_us": us, "wrong": 0}
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"meta": {"cpus": 2}, "limits": {"copy_GBps": 8.0, "reduce_GBps": 6.0}, "records": [rec]}))
+        return str(path)
+
+    model_us = CHECK.measured_checks([sweep("probe", 1000.0)])[0]["predicted"]
+    current = CHECK.measured_checks([sweep("current", model_us / 0.6)])  # this sweep alone misses
+    for ratios, verdict in (((1.0, 1.1), True), ((0.7, 1.1), False)):
+        monkeypatch.setattr(CHECK, "EARLIER", {f"e{i}": [sweep(f"e{i}", model_us / r)] for i, r in enumerate(ratios)})
+        text, across = CHECK.across_sweeps(current, builtin=False)
+        assert len(across) == 1 and across[0]["pass"] is verdict, text
+        assert sorted(across[0]["ratios"]) == pytest.approx(sorted((0.6,) + ratios))
+        assert "current: 0 of 1 within" in text
+
+
 def test_the_subcommand_registers_as_simulate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     import argparse
 
@@ -222,3 +250,19 @@ def test_a_file_tuned_across_hosts_with_the_older_cost_functions_loses_its_netwo
     assert [r[0] for r in m.residuals] == ["allreduce:ring@hosts=0.0.0.0"]
     assert CostModel.from_json({"net_GBps": 0.1}).net_GBps == 0.1  # a hand-written file is taken as it is
     assert cost.load(m.save(str(tmp_path / "new.json"))) == m
+
+
+def test_a_file_tuned_before_the_host_memory_bound_takes_the_built_in_cma_terms_at_its_memory_speed(tmp_path: Path) -> None:
+    """Formula 2 charged cma one rate whoever copied: its cma_GBps and cma residuals mean something else now."""
+    old = dict(CostModel(copy_GBps=16.0, cma_GBps=11.0, cma_call_us=40.0, shm_GBps=3.5).to_json(), formula=2,
+               residuals={"allreduce:cma@hosts=0.0": [[1024, 1.4]], "allreduce:ring@hosts=0.0": [[1024, 0.9]]})
+    del old["host_memory_GBps"], old["cma_sync_us"]  # fields formula 2 did not have
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    m = cost.load(str(path))
+    built_in = CostModel()
+    assert m.copy_GBps == 16.0 and m.shm_GBps == 3.5  # its measured and fitted terms stay
+    assert m.cma_GBps == pytest.approx(built_in.cma_GBps * 2) and m.host_memory_GBps == pytest.approx(built_in.host_memory_GBps * 2)
+    assert (m.cma_call_us, m.cma_sync_us) == (built_in.cma_call_us, built_in.cma_sync_us)
+    assert [r[0] for r in m.residuals] == ["allreduce:ring@hosts=0.0"]
+    assert cost.load(m.save(str(tmp_path / "new.json"))) == m  # a file of this formula loads as it is

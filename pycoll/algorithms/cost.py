@@ -42,7 +42,9 @@ BUILTIN = "builtin"
 # The version of the cost functions that saved constants were fitted with. Version 2 counts the bytes that
 # really leave a host in tree and recursive halving/doubling algorithms (``phase``'s ``wire``); version 1 charged
 # every rank's bytes to its host's link, and `pycoll tune` then fitted the network constants to that count.
-FORMULA = 2
+# Version 3 bounds cma by the rank's own copies or the host's memory (``host_memory_GBps``); a file from before
+# keeps its other constants, and its cma terms are the built-in ones at its memory speed.
+FORMULA = 3
 log = logging.getLogger("pycoll")
 
 
@@ -69,14 +71,20 @@ class CostModel:
     arena_chunk: int = 256 << 10
     arena_stage: int = 4 << 20
     copy_GBps: float = 8.0
-    cma_GBps: float = 5.5
+    # A rank's cross-memory copies on its own core (the kernel pins each page it copies: 2 ranks, a lone reader
+    # at 256 MiB moves 0.84 of np.copyto's rate), and what the host's memory carries for all its ranks at once,
+    # in copies a second (a copy reads and writes each byte); see shared._cma_cost.
+    cma_GBps: float = 6.8
+    host_memory_GBps: float = 12.3
     # Arena copies and reductions whose data stays in the host's last-level cache between calls run this much
     # faster (measured on this VM: 2 ranks, 4 MiB pipes against 64 MiB ones); 0 bytes: this machine's cache.
     cache_bytes: int = 0
     cache_speedup: float = 2.3
-    # A cross-memory-attach call's fixed cost: its meetings run as a scheduled generator, not inline, and each
-    # peer's buffer is read with its own system calls (2 ranks: 83-87 us at 16-64 KiB, against 13-18 staged).
-    cma_call_us: float = 40.0
+    # A cross-memory-attach call's fixed cost, and each of its meetings: they run as a scheduled generator, not
+    # inline, and each peer's buffer is read with its own system calls (2 ranks at 64 KiB: 78-91 us with 2
+    # meetings, 119 with 3, against 13-18 staged).
+    cma_call_us: float = 25.0
+    cma_sync_us: float = 25.0
     # ... and its copies and reductions in cache run this much faster (2 ranks, 1-4 MiB against 16-64 MiB).
     cma_cache_speedup: float = 1.3
     # Ranks that outnumber cores: a wait on a flag or message of a descheduled peer costs a hand-over through
@@ -146,7 +154,15 @@ class CostModel:
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
         return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, cma_GBps=inf, ipc_GBps=inf,
-                                   device_GBps=inf, stage_GBps=inf, corrections=(), residuals=())
+                                   device_GBps=inf, stage_GBps=inf, host_memory_GBps=inf, corrections=(), residuals=())
+
+    def at_memory_speed(self, copy_GBps: float, reduce_GBps: float) -> "CostModel":
+        """This model on a host whose memory copies at ``copy_GBps`` and reduces at ``reduce_GBps`` out of cache
+        (`pycoll perf`'s limit line): the other memory-bound rates (cross-memory copies, the host's total) in
+        proportion to the copy rate."""
+        scale = copy_GBps / self.copy_GBps
+        return dataclasses.replace(self, copy_GBps=copy_GBps, reduce_GBps=reduce_GBps, cma_GBps=self.cma_GBps * scale,
+                                   host_memory_GBps=self.host_memory_GBps * scale)
 
     def split(self, cost_fn, nbytes: float, lay: Layout) -> tuple[float, float]:
         """(latency part, bandwidth part) of an uncorrected cost function's prediction."""
@@ -293,6 +309,13 @@ class CostModel:
             values["residuals"] = tuple(r for r in values["residuals"] if not _multi_host(r[0]))
             log.warning("cost model %s was tuned across hosts with older cost functions: its network terms are dropped "
                         "(re-run `pycoll tune --hosts N` to fit them again)", source or "(unnamed)")
+        if int(data.get("formula", 1)) < 3 and "copy_GBps" in values:
+            default = CostModel()
+            scale = float(values["copy_GBps"]) / default.copy_GBps
+            values.update(cma_GBps=default.cma_GBps * scale, host_memory_GBps=default.host_memory_GBps * scale,
+                          cma_call_us=default.cma_call_us, cma_sync_us=default.cma_sync_us)
+            values["corrections"] = tuple(c for c in values["corrections"] if ":cma@" not in c[0])
+            values["residuals"] = tuple(r for r in values["residuals"] if ":cma@" not in r[0])
         if source:
             values["source"] = source
         return CostModel(**values)

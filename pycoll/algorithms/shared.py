@@ -366,13 +366,25 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
     return work * m.over(lay) + m.handovers(lay, 1)
 
 
-def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, copied: float, reduced: float) -> float:
-    chunks = max(1.0, reduced / m.arena_chunk)
-    work = (m.cma_call_us + syncs * m.arena_sync_us + chunks * m.arena_step_us) * 1e-6
+def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float = 0.0, copied: float = 0.0,
+              local: float = 0.0, readers: Optional[int] = None) -> float:
+    """A cma call of one rank: its meetings and chunk steps, then the slower of its own core's copying and the host's
+    memory carrying what all ``readers`` ranks (default: every rank) move at once.
+
+    ``pulled``: bytes read from peers in chunks into a scratch that stays in cache, each reduced into the result with
+    one operand in cache (two of the reduction's three streams reach memory: 1.5x its rate, one copy's traffic);
+    ``copied``: bytes read from peers straight into the result; ``local``: bytes this rank copies itself.
+    """
+    readers = lay.size if readers is None else readers
+    chunks = max(1.0, pulled / m.arena_chunk)
+    fixed = (m.cma_call_us + syncs * m.cma_sync_us + chunks * m.arena_step_us) * 1e-6
+    own = (pulled + copied) / (m.cma_GBps * 1e9) + pulled / (1.5 * m.reduce_GBps * 1e9) + local / (m.copy_GBps * 1e9)
+    # in copies: a pulled byte is read once (half a copy), then reduced (a read and a write); the rest are copies
+    host = readers * (1.5 * pulled + copied + local) / (m.host_memory_GBps * 1e9)
     # Kernel copies between address spaces gain less from the cache than the arena's own (they pin every page).
     hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
-    work += (copied / (m.cma_GBps * 1e9) + reduced / (m.reduce_GBps * 1e9)) * (1.0 - hit + hit / m.cma_cache_speedup)
-    return work * m.over(lay) + m.handovers(lay, syncs)  # its chunk copies wait on no one
+    memory = max(own * m.over(lay), host) * (1.0 - hit + hit / m.cma_cache_speedup)
+    return fixed * m.over(lay) + memory + m.handovers(lay, syncs)  # its chunk copies wait on no one
 
 
 # ---- algorithms ----------------------------------------------------------------------------------
@@ -537,7 +549,7 @@ def _transfer_error(st: Steps, exc: OSError, what: str, arena: Optional[HostAren
     steps="3 meetings",
     bytes="2(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 3, 2 * (lay.size - 1) / lay.size * n, (lay.size - 1) / lay.size * n),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 3, pulled=(lay.size - 1) / lay.size * n, copied=(lay.size - 1) / lay.size * n),
 )
 def allreduce_cma(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
@@ -581,7 +593,7 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, (lay.size - 1) / lay.size * n),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, pulled=(lay.size - 1) / lay.size * n),
 )
 def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
@@ -623,8 +635,7 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
-    # plus this rank's own block, copied locally
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, (lay.size - 1) / lay.size * n, 0.0) + n / lay.size / (m.copy_GBps * 1e9) * m.over(lay),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size),
 )
 def allgather_cma(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
@@ -661,7 +672,7 @@ def allgather_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n read from the root",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, n, 0.0),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1),  # the root only waits
 )
 def broadcast_cma(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None

@@ -164,8 +164,14 @@ def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]],
             print(flush=True)
 
 
+PER_ROUND = ("round", "limit_copy_GBps", "limit_reduce_GBps")
+
+
 def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """One record per point: the median time over the rounds that measured it, bandwidths recomputed from it."""
+    """One record per point: the median time over the rounds that measured it, bandwidths recomputed from it.
+
+    ``round_times_us`` lists every round's time, fastest first, and ``round_limits`` the host memory's
+    [copy, reduce] GB/s measured before each of those rounds' jobs, in the same order."""
     if len(per_round) == 1:
         return [{k: v for k, v in r.items() if k != "round"} for r in per_round[0]]
     points: dict[tuple, list[dict[str, Any]]] = {}
@@ -175,13 +181,17 @@ def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             points.setdefault(key, []).append(r)
     out = []
     for recs in points.values():
-        times = sorted(r["time_us"] for r in recs)
+        recs = sorted(recs, key=lambda r: r["time_us"])
+        times = [r["time_us"] for r in recs]
         t = median(times)
         first = recs[0]
-        out.append({k: v for k, v in first.items() if k != "round"} | {
+        merged = {k: v for k, v in first.items() if k not in PER_ROUND} | {
             "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(first["bytes"], t), 4),
             "busbw_GBps": round(metrics.busbw(first["collective"], first["nranks"], first["bytes"], t), 4),
-            "wrong": sum(r["wrong"] for r in recs), "rounds": len(recs), "round_times_us": times})
+            "wrong": sum(r["wrong"] for r in recs), "rounds": len(recs), "round_times_us": times}
+        if all("limit_copy_GBps" in r for r in recs):
+            merged["round_limits"] = [[r["limit_copy_GBps"], r["limit_reduce_GBps"]] for r in recs]
+        out.append(merged)
     return out
 
 
@@ -301,7 +311,10 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
                 else:
                     spec = json.dumps(worker_spec(opts, job.peer, job, nccl_via))
                     cmd, env = peers_mod.launch_command(job.peer, n, spec, hosts, opts.link_rate, job.env)
+                    memory = measure_limits()  # this VM's memory speed drifts: note it next to each job's times
                     recs, failure = run_job(cmd, env, opts.timeout, progress, label)
+                    recs = [r if "skipped" in r else dict(r, limit_copy_GBps=memory["copy_GBps"],
+                                                          limit_reduce_GBps=memory["reduce_GBps"]) for r in recs]
                 skips = [r for r in recs if "skipped" in r]
                 recs = [r for r in recs if "skipped" not in r]
                 if skips and not recs:  # a job that could not run at all (NCCL's duplicate GPU): its exit is moot
