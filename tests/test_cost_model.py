@@ -270,10 +270,15 @@ def test_rings_over_shared_memory_and_cma_are_cheaper_per_byte_in_cache_but_not_
         fn = ALGORITHMS[coll][algo].cost
         assert fn(m, 2 << 20, one_host) < fn(flat, 2 << 20, one_host), (coll, algo)
         assert fn(m, 256 << 20, one_host) == pytest.approx(fn(flat, 256 << 20, one_host)), (coll, algo)
-    # cma's copies gain cma_cache_speedup, not the arena's cache_speedup
-    cma = ALGORITHMS["allreduce"]["cma"].cost
-    fast = dataclasses.replace(m, cma_cache_speedup=m.cache_speedup)
-    assert cma(fast, 2 << 20, one_host) < cma(m, 2 << 20, one_host)
+    # cma's pulls gain cma_cache_speedup, its whole-buffer copies cma_copy_cache_speedup, neither the arena's
+    for coll, field, other in (("reduce_scatter", "cma_cache_speedup", "cma_copy_cache_speedup"),
+                               ("broadcast", "cma_copy_cache_speedup", "cma_cache_speedup")):
+        cma = ALGORITHMS[coll]["cma"].cost
+        faster = dataclasses.replace(m, **{field: 2 * getattr(m, field)})
+        assert cma(faster, 2 << 20, one_host) < cma(m, 2 << 20, one_host), coll
+        for unrelated in (other, "cache_speedup"):
+            same = dataclasses.replace(m, **{unrelated: 2 * getattr(m, unrelated)})
+            assert cma(same, 2 << 20, one_host) == cma(m, 2 << 20, one_host), (coll, unrelated)
     # across hosts the network, not the cache, sets the ring's pace: the footprint changes nothing there
     two_hosts = Layout.from_ids(["a", "a", "b", "b"])
     ring = ALGORITHMS["allreduce"]["ring"].cost

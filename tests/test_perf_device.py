@@ -22,6 +22,45 @@ ROOT = Path(__file__).resolve().parents[1]
 DUP = "NCCL error in: ProcessGroupNCCL.cpp:1, invalid usage\nDuplicate GPU detected : rank 1 and rank 0 both on CUDA device 0"
 
 
+# ---------------------------------------------------------------- host buffers
+
+
+def _vm_flags(addr: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``addr`` (from /proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float64"])
+def test_host_buffers_have_mappings_of_their_own(dtype: str) -> None:
+    big = (3 << 20) // np.dtype(dtype).itemsize + 1  # not a whole number of pages
+    a = devices.HostArrays().zeros(big, dtype)
+    assert (a.shape, a.dtype, a.flags.writeable, a.flags.c_contiguous) == ((big,), np.dtype(dtype), True, True)
+    assert not a.any() and a.ctypes.data % (2 << 20) == 0
+    a[:] = 7
+    assert int(a[-1]) == 7 and int(a.sum()) == 7 * big
+    if sys.platform.startswith("linux"):
+        assert "hg" in _vm_flags(a.ctypes.data)  # advised for huge pages, whatever malloc did before
+    small = devices.HostArrays().zeros(5, dtype)
+    assert small.shape == (5,) and not small.any()
+
+
+def test_host_inputs_are_copied_into_fresh_buffers() -> None:
+    src = worker.inputs(1, (1 << 20) + 3, "sum", np.float32)
+    got = devices.HostArrays().from_host(src)
+    assert got is not src and not np.shares_memory(got, src)
+    np.testing.assert_array_equal(got, src)
+    assert got.ctypes.data % (2 << 20) == 0
+
+
 # ---------------------------------------------------------------- options
 
 

@@ -213,12 +213,14 @@ def test_check_judges_one_host_points_by_their_median_ratio_over_the_sweeps(tmp_
 
     model_us = CHECK.measured_checks([sweep("probe", 1000.0)])[0]["predicted"]
     current = CHECK.measured_checks([sweep("current", model_us / 0.6)])  # this sweep alone misses
+    # sweeps with uncontrolled buffer pages are counted and printed, never judged
+    monkeypatch.setattr(CHECK, "UNCONTROLLED_PAGES", {"old": [sweep("old", model_us / 0.3)], "older": [sweep("older", model_us / 0.4)]})
     for ratios, verdict in (((1.0, 1.1), True), ((0.7, 1.1), False)):
         monkeypatch.setattr(CHECK, "EARLIER", {f"e{i}": [sweep(f"e{i}", model_us / r)] for i, r in enumerate(ratios)})
         text, across = CHECK.across_sweeps(current, builtin=False)
         assert len(across) == 1 and across[0]["pass"] is verdict, text
         assert sorted(across[0]["ratios"]) == pytest.approx(sorted((0.6,) + ratios))
-        assert "current: 0 of 1 within" in text
+        assert "current: 0 of 1 within" in text and "old (pages uncontrolled, not judged): 0 of 1 within" in text
 
 
 def test_the_subcommand_registers_as_simulate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

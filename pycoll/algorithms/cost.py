@@ -85,8 +85,11 @@ class CostModel:
     # meetings, 119 with 3, against 13-18 staged).
     cma_call_us: float = 25.0
     cma_sync_us: float = 25.0
-    # ... and its copies and reductions in cache run this much faster (2 ranks, 1-4 MiB against 16-64 MiB).
+    # ... and in cache its chunked pulls and their reductions run this much faster, and its whole-buffer kernel
+    # copies this much (2 ranks, 1-4 MiB against 16-64 MiB, buffers on huge pages as `pycoll perf` allocates them;
+    # from 4 KiB pages the kernel pins 512 times as many pages and the copies gain about what the pulls do).
     cma_cache_speedup: float = 1.3
+    cma_copy_cache_speedup: float = 3.0
     # Ranks that outnumber cores: a wait on a flag or message of a descheduled peer costs a hand-over through
     # the scheduler (a sleep, a wake-up, a turn on the core); see ``handovers``.
     handover_us: float = 150.0

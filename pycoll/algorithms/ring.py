@@ -12,7 +12,8 @@ from typing import Callable
 
 import numpy as np
 
-from .base import Call, Schedule, Steps, blocks_of, even_counts, pieces_of
+from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, pieces_of
+from .cost import CostModel
 from .registry import register
 
 
@@ -156,13 +157,19 @@ def reduce_scatter_ring_algo(st: Steps, call: Call) -> Schedule:
     st.mem.release(scratch)
 
 
+def _allgather_ring_cost(m: CostModel, n: float, lay: Layout) -> float:
+    """p-1 steps of n/p bytes, then the rank's own block copied into the result (out of place)."""
+    footprint = (1.0 + 1.0 / lay.size) * n * lay.size
+    return m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, footprint=footprint) + m.copy_s(n / lay.size, footprint)
+
+
 @register(
     "allgather",
     "ring",
     "Ring allgather (also Allgatherv), pipelined in chunks; bandwidth-optimal.",
     steps="p-1",
     bytes="(p-1)/p · n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 1, (lay.size - 1) / lay.size * n, footprint=(1.0 + 1.0 / lay.size) * n * lay.size),
+    cost=lambda m, n, lay: _allgather_ring_cost(m, n, lay),
 )
 def allgather_ring_algo(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None

@@ -378,13 +378,16 @@ def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float 
     readers = lay.size if readers is None else readers
     chunks = max(1.0, pulled / m.arena_chunk)
     fixed = (m.cma_call_us + syncs * m.cma_sync_us + chunks * m.arena_step_us) * 1e-6
-    own = (pulled + copied) / (m.cma_GBps * 1e9) + pulled / (1.5 * m.reduce_GBps * 1e9) + local / (m.copy_GBps * 1e9)
-    # in copies: a pulled byte is read once (half a copy), then reduced (a read and a write); the rest are copies
-    host = readers * (1.5 * pulled + copied + local) / (m.host_memory_GBps * 1e9)
-    # Kernel copies between address spaces gain less from the cache than the arena's own (they pin every page).
     hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
-    memory = max(own * m.over(lay), host) * (1.0 - hit + hit / m.cma_cache_speedup)
-    return fixed * m.over(lay) + memory + m.handovers(lay, syncs)  # its chunk copies wait on no one
+    gain = lambda speedup: 1.0 - hit + hit / speedup  # noqa: E731 - time in cache / time from memory
+    # In cache, a whole buffer read in one kernel copy gains cma_copy_cache_speedup; chunks pulled one system call
+    # each, and their reductions, gain cma_cache_speedup.
+    pull, copy, own_copy = gain(m.cma_cache_speedup), gain(m.cma_copy_cache_speedup), gain(m.cache_speedup)
+    own = (copied / (m.cma_GBps * 1e9) * copy + pulled * (1 / (m.cma_GBps * 1e9) + 1 / (1.5 * m.reduce_GBps * 1e9)) * pull
+           + local / (m.copy_GBps * 1e9) * own_copy)
+    # in copies: a pulled byte is read once (half a copy), then reduced (a read and a write); the rest are copies
+    host = readers * (1.5 * pulled * pull + copied * copy + local * own_copy) / (m.host_memory_GBps * 1e9)
+    return fixed * m.over(lay) + max(own * m.over(lay), host) + m.handovers(lay, syncs)  # chunk copies wait on no one
 
 
 # ---- algorithms ----------------------------------------------------------------------------------
