@@ -74,7 +74,7 @@ SWEEPS = [
 # current sweep and the ``EARLIER`` ones.
 WARM_UP_US = 1000.0
 _JUDGED = ("host_allreduce_mid", "host_allreduce_large", "host_others_mid", "host_others_large", "host_allgather_ring")
-EARLIER = {"sixth": [f"perf/results/issue8/earlier/sixth/{f}.json" for f in _JUDGED]}
+EARLIER = {name: [f"perf/results/issue8/earlier/{name}/{f}.json" for f in _JUDGED] for name in ("sixth", "seventh")}
 # Sweeps whose buffers came from malloc as it happened: a 1-24 MiB buffer sat on huge pages or on 4 KiB ones
 # depending on what the job had freed before, and cma's kernel copies from 4 KiB pages take up to twice as long.
 # Counted and printed, not judged (the second, git 8533ca4, also ran partly beside other jobs).
