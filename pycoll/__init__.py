@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Optional
 
 from . import errors
-from .buffers import IN_PLACE
 from .errors import (
     AbortedError,
     CommunicatorBrokenError,
@@ -19,13 +18,6 @@ from .errors import (
     RemoteError,
     TimeoutError,
 )
-
-try:
-    from importlib.metadata import PackageNotFoundError, version
-
-    __version__ = version("pycoll")
-except PackageNotFoundError:  # running from a source tree
-    __version__ = "0.1.0"
 
 __all__ = [
     "MPI",
@@ -62,9 +54,26 @@ def finalize() -> None:
     runtime.shutdown()
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pycoll")
+    except PackageNotFoundError:  # running from a source tree
+        return "0.1.0"
+
+
 def __getattr__(name: str):
+    # Lazy: `import pycoll` (the launcher, the CLI) must not pull in NumPy or importlib.metadata.
     if name == "MPI":
         import importlib
 
         return importlib.import_module(".MPI", __name__)
+    if name == "IN_PLACE":
+        from .buffers import IN_PLACE
+
+        return IN_PLACE
+    if name == "__version__":
+        value = globals()["__version__"] = _version()
+        return value
     raise AttributeError(f"module 'pycoll' has no attribute {name!r}")

@@ -109,6 +109,7 @@ def all_params() -> list[Param]:
     import pycoll.p2p  # noqa: F401
     import pycoll.topology.discover  # noqa: F401  (declares PYCOLL_TOPO_FILE, PYCOLL_TOPO_DUMP_FILE, PYCOLL_TOPO_DISCOVER)
     import pycoll.transport  # noqa: F401
+    import pycoll.transport.rdma  # noqa: F401  (loaded by the transports only where a host has RDMA)
 
     return sorted(_REGISTRY.values(), key=lambda p: p.name)
 

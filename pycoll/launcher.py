@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import queue
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -258,6 +256,8 @@ def launch(
             )
             argv = cmd
             if vhosts is not None:
+                import shutil  # only here: it pulls in bz2 and lzma
+
                 child_env["PYCOLL_SOCKET_ADDR"] = vhosts.addresses[h]  # TCP listens on its own host's address
                 argv = vhosts.exec_prefix(h) + cmd
                 if shutil.which(cmd[0], path=child_env.get("PATH")) is None:  # `ip netns exec` would hide it
@@ -276,6 +276,8 @@ def launch(
                 return 128 + stop_requests[0]
         def tell_store(rank: int, cause: str) -> None:
             if server is not None:
+                import json
+
                 server.set_local(FAILED_KEY, json.dumps({"rank": rank, "cause": cause}).encode())
 
         return _wait(job, n, grace, timeout, tell_store)

@@ -24,15 +24,12 @@ publishes it there (torch's store is then the boundary); srun and env:// without
 from __future__ import annotations
 
 import atexit
-import importlib.util
-import ipaddress
 import os
 import re
 import socket
 import struct
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
@@ -272,10 +269,18 @@ def _route_address(host: str, port: int) -> str:
         return ""
 
 
+def _uuid_hex() -> str:
+    """``uuid.uuid4().hex`` without importing uuid (which pulls in platform): random, version 4, RFC 4122 variant."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return raw.hex()
+
+
 def _new_job_id(store: Store, rank: int, timeout: float) -> str:
     """Rank 0 makes the job id; the others read it from the store."""
     if rank == 0:
-        job_id = uuid.uuid4().hex
+        job_id = _uuid_hex()
         store.set("job_id", job_id.encode())
         return job_id
     try:
@@ -329,6 +334,8 @@ def _from_pycoll(timeout: float) -> BootstrapInfo:
 
 
 def _torch_available() -> bool:
+    import importlib.util
+
     try:
         if importlib.util.find_spec("torch") is None:
             return False
@@ -430,6 +437,8 @@ def _from_srun(timeout: float) -> BootstrapInfo:
 
 
 def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
     try:
         return ipaddress.ip_address(addr.split("%")[0]).is_loopback
     except ValueError:
@@ -465,6 +474,8 @@ def _mpi_store_host(hostnames: list[str]) -> str:
 
 
 def _from_mpiexec(timeout: float) -> BootstrapInfo:
+    import importlib.util
+
     if importlib.util.find_spec("mpi4py") is None:
         raise InvalidArgumentError(
             "started by mpiexec but mpi4py is not installed: pip install 'pycoll[mpi]' (or mpi4py)", op="bootstrap"
@@ -550,7 +561,7 @@ def bootstrap(timeout: float) -> BootstrapInfo:
         rank=0,
         size=1,
         store=None,
-        job_id=uuid.uuid4().hex,
+        job_id=_uuid_hex(),
         launcher="singleton",
         local_rank=0,
         local_size=1,

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import abc
-import datetime
-import hashlib
-import hmac
 import json
-import logging
 import math
-import secrets
+import os
+import selectors
 import socket
 import socketserver
 import struct
@@ -19,8 +16,6 @@ from typing import Any, Optional, Union
 
 from pycoll.config import str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, ProtocolError, TimeoutError
-
-log = logging.getLogger("pycoll")
 
 JOB_TOKEN = str_param(
     "PYCOLL_JOB_TOKEN",
@@ -83,11 +78,14 @@ def token_bytes(token: Union[str, bytes], what: str = "job token") -> bytes:
 
 def new_token() -> str:
     """A fresh random job token (256 bits, hex)."""
-    return secrets.token_hex(32)
+    return os.urandom(32).hex()  # what secrets.token_hex(32) returns
 
 
 def auth_proof(key: bytes, label: bytes, *parts: bytes) -> bytes:
     """HMAC-SHA256 of ``label`` and ``parts`` under ``key``: what a side sends to show it knows the token."""
+    import hashlib
+    import hmac
+
     mac = hmac.new(key, label, hashlib.sha256)
     for part in parts:
         mac.update(part)
@@ -188,6 +186,27 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     return buf
 
 
+# hmac, hashlib, logging and datetime are imported where used: `pycoll run` starts ranks sooner without them.
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("pycoll")
+
+
+def _compare_digest(a: bytes, b: bytes) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a, b)
+
+
+def _timedelta(seconds: float) -> Any:
+    import datetime
+
+    return datetime.timedelta(seconds=seconds)
+
+
 # ----------------------------------------------------------------------------- server
 
 
@@ -275,7 +294,7 @@ class _Handler(socketserver.BaseRequestHandler):
         if state.closing:
             return  # connections cut by stop() are not the peer's fault
         who = "client" if self.authenticated else "unauthenticated connection"
-        log.warning("store: closed %s from %s: %s", who, self._peer(), refusal.reason)
+        _log().warning("store: closed %s from %s: %s", who, self._peer(), refusal.reason)
         with state.cond:
             state.refused += 1
         if reply:
@@ -319,13 +338,13 @@ class _Handler(socketserver.BaseRequestHandler):
             if len(value) != len(_MAGIC) + NONCE_BYTES or not value.startswith(_MAGIC):
                 raise _Refuse("the hello is not a pycoll-store/2 client's")
             self.client_nonce = value[len(_MAGIC) :]
-            self.server_nonce = secrets.token_bytes(NONCE_BYTES)
+            self.server_nonce = os.urandom(NONCE_BYTES)
             proof = auth_proof(token, b"store-server", self.client_nonce, self.server_nonce)
             self._reply(_ST_OK, _MAGIC + self.server_nonce + proof)
             return
         assert self.server_nonce is not None
         expected = auth_proof(token, b"store-client", self.server_nonce, self.client_nonce)
-        if not hmac.compare_digest(value, expected):
+        if not _compare_digest(value, expected):
             raise _Refuse("failed authentication (wrong job token)", _ST_DENIED)
         self.authenticated = True
         self.request.settimeout(None)  # authenticated clients may idle between requests
@@ -409,7 +428,7 @@ class _Server(socketserver.ThreadingTCPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # Reached only if a handler thread could not start: log it, keep serving.
-        log.warning("store: dropped a connection from %s", client_address, exc_info=True)
+        _log().warning("store: dropped a connection from %s", client_address, exc_info=True)
 
 
 class TCPStoreServer:
@@ -429,6 +448,7 @@ class TCPStoreServer:
         self._state = _State(token_bytes(token))
         self._server: Optional[_Server] = None
         self._thread: Optional[threading.Thread] = None
+        self._wake: Optional[tuple[socket.socket, socket.socket]] = None  # stop() writes to [1] to end the loop
 
     @property
     def address(self) -> tuple[str, int]:
@@ -459,11 +479,23 @@ class TCPStoreServer:
             raise PeerFailureError(
                 f"cannot listen on {self.host}:{self.port}: {exc}", op="store server"
             ) from exc
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="pycoll-store", daemon=True
-        )
+        self._server.socket.setblocking(False)  # a connection gone before accept() must not block the loop
+        self._wake = socket.socketpair()
+        self._thread = threading.Thread(target=self._serve, args=(self._server, self._wake[0]), name="pycoll-store", daemon=True)
         self._thread.start()
         return self.address
+
+    @staticmethod
+    def _serve(server: _Server, wake: socket.socket) -> None:
+        """Accept connections until stop(): blocks in select() on the listener and the wake-up socket, no polling."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(server.socket, selectors.EVENT_READ)
+            sel.register(wake, selectors.EVENT_READ)
+            while True:
+                for key, _ in sel.select():
+                    if key.fileobj is wake:
+                        return
+                server.handle_request()  # the listener is readable: accept, and serve in a new thread
 
     def stop(self) -> None:
         """Stop serving: blocked clients get a 'stopping' reply, open connections are closed."""
@@ -474,15 +506,20 @@ class TCPStoreServer:
             state.closing = True
             state.cond.notify_all()
             conns = list(state.conns)
-        self._server.shutdown()
+        if self._wake is not None:
+            self._wake[1].send(b"x")  # ends the accept loop at once
+        if self._thread is not None:
+            self._thread.join()
         self._server.server_close()
         for conn in conns:
             try:
                 conn.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None:
-            self._thread.join()
+        if self._wake is not None:
+            for sock in self._wake:
+                sock.close()
+            self._wake = None
         self._server = None
 
     def wait_idle(self, timeout: float) -> bool:
@@ -605,7 +642,7 @@ class TCPStore(Store):
         where = self._where()
         try:
             sock.settimeout(timeout)
-            client_nonce = secrets.token_bytes(NONCE_BYTES)
+            client_nonce = os.urandom(NONCE_BYTES)
             hello = _MAGIC + client_nonce
             try:
                 sock.sendall(_REQ.pack(_OP_HELLO, 0, len(hello)) + hello)
@@ -627,7 +664,7 @@ class TCPStore(Store):
                                        op="store connect")
             server_nonce = bytes(body[len(_MAGIC) : len(_MAGIC) + NONCE_BYTES])
             expected = auth_proof(self._token, b"store-server", client_nonce, server_nonce)
-            if not hmac.compare_digest(bytes(body[-PROOF_BYTES:]), expected):
+            if not _compare_digest(bytes(body[-PROOF_BYTES:]), expected):
                 raise PeerFailureError(
                     f"the store at {where} does not know this job's token: PYCOLL_JOB_TOKEN differs from the job's",
                     op="store connect",
@@ -793,7 +830,7 @@ class TorchStore(Store):
             kwargs["multi_tenant"] = True
         try:
             store = _TorchTCPStore(
-                host, int(port), world_size, is_master, timeout=datetime.timedelta(seconds=timeout), **kwargs
+                host, int(port), world_size, is_master, timeout=_timedelta(timeout), **kwargs
             )
         except RuntimeError as exc:
             raise _torch_error(
@@ -823,7 +860,7 @@ class TorchStore(Store):
                 if not store.check([full]):
                     raise TimeoutError(f"waited {timeout:.1f} s for key {key!r}", op="store get")
             else:
-                store.wait([full], datetime.timedelta(seconds=timeout))
+                store.wait([full], _timedelta(timeout))
             return bytes(store.get(full))
         except RuntimeError as exc:
             raise _torch_error(exc, "store get", f"waited {timeout:.1f} s for key {key!r}") from exc
@@ -849,7 +886,7 @@ class TorchStore(Store):
             if timeout <= 0:
                 ok = store.check([self.prefix + k for k in keys])
             else:
-                store.wait([self.prefix + k for k in keys], datetime.timedelta(seconds=timeout))
+                store.wait([self.prefix + k for k in keys], _timedelta(timeout))
                 ok = True
         except RuntimeError as exc:
             ok = False
