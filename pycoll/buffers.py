@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+import weakref
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -427,3 +428,64 @@ def overlaps(a: AnyArray, b: AnyArray) -> bool:
             return False
         return a.ptr < b.ptr + b.nbytes and b.ptr < a.ptr + a.nbytes
     return bool(np.may_share_memory(a, b))
+
+
+# ---- point-to-point: host buffers as flat bytes, resolved once per call shape -------------------------
+_BYTES = np.dtype(np.uint8)
+_P2P_CACHE: dict = {}  # (id(obj), count, datatype) -> (weak reference to obj, shape, dtype, writable, bytes view)
+_P2P_CACHE_MAX = 256
+
+
+class _Supported(dict):
+    """dtype -> None if pycoll supports it (else the lookup says 1); filled on first sight of each dtype."""
+
+    def __missing__(self, dtype: np.dtype) -> Optional[int]:
+        try:
+            datatypes.from_numpy(dtype)
+        except KeyError:
+            return 1
+        self[dtype] = None
+        return None
+
+
+_OK_DTYPES = _Supported()
+
+
+def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Optional[np.ndarray]:
+    """A host buffer spec as a flat uint8 array over the user's memory; None for device memory.
+
+    The result of a spec ``[obj, count, datatype]`` or ``[obj, datatype]`` is remembered per (object, count,
+    datatype) while the object lives, and checked against the object's shape and dtype on every use, so a
+    repeated call costs a dictionary lookup. A bare contiguous NumPy array needs no cache.
+    """
+    t = type(spec)
+    if t is np.ndarray:
+        if spec.flags.c_contiguous and (not writable or spec.flags.writeable) and _OK_DTYPES[spec.dtype] is None:
+            return spec.reshape(-1).view(_BYTES) if spec.dtype is not _BYTES or spec.ndim != 1 else spec
+    elif t is list or t is tuple:
+        n = len(spec)
+        if n == 3 or n == 2:
+            obj = spec[0]
+            key = (id(obj), spec[1], spec[2] if n == 3 else None)
+            try:
+                hit = _P2P_CACHE.get(key)
+            except TypeError:  # an unhashable count (mpi4py's (count, displ) list): the full parse
+                hit = None
+            if hit is not None and hit[0]() is obj and obj.shape == hit[1] and obj.dtype is hit[2] and (hit[3] or not writable):
+                return hit[4]
+            b = parse(spec, what, op, writable=writable)
+            if b.memory != "host":
+                return None
+            out = b.array.view(_BYTES)  # type: ignore[union-attr]
+            if type(obj) is np.ndarray:
+                try:
+                    ref = weakref.ref(obj)
+                    hash(key)
+                except TypeError:
+                    return out
+                if len(_P2P_CACHE) >= _P2P_CACHE_MAX:
+                    _P2P_CACHE.clear()
+                _P2P_CACHE[key] = (ref, obj.shape, obj.dtype, bool(obj.flags.writeable), out)
+            return out
+    b = parse(spec, what, op, writable=writable)
+    return b.array.view(_BYTES) if b.memory == "host" else None  # type: ignore[union-attr]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -15,7 +16,7 @@ from typing import Any, Callable, Generator, Iterable, NamedTuple, Optional, Seq
 
 import numpy as np
 
-from .config import float_param
+from .config import bool_param, float_param, size_param
 from .errors import (
     AbortedError,
     MismatchError,
@@ -54,6 +55,23 @@ _MAGIC = 0x70  # high byte of meta: catches a stream that lost its framing
 _ZEROS = bytes(ALIGN)
 _SMALL = 16 << 10
 _PAD_SINK = memoryview(bytearray(ALIGN))  # payloads up to this size travel in one buffer with their header
+
+P2P_CMA = bool_param(
+    "PYCOLL_P2P_CMA", True,
+    "Set to 0 to stream every point-to-point message through the shared-memory ring; by default messages from "
+    "PYCOLL_P2P_CMA_BYTES go by rendezvous: the receiver copies them straight from the sender's buffer (one "
+    "process_vm_readv).",
+)
+P2P_CMA_BYTES = size_param(
+    "PYCOLL_P2P_CMA_BYTES", 64 << 10, "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA)."
+)
+# Rendezvous frames: header only, told apart by their meta word (kind byte 0xF0.. with no dtype/op).
+_RTS = 0xF1  # sender -> receiver: count = the payload's address in the sender, vhash = rendezvous id
+_ACK = 0xF2  # receiver -> sender: the bytes of rendezvous vhash were pulled (or the receive failed): done
+_NAK = 0xF3  # receiver -> sender: cross-memory attach failed here; send rendezvous vhash through the stream
+_RDATA = 0xF4  # sender -> receiver: the payload of rendezvous vhash, streamed after a NAK
+_U8 = np.dtype(np.uint8)
+_NO_SEGMENTS: list = []
 
 CONTROL_CTX = (1 << 64) - 1
 _ABORT_TAG = 1  # a rank failed inside an operation: the communicator is broken
@@ -94,6 +112,34 @@ class Owner:
     def error(self, cls: type, cause: str, world_peers: Iterable[int] = ()) -> PycollError:
         return cls(cause, op=self.op, rank=self.rank, peers=sorted({self.to_comm(p) for p in world_peers}))
 
+    def call(self, name: str, word: str, a: Any, b: Any) -> "P2POwner":
+        """The owner of one point-to-point call on this communicator, e.g. ``Send(dest=1, tag=5)``."""
+        return P2POwner(self, name, word, a, b)
+
+
+class P2POwner:
+    """A point-to-point call's owner: the communicator's base owner plus the call's words, formatted only on demand."""
+
+    __slots__ = ("base", "name", "word", "a", "b")
+    tag = -1
+    sig: Optional[Sig] = None
+
+    def __init__(self, base: Owner, name: str, word: str, a: Any, b: Any) -> None:
+        self.base, self.name, self.word, self.a, self.b = base, name, word, a, b
+
+    @property
+    def op(self) -> str:
+        return f"{self.name}({self.word}={self.a}, tag={self.b})"
+
+    ctx = property(lambda self: self.base.ctx)
+    rank = property(lambda self: self.base.rank)
+    to_comm = property(lambda self: self.base.to_comm)
+    members = property(lambda self: self.base.members)
+    describe = property(lambda self: self.base.describe)
+
+    def error(self, cls: type, cause: str, world_peers: Iterable[int] = ()) -> PycollError:
+        return cls(cause, op=self.op, rank=self.base.rank, peers=sorted({self.base.to_comm(p) for p in world_peers}))
+
 
 class Request:
     """A pending send or receive; ``done`` once complete, ``error`` if it failed."""
@@ -115,13 +161,19 @@ class Request:
 
 
 class SendRequest(Request):
-    __slots__ = ("segments", "index", "offset")
+    __slots__ = ("segments", "index", "offset", "rdv")
 
-    def __init__(self, owner: Owner, peer: int, ctx: int, tag: int, segments: list[memoryview]) -> None:
-        super().__init__(owner, peer, ctx, tag)
+    def __init__(self, owner: Any, peer: int, ctx: int, tag: int, segments: list[memoryview]) -> None:
+        self.owner = owner
+        self.peer = peer
+        self.ctx = ctx
+        self.tag = tag
+        self.done = False
+        self.error: Optional[PycollError] = None
         self.segments = segments
         self.index = 0
         self.offset = 0
+        self.rdv = 0  # rendezvous id while the peer has not pulled the payload yet
 
 
 class RecvRequest(Request):
@@ -140,7 +192,12 @@ class RecvRequest(Request):
         local: Optional[np.ndarray] = None,
         ufunc: Any = None,
     ) -> None:
-        super().__init__(owner, peer, ctx, tag)
+        self.owner = owner
+        self.peer = peer
+        self.ctx = ctx
+        self.tag = tag
+        self.done = False
+        self.error: Optional[PycollError] = None
         self.sig = sig
         self.dst = dst  # flat typed array (copy target, or reduce output)
         self.local = local
@@ -158,13 +215,14 @@ class RecvRequest(Request):
 class _Unexpected:
     """A message that arrived before its receive was posted, buffered whole."""
 
-    __slots__ = ("src", "ctx", "tag", "sig", "data", "got", "waiter")
+    __slots__ = ("src", "ctx", "tag", "sig", "data", "got", "waiter", "rdv")
 
     def __init__(self, src: int, ctx: int, tag: int, sig: Sig, nbytes: int) -> None:
         self.src, self.ctx, self.tag, self.sig = src, ctx, tag, sig
         self.data = np.empty(nbytes, np.uint8)
         self.got = 0
         self.waiter: Optional[RecvRequest] = None
+        self.rdv: Optional[tuple[int, int, int]] = None  # a rendezvous announcement: (id, address, length)
 
 
 class _Inbound:
@@ -259,6 +317,7 @@ class Engine:
         self._unexpected: list[_Unexpected] = []
         self._dead: dict[int, str] = {}  # world rank -> why its channel failed
         self._broken: dict[int, tuple[PycollError, int]] = {}  # ctx base -> (the abort, first failed call)
+        self.broken_ctxs = self._broken  # read-only to callers: empty while no communicator failed
         self._left: set[int] = set()  # world ranks that said goodbye (a normal shutdown)
         self._told: set[int] = set()  # ctx bases whose failure this rank reported to the other members
         self._pulling: set[int] = set()  # peers whose stream a _pull on the stack is reading
@@ -280,30 +339,89 @@ class Engine:
         self._abort_requests: deque[tuple[int, PycollError, list[int]]] = deque()  # from Comm.Abort, any thread
         self.lock = threading.RLock()  # held by the thread inside a wait; Comm.Abort acts directly when it is free
         self.closed = False
+        # Fast paths: channels that let a small frame be written in place, or say cheaply whether input waits.
+        self._reserve = {p: getattr(ch, "reserve", None) for p, ch in channels.items()}
+        self._commit = {p: getattr(ch, "commit", None) for p, ch in channels.items()}
+        self._peers = [(p, channels[p], self._sendq[p], self._inbound[p], getattr(channels[p], "has_input", None)) for p in self._order]
+        # Rendezvous (large point-to-point messages pulled by cross-memory attach).
+        self._rdv_bytes = max(P2P_CMA_BYTES.get(), HEADER_SIZE)
+        self._rdv_seq = 0
+        self._rdv_sends: dict[tuple[int, int], SendRequest] = {}  # (peer, id) -> send waiting for its ack
+        self._rdv_data: dict[tuple[int, int], memoryview] = {}  # (peer, id) -> its payload (kept alive until the ack)
+        self._rdv_recvs: dict[tuple[int, int], RecvRequest] = {}  # (peer, id) -> receive waiting for a streamed payload
+        self._cma_ok: dict[int, bool] = {}
+        self.rdv_pulls = 0  # messages this rank copied straight from a sender's buffer
+        self._cma: Any = None
+        # One doorbell for every inbound stream (all shared-memory, besides the loopback): idle waits block on it.
+        bells = {id(b): b for b in (getattr(ch, "bell", None) for ch in channels.values() if ch.kind != "self")}
+        self._stream_bell = next(iter(bells.values())) if len(bells) == 1 and None not in bells.values() else None
+        self._inputs = {p: getattr(ch, "has_input", None) or (lambda ch=ch: len(ch.peek()) > 0) for p, ch in channels.items()}
+        self._tight_polls = 200  # polls before a wait starts counting time (about 20-60 us of spinning)
+        self._ctl_owner = Owner("rendezvous", CONTROL_CTX, rank, lambda w: w, ())
 
     # ---- posting ---------------------------------------------------------------------------
-    def isend(self, peer: int, data: np.ndarray, ctx: int, tag: int, sig: Sig, owner: Owner) -> SendRequest:
-        payload = memoryview(data.view(np.uint8)) if data.dtype != np.uint8 else memoryview(data)
+    def isend(self, peer: int, data: np.ndarray, ctx: int, tag: int, sig: Sig, owner: Any) -> SendRequest:
+        payload = memoryview(data if data.dtype is _U8 else data.view(np.uint8))
+        if payload.ndim != 1:
+            payload = payload.cast("B")
         nbytes = payload.nbytes
-        meta = sig.kind | (sig.dtype << 8) | (sig.op << 16) | (_MAGIC << 24)
-        header = _HEADER.pack(ctx, tag, nbytes, meta, sig.root, sig.count, sig.vhash).ljust(HEADER_SIZE, b"\0")
-        pad = _pad(nbytes)
-        if nbytes <= _SMALL:
-            segments = [memoryview(b"".join((header, payload, _ZEROS[:pad])))]
-        else:
-            segments = [memoryview(header), payload.cast("B")] + ([memoryview(_ZEROS[:pad])] if pad else [])
-        req = SendRequest(owner, peer, ctx, tag, segments)
+        req = SendRequest(owner, peer, ctx, tag, _NO_SEGMENTS)
         if peer in self._dead:
             req.fail(owner.error(PeerFailureError, self._dead[peer], [peer]))
             return req
+        meta = sig.kind | (sig.dtype << 8) | (sig.op << 16) | (_MAGIC << 24)
         q = self._sendq[peer]
+        if nbytes >= self._rdv_bytes and not ctx & 1 and ctx != CONTROL_CTX and self._cma_to(peer):
+            # rendezvous: announce (address, length); the peer pulls the bytes itself and acks
+            self._rdv_seq += 1
+            addr = data.ctypes.data if data.flags.c_contiguous else 0
+            if addr:
+                req.rdv = self._rdv_seq
+                self._rdv_sends[(peer, self._rdv_seq)] = req
+                self._rdv_data[(peer, self._rdv_seq)] = payload  # kept for a fallback through the stream
+                req.segments = [memoryview(_HEADER.pack(ctx, tag, nbytes, _RTS | (_MAGIC << 24), 0, addr, self._rdv_seq).ljust(HEADER_SIZE, b"\0"))]
+                q.append(req)
+                if len(q) == 1:
+                    self._push_now(peer, q)
+                return req
+        pad = -nbytes % ALIGN
+        total = HEADER_SIZE + nbytes + pad
+        if not q and nbytes <= _SMALL:
+            reserve = self._reserve[peer]
+            slot = reserve(total) if reserve is not None else None
+            if slot is not None:  # straight into the ring: no staging copy, no queue
+                _HEADER.pack_into(slot, 0, ctx, tag, nbytes, meta, sig.root, sig.count, sig.vhash)
+                if nbytes:
+                    slot[HEADER_SIZE : HEADER_SIZE + nbytes] = payload
+                self._commit[peer](total)
+                req.done = True
+                return req
+        header = _HEADER.pack(ctx, tag, nbytes, meta, sig.root, sig.count, sig.vhash).ljust(HEADER_SIZE, b"\0")
+        if nbytes <= _SMALL:
+            req.segments = [memoryview(b"".join((header, payload, _ZEROS[:pad])))]
+        else:
+            req.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[:pad])] if pad else [])
         q.append(req)
         if len(q) == 1:  # start at once: small messages usually leave right here
-            try:
-                self._push(peer, q)
-            except PeerFailureError as err:
-                self._channel_failed(peer, err.cause)
+            self._push_now(peer, q)
         return req
+
+    def _push_now(self, peer: int, q: deque) -> None:
+        try:
+            self._push(peer, q)
+        except PeerFailureError as err:
+            self._channel_failed(peer, err.cause)
+
+    def _cma_to(self, peer: int) -> bool:
+        """Whether ``peer`` can pull this rank's memory by cross-memory attach (its channel says; PYCOLL_P2P_CMA)."""
+        ok = self._cma_ok.get(peer)
+        if ok is None:
+            probe = getattr(self.channels[peer], "peer_can_pull", None)
+            answer = probe() if probe is not None and P2P_CMA.get() else False
+            if answer is None:  # the peer has not probed yet: stream this one, ask again next time
+                return False
+            ok = self._cma_ok[peer] = bool(answer)
+        return ok
 
     def irecv(
         self,
@@ -317,15 +435,16 @@ class Engine:
         ufunc: Any = None,
     ) -> RecvRequest:
         req = RecvRequest(owner, peer, ctx, tag, sig, dst, local, ufunc)
-        if self._is_broken_for(owner):
+        if self._broken and self._is_broken_for(owner):
             req.fail(self._with_rank(self._broken[ctx & ~1][0], owner))
             return req
         # An unexpected message that matches takes precedence, in arrival order.
-        for i, u in enumerate(self._unexpected):
-            if _fits(req, u.src, u.ctx, u.tag):
-                del self._unexpected[i]
-                self._bind_unexpected(req, u)
-                return req
+        if self._unexpected:
+            for i, u in enumerate(self._unexpected):
+                if _fits(req, u.src, u.ctx, u.tag):
+                    del self._unexpected[i]
+                    self._bind_unexpected(req, u)
+                    return req
         if peer >= 0 and peer in self._dead:
             req.fail(owner.error(PeerFailureError, self._dead[peer], [peer]))
             return req
@@ -338,18 +457,19 @@ class Engine:
     def progress(self) -> bool:
         """Move every channel and every running schedule as far as possible, without blocking."""
         moved = False
-        for peer in self._order:
-            if peer in self._dead:
+        dead = self._dead
+        for peer, ch, q, st, has_input in self._peers:
+            if peer in dead:  # its channel is closed (a peer failed while this loop ran): nothing to read or ask
                 continue
-            try:
-                q = self._sendq[peer]
-                if q and self._push(peer, q):
+            if q or st.have or st.target is not None or has_input is None or has_input():
+                try:
+                    if q and self._push(peer, q):
+                        moved = True
+                    if self._pull(peer):
+                        moved = True
+                except PeerFailureError as err:
+                    self._channel_failed(peer, err.cause)
                     moved = True
-                if self._pull(peer):
-                    moved = True
-            except PeerFailureError as err:
-                self._channel_failed(peer, err.cause)
-                moved = True
         if self._schedules:
             for sched in list(self._schedules):
                 if sched.advance():
@@ -374,7 +494,8 @@ class Engine:
                 if req.offset == len(seg):
                     req.index += 1
                     req.offset = 0
-            req.done = True
+            if not req.rdv:
+                req.done = True
             q.popleft()
         return moved
 
@@ -395,6 +516,35 @@ class Engine:
         st = self._inbound[peer]
         moved = False
         while peer not in self._closed:
+            if st.target is None and st.have == 0:
+                view = ch.peek()
+                if len(view) >= HEADER_SIZE:  # a whole header in place: parse it there, and a whole frame at once
+                    moved = True
+                    self._on_header(peer, st, view)
+                    if peer in self._closed:  # a rendezvous found the peer gone
+                        return True
+                    total = HEADER_SIZE + st.nbytes + st.pad
+                    target = st.target
+                    if st.nbytes and len(view) >= total:
+                        if type(target) is RecvRequest and target.ufunc is None and target.error is None:
+                            memoryview(target.dst.view(np.uint8))[: st.nbytes] = view[HEADER_SIZE : HEADER_SIZE + st.nbytes]  # type: ignore[union-attr]
+                        elif type(target) is _Unexpected:
+                            memoryview(target.data)[:] = view[HEADER_SIZE:total - st.pad]
+                            target.got = st.nbytes
+                        else:
+                            total = HEADER_SIZE
+                        if total > HEADER_SIZE:
+                            ch.consume(total)
+                            st.got, st.pad = st.nbytes, 0
+                            self._on_complete(peer, st)
+                            st.target = None
+                            continue
+                    ch.consume(HEADER_SIZE)
+                    if not st.nbytes and not st.pad:
+                        self._on_complete(peer, st)
+                        st.target = None
+                        continue
+                    st.have = HEADER_SIZE
             if st.target is None and st.have < HEADER_SIZE:  # reading a header
                 n = ch.recv_some(memoryview(st.hdr)[st.have :])
                 if n == 0:
@@ -449,8 +599,8 @@ class Engine:
         st.got += n
         return n
 
-    def _on_header(self, src: int, st: _Inbound) -> None:
-        ctx, tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(st.hdr)
+    def _on_header(self, src: int, st: _Inbound, hdr: Any = None) -> None:
+        ctx, tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(st.hdr if hdr is None else hdr)
         try:  # the largest message a peer may announce, read once per engine
             limit = self._max_message
         except AttributeError:
@@ -467,8 +617,13 @@ class Engine:
                 why = f"a control message of {nbytes} bytes"
             log.warning("rank %d: closing the channel to rank %d: malformed message header (%s)", self.rank, src, why)
             raise ProtocolError(f"malformed message header from rank {src} ({why})", rank=self.rank, peers=[src])
-        sig = Sig(meta & 0xFF, (meta >> 8) & 0xFF, (meta >> 16) & 0xFF, root, count, vhash)
-        st.ctx, st.tag, st.nbytes, st.sig, st.got, st.pad = ctx, tag, nbytes, sig, 0, _pad(nbytes)
+        kind = meta & 0xFF
+        if kind >= _RTS and kind <= _RDATA and ctx != CONTROL_CTX:
+            if self._on_rendezvous(src, st, kind, ctx, tag, nbytes, count, vhash):
+                return
+        sig = P2P_SIG if not meta & 0xFFFFFF and not root and not count and not vhash else \
+            Sig(kind, (meta >> 8) & 0xFF, (meta >> 16) & 0xFF, root, count, vhash)
+        st.ctx, st.tag, st.nbytes, st.sig, st.got, st.pad = ctx, tag, nbytes, sig, 0, -nbytes % ALIGN
         if ctx == CONTROL_CTX:
             st.target = _Unexpected(src, ctx, tag, sig, nbytes)
             return
@@ -487,6 +642,86 @@ class Engine:
             req.source, req.recv_tag, req.nbytes = src, tag, nbytes
             if req.dst is None:
                 req.dst = np.empty(nbytes, np.uint8)
+
+    def _on_rendezvous(self, src: int, st: _Inbound, kind: int, ctx: int, tag: int, nbytes: int, addr: int, rid: int) -> bool:
+        """A rendezvous frame; False for streamed rendezvous data, which the caller reads like any payload."""
+        if kind == _RDATA:
+            req = self._rdv_recvs.pop((src, rid), None)
+            st.ctx, st.tag, st.nbytes, st.sig, st.got, st.pad = ctx, tag, nbytes, P2P_SIG, 0, -nbytes % ALIGN
+            st.target = req  # None (its receive failed meanwhile): the bytes are discarded
+            return True
+        st.nbytes = st.pad = st.got = 0
+        st.target = None
+        if kind == _RTS:
+            self._seen[src] = (ctx, tag)
+            req = self._match(src, ctx, tag)
+            if req is None:
+                u = _Unexpected(src, ctx, tag, P2P_SIG, 0)
+                u.rdv = (rid, addr, nbytes)
+                self._unexpected.append(u)
+            else:
+                self._rdv_pull(req, src, tag, rid, addr, nbytes)
+            return True
+        send = self._rdv_sends.pop((src, rid), None)
+        payload = self._rdv_data.pop((src, rid), None)
+        if send is None or payload is None:
+            return True
+        if kind == _ACK:
+            send.done = True
+        else:  # _NAK: that peer cannot read this process; stream the payload, tagged with the rendezvous id
+            self._cma_ok[src] = False
+            n = payload.nbytes
+            header = _HEADER.pack(ctx, tag, n, _RDATA | (_MAGIC << 24), 0, 0, rid).ljust(HEADER_SIZE, b"\0")
+            send.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[: -n % ALIGN])] if n % ALIGN else [])
+            send.index = send.offset = send.rdv = 0
+            q = self._sendq[src]
+            q.append(send)
+            if len(q) == 1:
+                self._push_now(src, q)
+        return True
+
+    def _rdv_pull(self, req: RecvRequest, src: int, tag: int, rid: int, addr: int, nbytes: int) -> None:
+        """Copy an announced message straight out of the sender's buffer into the receive, then ack it."""
+        problem = self._check(req, src, P2P_SIG, nbytes)
+        if problem is not None:  # the receive fails here; the sender completes (its buffer is not read)
+            req.fail(problem)
+            self._send_ctl(src, _ACK, req.ctx, tag, rid)
+            return
+        req.source, req.recv_tag, req.nbytes = src, tag, nbytes
+        if req.dst is None:
+            req.dst = np.empty(nbytes, np.uint8)
+        if self._cma is None:
+            from .transport.cma import CrossMemory
+
+            self._cma = CrossMemory()
+        try:
+            if not self._cma.loaded:
+                raise OSError(errno.ENOSYS, self._cma.reason or "cross-memory attach is unavailable")
+            self._cma.read_addr(self.channels[src].peer_pid, req.dst.ctypes.data, addr, nbytes)  # type: ignore[attr-defined]
+        except OSError as exc:
+            if exc.errno == errno.ESRCH:  # the sender is gone
+                cause = f"rank {src} exited while this rank copied its message (process_vm_readv: {exc.strerror})"
+                req.fail(req.owner.error(PeerFailureError, cause, [src]))
+                self._channel_failed(src, cause)
+                return
+            log.info("rank %d: cross-memory copy from rank %d failed (%s); it streams instead", self.rank, src, exc)
+            self._rdv_recvs[(src, rid)] = req
+            self._send_ctl(src, _NAK, req.ctx, tag, rid)
+            return
+        req.done = True
+        self.rdv_pulls += 1
+        self._send_ctl(src, _ACK, req.ctx, tag, rid)
+
+    def _send_ctl(self, peer: int, kind: int, ctx: int, tag: int, rid: int) -> None:
+        """A header-only rendezvous frame."""
+        if peer in self._dead:
+            return
+        header = memoryview(_HEADER.pack(ctx, tag, 0, kind | (_MAGIC << 24), 0, 0, rid).ljust(HEADER_SIZE, b"\0"))
+        req = SendRequest(self._ctl_owner, peer, ctx, tag, [header])
+        q = self._sendq[peer]
+        q.append(req)
+        if len(q) == 1:
+            self._push_now(peer, q)
 
     def _match(self, src: int, ctx: int, tag: int) -> Optional[RecvRequest]:
         for i, req in enumerate(self._posted):
@@ -524,6 +759,10 @@ class Engine:
                 self._deliver(target.waiter, target)
 
     def _bind_unexpected(self, req: RecvRequest, u: _Unexpected) -> None:
+        if u.rdv is not None:
+            rid, addr, nbytes = u.rdv
+            self._rdv_pull(req, u.src, u.tag, rid, addr, nbytes)
+            return
         problem = self._check(req, u.src, u.sig, u.data.nbytes)
         if problem is not None:
             req.fail(problem)
@@ -559,6 +798,13 @@ class Engine:
         for req in self._sendq[peer]:
             req.fail(req.owner.error(PeerFailureError, cause, [peer]))
         self._sendq[peer].clear()
+        for key in [k for k in self._rdv_sends if k[0] == peer]:  # the peer never pulled them: the buffers are untouched
+            self._rdv_data.pop(key, None)
+            req = self._rdv_sends.pop(key)
+            req.fail(req.owner.error(PeerFailureError, cause, [peer]))
+        for key in [k for k in self._rdv_recvs if k[0] == peer]:
+            req = self._rdv_recvs.pop(key)
+            req.fail(req.owner.error(PeerFailureError, cause, [peer]))
         for req in [r for r in self._posted if r.peer == peer]:
             self._posted.remove(req)
             req.fail(req.owner.error(PeerFailureError, cause, [peer]))
@@ -566,6 +812,9 @@ class Engine:
         if isinstance(st.target, RecvRequest):
             st.target.fail(st.target.owner.error(PeerFailureError, cause, [peer]))
         self._closed.add(peer)
+        # The fast paths never look at a closed channel again (its rings may be unmapped once it is closed).
+        self._peers = [e for e in self._peers if e[0] != peer]
+        self._inputs.pop(peer, None)
         try:
             self.channels[peer].close()
         except Exception:  # closing a broken channel is best effort
@@ -785,6 +1034,23 @@ class Engine:
     def wait_requests(self, reqs: Sequence[Request], timeout: float, owner: Owner) -> None:
         self._wait(lambda: all(r.done for r in reqs), lambda: sum(r.done for r in reqs), timeout, owner, lambda: reqs)
 
+    def wait_one(self, req: Request, timeout: float) -> None:
+        """Wait for one point-to-point request: a short tight poll of the channels, then the general wait."""
+        if not self._abort_requests and self.lock.acquire(blocking=False):
+            try:
+                progress = self.progress
+                for _ in range(self._tight_polls if not self.oversubscribed else 4):
+                    progress()
+                    if req.done:
+                        return
+            finally:
+                self.lock.release()
+        if not req.done:
+            self._wait(lambda: req.done, lambda: req.done, timeout, req.owner, lambda: (req,))
+
+    def _input_ready(self) -> bool:
+        return any(f() for f in self._inputs.values())
+
     def run_until(self, ready: Callable[[], bool], seconds: float) -> None:
         """Make progress until ``ready()`` or ``seconds`` pass, sleeping (never spinning) when idle; no timeout error.
 
@@ -850,6 +1116,8 @@ class Engine:
             if idle < spin_s:
                 continue
             bell = _common_bell(pending())
+            if bell is None and self._stream_bell is not None and not self._schedules:
+                bell = self._stream_bell  # point-to-point only: a peer's write into our rings wakes us
             if idle < yield_s and (bell is None or not self.oversubscribed):
                 os.sched_yield()
                 continue
@@ -864,6 +1132,9 @@ class Engine:
                     assert owner is not None
                     self._report_stall(owner, pending(), now - start)
                     stall_at = now + stall_s
+            if bell is not None and bell is self._stream_bell:
+                bell.sleep(min(0.002, max(deadline - now, 0)), self._input_ready)
+                continue
             if bell is not None:  # every wait is on one arena's flags: block on its doorbell, a peer's ring wakes us
                 waits = pending()
                 bell.sleep(min(0.001, max(deadline - now, 0)), lambda: all(w.done for w in waits))

@@ -50,6 +50,8 @@ class Status:
 class Request:
     """A nonblocking operation: a running collective schedule or one point-to-point transfer."""
 
+    __slots__ = ("_engine", "_comm", "_schedule", "_p2p", "_finish", "_after", "_status", "_result", "_completed")
+
     def __init__(
         self,
         engine: Optional[Engine],
@@ -65,15 +67,14 @@ class Request:
         self._p2p = p2p
         self._finish = finish  # turns received bytes into the object of a lowercase irecv
         self._after = after  # a device call's staging (pycoll.cuda.memory.Staged): copies the result back on completion
-        self._status = Status()
+        self._status: Optional[Status] = None  # made when a receive completes (or when asked for)
         self._result: Any = None
         self._completed = schedule is None and p2p is None
 
     @classmethod
     def completed(cls, status: Optional[Status] = None) -> "Request":
         req = cls(None, None)
-        if status is not None:
-            req._status = status
+        req._status = status
         return req
 
     def _timeout(self) -> float:
@@ -105,15 +106,29 @@ class Request:
             elif self._p2p is not None:
                 if self._p2p.error is not None:
                     raise self._p2p.error
-                if isinstance(self._p2p, RecvRequest):
-                    self._status = Status(self._comm.world_to_comm(self._p2p.source) if self._comm else self._p2p.source,
-                                          self._p2p.recv_tag, self._p2p.nbytes)
+                if type(self._p2p) is RecvRequest:
+                    p = self._p2p
+                    if status is not None:  # written straight into the caller's status
+                        status.source = self._comm.world_to_comm(p.source) if self._comm else p.source
+                        status.tag, status.nbytes = p.recv_tag, p.nbytes
                     if self._finish is not None:
-                        assert self._p2p.dst is not None
-                        self._result = self._finish(self._p2p.dst[: self._p2p.nbytes])
+                        assert p.dst is not None
+                        self._result = self._finish(p.dst[: p.nbytes])
+                    return self._result
         if status is not None:
-            status._fill(self._status)
+            status._fill(self._own_status())
         return self._result
+
+    def _own_status(self) -> Status:
+        st = self._status
+        if st is None:
+            p = self._p2p
+            if type(p) is RecvRequest and p.done and p.error is None:
+                st = Status(self._comm.world_to_comm(p.source) if self._comm else p.source, p.recv_tag, p.nbytes)
+            else:
+                st = Status()
+            self._status = st
+        return st
 
     def Wait(self, status: Optional[Status] = None) -> None:  # noqa: N802
         """Block until the operation completes (or raise its error, or time out)."""
@@ -121,13 +136,14 @@ class Request:
 
     def wait(self, status: Optional[Status] = None) -> Any:
         """Like Wait; returns the received object for a lowercase ``irecv``."""
-        if not self._completed and not self._done():
-            assert self._engine is not None
-            if self._schedule is not None:
+        if not self._completed:
+            p = self._p2p
+            if p is not None:
+                if not p.done:
+                    self._engine.wait_one(p, self._timeout())  # type: ignore[union-attr]
+            elif not self._done():
+                assert self._engine is not None and self._schedule is not None
                 self._engine.wait_schedule(self._schedule, self._timeout())
-            else:
-                assert self._p2p is not None
-                self._engine.wait_requests([self._p2p], self._timeout(), self._p2p.owner)
         return self._complete(status)
 
     def Test(self, status: Optional[Status] = None) -> bool:  # noqa: N802
@@ -146,7 +162,7 @@ class Request:
     def Get_status(self, status: Optional[Status] = None) -> bool:  # noqa: N802
         done = self._completed or self._done()
         if done and status is not None:
-            status._fill(self._status)
+            status._fill(self._own_status())
         return done
 
     def Free(self) -> None:  # noqa: N802
@@ -157,6 +173,7 @@ class Request:
 
     @staticmethod
     def Waitall(requests: Sequence["Request"], statuses: Optional[Sequence[Optional[Status]]] = None) -> None:  # noqa: N802
+        Request._wait_p2p(requests)
         errors: list[PycollError] = []
         for i, req in enumerate(requests):
             try:
@@ -167,7 +184,18 @@ class Request:
             raise errors[0]
 
     @staticmethod
+    def _wait_p2p(requests: Sequence["Request"]) -> None:
+        """Wait once for every pending point-to-point transfer among ``requests`` (one engine wait, not one each)."""
+        pending = [r._p2p for r in requests if not r._completed and r._p2p is not None and not r._p2p.done]
+        if len(pending) > 1:
+            first = next(r for r in requests if not r._completed and r._p2p is not None and not r._p2p.done)
+            engine = first._engine
+            if engine is not None and all(r._engine is engine for r in requests if r._p2p is not None):
+                engine.wait_requests(pending, first._timeout(), pending[0].owner)  # a timeout raises here, once
+
+    @staticmethod
     def waitall(requests: Sequence["Request"], statuses: Optional[Sequence[Optional[Status]]] = None) -> list[Any]:
+        Request._wait_p2p(requests)
         return [req.wait(statuses[i] if statuses is not None else None) for i, req in enumerate(requests)]
 
     @staticmethod

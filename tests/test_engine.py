@@ -156,3 +156,92 @@ def test_a_stream_is_never_read_reentrantly_nor_after_its_channel_closed(monkeyp
     eng.progress()
     eng.poll_reports()
     assert seen == [1] and 1 in eng.dead_peers()
+
+
+def test_tcp_messages_and_goodbye_staged_before_the_end_of_the_stream_are_read_first() -> None:
+    """A peer that sends its last messages and its goodbye, then exits, may end its stream right behind them:
+    one socket read stages them all and the next read sees the end. The staged frames must be read (the
+    messages delivered, the goodbye noted) before the end is reported, so the exit counts as a normal one."""
+    import socket
+    import time
+
+    from pycoll.transport.tcp import TcpChannel
+
+    lsn = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(lsn.getsockname())
+    b, _ = lsn.accept()
+    lsn.close()
+    mine = Engine(0, {1: TcpChannel(1, a)})
+    theirs = Engine(1, {0: TcpChannel(0, b)})
+    try:
+        for tag in (1, 2):
+            theirs.isend(0, np.arange(4, dtype=np.int32) + tag, 2, tag, Sig(), owner())
+        theirs.close()  # goodbye, then the end of the stream
+        time.sleep(0.2)  # everything, the end included, has arrived before the first read
+        outs = [np.zeros(4, np.int32) for _ in range(2)]
+        reqs = [mine.irecv(1, outs[i], 2, i + 1, None, owner("Recv")) for i in range(2)]
+        mine.wait_requests(reqs, 5.0, owner())
+        assert [r.error for r in reqs] == [None, None]
+        np.testing.assert_array_equal(outs[0], np.arange(4) + 1)
+        np.testing.assert_array_equal(outs[1], np.arange(4) + 2)
+        assert 1 in mine._left  # a normal shutdown, not a failure
+        late = mine.irecv(1, np.zeros(1), 2, 3, None, owner("Recv"))
+        assert isinstance(late.error, PeerFailureError)  # what still needed it fails
+    finally:
+        mine.close()
+
+
+def test_tcp_peek_reports_the_end_only_once_nothing_is_staged() -> None:
+    import socket
+    import time
+
+    from pycoll.transport.tcp import TcpChannel
+
+    a, b = socket.socketpair()
+    ch = TcpChannel(1, a)
+    try:
+        b.sendall(b"x" * 100)
+        b.close()
+        time.sleep(0.05)
+        assert len(ch.peek()) == 100
+        assert len(ch.peek()) == 100  # the end is behind staged bytes: not reported yet
+        ch.consume(60)
+        got = memoryview(bytearray(40))
+        assert ch.recv_some(got) == 40
+        with pytest.raises(PeerFailureError, match="closed its TCP connection"):
+            ch.peek()
+        with pytest.raises(PeerFailureError):
+            ch.recv_some(memoryview(bytearray(8)))
+    finally:
+        ch.close()
+
+
+def test_a_closed_shared_memory_channel_is_not_polled_again() -> None:
+    """Once the engine closed a failed (or departed) peer's shared-memory channel, its rings are unmapped: the
+    fast input test must not touch them (a rank still inside a call crashed with 'released memoryview')."""
+    import mmap
+    import os
+
+    from pycoll.transport.shm import ShmChannel, _Ring
+
+    class Transport:
+        def _channel_closed(self) -> None:
+            pass
+
+    cap = 4096
+    mem = memoryview(mmap.mmap(-1, 2 * (256 + cap)))
+    def rings(out: int, into: int) -> tuple:  # each end maps the two rings itself
+        return _Ring(mem, out * (256 + cap), cap), _Ring(mem, into * (256 + cap), cap)
+
+    a = ShmChannel(1, os.getpid(), *rings(0, 1), Transport())  # type: ignore[arg-type]
+    b = ShmChannel(0, os.getpid(), *rings(1, 0), Transport())  # type: ignore[arg-type]
+    eng = Engine(0, {1: a})
+    out = np.zeros(3, np.int64)
+    r = eng.irecv(1, out, 2, 1, None, owner("Recv"))
+    b.close()  # the peer leaves
+    eng._channel_failed(1, "rank 1 closed its shared-memory channel")
+    assert not a.has_input()
+    for _ in range(3):
+        eng.progress()  # no ValueError from the released rings
+    assert eng._input_ready() is False
+    assert isinstance(r.error, PeerFailureError)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
+import platform
+import time
 from typing import Optional
 
 from ..config import bool_param, size_param, str_param
@@ -20,6 +23,73 @@ SHM_DIR = str_param("PYCOLL_SHM_DIR", "/dev/shm", "Directory (a tmpfs) that hold
 _TAIL, _HEAD, _SENDER_STATE, _RECEIVER_STATE = 0, 64, 128, 192
 _HEADER = 256
 _OPEN, _CLOSED = 0, 1
+_UNKNOWN, _CAN_PULL, _CANNOT_PULL = 0, 1, 2  # receiver_state[1]: can the receiver read the sender's memory?
+
+
+# Each segment's doorbell: in ring 0's receiver line, word 4 says "its owner sleeps", word 5 is the futex word.
+_BELL = _RECEIVER_STATE + 32
+_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
+    platform.machine().lower()
+)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
+
+
+class Doorbell:
+    """The futex word of one rank's segment: that rank sleeps on it, its senders wake it after writing or reading."""
+
+    _syscall = None
+
+    def __init__(self, mapping: mmap.mmap) -> None:
+        self._flag = memoryview(mapping)[_BELL : _BELL + 8].cast("Q")
+        self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL + 8)
+        self._addr = ctypes.c_void_p(ctypes.addressof(self._cell))
+        self._ts = _Timespec()
+        self._released = False
+        if _SYS_FUTEX is not None and Doorbell._syscall is None:
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).syscall
+                fn.restype = ctypes.c_long
+                Doorbell._syscall = fn
+            except (OSError, AttributeError):
+                pass
+
+    def wake(self) -> None:
+        """Wake the owner if it sleeps (one shared-memory read when it does not)."""
+        if self._flag[0]:
+            self._cell.value = (self._cell.value + 1) & 0xFFFFFFFF
+            if self._syscall is not None:
+                self._syscall(_SYS_FUTEX, self._addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def sleep(self, seconds: float, ready) -> None:
+        """Block at most ``seconds`` unless ``ready()``; a peer's write or read into our rings ends it early."""
+        if self._released:  # its segment is gone (every channel closed): a plain nap
+            time.sleep(seconds)
+            return
+        seen = self._cell.value
+        self._flag[0] = 1
+        try:
+            if ready():
+                return
+            if self._syscall is None:
+                time.sleep(seconds)
+                return
+            self._ts.sec = int(seconds)
+            self._ts.nsec = int((seconds - int(seconds)) * 1e9)
+            self._syscall(_SYS_FUTEX, self._addr, _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(self._ts), None, 0)
+        finally:
+            self._flag[0] = 0
+
+    def release(self) -> None:
+        self._released = True
+        try:
+            self._flag.release()
+        except BufferError:
+            pass
+        del self._cell
 
 
 def segment_path(job_id: str, rank: int) -> str:
@@ -46,8 +116,8 @@ class _Ring:
         header = mem[offset : offset + _HEADER]
         self.tail = header[_TAIL : _TAIL + 8].cast("Q")
         self.head = header[_HEAD : _HEAD + 8].cast("Q")
-        self.sender_state = header[_SENDER_STATE : _SENDER_STATE + 8].cast("Q")
-        self.receiver_state = header[_RECEIVER_STATE : _RECEIVER_STATE + 8].cast("Q")
+        self.sender_state = header[_SENDER_STATE : _SENDER_STATE + 64].cast("Q")  # [0] open/closed, [1:3] probe
+        self.receiver_state = header[_RECEIVER_STATE : _RECEIVER_STATE + 64].cast("Q")  # [0] open/closed, [1] pull
         self.data = mem[offset + _HEADER : offset + _HEADER + capacity]
 
     def release(self) -> None:
@@ -63,8 +133,11 @@ class ShmChannel(Channel):
 
     kind = "shm"
 
-    def __init__(self, peer: int, peer_pid: int, out_ring: _Ring, in_ring: _Ring, owner: "ShmTransport") -> None:
+    def __init__(self, peer: int, peer_pid: int, out_ring: _Ring, in_ring: _Ring, owner: "ShmTransport",
+                 bell: Optional[Doorbell] = None, peer_bell: Optional[Doorbell] = None) -> None:
         super().__init__(peer)
+        self.bell = bell  # ours (shared by all our inbound rings): the engine sleeps on it
+        self._peer_bell = peer_bell  # the peer's: rung after we write to it or free space it waits for
         self.peer_pid = peer_pid
         self._out = out_ring
         self._in = in_ring
@@ -89,7 +162,37 @@ class ShmChannel(Channel):
             ring.data[: n - first] = data[first:n]
         self._tail += n
         ring.tail[0] = self._tail  # publish after the bytes are in place
+        if self._peer_bell is not None:
+            self._peer_bell.wake()
         return n
+
+    def reserve(self, n: int) -> Optional[memoryview]:
+        """``n`` contiguous free bytes of the outbound ring to fill in place (then ``commit``), or None."""
+        ring = self._out
+        cap = ring.capacity
+        pos = self._tail % cap
+        if pos + n > cap or cap - (self._tail - ring.head[0]) < n:
+            return None
+        return ring.data[pos : pos + n]
+
+    def commit(self, n: int) -> None:
+        """Publish ``n`` bytes written into the slot ``reserve`` gave."""
+        self._tail += n
+        self._out.tail[0] = self._tail
+        if self._peer_bell is not None:
+            self._peer_bell.wake()
+
+    def has_input(self) -> bool:
+        """Cheap test for unread bytes (a closed channel shows in ``check_alive``); False once this end is closed
+        (its rings are unmapped then)."""
+        return not self._closed and self._in.tail[0] != self._head
+
+    def peer_can_pull(self) -> Optional[bool]:
+        """Whether the peer can read this process's memory by cross-memory attach (None: it has not checked yet)."""
+        if self._closed:
+            return False
+        v = self._out.receiver_state[1]
+        return None if v == _UNKNOWN else v == _CAN_PULL
 
     def peek(self) -> memoryview:
         ring = self._in
@@ -104,6 +207,17 @@ class ShmChannel(Channel):
     def consume(self, n: int) -> None:
         self._head += n
         self._in.head[0] = self._head
+        if self._peer_bell is not None:
+            self._peer_bell.wake()
+
+    def _check_pull(self) -> None:
+        """Read the peer's probe word by cross-memory attach; tell the peer (in our inbound ring) whether it worked."""
+        from .cma import CrossMemory
+
+        addr, expect = int(self._in.sender_state[1]), int(self._in.sender_state[2])
+        cma = CrossMemory()
+        reason = cma.probe(self.peer_pid, addr, expect.to_bytes(8, "little")) if addr else "the peer published no probe word"
+        self._in.receiver_state[1] = _CAN_PULL if reason is None else _CANNOT_PULL
 
     @property
     def closed_by_peer(self) -> bool:
@@ -128,6 +242,9 @@ class ShmChannel(Channel):
         self._in.receiver_state[0] = _CLOSED
         self._out.release()
         self._in.release()
+        if self._peer_bell is not None:
+            self._peer_bell.release()
+            self._peer_bell = None
         self._owner._channel_closed()
 
 
@@ -162,6 +279,8 @@ class ShmTransport(Transport):
         self.capacity = (max(SHM_BUFFER.get(), 4096) + 4095) // 4096 * 4096
         self._segments: list[_Segment] = []
         self._open_channels = 0
+        self._bell: Optional[Doorbell] = None
+        self._probe = ctypes.c_uint64(int.from_bytes(os.urandom(8), "little") | 1)  # read by peers over CMA
 
     def enabled(self) -> bool:
         return not SHM_DISABLE.get() and os.path.isdir(SHM_DIR.get())
@@ -191,9 +310,16 @@ class ShmTransport(Transport):
                 group = sorted([p.rank for p in peers if p.rank != peer.rank] + [me.rank])
                 out_ring = _Ring(theirs.view, self._ring_offset(group.index(me.rank)), self.capacity)
                 in_ring = _Ring(own.view, self._ring_offset(index), self.capacity)  # type: ignore[union-attr]
-                channels[peer.rank] = ShmChannel(peer.rank, peer.pid, out_ring, in_ring, self)
+                if self._bell is None:
+                    self._bell = Doorbell(own.mmap)  # type: ignore[union-attr]
+                channels[peer.rank] = ShmChannel(peer.rank, peer.pid, out_ring, in_ring, self, self._bell, Doorbell(theirs.mmap))
             self._open_channels = len(channels)
+            for ch in channels.values():  # a word of ours the peer reads to see whether cross-memory attach works
+                ch._out.sender_state[1] = ctypes.addressof(self._probe)  # type: ignore[attr-defined]
+                ch._out.sender_state[2] = self._probe.value  # type: ignore[attr-defined]
             barrier("shm-attached")
+            for ch in channels.values():
+                ch._check_pull()  # type: ignore[attr-defined]
         except BaseException:
             # Set-up failed (a peer may have died between creating its segment and unlinking it): clear every
             # name of this job's host group, so that nothing outlives the job.
@@ -218,6 +344,9 @@ class ShmTransport(Transport):
             self.close()
 
     def close(self) -> None:
+        if self._bell is not None:
+            self._bell.release()
+            self._bell = None
         for seg in self._segments:
             seg.close()
         self._segments.clear()

@@ -132,6 +132,7 @@ class TcpChannel(Channel):
         self._start = 0
         self._end = 0
         self._fd = sock.fileno()
+        self._ended: Optional[PeerFailureError] = None  # how the stream ended, while staged bytes precede the end
 
     def _failed(self, exc: BaseException) -> PeerFailureError:
         return PeerFailureError(f"connection to rank {self.peer} failed: {exc}", peers=[self.peer])
@@ -145,6 +146,8 @@ class TcpChannel(Channel):
             raise self._failed(exc) from None
 
     def _fill(self, out: memoryview) -> int:
+        if self._ended is not None:  # the stream ended behind staged bytes, all read now
+            raise self._ended
         try:
             n = self.sock.recv_into(out)
         except (BlockingIOError, InterruptedError):
@@ -170,7 +173,15 @@ class TcpChannel(Channel):
             self._stage[:left] = self._view[self._start : self._end]
             self._start, self._end = 0, left
         if self._end < len(self._stage):
-            self._end += self._fill(self._view[self._end :])
+            try:
+                self._end += self._fill(self._view[self._end :])
+            except PeerFailureError as exc:
+                # The stream ended (or broke) behind bytes already staged: those came first (the peer's last
+                # data, its goodbye) and must be read before the end is reported, by the read that finds
+                # nothing staged (_fill raises it then).
+                if self._end == self._start:
+                    raise
+                self._ended = exc
         return self._view[self._start : self._end]
 
     def consume(self, n: int) -> None:

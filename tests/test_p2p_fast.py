@@ -1,0 +1,257 @@
+"""Point-to-point on 2 ranks, every size class around the rendezvous threshold, over shm (with and without CMA) and tcp."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+
+import pytest
+
+import harness
+
+pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
+
+THRESHOLD = 64 << 10  # PYCOLL_P2P_CMA_BYTES's default
+
+_COMMON = """
+import json, os, sys, time
+import numpy as np
+from pycoll import MPI
+from pycoll.errors import PeerFailureError, TimeoutError
+comm = MPI.COMM_WORLD
+rank, peer = comm.Get_rank(), 1 - comm.Get_rank()
+out = {}
+def done():
+    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+"""
+
+_MAIN = _COMMON + """
+T = int(sys.argv[2])
+sizes = [0, 8, 4096, T - 8, T, T + 8, 4 << 20]
+bad = []
+def check(what, got, want):
+    if not np.array_equal(got, want):
+        bad.append(what)
+def pattern(n, salt):
+    return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
+# every size, three spellings of the buffer, and fresh arrays
+for i, n in enumerate(sizes):
+    data = pattern(n, i)
+    f32 = pattern(n - n % 4, i).view(np.float32)
+    for form in ("bare", "bytes", "float", "fresh"):
+        tag = 10 * i + len(form)
+        if rank == 0:
+            if form == "bare":
+                comm.Send(data, 1, tag)
+            elif form == "bytes":
+                buf = np.zeros(n + 16, np.uint8); buf[:n] = data
+                comm.Send([buf, n, MPI.BYTE], 1, tag)
+            elif form == "float":
+                comm.Send([f32, MPI.FLOAT], 1, tag)
+            else:
+                comm.Send(data.copy(), 1, tag)
+        else:
+            st = MPI.Status()
+            if form == "float":
+                got = np.full(f32.size + 3, -1, np.float32)
+                comm.Recv([got, MPI.FLOAT], 0, tag, st)
+                check(f"{form} {n}", got[: f32.size].view(np.uint8), f32.view(np.uint8))
+                check(f"{form} {n} tail", got[f32.size:], np.full(3, -1, np.float32))
+                want = (f32.size * 4, 0, tag)
+            else:
+                got = np.zeros(n + 5, np.uint8) if form != "fresh" else np.empty(n, np.uint8)
+                comm.Recv([got, n, MPI.BYTE] if form == "bytes" else got, 0, tag, st)
+                check(f"{form} {n}", got[:n], data)
+                want = (n, 0, tag)
+            if (st.Get_count(MPI.BYTE), st.Get_source(), st.Get_tag()) != want:
+                bad.append(f"status {form} {n}: {(st.Get_count(MPI.BYTE), st.Get_source(), st.Get_tag())} != {want}")
+    # the send buffer is untouched by the transfer
+    if rank == 0:
+        check(f"sendbuf intact {n}", data, pattern(n, i))
+comm.Barrier()
+# ANY_SOURCE / ANY_TAG on rendezvous-sized messages, and unexpected ones (out of order tags)
+big, small = pattern(T + 8, 1), pattern(100, 2)
+if rank == 0:
+    reqs = [comm.Isend(big, 1, 501), comm.Isend(small, 1, 502), comm.Isend(pattern(4 << 20, 3), 1, 503)]
+    MPI.Request.Waitall(reqs)
+    comm.Send(pattern(T, 4), 1, 504)
+else:
+    time.sleep(0.3)  # all three arrive before any receive is posted
+    a, b, c = np.zeros(4 << 20, np.uint8), np.zeros(100, np.uint8), np.zeros(T + 8, np.uint8)
+    st = MPI.Status()
+    comm.Recv(a, 0, 503, st); check("unexpected 503", a, pattern(4 << 20, 3))
+    comm.Recv(b, 0, 502); check("unexpected 502", b, small)
+    comm.Recv(c, MPI.ANY_SOURCE, MPI.ANY_TAG, st); check("unexpected any", c, big)
+    if (st.Get_source(), st.Get_tag(), st.Get_count()) != (0, 501, T + 8):
+        bad.append(f"any status {(st.Get_source(), st.Get_tag(), st.Get_count())}")
+    d = np.zeros(T, np.uint8)
+    comm.Recv(d, MPI.ANY_SOURCE, MPI.ANY_TAG, st); check("posted any", d, pattern(T, 4))
+# a message larger than the receive buffer fails the receive, not the sender
+if rank == 0:
+    comm.Send(pattern(T * 2, 5), 1, 505)
+else:
+    try:
+        comm.Recv(np.zeros(T, np.uint8), 0, 505)
+        bad.append("truncation not reported")
+    except Exception as exc:
+        out["truncation"] = type(exc).__name__
+comm.Barrier()
+# windows of Isends with Waitall, both directions at once
+for n in (8, T + 8, 1 << 20):
+    srcs = [pattern(n, k) for k in range(64)]
+    dsts = [np.zeros(n, np.uint8) for _ in range(64)]
+    reqs = [comm.Irecv(dsts[k], peer, 600 + k) for k in range(64)] + [comm.Isend(srcs[k], peer, 600 + k) for k in range(64)]
+    MPI.Request.Waitall(reqs)
+    for k in range(64):
+        check(f"window {n} #{k}", dsts[k], srcs[k])
+# Sendrecv (a halo exchange)
+for n in (8, 4096, T + 8, 4 << 20):
+    mine, theirs = pattern(n, rank), np.zeros(n, np.uint8)
+    st = MPI.Status()
+    comm.Sendrecv([mine, n, MPI.BYTE], peer, 7, [theirs, n, MPI.BYTE], peer, 7, st)
+    check(f"sendrecv {n}", theirs, pattern(n, peer))
+    if (st.Get_source(), st.Get_tag(), st.Get_count()) != (peer, 7, n):
+        bad.append(f"sendrecv status {n}")
+# objects, and PROC_NULL
+obj = {"r": rank, "blob": bytes(T * 2)}
+got = comm.sendrecv(obj, peer, 3, source=peer, recvtag=3)
+if got != {"r": peer, "blob": bytes(T * 2)}:
+    bad.append("sendrecv object")
+comm.Send(np.zeros(T * 2, np.uint8), MPI.PROC_NULL, 1)
+st = MPI.Status()
+comm.Recv(np.zeros(4, np.uint8), MPI.PROC_NULL, 1, st)
+if st.Get_source() != MPI.PROC_NULL:
+    bad.append("PROC_NULL status")
+comm.Barrier()
+out["bad"] = bad
+out["rendezvous"] = comm._engine.rdv_pulls
+done()
+"""
+
+_DIES = _COMMON + """
+who = sys.argv[2]  # "receiver": rank 1 dies with a rendezvous pending; "sender": rank 0 does
+n = 4 << 20
+data = np.full(n, 7, np.uint8)
+comm.Barrier()
+if who == "receiver":
+    if rank == 1:
+        time.sleep(0.5)  # the announcement has arrived; nobody will pull it
+        os._exit(0)
+    t0 = time.monotonic()
+    try:
+        comm.Send(data, 1, 5)
+        out["error"] = None
+    except PeerFailureError as exc:
+        out["error"] = type(exc).__name__
+        out["text"] = str(exc)
+    out["s"] = time.monotonic() - t0
+    out["intact"] = bool((data == 7).all())
+else:
+    if rank == 0:
+        comm.Isend(data, 1, 5)
+        time.sleep(0.3)
+        os._exit(0)
+    time.sleep(1.0)
+    got = np.zeros(n, np.uint8)
+    t0 = time.monotonic()
+    try:
+        comm.Recv(got, 0, 5)
+        out["error"] = None
+    except PeerFailureError as exc:
+        out["error"] = type(exc).__name__
+        out["text"] = str(exc)
+    out["s"] = time.monotonic() - t0
+done()
+"""
+
+_TIMEOUT = _COMMON + """
+n = int(sys.argv[2])
+data = np.ones(n, np.uint8)
+comm.Barrier()
+t0 = time.monotonic()
+try:
+    if rank == 0:
+        comm.Send(data, 1, 5)  # rank 1 never receives (a rendezvous waits for its ack)
+    else:
+        comm.Recv(np.zeros(8, np.uint8), 0, 6)  # rank 0 never sends tag 6
+    out["error"] = None
+except Exception as exc:
+    out["error"] = type(exc).__name__
+    out["text"] = str(exc)
+out["s"] = time.monotonic() - t0
+done()
+time.sleep(4.0)  # still alive when the other rank's timeout ends
+"""
+
+
+def _run(tmp_path, program: str, args: list, transport: str = "shm", env: dict | None = None, timeout: float = 150):
+    path = tmp_path / "prog.py"
+    path.write_text(textwrap.dedent(program))
+    extra = {"PYCOLL_LAUNCH_GRACE": "3"}
+    extra.update(env or {})
+    cmd = harness.launcher_cmd(2, [harness.PYTHON, str(path), str(tmp_path)] + [str(a) for a in args])
+    proc = harness.launch(cmd, harness.rank_env(transport, extra.pop("PYCOLL_TIMEOUT", 60), extra), timeout=timeout)
+    outs = {}
+    for r in (0, 1):
+        f = tmp_path / f"rank{r}.json"
+        if f.exists():
+            outs[r] = json.loads(f.read_text())
+    return proc, outs
+
+
+def _cma_works() -> bool:
+    """Whether this host lets sibling processes read each other (Yama ptrace scope 0)."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return f.read().strip() == "0"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("transport,cma", [("shm", "1"), ("shm", "0"), ("tcp", "1")])
+def test_sizes_specs_wildcards_windows(transport, cma, tmp_path):
+    proc, outs = _run(tmp_path, _MAIN, [THRESHOLD], transport, {"PYCOLL_P2P_CMA": cma})
+    assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    for r, o in outs.items():
+        assert o["bad"] == [], f"rank {r}: {o['bad']}"
+    assert outs[1]["truncation"] == "MismatchError"
+    pulls = outs[0]["rendezvous"] + outs[1]["rendezvous"]
+    if transport == "shm" and cma == "1" and _cma_works():
+        assert pulls > 0, "no message went by cross-memory attach"
+    else:
+        assert pulls == 0, f"{pulls} messages went by cross-memory attach with it off or across TCP"
+
+
+@pytest.mark.parametrize("who", ["receiver", "sender"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_peer_dies_mid_rendezvous(who, transport, tmp_path):
+    proc, outs = _run(tmp_path, _DIES, [who], transport, {"PYCOLL_TIMEOUT": 60})
+    survivor = 0 if who == "receiver" else 1
+    assert survivor in outs, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    o = outs[survivor]
+    if transport == "shm" and _cma_works():
+        assert o["error"] == "PeerFailureError", o  # a rendezvous: nobody pulled, or nothing left to pull
+    else:  # streamed: the socket may have taken the whole message before the peer died
+        assert o["error"] in ("PeerFailureError", None), o
+    assert o["s"] < 30, o  # found by liveness checks, not by the 60 s timeout
+    if who == "receiver":
+        assert o["intact"]
+
+
+@pytest.mark.parametrize("n", [8, 4 << 20])
+def test_timeouts_are_honoured(n, tmp_path):
+    proc, outs = _run(tmp_path, _TIMEOUT, [n], "shm", {"PYCOLL_TIMEOUT": 2})
+    assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    if n < THRESHOLD:  # rank 0's small send is buffered and completes at once
+        assert outs[0]["error"] is None and outs[0]["s"] < 1.0, outs[0]
+        waiting = [1]
+    else:
+        waiting = [0, 1]
+    timed = [r for r in waiting if outs[r]["error"] == "TimeoutError"]
+    assert timed, outs  # at least one rank timed out on its own; the other may have heard of it first
+    for r in timed:
+        assert 1.9 <= outs[r]["s"] < 6.0, outs[r]
+    for r in waiting:
+        assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
