@@ -52,7 +52,7 @@ def test_lists_and_flags() -> None:
 
 @pytest.mark.parametrize("argv", [
     ["-b", "lots"], ["-b", "-3"], ["-b", "1M", "-e", "1K"], ["-f", "1"], ["-n", "0"], ["--np", "0"], ["--np", "a,b"],
-    ["--peers", "pycoll,foo"], ["-C", "allreduce,scan"], ["-d", "float128"], ["-o", "xor"], ["-c", "2"],
+    ["--peers", "pycoll,foo"], ["-C", "allreduce,exscan"], ["--buffers", "views"], ["-d", "float128"], ["-o", "xor"], ["-c", "2"],
     ["--inplace", "maybe"], ["--np", "1,2", "-r", "1"],
 ])
 def test_bad_values_are_argparse_errors(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -203,7 +203,7 @@ def test_bus_factors() -> None:
         assert metrics.bus_factor(coll, 8) == pytest.approx(0.875)
     assert metrics.bus_factor("broadcast", 8) == 1.0 and metrics.bus_factor("reduce", 3) == 1.0
     with pytest.raises(ValueError):
-        metrics.bus_factor("scan", 2)
+        metrics.bus_factor("exscan", 2)
 
 
 def test_algbw_busbw_by_hand() -> None:
@@ -346,10 +346,11 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
     assert got == want
     assert all(r["wrong"] == 0 for r in data["records"])
     fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "device", "collective", "nranks", "bytes", "count",
-              "dtype", "op", "root", "inplace", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters", "warmup",
-              "limit_copy_GBps", "limit_reduce_GBps"}  # the host memory's speed measured just before the record's job
+              "dtype", "op", "root", "inplace", "buffers", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters",
+              "warmup", "limit_copy_GBps", "limit_reduce_GBps"}  # the host memory's speed measured just before the record's job
     assert all(set(r) == fields for r in data["records"])
     assert all(r["device"] == ("cuda" if r["peer"] == "nccl" else "host") for r in data["records"])
+    assert all(r["buffers"] == ("spec" if r["peer"] in ("pycoll", "mpi") else None) for r in data["records"])
     assert all(r["hosts"] == 1 and r["link_rate"] is None for r in data["records"])
     assert {r["algo"] for r in data["records"] if r["peer"] == "pycoll"} == {"auto"}
     assert all(r["algo"] is None and r["algo_used"] is None for r in data["records"] if r["peer"] != "pycoll")

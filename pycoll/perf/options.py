@@ -9,7 +9,10 @@ from typing import Any, Callable, Optional
 from pycoll.config import parse_size
 
 PEERS = ("pycoll", "mpi", "gloo", "nccl")
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+# The default list (nccl-tests' six); the rest run when named with -C.
+DEFAULT_COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall")
+COLLECTIVES = DEFAULT_COLLECTIVES + ("gather", "scatter", "sendrecv", "scan", "barrier", "pingpong", "p2p_bw")
+BUFFERS = ("spec", "array", "fresh")  # how pycoll and mpi4py get their buffers (torch peers ignore it)
 OPS = ("sum", "prod", "min", "max", "avg")
 # nccl-tests type name -> NumPy dtype name; aliases map to the nccl-tests spelling below.
 DTYPES = {
@@ -28,7 +31,7 @@ class PerfOptions:
 
     nps: list[int] = field(default_factory=lambda: [2])
     peers: list[str] = field(default_factory=lambda: list(PEERS))
-    collectives: list[str] = field(default_factory=lambda: list(COLLECTIVES))
+    collectives: list[str] = field(default_factory=lambda: list(DEFAULT_COLLECTIVES))
     minbytes: int = 8
     maxbytes: int = 256 << 20
     stepfactor: int = 2
@@ -48,6 +51,7 @@ class PerfOptions:
     interleave: bool = False  # forced algorithms run inside the automatic pycoll job, per point
     rounds: int = 1  # every job this many times, order rotated each round; the median per point is reported
     device: str = "host"  # where the buffers live: host (NumPy) or cuda (CuPy / numba.cuda / torch CUDA tensors)
+    buffers: str = "spec"  # spec: [buf, count, MPI.FLOAT]; array: bare arrays; fresh: new arrays every iteration
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -91,6 +95,8 @@ class PerfOptions:
             flags.append(f"--rounds {self.rounds}")
         if self.device != "host":
             flags.append(f"--device {self.device}")
+        if self.buffers != "spec":
+            flags.append(f"--buffers {self.buffers}")
         return " ".join(["pycoll", "perf", *flags])
 
     def algo_groups(self) -> list[tuple[str, list[str]]]:
@@ -192,7 +198,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers", type=_choices_list(PEERS), default=list(PEERS), metavar="LIST",
                    help=f"implementations to compare, run one after another (default {','.join(PEERS)})")
     p.add_argument("-C", "--coll", "--collectives", dest="collectives", type=_choices_list(COLLECTIVES),
-                   default=list(COLLECTIVES), metavar="LIST", help=f"collectives (default {','.join(COLLECTIVES)})")
+                   default=list(DEFAULT_COLLECTIVES), metavar="LIST",
+                   help=f"collectives, from {','.join(COLLECTIVES)} (default {','.join(DEFAULT_COLLECTIVES)})")
     p.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size, K/M/G suffixes (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size, default=256 << 20, metavar="SIZE", help="largest size (default 256M)")
     p.add_argument("-f", "--stepfactor", type=_positive(2), default=2, metavar="F", help="size multiplier (default 2)")
@@ -222,6 +229,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("host", "cuda"), default="host",
                    help="where the buffers live: host memory, or the GPU (CuPy or numba.cuda arrays for pycoll, CUDA "
                         "tensors for gloo and nccl; the limit line is then the device-to-device copy) (default host)")
+    p.add_argument("--buffers", choices=BUFFERS, default="spec",
+                   help="how pycoll and mpi get buffers: spec passes [buf, count, MPI.FLOAT] with the peer's own "
+                        "datatype, as programs do; array passes bare NumPy arrays; fresh allocates new arrays before "
+                        "every timed iteration (allocation and first touch untimed). gloo and nccl ignore it "
+                        "(default spec)")
 
 
 def from_namespace(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> PerfOptions:

@@ -26,6 +26,9 @@ from pycoll.perf.metrics import median
 from pycoll.perf.options import PerfOptions
 
 LIMIT_BYTES = 64 << 20
+BUFFERS_NOTE = {"spec": "pycoll and mpi get [buf, count, MPI.<TYPE>] specs",
+                "array": "pycoll and mpi get bare NumPy arrays",
+                "fresh": "pycoll and mpi get specs on new arrays before every timed call, allocation untimed"}
 
 
 def measure_limits(nbytes: int = LIMIT_BYTES, repeats: int = 3) -> dict[str, float]:
@@ -82,6 +85,7 @@ def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None, nccl_vi
             "collectives": job.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
             "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
             "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root,
+            "buffers": opts.buffers,
             "variants": [{"label": v.label, "algo": v.algo, "env": v.env, "collectives": v.collectives}
                          for v in job.variants]}
 
@@ -156,7 +160,8 @@ def _print_blocks(opts: PerfOptions, peer: str, records: list[dict[str, Any]],
         errors = [r for r in records if r["collective"] == coll and "error" in r]
         nranks = (recs or errors or [{"nranks": 0}])[0]["nranks"]
         if recs:
-            print(report.format_block(peer, nranks, coll, opts.dtype, opts.op, recs, opts.modes(),
+            modes = [False] if coll in metrics.NO_INPLACE else opts.modes()
+            print(report.format_block(peer, nranks, coll, opts.dtype, opts.op, recs, modes,
                                       hosts=opts.hosts, link_rate=opts.link_rate))
         for e in errors:
             print(f"# peer {peer}, {e['nranks']} ranks, {coll}: failed ({e['error']})")
@@ -269,6 +274,9 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
         else:
             runnable.append(peer)
     nccl_via = peers_mod.nccl_route()[0] if "nccl" in runnable else None
+    ignoring = [p for p in runnable if p in ("gloo", "nccl")]
+    print(f"# buffers: {opts.buffers} ({BUFFERS_NOTE[opts.buffers]})"
+          + (f"; {' and '.join(ignoring)} ignore --buffers (torch tensors or device pointers)" if ignoring else ""))
     if nccl_via:
         print(f"# nccl through {'torch.distributed' if nccl_via == 'torch' else 'cupy.cuda.nccl'}")
     if opts.device == "cuda":
@@ -350,7 +358,7 @@ def _sweep(opts: PerfOptions, in_mpi: bool, rank0: bool) -> int:
                 "host": socket.gethostname(), "cpus": os.cpu_count() or 1, "python": platform.python_version(),
                 "pycoll": pycoll.__version__, "peers_skipped": skipped, "hosts": hosts or 1,
                 "link_rate": opts.link_rate if hosts else None, "algos": opts.algos, "device": opts.device,
-                "jobs_skipped": jobs_skipped, "nccl_via": nccl_via}
+                "jobs_skipped": jobs_skipped, "nccl_via": nccl_via, "buffers": opts.buffers}
         report.write_json(opts.json, meta, limits, records)
         print(f"# wrote {len(records)} records to {opts.json}")
     return 1 if failed or wrong else 0

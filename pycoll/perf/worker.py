@@ -16,6 +16,7 @@ from pycoll.perf import metrics
 from pycoll.perf.devices import HostArrays
 
 MARKER = "@@PERF "
+P2P_SLOT_BYTES = 64 << 20  # p2p_bw: distinct receive slots up to this many bytes, then slots are reused
 Emit = Callable[[dict[str, Any]], None]
 # A prepared call: run() does one collective; result() gives this rank's output as a host array (None: nothing to check).
 Prepared = tuple[Callable[[], None], Callable[[], Optional[np.ndarray]]]
@@ -52,8 +53,48 @@ def _reduce(arrays: Iterable[np.ndarray], op: str) -> np.ndarray:
 CHECK_CHUNK = 1 << 22  # output elements checked at a time: the reference never holds a whole large output
 
 
-def output_length(coll: str, n: int, count: int) -> int:
-    return n * count if coll in ("allgather", "alltoall") else count
+class Unsupported(Exception):
+    """A collective this peer cannot run here: reported as a skip with this reason, not as a failure."""
+
+
+def window_slots(count: int, itemsize: int) -> int:
+    """Receive slots of p2p_bw: one per message of the window while they fit in P2P_SLOT_BYTES (then reused)."""
+    return max(1, min(metrics.P2P_WINDOW, P2P_SLOT_BYTES // max(1, count * itemsize)))
+
+
+def participates(coll: str, rank: int, root: int) -> bool:
+    """Whether this rank has an output to check."""
+    if coll in ("reduce", "gather"):
+        return rank == root
+    if coll == "pingpong":
+        return rank in (0, 1)
+    if coll == "p2p_bw":
+        return rank == 1
+    return coll != "barrier"
+
+
+def output_length(coll: str, n: int, count: int, dtype: str = "float32") -> int:
+    if coll in ("allgather", "alltoall", "gather"):
+        return n * count
+    if coll == "p2p_bw":
+        return window_slots(count, np_dtype(dtype).itemsize) * count
+    return count
+
+
+MPI_TYPE_NAMES = {"float32": "FLOAT", "float64": "DOUBLE", "float16": "FLOAT16", "bfloat16": "BFLOAT16",
+                  "int8": "INT8_T", "uint8": "UINT8_T", "int32": "INT32_T", "uint32": "UINT32_T",
+                  "int64": "INT64_T", "uint64": "UINT64_T"}
+
+
+def mpi_datatype(mpi: Any, dtype: Any) -> Any:
+    """The module's own datatype constant (pycoll.MPI.FLOAT or mpi4py.MPI.FLOAT, ...) for a NumPy dtype."""
+    dt = np.dtype(dtype)
+    found = getattr(mpi, MPI_TYPE_NAMES.get(dt.name, ""), None)
+    if found is None:  # mpi4py names half precision only through its typecode table
+        found = getattr(mpi, "_typedict", {}).get(dt.char)
+    if found is None:
+        raise Unsupported(f"{mpi.__name__} has no datatype constant for {dt.name}")
+    return found
 
 
 def expected(coll: str, rank: int, n: int, count: int, op: str, root: int, dtype: str, lo: int = 0,
@@ -61,17 +102,27 @@ def expected(coll: str, rank: int, n: int, count: int, op: str, root: int, dtype
     """NumPy reference of elements lo:hi of this rank's output, in float64 rounded through the dtype.
 
     Input element i of rank r is (i + r) % m + 1 (see ``inputs``), so any slice is computed without the rest."""
-    if coll == "reduce" and rank != root:
+    if not participates(coll, rank, root):
         return None
     mod = 2 if op == "prod" else 3
-    i = np.arange(lo, output_length(coll, n, count) if hi is None else hi, dtype=np.int64)
+    i = np.arange(lo, output_length(coll, n, count, dtype) if hi is None else hi, dtype=np.int64)
     value = lambda r, idx: ((idx + r) % mod + 1).astype(np.float64)  # noqa: E731 - rank r's input at idx
     if coll in ("allreduce", "reduce"):
         ref = _reduce((value(r, i) for r in range(n)), op)
     elif coll == "broadcast":
         ref = value(root, i)
-    elif coll == "allgather":  # block b is rank b's input
+    elif coll in ("allgather", "gather"):  # block b is rank b's input
         ref = value(i // count, i % count)
+    elif coll == "scatter":  # block `rank` of the root's input
+        ref = value(root, rank * count + i)
+    elif coll == "sendrecv":  # from the left neighbour
+        ref = value((rank - 1) % n, i)
+    elif coll == "scan":  # inclusive prefix over ranks 0..rank
+        ref = _reduce((value(r, i) for r in range(rank + 1)), op)
+    elif coll == "pingpong":  # rank 0's message, echoed back to it by rank 1
+        ref = value(0, i)
+    elif coll == "p2p_bw":  # every slot holds rank 0's message
+        ref = value(0, i % count)
     elif coll == "reduce_scatter":
         ref = _reduce((value(r, rank * count + i) for r in range(n)), op)
     elif coll == "alltoall":  # block b is block `rank` of rank b's input
@@ -84,9 +135,9 @@ def expected(coll: str, rank: int, n: int, count: int, op: str, root: int, dtype
 def check_result(got: Optional[np.ndarray], coll: str, rank: int, n: int, count: int, op: str, root: int,
                  dtype: str) -> int:
     """Wrong elements of this rank's output, compared CHECK_CHUNK elements at a time."""
-    if coll == "reduce" and rank != root:
+    if not participates(coll, rank, root):
         return 0
-    total = output_length(coll, n, count)
+    total = output_length(coll, n, count, dtype)
     if got is None or got.size != total:
         return total
     flat = got.reshape(-1)
@@ -114,6 +165,8 @@ class Backend:
     rank = 0
     size = 1
     memory = "host"  # where its buffers live: host or cuda
+    takes_buffer_modes = False  # whether --buffers applies (pycoll and mpi4py); torch and CuPy peers ignore it
+    buffers: Optional[str] = None  # the --buffers mode in force, None where it does not apply
 
     def barrier(self) -> None: ...
 
@@ -129,6 +182,8 @@ class Backend:
 class _MpiStyle(Backend):
     """pycoll.MPI and mpi4py share the buffer API; only the module differs. ``arrays`` allocates the buffers
     (NumPy, or device arrays for pycoll with --device cuda, passed with the allocator's stream)."""
+
+    takes_buffer_modes = True
 
     def __init__(self, name: str, mpi: Any, native_avg: bool, arrays: Optional[HostArrays] = None) -> None:
         self.name, self.MPI, self.native_avg = name, mpi, native_avg
@@ -152,13 +207,34 @@ class _MpiStyle(Backend):
         avg = op == "avg" and not self.native_avg  # mpi4py has no AVG: SUM, then divide (timed)
         if avg and self.memory != "host":
             raise ValueError("a peer without AVG takes host buffers only")
+        if coll == "scan" and op == "avg":
+            raise Unsupported("MPI_Scan has no average; choose another -o")
+        if coll == "scan" and not hasattr(comm, "Scan"):
+            raise Unsupported(f"{self.name}'s communicator has no Scan")
+        if coll in ("sendrecv",) + tuple(metrics.P2P) and self.memory != "host":
+            raise Unsupported("pycoll's point-to-point calls take host buffers only")
+        if coll in metrics.P2P and n < 2:
+            raise Unsupported(f"{coll} needs 2 ranks")
         mop = MPI.SUM if avg else getattr(MPI, op.upper())
-        big = n * count if coll in ("reduce_scatter", "alltoall") else count
-        send = A.from_host(inputs(rank, big, op, dt))
-        recv = A.zeros(n * count if coll in ("allgather", "alltoall") else count, dt)
-        ip = MPI.IN_PLACE
+        mode = self.buffers or "array"
+        fresh_host = mode == "fresh" and self.memory == "host"
+        DT = mpi_datatype(MPI, dt) if mode in ("spec", "fresh") else None
         kw = {"stream": A.stream} if A.stream is not None else {}  # pycoll's stream= (device buffers only)
-        B = lambda x: A.spec(x, dt)  # noqa: E731 - bfloat16 device buffers carry their datatype
+
+        def new_in(length: int, r: int = rank) -> Any:
+            host = inputs(r, length, op, dt)  # with fresh: a new NumPy array, already written
+            return host if fresh_host else A.from_host(host)
+
+        def new_out(length: int) -> Any:
+            if fresh_host:  # the user's np.empty, written once so that first-touch faults stay out of the timing
+                out = np.empty(length, dt)
+                out.fill(0)
+                return out
+            return A.zeros(length, dt)
+
+        def B(x: Any, cnt: int) -> Any:
+            """The buffer argument: [buf, count, MPI.<TYPE>] (spec, fresh) or the bare array (array)."""
+            return [x, cnt, DT] if DT is not None else A.spec(x, dt)
 
         def scale(a: np.ndarray) -> None:
             if avg:
@@ -167,46 +243,119 @@ class _MpiStyle(Backend):
                 else:
                     np.divide(a, n, out=a)
 
-        out = recv
+        ip = MPI.IN_PLACE
+        c = count
+        big = n * count if coll in ("reduce_scatter", "alltoall") or (coll == "scatter" and rank == root) else count
+        send = new_in(big)
+        recv = new_out(n * count if coll in ("allgather", "alltoall") or (coll == "gather" and rank == root)
+                       else count)
+        out: Any = recv
+        run: Callable[[], Any]
         if coll == "allreduce":
             if inplace:
                 out = send
-                run = lambda: (comm.Allreduce(ip, B(send), op=mop, **kw), scale(send))
+                run = lambda: (comm.Allreduce(ip, B(send, c), op=mop, **kw), scale(send))
             else:
-                run = lambda: (comm.Allreduce(B(send), B(recv), op=mop, **kw), scale(recv))
-        elif coll == "reduce_scatter":
+                run = lambda: (comm.Allreduce(B(send, c), B(recv, c), op=mop, **kw), scale(recv))
+        elif coll == "reduce_scatter":  # counts in buffer specs are per block, as in MPI's C API
             if inplace:
                 out = send[:count]
-                run = lambda: (comm.Reduce_scatter_block(ip, B(send), op=mop, **kw), scale(send[:count]))
+                run = lambda: (comm.Reduce_scatter_block(ip, B(send, c), op=mop, **kw), scale(send[:count]))
             else:
-                run = lambda: (comm.Reduce_scatter_block(B(send), B(recv), op=mop, **kw), scale(recv))
+                run = lambda: (comm.Reduce_scatter_block(B(send, c), B(recv, c), op=mop, **kw), scale(recv))
         elif coll == "allgather":
             if inplace:
                 A.copy(recv[rank * count:(rank + 1) * count], send)
-                run = lambda: comm.Allgather(ip, B(recv), **kw)
+                run = lambda: comm.Allgather(ip, B(recv, c), **kw)
             else:
-                run = lambda: comm.Allgather(B(send), B(recv), **kw)
+                run = lambda: comm.Allgather(B(send, c), B(recv, c), **kw)
         elif coll == "broadcast":
             # MPI has no out-of-place Bcast: both modes broadcast one buffer that the root filled
             out = send
-            run = lambda: comm.Bcast(B(send), root=root, **kw)
+            run = lambda: comm.Bcast(B(send, c), root=root, **kw)
         elif coll == "reduce":
             if inplace and rank == root:
                 out = send
-                run = lambda: (comm.Reduce(ip, B(send), op=mop, root=root, **kw), scale(send))
+                run = lambda: (comm.Reduce(ip, B(send, c), op=mop, root=root, **kw), scale(send))
             elif inplace:
-                run = lambda: comm.Reduce(B(send), None, op=mop, root=root, **kw)
+                run = lambda: comm.Reduce(B(send, c), None, op=mop, root=root, **kw)
             else:
-                run = lambda: (comm.Reduce(B(send), B(recv), op=mop, root=root, **kw), rank == root and scale(recv))
+                run = lambda: (comm.Reduce(B(send, c), B(recv, c), op=mop, root=root, **kw), rank == root and scale(recv))
         elif coll == "alltoall":
             if inplace:
                 out = send
-                run = lambda: comm.Alltoall(ip, B(send), **kw)
+                run = lambda: comm.Alltoall(ip, B(send, c), **kw)
             else:
-                run = lambda: comm.Alltoall(B(send), B(recv), **kw)
+                run = lambda: comm.Alltoall(B(send, c), B(recv, c), **kw)
+        elif coll == "gather":  # in place: the root's block already sits in recvbuf
+            if rank != root:
+                out = None
+                run = lambda: comm.Gather(B(send, c), None, root=root, **kw)
+            elif inplace:
+                A.copy(recv[root * count:(root + 1) * count], send)
+                run = lambda: comm.Gather(ip, B(recv, c), root=root, **kw)
+            else:
+                run = lambda: comm.Gather(B(send, c), B(recv, c), root=root, **kw)
+        elif coll == "scatter":  # in place: the root's block stays in sendbuf
+            if rank != root:
+                run = lambda: comm.Scatter(None, B(recv, c), root=root, **kw)
+            elif inplace:
+                out = send[root * count:(root + 1) * count]
+                run = lambda: comm.Scatter(B(send, c), ip, root=root, **kw)
+            else:
+                run = lambda: comm.Scatter(B(send, c), B(recv, c), root=root, **kw)
+        elif coll == "scan":
+            if inplace:
+                out = send
+                run = lambda: comm.Scan(ip, B(send, c), op=mop, **kw)
+            else:
+                run = lambda: comm.Scan(B(send, c), B(recv, c), op=mop, **kw)
+        elif coll == "sendrecv":  # nccl-tests' sendrecv: to rank+1, from rank-1
+            right, left = (rank + 1) % n, (rank - 1) % n
+            run = lambda: comm.Sendrecv(B(send, c), right, 0, B(recv, c), left, 0)
+        elif coll == "barrier":
+            out = None
+            run = comm.Barrier
+        elif coll == "pingpong":  # rank 1 echoes what it received; other ranks idle
+            run = _pingpong(comm, rank, lambda: B(send, c), lambda: B(recv, c))
+            out = recv if rank < 2 else None
+        elif coll == "p2p_bw":
+            return self._p2p_bw(count, dt, new_in, new_out, B)
         else:
             raise ValueError(coll)
-        return run, lambda: A.to_host(out, dt)
+        return run, (lambda: None) if out is None else (lambda: A.to_host(out, dt))
+
+    def _p2p_bw(self, count: int, dt: np.dtype, new_in: Callable[[int], Any], new_out: Callable[[int], Any],
+                B: Callable[[Any, int], Any]) -> Prepared:
+        """osu_bw's loop: rank 0 sends a window of Isends to rank 1 (Irecvs into slots), Waitall, 1-element ack back."""
+        comm, Waitall, rank, W = self.comm, self.MPI.Request.Waitall, self.rank, metrics.P2P_WINDOW
+        ack = new_out(1)
+        if rank == 0:
+            send = new_in(count)
+
+            def run() -> None:
+                Waitall([comm.Isend(B(send, count), 1, 1) for _ in range(W)])
+                comm.Recv(B(ack, 1), 1, 2)
+            return run, lambda: None
+        if rank != 1:
+            return (lambda: None), (lambda: None)
+        slots = window_slots(count, dt.itemsize)
+        recv = new_out(slots * count)
+        views = [recv[k * count:(k + 1) * count] for k in range(slots)]
+
+        def run1() -> None:
+            Waitall([comm.Irecv(B(views[i % slots], count), 0, 1) for i in range(W)])
+            comm.Send(B(ack, 1), 0, 2)
+        return run1, lambda: self.arrays.to_host(recv, dt)
+
+
+def _pingpong(comm: Any, rank: int, send: Callable[[], Any], recv: Callable[[], Any]) -> Callable[[], Any]:
+    """One round trip between ranks 0 and 1 (tag 1); the buffer arguments are built inside the timed call."""
+    if rank == 0:
+        return lambda: (comm.Send(send(), 1, 1), comm.Recv(recv(), 1, 1))
+    if rank == 1:
+        return lambda: (comm.Recv(recv(), 0, 1), comm.Send(recv(), 0, 1))
+    return lambda: None
 
 
 class _Torch(Backend):
@@ -251,11 +400,18 @@ class _Torch(Backend):
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
         torch, dist, n, rank = self.torch, self.dist, self.size, self.rank
         tdt = getattr(torch, dtype)
+        if coll == "scan":
+            raise Unsupported("torch.distributed has no scan")
+        if coll in metrics.P2P and n < 2:
+            raise Unsupported(f"{coll} needs 2 ranks")
+        if coll == "sendrecv" and n < 2:
+            raise Unsupported("torch.distributed does not send to its own rank")
         avg = op == "avg" and self.name != "nccl"  # gloo has no AVG: SUM, then divide (timed)
         top = dist.ReduceOp.SUM if avg else getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(op, op.upper()))
-        big = n * count if coll in ("reduce_scatter", "alltoall") else count
+        big = n * count if coll in ("reduce_scatter", "alltoall") or (coll == "scatter" and rank == root) else count
         send = torch.from_numpy(inputs(rank, big, op, np.float32 if tdt == self.torch.float32 else np.float64)).to(tdt).to(self.device)
-        recv = torch.zeros(n * count if coll in ("allgather", "alltoall") else count, dtype=tdt, device=self.device)
+        recv = torch.zeros(n * count if coll in ("allgather", "alltoall") or (coll == "gather" and rank == root)
+                           else count, dtype=tdt, device=self.device)
 
         def scale(t: Any) -> None:
             if avg:
@@ -296,9 +452,37 @@ class _Torch(Backend):
                 run = lambda: (tmp.copy_(send), dist.all_to_all_single(send, tmp))
             else:
                 run = lambda: dist.all_to_all_single(recv, send)
+        elif coll == "gather":  # in place: the root sends from its own block of the output
+            src = send
+            if inplace and rank == root:
+                src = recv.narrow(0, root * count, count)
+                src.copy_(send)
+            parts = list(recv.split(count)) if rank == root else None
+            run = lambda: dist.gather(src, gather_list=parts, dst=root)
+        elif coll == "scatter":  # torch has no in-place scatter: both modes run out of place
+            parts = list(send.split(count)) if rank == root else None
+            run = lambda: dist.scatter(recv, scatter_list=parts, src=root)
+        elif coll == "sendrecv":
+            pair = [dist.P2POp(dist.isend, send, (rank + 1) % n), dist.P2POp(dist.irecv, recv, (rank - 1) % n)]
+            run = lambda: [w.wait() for w in dist.batch_isend_irecv(pair)]
+        elif coll == "barrier":
+            run = dist.barrier
+        elif coll == "pingpong":
+            run = {0: lambda: (dist.send(send, 1), dist.recv(recv, 1)),
+                   1: lambda: (dist.recv(recv, 0), dist.send(recv, 0))}.get(rank, lambda: None)
+        elif coll == "p2p_bw":
+            ack, W = torch.zeros(1, dtype=tdt, device=self.device), metrics.P2P_WINDOW
+            slots = window_slots(count, send.element_size())
+            if rank == 1:
+                recv = out = torch.zeros(slots * count, dtype=tdt, device=self.device)
+            parts = list(recv.split(count))
+            run = {0: lambda: ([w.wait() for w in [dist.isend(send, 1, tag=1) for _ in range(W)]],
+                               dist.recv(ack, 1, tag=2)),
+                   1: lambda: ([w.wait() for w in [dist.irecv(parts[i % slots], 0, tag=1) for i in range(W)]],
+                               dist.send(ack, 0, tag=2))}.get(rank, lambda: None)
         else:
             raise ValueError(coll)
-        if coll == "reduce" and rank != root:
+        if not participates(coll, rank, root):
             return run, lambda: None
         return run, lambda: out.to(torch.float64).cpu().numpy()
 
@@ -312,6 +496,7 @@ class _CupyNccl(_MpiStyle):
               "uint32": ("NCCL_UINT32", 3), "int64": ("NCCL_INT64", 4), "uint64": ("NCCL_UINT64", 5),
               "float16": ("NCCL_FLOAT16", 6), "float32": ("NCCL_FLOAT32", 7), "float64": ("NCCL_FLOAT64", 8),
               "bfloat16": ("NCCL_BFLOAT16", 9)}
+    takes_buffer_modes = False
     OPS = {"sum": ("NCCL_SUM", 0), "prod": ("NCCL_PROD", 1), "max": ("NCCL_MAX", 2), "min": ("NCCL_MIN", 3),
            "avg": ("NCCL_AVG", 4)}
     def __init__(self) -> None:
@@ -334,6 +519,8 @@ class _CupyNccl(_MpiStyle):
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
         A, c, n, rank, nccl = self.arrays, self.nc, self.size, self.rank, self.nccl
+        if coll not in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "alltoall"):
+            raise Unsupported(f"{coll} is not written for the cupy.cuda.nccl route (torch's nccl runs it)")
         dt = np_dtype(dtype)
         t, o, s = self._const(self.DTYPES, dtype), self._const(self.OPS, op), A.stream.ptr
         big = n * count if coll in ("reduce_scatter", "alltoall") else count
@@ -385,9 +572,9 @@ class _CupyNccl(_MpiStyle):
 def make_backend(peer: str, device: str = "host", nccl_via: Optional[str] = None) -> Backend:
     """Select the peer's API; ``device`` cuda puts pycoll's and gloo's buffers on the GPU (nccl's always are)."""
     if peer == "pycoll":
-        # A benchmark measures the steady state: the compiled arena path from the first repeated call,
-        # rather than after PYCOLL_ARENA_JIT_AFTER calls (the user's setting wins).
-        os.environ.setdefault("PYCOLL_ARENA_JIT_AFTER", "0")
+        # A sweep measures the steady state: the compiled arena kernels loaded before the first point rather than in
+        # the background while the first points run (the user's setting wins; perf/host_calls.py times a start).
+        os.environ.setdefault("PYCOLL_ARENA_JIT_LOAD", "now")
         from pycoll import MPI as pmpi
         from pycoll.perf.devices import arrays_for
 
@@ -439,6 +626,9 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     """
     n, dtype, op, root = b.size, spec["np_dtype"], spec["op"], spec["root"]
     nbytes, count = metrics.round_size(coll, size, spec["itemsize"], n)
+    fresh = b.buffers == "fresh"  # new arrays before every timed call: allocation and first touch are not timed
+    per_call = metrics.calls_per_iteration(coll)  # a round trip is two one-way times, a window 64 messages
+    timed_here = coll not in metrics.P2P or b.rank == 0  # p2p: rank 0's clock; the others report 0
     runs = variants or [{}]
     prepared = []
     for v in runs:
@@ -454,11 +644,15 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
         for k in range(len(runs)):
             j = (i + k) % len(runs)
             with _env(runs[j].get("env", {})):
+                if fresh:
+                    prepared[j] = b.prepare(coll, inplace, count, dtype, op, root)[0]
+                    b.sync()
                 b.barrier()
                 t0 = time.perf_counter()
                 prepared[j]()
                 b.sync()
-                times[j].append((time.perf_counter() - t0) * 1e6)
+                elapsed = (time.perf_counter() - t0) * 1e6
+                times[j].append(elapsed / per_call if timed_here else 0.0)
                 used[j] = algorithm_used(b.name, coll)
     wrong = [0] * len(runs)
     if spec["check"]:
@@ -481,7 +675,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
             "hosts": spec.get("hosts") or 1, "link_rate": spec.get("link_rate"), "device": b.memory,
             "collective": coll, "nranks": n, "bytes": nbytes, "count": count,
             "dtype": spec["dtype"], "op": op if coll in metrics.REDUCING else "none",
-            "root": root if coll in metrics.ROOTED else -1, "inplace": inplace,
+            "root": root if coll in metrics.ROOTED else -1, "inplace": inplace, "buffers": b.buffers,
             "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
             "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
             "wrong": int(sum(g[1][j] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
@@ -530,22 +724,26 @@ def skip_reason(exc: BaseException) -> Optional[str]:
 def run_peer(spec: dict[str, Any], emit: Emit) -> int:
     """Run every (collective, size, mode) of spec with spec['peer']; rank 0 emits records, errors or skips."""
     b = make_backend(spec["peer"], spec.get("device", "host"), spec.get("nccl_via"))
+    if b.takes_buffer_modes:
+        b.buffers = spec.get("buffers", "spec")
     try:
         for coll in spec["collectives"]:
             try:
                 seen: set[int] = set()
-                for size in spec["sizes"]:
+                sizes = [0] if coll in metrics.SIZELESS else spec["sizes"]
+                modes = [False] if coll in metrics.NO_INPLACE else spec["modes"]
+                for size in sizes:
                     nbytes, count = metrics.round_size(coll, size, spec["itemsize"], b.size)
-                    if count == 0 or nbytes in seen:  # too small for this many ranks, or a repeat after rounding
-                        continue
+                    if coll not in metrics.SIZELESS and (count == 0 or nbytes in seen):
+                        continue  # too small for this many ranks, or a repeat after rounding
                     seen.add(nbytes)
-                    for inplace in spec["modes"]:
+                    for inplace in modes:
                         for rec in measure(b, spec, coll, size, inplace, _variants(spec, coll)):
                             emit(rec)
             except Exception as exc:  # e.g. an op or dtype the backend lacks; raised alike on every rank
                 if b.rank == 0:
                     rec = {"peer": spec.get("label") or b.name, "collective": coll, "nranks": b.size}
-                    skip = skip_reason(exc)
+                    skip = f"{coll}: {exc}" if isinstance(exc, Unsupported) else skip_reason(exc)
                     if skip:
                         emit(dict(rec, skipped=skip))
                         continue
