@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
-import importlib.util
-import platform
 import sys
 from typing import Any, Callable, Optional, Union
 
@@ -18,6 +15,8 @@ OPTIONAL_PACKAGES = ("mpi4py", "torch", "cupy", "numba", "ml_dtypes", "pynvml")
 
 
 def _version(dist: str) -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -36,6 +35,8 @@ def _import_status(name: str) -> str:
 
 
 def _bootstrap_status() -> str:
+    import importlib.util
+
     from pycoll.bootstrap import detect_launcher
 
     launcher = detect_launcher()
@@ -71,6 +72,8 @@ def _rdma_status() -> str:
 
 def info_command(args: argparse.Namespace) -> int:
     """Entry point of ``pycoll info``."""
+    import platform
+
     rows = [
         ("pycoll", _import_status("pycoll")),
         ("python", f"{platform.python_version()} ({sys.executable})"),
@@ -102,6 +105,7 @@ SUBCOMMANDS: list[tuple[str, Union[AddParser, str]]] = [
     ("tune", "pycoll.tune:add_tune_parser"),
     ("topo", "pycoll.topology.cli:add_topo_parser"),
     ("simulate", "pycoll.topology.simulate:add_simulate_parser"),
+    ("warmup", "pycoll.algorithms.arena_jit:add_warmup_parser"),
 ]
 
 
@@ -112,11 +116,14 @@ def _resolve(entry: Union[AddParser, str]) -> AddParser:
     return getattr(importlib.import_module(module), func)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every registered subcommand."""
+def build_parser(only: Optional[str] = None) -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand, or with subcommand ``only`` alone (start-up: `pycoll
+    run` then imports neither the other subcommands' modules nor NumPy)."""
     parser = argparse.ArgumentParser(prog="pycoll", description="pycoll: collective communication for Python.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, entry in SUBCOMMANDS:
+        if only is not None and name != only:
+            continue
         _resolve(entry)(subparsers)
         if name not in subparsers.choices:
             raise RuntimeError(f"the add-parser function of {name!r} did not register a subcommand {name!r}")
@@ -125,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; returns the exit code."""
-    parser = build_parser()
+    args_in = sys.argv[1:] if argv is None else argv
+    # A known subcommand first: its parser parses the rest as the full parser would (help and errors alike).
+    first = args_in[0] if args_in else None
+    parser = build_parser(first if first in dict(SUBCOMMANDS) else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -7,28 +7,22 @@ import os
 import pickle
 import struct
 import sys
-import time
-import dataclasses
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import buffers, datatypes
 from . import ops as _ops
-from .algorithms import ALGO, CHECK_CALLS, Call, Layout, Steps, select, verify_call
-from .algorithms import cost as cost_model
-from .algorithms import arena_jit, shared, staged
+from .algorithms import Call, Layout
 from .algorithms.cuda_ipc import IpcState
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
 from .errors import AbortedError, InvalidArgumentError
-from .memory import backend
+from .executor import Executor
 from .ops import Op
-from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Schedule, Sig
+from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Sig
 from .request import Request, Status
 from .runtime import Runtime
-from .transport.arena import fold_seq
 from .transport.shm import SHM_DIR
 
 UNDEFINED = -32766
@@ -44,8 +38,11 @@ _KINDS = {
     "gather": 7,
     "scatter": 8,
     "barrier": 9,
+    "scan": 10,
+    "exscan": 11,
 }
 _KIND_NAMES = {v: k for k, v in _KINDS.items()}
+_ELEMENTWISE = {"allreduce": "Allreduce", "scan": "Scan", "exscan": "Exscan"}  # the calls _allreduce_call checks
 _WORLD_CTX = 2
 
 
@@ -75,170 +72,6 @@ def _child_ctx(parent: int, counter: int, tag: Any) -> int:
     return (int.from_bytes(digest, "little") & ~1) % ((1 << 63) - 2) + 4  # even, never the world or control ctx
 
 
-class _AllreducePlan:
-    """Checked Allreduce arguments, reused while the same arrays come back: mpi4py code repeats its calls.
-
-    It holds weak references only, so a plan never keeps a user's array alive; on a hit the flat views
-    are rebuilt (the arrays' shape, strides, dtype and writability must be unchanged).
-    """
-
-    __slots__ = ("send", "recv", "meta", "op", "sig", "dtype", "algo", "algo_for", "compiled", "fast")
-
-    def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
-        self.send = None if sendbuf is IN_PLACE else weakref.ref(sendbuf)
-        self.recv = weakref.ref(recvbuf)
-        self.meta = self.describe(sendbuf, recvbuf)
-        self.op, self.sig, self.dtype = call.op, sig, call.dtype
-        self.algo: Any = None  # the algorithm selected for it, valid while ``algo_for`` holds
-        self.algo_for: tuple = ()
-        self.compiled: Any = None  # arena_jit.Prepared: the compiled path's arguments
-        self.fast: Any = None  # _PipeFast: the inline staged path's arguments
-
-    @staticmethod
-    def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
-        send = None if sendbuf is IN_PLACE else (sendbuf.shape, sendbuf.strides, sendbuf.dtype)
-        return (send, recvbuf.shape, recvbuf.strides, recvbuf.dtype, recvbuf.flags.writeable)
-
-    def flat(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[tuple[np.ndarray, np.ndarray]]:
-        """Flat (send, recv) views of these arrays, or None if they are not the ones planned for (or changed)."""
-        if self.recv() is not recvbuf or (self.send is None) != (sendbuf is IN_PLACE):
-            return None
-        if self.send is not None and self.send() is not sendbuf:
-            return None
-        if self.describe(sendbuf, recvbuf) != self.meta:
-            return None
-        recv = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1, order="A")
-        if self.send is None:
-            return recv, recv
-        return (sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1, order="A")), recv
-
-    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
-        """The call for these arrays, or None if they are not the ones planned for (or changed)."""
-        flat = self.flat(sendbuf, recvbuf)
-        if flat is None:
-            return None
-        return Call("allreduce", self.dtype, flat[0], flat[1], self.op, in_place=self.send is None)
-
-
-class _BcastPlan:
-    """Checked Bcast arguments for one array and root, kept (weakly) for the inline staged path."""
-
-    __slots__ = ("buf", "meta", "call", "sig", "algo", "algo_for", "words", "sig_array")
-
-    def __init__(self, buf: np.ndarray, call: Call, sig: Sig) -> None:
-        self.buf = weakref.ref(buf)
-        self.meta = self.describe(buf)
-        self.call, self.sig = call, sig  # the flat view in ``call`` is rebuilt per hit
-        self.algo: Any = None
-        self.algo_for: tuple = ()
-        self.words = shared.sig_words(sig)
-        self.sig_array = arena_jit.sig_array(self.words)
-
-    @staticmethod
-    def describe(buf: np.ndarray) -> tuple:
-        return (buf.shape, buf.strides, buf.dtype, buf.flags.writeable, buf.flags.c_contiguous)
-
-    def flat(self, buf: Any) -> Optional[np.ndarray]:
-        if self.buf() is not buf or self.describe(buf) != self.meta:
-            return None
-        return buf if buf.ndim == 1 else buf.reshape(-1)
-
-
-class _PipePlan:
-    """Checked arguments of a repeated blocking Reduce_scatter(_block) or Allgather on contiguous NumPy arrays.
-
-    It is found by the arrays' addresses, not their identity, so a fresh view of the same memory (``a[:k]``
-    per call, as mpi4py code often passes) still hits; it holds no array and rebuilds the flat views per
-    hit. Once the call's algorithm is ``staged`` it also keeps the pipe geometry for the inline path.
-    """
-
-    __slots__ = ("meta", "template", "send_len", "sig", "algo", "algo_for", "fast")
-
-    def __init__(self, sendbuf: Any, recvbuf: np.ndarray, call: Call, sig: Sig) -> None:
-        self.meta = self.describe(sendbuf, recvbuf)
-        self.template = dataclasses.replace(call, send=None, recv=None)  # a plan keeps no user memory alive
-        self.send_len = call.send.shape[0] if call.in_place and call.send is not None else -1  # in place: recv's head
-        self.sig = sig
-        self.algo: Any = None
-        self.algo_for: tuple = ()
-        self.fast: Any = None  # _PipeFast once the inline path has run it
-
-    @staticmethod
-    def describe(sendbuf: Any, recvbuf: np.ndarray) -> tuple:
-        send = None if sendbuf is IN_PLACE else (sendbuf.shape, sendbuf.strides, sendbuf.dtype)
-        return (send, recvbuf.shape, recvbuf.strides, recvbuf.dtype, recvbuf.flags.writeable)
-
-    def call(self, sendbuf: Any, recvbuf: np.ndarray) -> Optional[Call]:
-        """The call for these arrays (found at the planned addresses), or None if their shape or type changed."""
-        if self.describe(sendbuf, recvbuf) != self.meta:
-            return None
-        recv = recvbuf.reshape(-1)
-        if sendbuf is not IN_PLACE:
-            send: Optional[np.ndarray] = sendbuf.reshape(-1)
-        else:
-            send = recv[: self.send_len] if self.send_len >= 0 else None
-        t = self.template  # a Call built field by field: dataclasses.replace costs microseconds
-        return Call(t.coll, t.dtype, send, recv, t.op, t.root, t.counts, t.displs, t.send_counts, t.send_displs, t.in_place)
-
-
-def _pipe_key(label: str, sendbuf: Any, recvbuf: Any, *extra: Any) -> Optional[tuple]:
-    """A ``_PipePlan``'s key: the call and its arrays' addresses, for plain contiguous NumPy arrays (else None).
-
-    The addresses of arrays seen last time come from a memo by identity (an ``__array_interface__`` costs a
-    microsecond per array); a fresh view falls through to its address.
-    """
-    try:
-        memo = _KEY_MEMO.get((label, id(sendbuf), id(recvbuf), *extra))
-    except TypeError:
-        return None
-    if memo is not None and memo[1]() is recvbuf and (memo[0] is None or memo[0]() is sendbuf):
-        return memo[2]
-    key = _address_key(label, sendbuf, recvbuf, *extra)
-    if key is not None:
-        if len(_KEY_MEMO) >= 32:
-            _KEY_MEMO.pop(next(iter(_KEY_MEMO)))
-        _KEY_MEMO[(label, id(sendbuf), id(recvbuf), *extra)] = (
-            None if sendbuf is IN_PLACE else weakref.ref(sendbuf), weakref.ref(recvbuf), key)
-    return key
-
-
-_KEY_MEMO: dict[tuple, tuple] = {}  # (label, id(send), id(recv), ...) -> (weakref send, weakref recv, address key)
-
-
-def _address_key(label: str, sendbuf: Any, recvbuf: Any, *extra: Any) -> Optional[tuple]:
-    if type(recvbuf) is not np.ndarray or not recvbuf.flags.c_contiguous:
-        return None
-    if sendbuf is IN_PLACE:
-        send = -1
-    elif type(sendbuf) is np.ndarray and sendbuf.flags.c_contiguous:
-        send = sendbuf.__array_interface__["data"][0]
-    else:
-        return None
-    try:
-        key = (label, send, recvbuf.__array_interface__["data"][0], *extra)
-        hash(key)
-    except TypeError:  # an unhashable op or count: the checks name it
-        return None
-    return key
-
-
-class _PipeFast:
-    """A staged call's inline arguments on one arena: the pipe geometry and the posted signature words."""
-
-    __slots__ = ("arena", "pipe", "words", "sig_array")
-
-    def __init__(self, arena: Any, pipe: "staged.Pipe", sig: Sig) -> None:
-        self.arena, self.pipe = arena, pipe
-        self.words = shared.sig_words(sig)
-        self.sig_array = arena_jit.sig_array(self.words)
-
-
-_PLANS = 8  # Allreduce plans kept per communicator
-_FAST_SPIN_S = 50e-6  # how long a fast-path Allreduce spins for its peers before it waits as a schedule
-ONESHOT = shared.allreduce_oneshot
-_PIPE_ALGOS = (staged.reduce_scatter_staged, staged.allgather_staged)
-
-
 class Comm:
     """An intracommunicator: a group of ranks with its own message contexts and timeout."""
 
@@ -258,22 +91,16 @@ class Comm:
         self.timeout: float = runtime.timeout
         self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks], runtime.ring_of(world_ranks))
         self._arena: Optional[ArenaState] = None
-        self._plans: dict[tuple, _AllreducePlan] = {}
-        self._last_plan: Any = None  # the plan (_AllreducePlan or _BcastPlan) of the call being scheduled
-        self._chosen: Any = None  # the algorithm _stage selected for a device call (run as is, or on its staged twin)
-        self._bcast_plans: dict[tuple, _BcastPlan] = {}
-        self._pipe_plans: dict[tuple, _PipePlan] = {}
-        self._others = [q for q in range(self._size) if q != self._rank]
-        # (choice key, Barrier inline on the arena?, its sig, its posted words, those as a kernel argument)
-        self._barrier_choice: tuple = ((), False, None, None, None)
-        # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
-        self._fast_spin = _FAST_SPIN_S / 25 if self._engine.oversubscribed else _FAST_SPIN_S
-        self._compiled = arena_jit.Gate(self._fast_spin)
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
             self._arena = ArenaState(os.path.join(SHM_DIR.get(), f"pycoll-{runtime.info.job_id}-arena-{ctx:x}"))
-            self._arena.gate = self._compiled
         # device buffers of one host: CUDA IPC buffers, set up by the first device call that selects them
         self._ipc: Optional[IpcState] = IpcState() if self._arena is not None else None
+        self._x = Executor(self, _describe)  # runs every collective: plans, selection, inline arena calls
+
+    @property
+    def _compiled(self) -> Any:
+        """The gate of the compiled arena path (whether it is open, and how many calls finished inline)."""
+        return self._x.gate
 
     # ---- identity --------------------------------------------------------------------------
     @property
@@ -355,118 +182,15 @@ class Comm:
         code = datatypes.from_numpy(call.dtype).code if call.coll != "barrier" else 0
         return Sig(_KINDS[call.coll], code, op.code if op else 0, call.root, count, vhash)
 
-    def _steps(self, label: str, sig: Sig) -> tuple[Steps, Owner]:
-        """The verbs and owner of the call numbered ``self._seq``."""
-        owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
-        owner.sig = sig
-        steps = Steps(
-            self._engine, self._rank, self._size, self._world, self._ctx | 1, self._seq, sig, owner, backend("host"),
-            self._layout, self._arena, self._ipc,
-        )
-        return steps, owner
-
-    def _schedule(self, label: str, call: Call, sig: Sig) -> Schedule:
-        """Number the call, pick the algorithm and start it."""
-        chosen, self._chosen = self._chosen, None
-        self._live(label)
-        self._seq += 1
-        steps, owner = self._steps(label, sig)
-        algo = chosen if chosen is not None else select(call, self._layout)
-        if self._last_plan is not None:  # remember the choice for the fast path
-            self._last_plan.algo = algo.run
-            self._last_plan.algo_for = self._choice_key()
-            self._last_plan = None
-        gen = algo.run(steps, call)
-        if CHECK_CALLS.get() and self._size > 1:
-            gen = self._checked(steps, sig, gen)
-        return self._engine.start(Schedule(gen, owner))
-
-    @staticmethod
-    def _checked(steps: Steps, sig: Sig, gen):
-        yield from verify_call(steps, sig, _describe)
-        yield from gen
-
-    def _finish(self, sched: Schedule) -> None:
-        self._engine.wait_schedule(sched, self.timeout)
-        if sched.error is not None:
-            self._failed(sched)
-            raise sched.error
-
-    def _failed(self, sched: Schedule) -> None:
-        """After a call failed here: tell the peers; if a peer only skipped it, free its arena number."""
-        assert sched.error is not None
-        if getattr(sched.error, "contained", False) and self._arena is not None:
-            self._arena.give_back(sched.owner.tag)
-        self._engine.abort(sched.owner, sched.error)
-
-    def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None
-                 ) -> tuple[Call, Sig, Any]:
-        """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us.
-
-        A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it (else None).
-        """
-        self._live(label)
-        self._chosen = None
-        try:
-            call, sig = build(*args)
-            call, stage = self._stage(call, stream, label)
-            return call, sig, stage
-        except InvalidArgumentError as err:
-            self._seq += 1  # every rank consumes this call's number, so the next call still lines up
-            owner = self._owner(f"{label} #{self._seq}", self._ctx | 1, self._seq)
-            self._engine.notify_skip(owner, err)
-            raise InvalidArgumentError(err.cause, op=owner.op, rank=self._rank, peers=err.peers) from None
-
-    def _stage(self, call: Call, stream: Any, label: str) -> tuple[Call, Any]:
-        """(the call to schedule, its Staged device copy or None): device buffers are copied to pinned host memory."""
-        mem = {buffers.memory_of(a) for a in (call.send, call.recv) if a is not None}
-        if mem != {"cuda"}:
-            if len(mem) > 1:
-                where = "on the device" if buffers.memory_of(call.send) == "cuda" else "in host memory"
-                raise InvalidArgumentError(
-                    f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
-                    "the host", op=label, rank=self._rank)
-            return call, None
-        chosen = None
-        if call.coll == "allreduce" and self._ipc is not None:  # an algorithm on device buffers (CUDA IPC) if selected
-            device_call = dataclasses.replace(call, stream=stream)
-            chosen = select(device_call, self._layout)  # a host algorithm's cost includes the staging
-            if chosen.memory == "cuda":
-                self._chosen = chosen
-                return device_call, None
-        try:
-            from .cuda.memory import Staged
-
-            staged_call = Staged(call, self._rank, stream)
-        except InvalidArgumentError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - no numba.cuda, no device, a bad stream: tell the peers too
-            raise InvalidArgumentError(f"could not stage the device buffers ({type(exc).__name__}: {exc})", op=label,
-                                       rank=self._rank) from None
-        self._chosen = chosen  # the staged twin runs the host algorithm chosen for the device call
-        return staged_call.call, staged_call
+    def _failed(self, sched: Any) -> None:
+        """A nonblocking call failed (its request found it): tell the peers (see ``Executor.failed``)."""
+        self._x.failed(sched)
 
     def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> None:
-        call, sig, stage = self._resolve(label, build, args, stream)
-        if stage is None:
-            self._finish(self._schedule(label, call, sig))
-            return
-        try:
-            self._finish(self._schedule(label, call, sig))
-        except BaseException:
-            stage.discard()
-            raise
-        stage.finish()
+        self._x.run(label, build, args, stream)
 
     def _start(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> Request:
-        call, sig, stage = self._resolve(label, build, args, stream)
-        try:
-            sched = self._schedule(label, call, sig)
-        except BaseException:
-            if stage is not None:
-                stage.discard()
-            raise
-        return Request(self._engine, self, schedule=sched, after=stage)
+        return self._x.start(label, build, args, stream)
 
     # ---- argument resolution -----------------------------------------------------------------
     def _recv(self, spec: Any, opname: str, blocks: int = 1) -> Buf:
@@ -497,14 +221,10 @@ class Comm:
         if buffers.overlaps(send, recv):
             raise InvalidArgumentError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE instead", op=opname, rank=self._rank)
 
-    def _whole(self, count: int, parts: int, what: str, opname: str) -> int:
-        if count % parts:
-            raise InvalidArgumentError(f"{what} has {count} elements, not a multiple of {parts} ranks", op=opname, rank=self._rank)
-        return count // parts
-
     # ---- reductions ----------------------------------------------------------------------------
-    def _allreduce_call(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Call, Sig]:
-        name = "Allreduce"
+    def _allreduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, coll: str = "allreduce") -> tuple[Call, Sig]:
+        """An elementwise reduction of one vector per rank: Allreduce, and Scan and Exscan (``coll``)."""
+        name = _ELEMENTWISE[coll]
         recv = self._recv(recvbuf, name)
         if sendbuf is IN_PLACE:
             send = recv
@@ -515,196 +235,14 @@ class Comm:
                 raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf {recv.count}", op=name, rank=self._rank)
             self._distinct(send.array, recv.array, name)
         o = self._check_op(op, recv.dtype, name)
-        call = Call("allreduce", recv.dtype, send.array, recv.array, o, in_place=sendbuf is IN_PLACE)
+        call = Call(coll, recv.dtype, send.array, recv.array, o, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, recv.count, op=o)
 
-    def _allreduce_planned(self, sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Call, Sig]:
-        """``_allreduce_call`` with its result cached per (sendbuf, recvbuf, op) for plain NumPy arrays."""
-        if type(recvbuf) is not np.ndarray or not (sendbuf is IN_PLACE or type(sendbuf) is np.ndarray):
-            return self._allreduce_call(sendbuf, recvbuf, op)
-        try:
-            key = (id(sendbuf), id(recvbuf), op)
-            plan = self._plans.get(key)
-        except TypeError:  # an unhashable op: let the checks name it
-            return self._allreduce_call(sendbuf, recvbuf, op)
-        if plan is not None:
-            call = plan.call(sendbuf, recvbuf)
-            if call is not None:
-                self._last_plan = plan
-                return call, plan.sig
-        call, sig = self._allreduce_call(sendbuf, recvbuf, op)
-        if len(self._plans) >= _PLANS:
-            self._plans.pop(next(iter(self._plans)))
-        self._plans[key] = self._last_plan = _AllreducePlan(sendbuf, recvbuf, call, sig)
-        return call, sig
-
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
-        if self._arena is not None and self._arena.status == "ready" and self._allreduce_fast(sendbuf, recvbuf, op):
-            return
-        self._run("Allreduce", self._allreduce_planned, sendbuf, recvbuf, op, stream=stream)
-
-    def _allreduce_fast(self, sendbuf: Any, recvbuf: Any, op: Any) -> bool:
-        """A repeated Allreduce whose plan chose oneshot or staged, run inline; False (nothing done) otherwise."""
-        try:
-            plan = self._plans.get((id(sendbuf), id(recvbuf), op))
-        except TypeError:  # an unhashable op: let the checks name it
-            return False
-        if plan is None or plan.algo_for != self._choice_key():
-            return False
-        if plan.algo is ONESHOT:
-            return self._oneshot_fast(plan, sendbuf, recvbuf)
-        if plan.algo is staged.allreduce_staged:
-            call = plan.call(sendbuf, recvbuf)
-            return call is not None and self._pipe_fast("Allreduce", plan, call)
-        return False
-
-    def _oneshot_fast(self, plan: _AllreducePlan, sendbuf: Any, recvbuf: Any) -> bool:
-        """A repeated small Allreduce on a ready arena, with no schedule (see ``_arena_meeting``).
-
-        Once the communicator has earned the compiled path, the whole meeting is one kernel call.
-        """
-        arena = self._arena.arena  # type: ignore[union-attr]
-        flat = plan.flat(sendbuf, recvbuf)
-        if flat is None or arena is None or flat[1].nbytes > arena.slot_bytes:
-            return False
-        send, recv = flat
-        sig = plan.sig
-        prep = plan.compiled
-        kern = self._compiled.open() if prep is None or prep.ok else None
-        if kern is not None and (prep is None or prep.arena is not arena):
-            prep = plan.compiled = arena_jit.Prepared(arena, sig, plan.op, plan.dtype, recv.size)
-        if kern is not None and prep.ok:
-            rank = self._rank
-
-            def attempt(a: Any, opno: int) -> Optional[tuple]:
-                slots, bases = prep.views[opno & 1]
-                prep.sig[3] = fold_seq(prep.words[3], a.seq)
-                status = kern.allreduce(a.u64, slots, send, recv, rank, bases, prep.sig, opno, prep.code, self._compiled.polls)
-                return None if arena_jit.finished(a, opno, status, self._compiled) else prep.words
-        else:
-            call = Call("allreduce", plan.dtype, send, recv, plan.op, in_place=send is recv)
-
-            def attempt(a: Any, opno: int) -> Optional[tuple]:
-                return self._spin_meeting(a, opno, shared.oneshot_post(a, opno, call, sig), lambda: shared.oneshot_reduce(a, opno, call))
-
-        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
-            call = Call("allreduce", plan.dtype, send, recv, plan.op, in_place=send is recv)
-            return shared.oneshot_rest(st, a, opno, call, mine)
-
-        return self._arena_meeting("Allreduce", sig, attempt, rest)
-
-    def _pipe_fast(self, label: str, plan: Any, call: Call) -> bool:
-        """A repeated call whose plan chose a pipelined ``staged`` algorithm, run inline by one kernel call
-        (meeting, every chunk, close) when the peers keep up (see ``_arena_meeting``); False (nothing done)
-        where the kernel does not cover the call."""
-        arena = self._arena.arena  # type: ignore[union-attr]
-        if arena is None or not arena.stage_bytes:
-            return False
-        fast = plan.fast
-        if fast is None or fast.arena is not arena:
-            fast = plan.fast = _PipeFast(arena, staged.Pipe(arena, call, self._rank), plan.sig)
-        pipe = fast.pipe
-        kern = self._compiled.kernels  # open (the schedule path counts the calls that open it)
-        if not kern or not pipe.covered:
-            return False
-        if not pipe.kernel:  # planned before the gate opened
-            pipe = fast.pipe = staged.Pipe(arena, call, self._rank)
-        send, recv = pipe.views(call)
-        gate, rank = self._compiled, self._rank
-        polls = min(gate.polls, pipe.polls)
-        resume: list = [False, 0]
-
-        def attempt(a: Any, opno: int) -> Optional[tuple]:
-            base = a.rounds
-            fast.sig_array[3] = fold_seq(fast.words[3], a.seq)
-            status, j, met = kern.blocks(a.u64, pipe.stages, send, recv, pipe.sd, pipe.rd, pipe.counts, rank, gate.bases(a, opno),
-                                         fast.sig_array, opno, pipe.mode, pipe.code, pipe.local, base, pipe.c, pipe.nslots, polls)
-            if arena_jit.finished(a, opno, status, gate):
-                a.rounds = base + pipe.nchunks
-                return None
-            resume[:] = [met, j]
-            return fast.words
-
-        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
-            return staged.pipe_rest(st, a, opno, mine, pipe, call, resume[0], resume[1])
-
-        return self._arena_meeting(label, plan.sig, attempt, rest)
-
-    def _pipe_planned(self, key: Optional[tuple], build: Callable[..., tuple[Call, Sig]], sendbuf: Any, recvbuf: Any,
-                      *args: Any) -> tuple[Call, Sig]:
-        """``build(sendbuf, recvbuf, *args)``, its result kept as a ``_PipePlan`` under ``key`` (None: not plannable)."""
-        if key is None or self._arena is None:
-            return build(sendbuf, recvbuf, *args)
-        plan = self._pipe_plans.get(key)
-        if plan is not None:
-            call = plan.call(sendbuf, recvbuf)
-            if call is not None:
-                self._last_plan = plan
-                return call, plan.sig
-        call, sig = build(sendbuf, recvbuf, *args)
-        if len(self._pipe_plans) >= _PLANS:
-            self._pipe_plans.pop(next(iter(self._pipe_plans)))
-        self._pipe_plans[key] = self._last_plan = _PipePlan(sendbuf, recvbuf, call, sig)
-        return call, sig
-
-    def _planned_fast(self, label: str, key: Optional[tuple], sendbuf: Any, recvbuf: Any) -> bool:
-        """A repeated Reduce_scatter(_block) or Allgather whose plan chose ``staged``, run inline; False otherwise."""
-        if key is None or self._arena is None or self._arena.status != "ready":
-            return False
-        plan = self._pipe_plans.get(key)
-        if plan is None or plan.algo_for != self._choice_key() or plan.algo not in _PIPE_ALGOS:
-            return False
-        call = plan.call(sendbuf, recvbuf)
-        return call is not None and self._pipe_fast(label, plan, call)
-
-    def _choice_key(self) -> tuple:
-        """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
-        return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get())
-
-    def _spin_meeting(self, arena: Any, opno: int, mine: tuple, finish: Callable[[], None]) -> Optional[tuple]:
-        """After posting ``mine``: spin briefly for the peers; if all came with the same call, ``finish`` and
-        mark done (None), else return ``mine`` for the schedule that waits with timeouts."""
-        others = self._others
-        spin_until = time.perf_counter() + self._fast_spin
-        while arena.waiting_for("post", opno, others):
-            if time.perf_counter() > spin_until:
-                return mine
-        posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], arena.seq))
-        if any(arena.peer_sig(q, opno) != posted for q in others) or arena.posted_by_others(opno, others):
-            return mine
-        try:
-            finish()
-        finally:
-            arena.set_done(opno)
-        return None
-
-    def _arena_meeting(self, label: str, sig: Sig, attempt: Callable, rest: Callable) -> bool:
-        """A one-meeting arena call run inline: ``attempt`` posts, spins briefly for the peers and finishes.
-
-        False (nothing done) while an earlier nonblocking arena call is unfinished. If ``attempt`` returns
-        the posted words instead (the peers did not post within the spin, or posted another call), ``rest``
-        runs as an ordinary schedule, with its timeouts, liveness checks and error reports.
-        """
-        state = self._arena
-        arena = state.arena  # type: ignore[union-attr]
-        if arena is None or arena.finished != state.ops:  # type: ignore[union-attr]
-            return False
-        self._live(label)
-        self._seq += 1
-        state.ops += 1  # type: ignore[union-attr]
-        opno = arena.ops = state.ops  # type: ignore[union-attr]
-        state.last = (self._seq, opno)  # type: ignore[union-attr]
-        arena.seq = self._seq  # posts carry the call number (Python writes it; kernels write the rest)
-        arena.mark_seq(opno)
-        mine = attempt(arena, opno)
-        if mine is None:
-            return True
-        steps, owner = self._steps(label, sig)
-        self._finish(self._engine.start(Schedule(rest(steps, arena, opno, mine), owner)))
-        return True
+        self._run("Allreduce", self._allreduce_call, sendbuf, recvbuf, op, stream=stream)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iallreduce", self._allreduce_planned, sendbuf, recvbuf, op, stream=stream)
+        return self._start("Iallreduce", self._allreduce_call, sendbuf, recvbuf, op, stream=stream)
 
     def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
         name = "Reduce"
@@ -733,13 +271,41 @@ class Comm:
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
         return self._start("Ireduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
 
+    # ---- prefix reductions (Scan, Exscan) ------------------------------------------------------
+    def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
+        """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r), combined in rank order."""
+        self._run("Scan", self._allreduce_call, sendbuf, recvbuf, op, "scan", stream=stream)
+
+    def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iscan", self._allreduce_call, sendbuf, recvbuf, op, "scan", stream=stream)
+
+    def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
+        """Exclusive prefix reduction: rank r > 0 gets op(x_0, ..., x_{r-1}); rank 0's recvbuf is left untouched."""
+        self._run("Exscan", self._allreduce_call, sendbuf, recvbuf, op, "exscan", stream=stream)
+
+    def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
+        return self._start("Iexscan", self._allreduce_call, sendbuf, recvbuf, op, "exscan", stream=stream)
+
+    def scan(self, sendobj: Any, op: Any = _ops.SUM) -> Any:
+        """Objects: the reduction of ranks 0..r's objects, in rank order (AVG divides by r+1)."""
+        o = _ops.resolve(op)
+        return o.reduce_objects(self.allgather(sendobj)[: self._rank + 1])
+
+    def exscan(self, sendobj: Any, op: Any = _ops.SUM) -> Any:
+        """Objects: the reduction of ranks 0..r-1's objects; None at rank 0."""
+        o = _ops.resolve(op)
+        values = self.allgather(sendobj)[: self._rank]
+        return o.reduce_objects(values) if values else None
+
     def _reduce_scatter_call(
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]], op: Any, name: str
     ) -> tuple[Call, Sig]:
-        recv = self._recv(recvbuf, name)
+        # In place, Reduce_scatter_block's recvbuf holds every rank's block: a spec's count is per block (as mpi4py)
+        in_place_blocks = recvcounts is None and sendbuf is IN_PLACE
+        recv = self._recv(recvbuf, name, blocks=self._size if in_place_blocks else 1)
         if recvcounts is None:  # Reduce_scatter_block: every rank gets recvbuf's count
-            if sendbuf is IN_PLACE:
-                each = self._whole(recv.count, self._size, "recvbuf (in place)", name)
+            if in_place_blocks:
+                each = recv.count // self._size
             else:
                 each = recv.count
             counts = [each] * self._size
@@ -774,11 +340,8 @@ class Comm:
         return call, self._sig(call, total, _vhash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
-        key = _pipe_key("Reduce_scatter_block", sendbuf, recvbuf, op)
-        if self._planned_fast("Reduce_scatter_block", key, sendbuf, recvbuf):
-            return
-        self._run("Reduce_scatter_block", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, None, op,
-                  "Reduce_scatter_block", stream=stream)
+        self._run("Reduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Reduce_scatter_block",
+                  stream=stream)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
         return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block", stream=stream)
@@ -788,15 +351,8 @@ class Comm:
     , *, stream: Any = None) -> None:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
-        try:
-            counts = tuple(recvcounts)
-        except TypeError:  # not a sequence: the checks name it
-            counts = None
-        key = _pipe_key("Reduce_scatter", sendbuf, recvbuf, op, counts) if counts is not None else None
-        if self._planned_fast("Reduce_scatter", key, sendbuf, recvbuf):
-            return
-        self._run("Reduce_scatter", self._pipe_planned, key, self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op,
-                  "Reduce_scatter", stream=stream)
+        self._run("Reduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Reduce_scatter",
+                  stream=stream)
 
     def Ireduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
@@ -823,58 +379,8 @@ class Comm:
         call = Call("broadcast", b.dtype, recv=b.array, root=root)
         return call, self._sig(call, b.count)
 
-    def _bcast_planned(self, buf: Any, root: Any) -> tuple[Call, Sig]:
-        """``_bcast_call``, remembered per (array, root) for contiguous NumPy arrays, so that the choice of
-        algorithm can be reused by the inline path."""
-        call, sig = self._bcast_call(buf, root)
-        if type(buf) is np.ndarray and buf.flags.c_contiguous and self._arena is not None:
-            if len(self._bcast_plans) >= _PLANS:
-                self._bcast_plans.pop(next(iter(self._bcast_plans)))
-            self._bcast_plans[(id(buf), call.root)] = self._last_plan = _BcastPlan(buf, call, sig)
-        return call, sig
-
     def Bcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        if self._arena is not None and self._arena.status == "ready" and self._bcast_fast(buf, root):
-            return
-        self._run("Bcast", self._bcast_planned, buf, root, stream=stream)
-
-    def _bcast_fast(self, buf: Any, root: Any) -> bool:
-        """A repeated Bcast whose plan chose ``broadcast:staged``, run inline by one kernel call when the
-        peers keep up (see ``_arena_meeting``); False (nothing done) otherwise."""
-        try:
-            plan = self._bcast_plans.get((id(buf), root))
-        except TypeError:
-            return False
-        if plan is None or plan.algo is not shared.broadcast_staged or plan.algo_for != self._choice_key():
-            return False
-        flat = plan.flat(buf)
-        state = self._arena
-        arena = state.arena  # type: ignore[union-attr]
-        if flat is None or arena is None or not arena.stage_bytes:
-            return False
-        kern = self._compiled.open()
-        if kern is None:
-            return False
-        call = Call("broadcast", plan.call.dtype, recv=flat, root=plan.call.root)
-        gate, rank, data = self._compiled, self._rank, flat.view(np.uint8)
-        chunk, nslots, _ = shared.pipe_shape(arena, data.nbytes)
-        resume: list = [False, 0]
-
-        def attempt(a: Any, opno: int) -> Optional[tuple]:
-            base = a.rounds
-            plan.sig_array[3] = fold_seq(plan.words[3], a.seq)
-            status, j, met = kern.broadcast(a.u64, a.stage(call.root), data, rank, gate.bases(a, opno), plan.sig_array,
-                                            opno, call.root, base, chunk, nslots, gate.polls)
-            if arena_jit.finished(a, opno, status, gate):
-                a.rounds = base + j
-                return None
-            resume[:] = [met, j]
-            return plan.words
-
-        def rest(st: Steps, a: Any, opno: int, mine: tuple) -> Schedule:
-            return shared.broadcast_staged_rest(st, a, opno, mine, call, resume[0], resume[1])
-
-        return self._arena_meeting("Bcast", plan.sig, attempt, rest)
+        self._run("Bcast", self._bcast_call, buf, root, stream=stream)
 
     def Ibcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
         return self._start("Ibcast", self._bcast_call, buf, root, stream=stream)
@@ -895,10 +401,7 @@ class Comm:
         return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
-        key = _pipe_key("Allgather", sendbuf, recvbuf)
-        if self._planned_fast("Allgather", key, sendbuf, recvbuf):
-            return
-        self._run("Allgather", self._pipe_planned, key, self._allgather_call, sendbuf, recvbuf, False, stream=stream)
+        self._run("Allgather", self._allgather_call, sendbuf, recvbuf, False, stream=stream)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
         return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False, stream=stream)
@@ -927,8 +430,10 @@ class Comm:
                     raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf expects {counts[root]}", op=name, rank=self._rank)
                 self._distinct(send.array, rv.array, name)
         assert dtype is not None
+        total = -1 if vector else (sum(counts) if at_root else self._size * send.count)  # type: ignore[union-attr]
         call = Call(
-            "gather", dtype, send.array if send else None, recv_arr, root=root, counts=counts, displs=displs, in_place=send is None
+            "gather", dtype, send.array if send else None, recv_arr, root=root, counts=counts, displs=displs, in_place=send is None,
+            vector=vector, total=total,
         )
         return call, self._sig(call)
 
@@ -962,8 +467,10 @@ class Comm:
                     raise InvalidArgumentError(f"recvbuf has {recv.count} elements, sendbuf gives {counts[root]}", op=name, rank=self._rank)
                 self._distinct(sv.array, recv.array, name)
         assert dtype is not None
+        total = -1 if vector else (sum(counts) if at_root else self._size * recv.count)  # type: ignore[union-attr]
         call = Call(
-            "scatter", dtype, send_arr, recv.array if recv else None, root=root, counts=counts, displs=displs, in_place=recv is None
+            "scatter", dtype, send_arr, recv.array if recv else None, root=root, counts=counts, displs=displs, in_place=recv is None,
+            vector=vector, total=total,
         )
         return call, self._sig(call)
 
@@ -1000,6 +507,7 @@ class Comm:
             send_counts=sv.counts,
             send_displs=sv.displs,
             in_place=sendbuf is IN_PLACE,
+            vector=vector,
         )
         return call, self._sig(call, 0 if vector else rv.counts[0])
 
@@ -1020,34 +528,7 @@ class Comm:
         return call, self._sig(call)
 
     def Barrier(self) -> None:  # noqa: N802
-        if self._arena is not None and self._arena.status == "ready" and self._barrier_fast():
-            return
         self._run("Barrier", self._barrier_call)
-
-    def _barrier_fast(self) -> bool:
-        """Barrier through the arena without a schedule, when the selection for barriers is the arena one."""
-        key = self._choice_key()
-        if self._barrier_choice[0] != key:
-            call, sig = self._barrier_call()
-            inline = select(call, self._layout).run is shared.barrier_arena and not key[2]
-            words = shared.sig_words(sig)
-            self._barrier_choice = (key, inline, sig, words, arena_jit.sig_array(words))
-        _, inline, sig, words, sig_arr = self._barrier_choice
-        if not inline:
-            return False
-        kern = self._compiled.open()
-        if kern is not None:
-            gate, rank = self._compiled, self._rank
-
-            def attempt(a: Any, opno: int) -> Optional[tuple]:
-                sig_arr[3] = fold_seq(words[3], a.seq)
-                status = kern.barrier(a.u64, rank, gate.bases(a, opno), sig_arr, opno, gate.polls)
-                return None if arena_jit.finished(a, opno, status, gate) else words
-        else:
-            def attempt(a: Any, opno: int) -> Optional[tuple]:
-                return self._spin_meeting(a, opno, shared.post_call(a, opno, sig), lambda: None)
-
-        return self._arena_meeting("Barrier", sig, attempt, lambda st, a, opno, mine: shared.barrier_rest(st, a, opno, mine))
 
     def Ibarrier(self) -> Request:  # noqa: N802
         return self._start("Ibarrier", self._barrier_call)
@@ -1067,51 +548,81 @@ class Comm:
             raise InvalidArgumentError(f"tag {tag!r} must be a non-negative integer", op=opname, rank=self._rank)
         return int(tag)
 
-    def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Request:
-        self._live(opname)
-        peer = self._peer(dest, opname, False)
-        tag = self._tag(tag, opname, False)
-        if peer == PROC_NULL:
-            return Request.completed()
-        owner = self._owner(f"{opname}(dest={dest}, tag={tag})", self._ctx)
-        req = self._engine.isend(peer, arr, self._ctx, tag, P2P_SIG, owner)
-        return Request(self._engine, self, p2p=req)
+    def _p2p_ready(self, opname: str) -> Owner:
+        """The communicator's point-to-point base owner, after the liveness checks (cheap while nothing failed)."""
+        if self._freed or self._aborted is not None or self._engine.broken_ctxs:
+            self._live(opname)
+        try:
+            return self._p2p_base
+        except AttributeError:
+            self._p2p_base: Owner = self._owner("point-to-point", self._ctx)
+            return self._p2p_base
 
-    def _irecv_array(
-        self, arr: Optional[np.ndarray], source: int, tag: int, opname: str, finish: Optional[Callable] = None
-    ) -> Request:
-        self._live(opname)
-        peer = self._peer(source, opname, True)
-        tag = self._tag(tag, opname, True)
-        if peer == PROC_NULL:
-            return Request.completed(Status(PROC_NULL, ANY_TAG, 0))
-        owner = self._owner(f"{opname}(source={source}, tag={tag})", self._ctx)
-        req = self._engine.irecv(peer, arr, self._ctx, tag, None, owner)
-        return Request(self._engine, self, p2p=req, finish=finish)
+    def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
+        """The engine's send request (None for PROC_NULL); arguments checked in the common case by type alone."""
+        base = self._p2p_ready(opname)
+        if type(dest) is int and type(tag) is int and 0 <= dest < self._size and tag >= 0:
+            peer = self._world[dest]
+        else:
+            peer = self._peer(dest, opname, False)
+            tag = self._tag(tag, opname, False)
+            if peer == PROC_NULL:
+                return None
+        return self._engine.isend(peer, arr, self._ctx, tag, P2P_SIG, base.call(opname, "dest", dest, tag))
+
+    def _irecv_array(self, arr: Optional[np.ndarray], source: int, tag: int, opname: str) -> Any:
+        """The engine's receive request (None for PROC_NULL)."""
+        base = self._p2p_ready(opname)
+        if type(source) is int and type(tag) is int and 0 <= source < self._size and tag >= -1:
+            peer = self._world[source]
+        else:
+            peer = self._peer(source, opname, True)
+            tag = self._tag(tag, opname, True)
+            if peer == PROC_NULL:
+                return None
+        return self._engine.irecv(peer, arr, self._ctx, tag, None, base.call(opname, "source", source, tag))
 
     def _p2p_buf(self, buf: Any, opname: str, writable: bool = False) -> np.ndarray:
-        """A host buffer for point-to-point; device buffers are for collectives only in this build."""
-        b = buffers.parse(buf, "buf", opname, writable=writable)
-        if b.memory != "host":
+        """A host buffer for point-to-point, as flat bytes; device buffers are for collectives only in this build."""
+        arr = buffers.parse_bytes(buf, "buf", opname, writable)
+        if arr is None:
             raise InvalidArgumentError("point-to-point calls take host buffers only; device buffers work in collectives",
                                        op=opname, rank=self._rank)
-        return b.array  # type: ignore[return-value]
+        return arr
+
+    def _p2p_request(self, req: Any, recv: bool = False, finish: Optional[Callable] = None) -> Request:
+        if req is None:
+            return Request.completed(Status(PROC_NULL, ANY_TAG, 0) if recv else None)
+        return Request(self._engine, self, p2p=req, finish=finish)
+
+    def _p2p_wait(self, req: Any, status: Optional[Status] = None) -> None:
+        """Complete a blocking call's request: wait, raise its error, fill the status."""
+        if req is None:
+            if status is not None:
+                status._fill(Status(PROC_NULL, ANY_TAG, 0))
+            return
+        if not req.done:
+            self._engine.wait_one(req, self.timeout)
+        if req.error is not None:
+            raise req.error
+        if status is not None:
+            status.source, status.tag, status.nbytes = self._to_comm[req.source], req.recv_tag, req.nbytes
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
-        return self._isend_array(self._p2p_buf(buf, "Isend"), dest, tag, "Isend")
+        return self._p2p_request(self._isend_array(self._p2p_buf(buf, "Isend"), dest, tag, "Isend"))
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._isend_array(self._p2p_buf(buf, "Send"), dest, tag, "Send").Wait()
+        self._p2p_wait(self._isend_array(self._p2p_buf(buf, "Send"), dest, tag, "Send"))
 
     Ssend = Send
     Rsend = Send
     Bsend = Send
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
-        return self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv")
+        return self._p2p_request(self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv"), True)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
-        self._irecv_array(self._p2p_buf(buf, "Recv", writable=True), source, tag, "Recv").Wait(status)
+        self._p2p_wait(self._irecv_array(self._p2p_buf(buf, "Recv", writable=True), source, tag, "Recv"), status)
 
     def Sendrecv(  # noqa: N802
         self,
@@ -1123,9 +634,15 @@ class Comm:
         recvtag: int = ANY_TAG,
         status: Optional[Status] = None,
     ) -> None:
-        rreq = self.Irecv(recvbuf, source, recvtag)
-        sreq = self.Isend(sendbuf, dest, sendtag)
-        Request.Waitall([rreq, sreq], [status, None] if status is not None else None)
+        rreq = self._irecv_array(self._p2p_buf(recvbuf, "Sendrecv", writable=True), source, recvtag, "Sendrecv")
+        sreq = self._isend_array(self._p2p_buf(sendbuf, "Sendrecv"), dest, sendtag, "Sendrecv")
+        pending = [r for r in (rreq, sreq) if r is not None and not r.done]
+        if pending:
+            self._engine.wait_requests(pending, self.timeout, pending[0].owner)
+        try:
+            self._p2p_wait(rreq, status)
+        finally:
+            self._p2p_wait(sreq)
 
     # ---- Python objects (pickle) ---------------------------------------------------------------
     @staticmethod
@@ -1215,16 +732,16 @@ class Comm:
         self.Barrier()
 
     def send(self, obj: Any, dest: int, tag: int = 0) -> None:
-        self._isend_array(self._dumps(obj), dest, tag, "send").Wait()
+        self._p2p_wait(self._isend_array(self._dumps(obj), dest, tag, "send"))
 
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
-        return self._isend_array(self._dumps(obj), dest, tag, "isend")
+        return self._p2p_request(self._isend_array(self._dumps(obj), dest, tag, "isend"))
 
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
-        return self._irecv_array(None, source, tag, "recv", finish=self._loads).wait(status)
+        return self._p2p_request(self._irecv_array(None, source, tag, "recv"), True, self._loads).wait(status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
-        return self._irecv_array(None, source, tag, "irecv", finish=self._loads)
+        return self._p2p_request(self._irecv_array(None, source, tag, "irecv"), True, self._loads)
 
     def sendrecv(
         self, sendobj: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Optional[Status] = None
@@ -1259,8 +776,7 @@ class Comm:
     def Free(self) -> None:  # noqa: N802
         self._live("Free")
         self._freed = True
-        self._plans.clear()
-        self._bcast_plans.clear()
+        self._x.clear()
         if self._arena is not None:
             self._arena.close()
         if self._ipc is not None:

@@ -26,6 +26,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "timeout(seconds): per-test time limit (pytest-timeout)")
 
 
+def pytest_sessionstart(session):
+    """Fill Numba's disk cache with every arena kernel once, before ranks start: each rank then loads them in the
+    background in about a second instead of compiling them (as `pycoll warmup` does after an install)."""
+    from pycoll.algorithms import arena_jit
+
+    arena_jit.warm_up()
+
+
 def pytest_collection_modifyitems(config, items):
     import harness
 

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _table_names(text: str) -> set[str]:
-    return set(re.findall(r"^\| `(PYCOLL_[A-Z_]+)` \|", text, flags=re.M))
+    return set(re.findall(r"^\| `(PYCOLL_[A-Z0-9_]+)` \|", text, flags=re.M))
 
 
 def test_readme_lists_every_knob() -> None:

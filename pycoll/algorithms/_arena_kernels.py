@@ -217,18 +217,23 @@ def spin(words, bases, opno, polls):
 
 
 @njit(cache=True, nogil=True)
-def _meet(words, me, bases, sig, opno, polls):
-    """Post, spin for the peers, compare their calls: DONE, WAITING or MISMATCH, or'ed with WAKE."""
-    size = len(bases)
-    _post(words, me, bases, sig, opno)
-    wake = _ring(words, me, size)
+def _await_posts(words, me, bases, sig, opno, polls):
+    """After this rank posted: ring, spin for the peers, compare their calls: DONE, WAITING or MISMATCH, or'ed with WAKE."""
+    wake = _ring(words, me, len(bases))
     if spin(words, bases, opno, polls) != 0:
         return _WAITING | wake
-    for r in range(size):
+    for r in range(len(bases)):
         for k in range(4):
             if words[bases[r] + _KIND + k] != sig[k]:
                 return _MISMATCH | wake
     return _DONE | wake
+
+
+@njit(cache=True, nogil=True)
+def _meet(words, me, bases, sig, opno, polls):
+    """Post, spin for the peers, compare their calls (see ``_await_posts``)."""
+    _post(words, me, bases, sig, opno)
+    return _await_posts(words, me, bases, sig, opno, polls)
 
 
 @njit(cache=True, nogil=True)
@@ -493,3 +498,133 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
         return _WAITING | wake, j, True
     close_rounds(words, me, base + nchunks)
     return _finish(words, me, size, opno) | wake, j, True
+
+
+# ---- slots: every small collective through the ranks' arena slots (see ``slots``) ----------------------------
+# ``slots`` is every rank's slots as one C-contiguous (ranks, 2, slot) array (bytes, or elements of the call's dtype);
+# ``meta`` is the call's program, laid out as ``slots.Program.meta`` writes it (the M_* offsets below).
+
+_NBYTES_WORD = _arena.NBYTES
+(M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
+ M_VHASH) = range(16)
+M_BASES = 16  # then: bases[size], expect[size], head[nhead], pack[npack][3], unpack[nunpack][4]
+_SEQ_WORD = _arena.SEQ
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # as ``arena.fold_seq``
+
+
+@njit(cache=True, nogil=True)
+def _post_n(words, base, sig, opno, nbytes, seq):
+    for k in range(4):
+        words[base + _KIND + k] = sig[k]
+    words[base + _SEND] = 0
+    words[base + _RECV] = 0
+    words[base + _NBYTES] = nbytes
+    words[base + _SEQ_WORD] = seq
+    store_seq_cst(words, base + _POST, opno)
+
+
+@njit(cache=True, nogil=True)
+def _meet_slots(words, meta, sig):
+    """Post (with this rank's contribution size and call number), spin for the peers, compare their calls and
+    contribution sizes. The posted vhash word is the call's, folded with its number (``arena.fold_seq``)."""
+    me, opno, size, polls = meta[M_ME], meta[M_OPNO], meta[M_SIZE], meta[M_POLLS]
+    seq = np.uint64(meta[M_SEQ])
+    sig[3] = np.uint64(meta[M_VHASH]) ^ (seq * _GOLDEN)
+    bases = meta[M_BASES:M_BASES + size]
+    expect = meta[M_BASES + size:M_BASES + 2 * size]
+    _post_n(words, bases[me], sig, opno, meta[M_NBYTES], seq)
+    status = _await_posts(words, me, bases, sig, opno, polls)
+    if status & 3 == _DONE:
+        for r in range(size):
+            if expect[r] >= 0 and np.int64(words[bases[r] + _NBYTES_WORD]) != expect[r]:
+                return _MISMATCH | (status & _WAKE)
+    return status
+
+
+@njit(cache=True, nogil=True)
+def slots_pack(slots, send, meta):
+    """Write this rank's contribution into its slot: the head words (a table), then the pack rows."""
+    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
+    nhead, npack = meta[M_NHEAD], meta[M_NPACK]
+    mine = slots[me, par]
+    at = M_BASES + 2 * size
+    for i in range(nhead):
+        v = meta[at + i]
+        for b in range(8):
+            mine[i * 8 + b] = np.uint8((v >> np.int64(8 * b)) & np.int64(0xFF))
+    at += nhead
+    for k in range(npack):
+        copy_bytes(mine, meta[at + 3 * k + 1], send, meta[at + 3 * k], meta[at + 3 * k + 2])
+
+
+@njit(cache=True, nogil=True)
+def _table_entry(row, entry):
+    """(offset, bytes) of entry ``entry`` of the table at the start of a slot (int64 pairs, little-endian)."""
+    off = np.int64(0)
+    n = np.int64(0)
+    for b in range(8):
+        off |= np.int64(row[16 * entry + b]) << np.int64(8 * b)
+        n |= np.int64(row[16 * entry + 8 + b]) << np.int64(8 * b)
+    return off, n
+
+
+@njit(cache=True, nogil=True)
+def slots_unpack(slots, recv, meta):
+    """Copy the unpack rows (rank, slot offset, offset in ``recv``, bytes) out of the slots; a slot offset of -1 reads
+    (offset, bytes) from that rank's table entry for this rank. False if a table entry disagrees."""
+    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
+    at = M_BASES + 2 * size + meta[M_NHEAD] + 3 * meta[M_NPACK]
+    for k in range(meta[M_NUNPACK]):
+        r, s_off, d_off, n = meta[at + 4 * k], meta[at + 4 * k + 1], meta[at + 4 * k + 2], meta[at + 4 * k + 3]
+        row = slots[r, par]
+        if s_off < 0:
+            s_off, got = _table_entry(row, me)
+            if got != n:
+                return False
+        copy_bytes(recv, d_off, row, s_off, n)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def slots_move(words, slots, send, recv, meta, sig):
+    """A whole data-movement collective through the slots (bytes): pack, meet, unpack, finish; else posted, not done."""
+    slots_pack(slots, send, meta)
+    status = _meet_slots(words, meta, sig)
+    if status & 3 != _DONE:
+        return status
+    if not slots_unpack(slots, recv, meta):
+        return _MISMATCH | (status & _WAKE)
+    return _finish(words, meta[M_ME], meta[M_SIZE], meta[M_OPNO]) | (status & _WAKE)
+
+
+@njit(cache=True, nogil=True)
+def slots_fold(slots, recv, meta):
+    """recv[d_off:+n] = op over ranks lo..hi-1 of their slots' elements [s_off, +n), in rank order."""
+    par, op = meta[M_OPNO] & 1, meta[M_OP]
+    lo, hi, s_off, d_off, n = meta[M_LO], meta[M_HI], meta[M_SOFF], meta[M_DOFF], meta[M_N]
+    if hi <= lo:
+        return
+    out = recv[d_off:d_off + n]
+    first = slots[lo, par, s_off:s_off + n]
+    for i in range(n):
+        out[i] = first[i]
+    for q in range(lo + 1, hi):
+        row = slots[q, par, s_off:s_off + n]
+        for i in range(n):
+            out[i] = _combine(op, out[i], row[i])
+    if op == _AVG:
+        for i in range(n):
+            out[i] = _mean(out[i], hi - lo)
+
+
+@njit(cache=True, nogil=True)
+def slots_reduce(words, slots, send, recv, meta, sig):
+    """A whole reduction collective through the slots (elements of one dtype): copy in, meet, fold, finish."""
+    mine = slots[meta[M_ME], meta[M_OPNO] & 1]
+    for i in range(len(send)):
+        mine[i] = send[i]
+    status = _meet_slots(words, meta, sig)
+    if status & 3 != _DONE:
+        return status
+    slots_fold(slots, recv, meta)
+    return _finish(words, meta[M_ME], meta[M_SIZE], meta[M_OPNO]) | (status & _WAKE)

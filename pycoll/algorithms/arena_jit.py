@@ -1,4 +1,8 @@
-"""Compiled arena calls: small Allreduce and Barrier, and the staged algorithms' chunk loops, each one Numba call.
+"""Compiled arena calls: small collectives, Barrier, and the staged algorithms' chunk loops, each one Numba call.
+
+The kernels load in a low-priority background thread started by the first repeated call that could run compiled
+(from Numba's disk cache; ``pycoll warmup`` fills it after an install), and calls run on the Python path until every
+signature is in.
 
 The kernels speak the Python paths' protocols word for word (``shared.oneshot_post``/``oneshot_rest``,
 the staged pipes), so a rank on the compiled path meets a rank on the Python path. Flags are read with acquire loads and written with release stores,
@@ -9,6 +13,8 @@ optional: without it, or for dtypes it does not reduce (float16, bfloat16), the 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -25,8 +31,14 @@ ARENA_JIT = bool_param(
 )
 
 ARENA_JIT_AFTER = param(
-    "PYCOLL_ARENA_JIT_AFTER", 64, int,
-    "Arena calls a communicator makes in Python before it loads the compiled path (0: from the first repeated call).",
+    "PYCOLL_ARENA_JIT_AFTER", 0, int,
+    "Arena calls a communicator makes in Python before it uses the compiled path, once loaded (default 0).",
+)
+ARENA_JIT_LOAD = param(
+    "PYCOLL_ARENA_JIT_LOAD", "background", str,
+    "How the compiled kernels load: `background` (a low-priority thread started by the first repeated call that could "
+    "run compiled; calls run in Python until every kernel is in, so none waits) or `now` (each single-host "
+    "communicator's creation waits for them).",
 )
 
 # Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake.
@@ -48,6 +60,9 @@ def covers(op: _ops.Op, dtype: np.dtype) -> bool:
 _kernels: Any = None  # the compiled functions, once loaded
 _unavailable: Optional[str] = None
 _ns_per_poll = 0.0
+_warm = threading.Event()  # set once every kernel signature is loaded (or compiled) and the poll rate measured
+_loader: Optional[threading.Thread] = None
+_loader_lock = threading.RLock()
 
 
 def unavailable() -> Optional[str]:
@@ -76,6 +91,59 @@ def _load() -> None:
     _kernels = _arena_kernels
 
 
+def warm_up() -> Optional[str]:
+    """Load (from Numba's disk cache, else compile) every kernel signature the arena paths call, now; None, or why
+    the compiled path cannot run here. ``pycoll warmup`` runs this at install time so no job ever compiles."""
+    with _loader_lock:  # one load per process, whichever thread asks first; the others wait for it
+        return _warm_up_locked()
+
+
+def _warm_up_locked() -> Optional[str]:
+    if _warm.is_set():
+        return _unavailable
+    why = unavailable() if ARENA_JIT.get() else "PYCOLL_ARENA_JIT=0"
+    if why is None:
+        import warnings
+
+        from . import _arena_signatures
+
+        with warnings.catch_warnings():  # Numba's internal pedantic IR checks, not faults of these kernels
+            warnings.filterwarnings("ignore", message="variable .* is not in scope")
+            _arena_signatures.load_all(_kernels)
+        polls_for(0.0)
+    _warm.set()
+    return why
+
+
+def load_in_background() -> None:
+    """Start loading the kernels in a daemon thread (once per process); calls run in Python until it finishes."""
+    global _loader
+    if _warm.is_set() or not ARENA_JIT.get():
+        return
+    if _loader is None:
+        _loader = threading.Thread(target=_load_quietly, name="pycoll-kernels", daemon=True)
+        _loader.start()
+
+
+def _load_quietly() -> None:
+    try:  # the lowest CPU priority for this thread alone (Linux): the ranks' own threads preempt it at once
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass
+    try:
+        warm_up()
+    except Exception as exc:  # noqa: BLE001 - a failed load leaves the Python path on; say why once
+        global _unavailable
+        _unavailable = f"loading the kernels failed ({type(exc).__name__}: {exc})"
+        log.warning("pycoll: compiled arena path off: %s", _unavailable)
+        _warm.set()
+
+
+def ready() -> bool:
+    """Whether the kernels are loaded (never waits)."""
+    return _warm.is_set() and _kernels is not None and _unavailable is None
+
+
 def polls_for(seconds: float) -> int:
     """How many flag polls of ``meet``'s spin take about ``seconds`` here (measured once per process)."""
     global _ns_per_poll
@@ -84,7 +152,7 @@ def polls_for(seconds: float) -> int:
         probe = np.zeros(_arena.HostArena.ctrl(1) + 64, np.uint64)  # a private copy: nobody posts in it
         bases = np.array([_arena.HostArena.ctrl(0) + 16, _arena.HostArena.ctrl(0) + 16], np.int64)
         k.spin(probe, bases, 1, 1000)  # compile or load before timing
-        n = 200_000
+        n = 20_000
         t0 = time.perf_counter()
         k.spin(probe, bases, 1, n)
         _ns_per_poll = max((time.perf_counter() - t0) * 1e9 / n, 0.1)
@@ -162,17 +230,40 @@ class Gate:
         return self._bases[op & 1]
 
     def open(self) -> Any:
-        """The kernel module, or None while the calls so far have not earned it (or it cannot run here)."""
+        """The kernel module, or None while it is still loading (in the background: never waited for here), while
+        the calls so far have not earned it (``PYCOLL_ARENA_JIT_AFTER``), or where it cannot run."""
         k = self.kernels
         if k is not None:
             return k or None
         self.calls += 1
         if self.calls <= ARENA_JIT_AFTER.get():
             return None
-        why = unavailable()
-        if why is not None:
+        if not ARENA_JIT.get():
+            self.kernels = False
+            return None
+        if not _warm.is_set():  # the first call that could run compiled starts the load (a Barrier-only job never does)
+            load_in_background()
+            return None
+        if not ready():
             self.kernels = False
             return None
         self.polls = polls_for(self.spin_s)
-        self.kernels = kernels()
+        self.kernels = _kernels
         return self.kernels
+
+
+def add_warmup_parser(subparsers: Any) -> Any:
+    """`pycoll warmup`: compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
+    p = subparsers.add_parser("warmup", help="compile the arena kernels into Numba's disk cache now (run once after install)")
+
+    def run(args: Any) -> int:
+        t0 = time.perf_counter()
+        why = warm_up()
+        if why is not None:
+            print(f"pycoll warmup: the compiled path is off here: {why}")
+            return 1
+        print(f"pycoll warmup: kernels ready in {time.perf_counter() - t0:.1f} s")
+        return 0
+
+    p.set_defaults(func=run)
+    return p

@@ -39,6 +39,8 @@ class Call:
     send_counts: list[int] = field(default_factory=list)  # alltoall(v): per-destination counts in send
     send_displs: list[int] = field(default_factory=list)
     in_place: bool = False
+    vector: bool = False  # a v-form (Gatherv, Scatterv, Alltoallv, ...): block sizes may differ by rank
+    total: int = -1  # elements of the whole vector where every rank knows it (Gather, Scatter); -1: derive
     stream: Any = None  # the caller's CUDA stream, for algorithms that run on device buffers (None: no stream given)
 
     @property
@@ -50,6 +52,8 @@ class Call:
     @property
     def size_bytes(self) -> int:
         """The message size selection uses, the same on every rank: the whole vector (nccl-tests' size)."""
+        if self.total >= 0:
+            return self.total * self.dtype.itemsize
         if self.counts and self.coll in ("reduce_scatter", "allgather", "gather", "scatter"):
             return sum(self.counts) * self.dtype.itemsize
         if self.coll == "reduce" and self.send is not None:

@@ -13,7 +13,13 @@ from .registry import register
 _EMPTY = np.empty(0, np.uint8)
 
 
-@register("gather", "linear", "The root receives every rank's block directly.", steps="1", bytes="(p-1)/p · n at the root")
+def _direct_cost(steps_of):
+    """The model's time for a direct algorithm: ``steps_of(p)`` message steps moving (p-1)/p of the vector."""
+    return lambda m, n, lay: m.phase(lay, steps_of(lay.size), n * (lay.size - 1) / lay.size) if lay.size > 1 else 0.0
+
+
+@register("gather", "linear", "The root receives every rank's block directly.", steps="1", bytes="(p-1)/p · n at the root",
+          cost=_direct_cost(lambda p: 1))
 def gather_linear(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     if r != call.root:
@@ -28,7 +34,8 @@ def gather_linear(st: Steps, call: Call) -> Schedule:
         st.mem.copy(blocks[r], call.send)
 
 
-@register("scatter", "linear", "The root sends every rank its block directly.", steps="1", bytes="(p-1)/p · n at the root")
+@register("scatter", "linear", "The root sends every rank its block directly.", steps="1", bytes="(p-1)/p · n at the root",
+          cost=_direct_cost(lambda p: 1))
 def scatter_linear(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     if r != call.root:
@@ -49,6 +56,7 @@ def scatter_linear(st: Steps, call: Call) -> Schedule:
     "At step s each rank sends to rank+s and receives from rank-s; all steps are posted at once.",
     steps="p-1",
     bytes="(p-1)/p · n",
+    cost=_direct_cost(lambda p: p - 1),
 )
 def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None

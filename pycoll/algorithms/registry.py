@@ -33,6 +33,8 @@ COLLECTIVES = (
     "gather",
     "scatter",
     "barrier",
+    "scan",
+    "exscan",
 )
 
 Refusal = Callable[[Call, Layout], Optional[str]]
@@ -181,12 +183,12 @@ def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, cal
     """``ranked`` memoised per (collective, size, layout, memory) for the model in force: repeated calls skip the model.
 
     The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
-    than the lookup saves. Refusals may depend only on these (and on nothing else in the call) for the cache to hold.
+    than the lookup saves. Refusals may depend only on these and on ``call.vector`` (nothing else in the call) for the cache to hold.
     """
     if _cache_model[0] is not model:
         _cache.clear()
         _cache_model[0] = model
-    key = (coll, nbytes, layout, on_device(call))
+    key = (coll, nbytes, layout, on_device(call), call.vector)
     hit = _cache.get(key)
     if hit is None:
         if len(_cache) > 4096:

@@ -41,6 +41,8 @@ MODULES = (
     "topology",
     "device",
     "cuda_ipc",
+    "scan",
+    "shapes",
 )
 
 

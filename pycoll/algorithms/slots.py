@@ -1,0 +1,324 @@
+"""Small collectives of one host through the arena slots: every rank copies its part in, meets, and reads what it needs.
+
+One algorithm, ``slots``, serves broadcast, reduce, gather, scatter, allgather(v), reduce-scatter, alltoall, scan
+and exscan below the slot size. A call is described once per plan as a small program: what this rank packs into its
+slot (a table of block offsets first, where readers cannot know them), the contribution size each peer must post,
+and what it then copies out of the peers' slots, or folds from them in rank order. The same program runs compiled
+(one kernel call: pack, meet, unpack, finish) or, while the kernels load or when a peer is late, in NumPy after a
+meeting that waits with timeouts. Slots alternate by call parity, and every call is a full meeting, so a slot is
+never rewritten before all peers read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import MismatchError
+from ..p2p import Sig
+from ..transport.arena import ARENA_SLOT, HostArena
+from . import arena_jit
+from .base import Call, Layout, Schedule, Steps, offsets
+from .chain import broadcast_chain, reduce_chain
+from .cost import CostModel
+from .direct import alltoall_pairwise, gather_linear, scatter_linear
+from .registry import register
+from .ring import allgather_ring_algo, reduce_scatter_ring_algo
+from .scan import exscan_linear, scan_linear
+from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, sig_words
+
+_REDUCING = ("reduce", "reduce_scatter", "scan", "exscan")
+_TABLED = ("scatter", "alltoall")  # readers cannot know their block's place: the writer's slot starts with a table
+_EMPTY_I64 = np.zeros((0, 4), np.int64)
+
+
+def _table_bytes(call: Call, p: int) -> int:
+    return 16 * p if call.coll in _TABLED else 0
+
+
+def _refuse(call: Call, lay: Layout) -> Optional[str]:
+    if call.vector and call.coll in ("gather", "scatter", "alltoall"):
+        return "a vector call's blocks differ by rank, and not every rank knows their sizes"
+    n, p = call.size_bytes, lay.size
+    need = n // max(p, 1) if call.coll == "gather" else n + _table_bytes(call, p)
+    if need > ARENA_SLOT.get():
+        return f"{need} bytes per rank do not fit a {ARENA_SLOT.get()}-byte arena slot"
+    return _refuse_single_host(call, lay)
+
+
+def _cost(m: CostModel, n: float, lay: Layout) -> float:
+    p = lay.size
+    footprint = 3 * p * n
+    return (m.arena_sync_us * 1e-6 + 2 * m.copy_s(n, footprint)) * m.over(lay) + m.handovers(lay, 1)
+
+
+class Program:
+    """What one rank does in a ``slots`` call, in bytes (or elements, for the folds)."""
+
+    __slots__ = ("head", "pack", "nbytes", "expect", "unpack", "fold", "pack_from_recv", "typed")
+
+    def __init__(self, call: Call, p: int, me: int) -> None:
+        isz = call.dtype.itemsize
+        coll = call.coll
+        self.head = np.zeros(0, np.int64)
+        self.pack = np.zeros((0, 3), np.int64)
+        self.unpack = _EMPTY_I64
+        self.expect = np.full(p, -1, np.int64)
+        self.fold = (0, 0, 0, 0, 0)  # (lo, hi, slot offset, recv offset, count), in elements
+        self.pack_from_recv = False
+        self.typed = coll in _REDUCING
+        nbytes = 0
+        if coll == "broadcast":
+            nb = call.recv.nbytes
+            if me == call.root:
+                self.pack, nbytes, self.pack_from_recv = np.array([[0, 0, nb]], np.int64), nb, True
+            else:
+                self.unpack = np.array([[call.root, 0, 0, nb]], np.int64)
+                self.expect[call.root] = nb
+        elif coll == "gather":
+            if call.send is not None:
+                nbytes = call.send.nbytes
+                self.pack = np.array([[0, 0, nbytes]], np.int64)
+            if me == call.root:
+                rows = []
+                for q, (c, d) in enumerate(zip(call.counts, call.displs)):
+                    if q == me and call.in_place:
+                        continue
+                    rows.append([q, 0, d * isz, c * isz])
+                    self.expect[q] = c * isz
+                self.unpack = np.array(rows, np.int64).reshape(-1, 4)
+        elif coll == "scatter":
+            table = 16 * p
+            if me == call.root:
+                send = call.send
+                self.head = np.array([[table + d * isz, c * isz] for c, d in zip(call.counts, call.displs)],
+                                     np.int64).reshape(-1)
+                self.pack = np.array([[0, table, send.nbytes]], np.int64)
+                nbytes = table + send.nbytes
+            if call.recv is not None:
+                self.unpack = np.array([[call.root, -1, 0, call.recv.nbytes]], np.int64)
+        elif coll == "allgather":
+            me_count, me_displ = call.counts[me], call.displs[me]
+            nbytes = me_count * isz
+            if call.in_place:
+                self.pack_from_recv = True
+                self.pack = np.array([[me_displ * isz, 0, nbytes]], np.int64)
+            else:
+                self.pack = np.array([[0, 0, nbytes]], np.int64)
+            rows = []
+            for q, (c, d) in enumerate(zip(call.counts, call.displs)):
+                self.expect[q] = c * isz
+                if q == me and call.in_place:
+                    continue
+                rows.append([q, 0, d * isz, c * isz])
+            self.unpack = np.array(rows, np.int64).reshape(-1, 4)
+        elif coll == "alltoall":
+            table, send = 16 * p, call.send
+            self.head = np.array([[table + d * isz, c * isz] for c, d in zip(call.send_counts, call.send_displs)],
+                                 np.int64).reshape(-1)
+            self.pack = np.array([[0, table, send.nbytes]], np.int64)
+            nbytes = table + send.nbytes
+            self.unpack = np.array([[q, -1, d * isz, c * isz] for q, (c, d) in enumerate(zip(call.counts, call.displs))],
+                                   np.int64).reshape(-1, 4)
+        else:  # the folds: every rank copies its vector in; the rows it folds depend on the collective
+            n = call.send.size
+            nbytes = n * isz
+            self.expect[:] = nbytes
+            if coll == "reduce":
+                if me == call.root:
+                    self.fold = (0, p, 0, 0, n)
+            elif coll == "reduce_scatter":
+                self.fold = (0, p, offsets(call.counts)[me], 0, call.counts[me])
+            elif coll == "scan":
+                self.fold = (0, me + 1, 0, 0, n)
+            elif coll == "exscan":
+                self.fold = (0, me, 0, 0, n)
+        self.nbytes = nbytes
+
+    @property
+    def slot_bytes(self) -> int:
+        """The bytes this rank's contribution takes in its slot."""
+        return self.nbytes
+
+
+def _bytes(a: Optional[np.ndarray]) -> np.ndarray:
+    return a.view(np.uint8) if a is not None and a.size else _NO_BYTES
+
+
+def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, words: tuple) -> np.ndarray:
+    """The program as the kernels read it (``_arena_kernels.M_*``): scalars, then bases, expect, head, pack, unpack."""
+    lo, hi, s_off, d_off, n = prog.fold
+    vhash = np.array([words[3]], np.uint64).view(np.int64)[0]  # the unfolded word, its bits as an int64
+    head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
+            prog.unpack.shape[0], 0, vhash]
+    return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.head,
+                           prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
+
+
+def slot_array(arena: HostArena, dtype: np.dtype) -> np.ndarray:
+    """Every rank's two slots as one C-contiguous (ranks, 2, slot) array of ``dtype``."""
+    return np.ndarray((arena.size, 2, arena.slot_bytes // dtype.itemsize), dtype, buffer=arena.mapping,
+                      offset=arena.slot_offset(0, 0))
+
+
+class Prepared:
+    """One plan's kernel arguments on one arena: its program (``meta``, one per slot parity), signature words and slots."""
+
+    __slots__ = ("arena", "prog", "words", "sig", "metas", "slots", "ok", "polls")
+
+    def __init__(self, arena: HostArena, call: Call, sig: Sig, rank: int) -> None:
+        p = arena.size
+        self.arena = arena
+        self.prog = Program(call, p, rank)
+        self.words = sig_words(sig)
+        self.sig = arena_jit.sig_array(self.words)
+        code = call.op.code if call.op is not None else 0
+        self.metas = [_meta(self.prog, rank, p, arena_jit.line_bases(arena, k), code, self.words) for k in (0, 1)]
+        self.polls = -1  # the spin the metas carry (set at the first run)
+        # a read-only input would need a signature of its own (compiled inside the call): those run in NumPy
+        writable = call.send is None or call.send.flags.writeable
+        self.ok = (self.prog.nbytes <= arena.slot_bytes and writable
+                   and (not self.prog.typed or arena_jit.covers(call.op, call.dtype)))
+        self.slots = slot_array(arena, call.dtype if self.prog.typed else np.dtype(np.uint8))
+
+
+_M_OPNO, _M_POLLS, _M_SEQ = 1, 3, 14  # as _arena_kernels.M_OPNO, M_POLLS, M_SEQ
+
+
+def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optional[np.ndarray], recv: Optional[np.ndarray],
+               gate: Any) -> int:
+    """One whole ``slots`` call as a kernel call (it posts the call number itself); the status as
+    ``arena_jit.finished`` reads it."""
+    meta = st.metas[opno & 1]
+    meta[_M_OPNO] = opno
+    meta[_M_SEQ] = arena.seq
+    if st.polls != gate.polls:
+        st.polls = gate.polls
+        for m in st.metas:
+            m[_M_POLLS] = gate.polls
+    if st.prog.typed:
+        return kern.slots_reduce(arena.u64, st.slots, send, recv if recv is not None else send[:0], meta, st.sig)
+    if st.prog.pack_from_recv:
+        send = recv
+    return kern.slots_move(arena.u64, st.slots, send.view(np.uint8) if send is not None else _NO_BYTES,
+                           recv.view(np.uint8) if recv is not None else _NO_BYTES, meta, st.sig)
+
+
+_NO_BYTES = np.zeros(0, np.uint8)
+
+
+# ---- the NumPy twin (first calls while the kernels load, late peers) ----------------------------------------------
+
+def _pack_py(arena: HostArena, op: int, call: Call, prog: Program) -> None:
+    slot = arena.slot(arena.rank, op)
+    if prog.typed:
+        n = call.send.nbytes
+        slot[:n] = _bytes(call.send)
+        return
+    if prog.head.size:
+        slot[: prog.head.size * 8] = prog.head.view(np.uint8)
+    src = _bytes(call.recv if prog.pack_from_recv else call.send)
+    for s_off, d_off, n in prog.pack:
+        slot[d_off:d_off + n] = src[s_off:s_off + n]
+
+
+def _table(arena: HostArena, op: int, rank: int, entry: int) -> tuple[int, int]:
+    words = arena.slot(rank, op)[16 * entry:16 * entry + 16].view(np.int64)
+    return int(words[0]), int(words[1])
+
+
+def _unpack_py(st: Steps, arena: HostArena, op: int, call: Call, prog: Program) -> None:
+    me = arena.rank
+    if prog.typed:
+        lo, hi, s_off, d_off, n = prog.fold
+        if hi <= lo:
+            return
+        isz = call.dtype.itemsize
+        views = [arena.slot(q, op)[s_off * isz:(s_off + n) * isz].view(call.dtype) for q in range(lo, hi)]
+        ufunc, acc = call.op.ufunc, views[0]
+        for v in views[1:]:  # a new result each step: NumPy's complex product differs in its last bits with out= aliased
+            acc = ufunc(acc, v)
+        if call.op.averages:
+            acc = np.divide(acc, acc.dtype.type(hi - lo))
+        call.recv[d_off:d_off + n] = acc
+        return
+    recv = _bytes(call.recv)
+    for q, s_off, d_off, n in prog.unpack:
+        if s_off < 0:
+            s_off, got = _table(arena, op, int(q), me)
+            if got != n:
+                raise st.owner.error(MismatchError, f"rank {q} has a {got}-byte block for this rank, which expects {n}",
+                                     [st.world_rank(int(q))])
+        recv[d_off:d_off + n] = arena.slot(int(q), op)[s_off:s_off + n]
+
+
+def _check_sizes(st: Steps, arena: HostArena, op: int, prog: Program) -> None:
+    for q, want in enumerate(prog.expect):
+        if want >= 0:
+            got = arena.peer_addrs(q, op)[2]
+            if got != want:
+                raise st.owner.error(MismatchError, f"rank {q} passed {got} bytes, this rank expects {int(want)}",
+                                     [st.world_rank(q)])
+
+
+def slots_rest(st: Steps, arena: HostArena, op: int, call: Call, mine: tuple[int, int, int, int]) -> Schedule:
+    """After the post: meet the peers (with timeouts), compare their calls and sizes, copy or fold, finish."""
+    others = [q for q in range(st.size) if q != st.rank]
+    prog = Program(call, st.size, st.rank)
+    try:
+        yield from _meet(st, arena, op, others)
+        _check_posts(st, arena, op, others, mine)
+        _check_sizes(st, arena, op, prog)
+        _unpack_py(st, arena, op, call, prog)
+    finally:
+        arena.set_done(op)
+
+
+_FALLBACK = {
+    "broadcast": broadcast_chain, "reduce": reduce_chain, "gather": gather_linear, "scatter": scatter_linear,
+    "allgather": allgather_ring_algo, "reduce_scatter": reduce_scatter_ring_algo, "alltoall": alltoall_pairwise,
+    "scan": scan_linear, "exscan": exscan_linear,
+}
+
+
+def _slots(st: Steps, call: Call) -> Schedule:
+    number = _number(st)
+    arena = yield from _ready(st)
+    if arena is None:
+        yield from _FALLBACK[call.coll](st, call)
+        return
+    op = yield from _begin(st, arena, number)
+    prog = Program(call, st.size, st.rank)
+    mine = sig_words(st.sig)
+    try:
+        _pack_py(arena, op, call, prog)
+        arena.post(op, mine, nbytes=prog.nbytes)
+    except BaseException:
+        arena.set_done(op)
+        raise
+    yield from slots_rest(st, arena, op, call, mine)
+
+
+def _register(coll: str, what: str) -> Any:
+    def run(st: Steps, call: Call) -> Schedule:
+        return _slots(st, call)
+
+    run.__name__ = run.__qualname__ = f"{coll}_slots"
+    register(coll, "slots", f"Each rank copies {what} into its arena slot, meets the others once, then reads what it needs "
+             "from their slots. Small messages on one host.", steps="1 meeting", bytes="n copied in, n copied out",
+             refuse=_refuse, cost=_cost)(run)
+    return run
+
+
+RUNS = tuple(_register(coll, what) for coll, what in (
+    ("broadcast", "the root's buffer (the root only)"),
+    ("reduce", "its vector"),
+    ("gather", "its block"),
+    ("scatter", "its blocks behind a table of their places (the root only)"),
+    ("allgather", "its block"),
+    ("reduce_scatter", "its vector"),
+    ("alltoall", "its blocks behind a table of their places"),
+    ("scan", "its vector"),
+    ("exscan", "its vector"),
+))

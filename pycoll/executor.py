@@ -1,0 +1,575 @@
+"""The one execution path of a communicator's collectives: plans cached by call shape, selection, inline arena runs.
+
+``Comm`` checks a call's arguments once per call *shape* (the buffers' types, shapes, strides, dtypes, the counts,
+op and root) and hands the call here. A repeated shape skips the checks: its plan rebinds the flat views onto the
+new buffers (any address: a fresh array, a view, an mpi4py buffer spec all hit) and, where the chosen algorithm
+has an inline form on the host arena, runs it as one compiled kernel call; otherwise the call runs as a schedule
+on the progress engine. Every collective goes through ``Executor.run``/``Executor.start``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+
+from . import buffers
+from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
+from .algorithms import arena_jit, shared, slots, staged
+from .algorithms import cost as cost_model
+from .buffers import IN_PLACE
+from .datatypes import Datatype
+from .errors import InvalidArgumentError
+from .memory import backend
+from .ops import Op
+from .p2p import Schedule, Sig
+from .request import Request
+from .transport.arena import fold_seq
+
+if TYPE_CHECKING:
+    from .comm import Comm
+
+_PLANS = 64  # plans kept per communicator (oldest dropped first)
+_FAST_SPIN_S = 50e-6  # how long an inline arena call spins for its peers before it waits as a schedule
+_SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
+
+
+def shape_key(args: tuple) -> Optional[tuple]:
+    """What a call's arguments are, apart from buffer addresses: None where an argument is of a kind not planned.
+
+    Flat, with a marker and a length before each list or tuple, so no two different argument lists share a key.
+    """
+    key: list = []
+    if _describe_into(args, key.append):
+        return tuple(key)
+    return None
+
+
+def _describe_into(args: Any, put: Callable[[Any], None]) -> bool:
+    for a in args:
+        t = type(a)
+        if t is np.ndarray:
+            put(a.shape)
+            put(a.strides)
+            put(a.dtype)
+            put(a.flags.writeable)
+        elif t in _SCALARS or a is IN_PLACE:
+            put(a)
+        elif t is list or t is tuple:
+            put(t)
+            put(len(a))
+            if not _describe_into(a, put):
+                return False
+        elif isinstance(a, np.integer):
+            put(int(a))
+        else:  # other buffer kinds (memoryview, bytearray, device arrays, ...) are checked on every call
+            return False
+    return True
+
+
+def _arrays(args: tuple):
+    """(path, array) of every NumPy array among the arguments, one level into buffer specs."""
+    for i, a in enumerate(args):
+        if type(a) is np.ndarray:
+            yield (i, -1), a
+        elif type(a) in (list, tuple) and a and type(a[0]) is np.ndarray:
+            yield (i, 0), a[0]
+
+
+def _address(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class _Rebind:
+    """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range."""
+
+    __slots__ = ("index", "item", "dtype", "start", "stop", "whole")
+
+    def __init__(self, index: int, item: int, dtype: np.dtype, start: int, stop: int, whole: bool) -> None:
+        self.index, self.item, self.dtype, self.start, self.stop, self.whole = index, item, dtype, start, stop, whole
+
+    @staticmethod
+    def find(view: Optional[np.ndarray], args: tuple) -> Any:
+        """The recipe for ``view`` (a flat view into one of ``args``), None for no view, False if it is not one."""
+        if view is None:
+            return None
+        if type(view) is not np.ndarray or not view.flags.c_contiguous:
+            return False
+        addr = _address(view) if view.size else -1
+        for (i, j), a in _arrays(args):
+            if not a.flags.c_contiguous or a.dtype.hasobject:
+                continue
+            base = _address(a)
+            isz = view.dtype.itemsize
+            if view.size == 0:
+                if a.size == 0 or a.nbytes % isz:
+                    continue
+                return _Rebind(i, j, view.dtype, 0, 0, False)
+            if base <= addr and addr + view.nbytes <= base + a.nbytes and (addr - base) % isz == 0 and a.nbytes % isz == 0:
+                start = (addr - base) // isz
+                whole = start == 0 and view.nbytes == a.nbytes and view.dtype == a.dtype
+                return _Rebind(i, j, view.dtype, start, start + view.size, whole)
+        return False
+
+    def view(self, args: tuple) -> np.ndarray:
+        a = args[self.index] if self.item < 0 else args[self.index][self.item]
+        if a.ndim != 1:
+            a = a.reshape(-1)
+        if self.whole:
+            return a
+        if a.dtype != self.dtype:
+            a = a.view(self.dtype)
+        return a[self.start:self.stop]
+
+
+class Plan:
+    """A checked call shape: its call template and signature, how to rebind its views, and its algorithm choice."""
+
+    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline")
+
+    def __init__(self, label: str, call: Call, sig: Sig, send: Any, recv: Any) -> None:
+        self.label = label
+        self.template = dataclasses.replace(call, send=None, recv=None)  # a plan keeps no user memory alive
+        self.sig = sig
+        self.send, self.recv = send, recv
+        self.algo: Any = None  # the Algorithm selected for it, valid while ``algo_for`` holds
+        self.algo_for: tuple = ()
+        self.inline: Any = None  # the algorithm's inline runner on the arena (see ``Runner``), or False: none
+
+    def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
+        """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""
+        send = self.send.view(args) if self.send is not None else None
+        recv = self.recv.view(args) if self.recv is not None else None
+        if send is not None and recv is not None and not self.template.in_place and send.size and recv.size:
+            if send.base is not None or recv.base is not None:  # views may share memory: check the bounds
+                if buffers.overlaps(send, recv):
+                    return None
+        return send, recv
+
+    def make_call(self, send: Optional[np.ndarray], recv: Optional[np.ndarray]) -> Call:
+        t = self.template
+        return Call(t.coll, t.dtype, send, recv, t.op, t.root, t.counts, t.displs, t.send_counts, t.send_displs,
+                    t.in_place, t.vector, t.total)
+
+    def call(self, args: tuple) -> Optional[Call]:
+        """The call for these arguments (same shape), or None if its buffers now overlap (the checks name it)."""
+        views = self.views(args)
+        return None if views is None else self.make_call(*views)
+
+
+class Executor:
+    """Runs one communicator's collectives: plan lookup, argument checks on a miss, selection, inline or scheduled."""
+
+    def __init__(self, comm: "Comm", describe: Callable[[Sig], str]) -> None:
+        self.comm = comm
+        self.describe = describe  # names a call from its signature, in mismatch reports
+        self.engine = comm._engine
+        self.plans: dict[tuple, Plan] = {}
+        self.chosen: Any = None  # the algorithm ``stage`` selected for a device call (run as is, or on its staged twin)
+        self.others = [q for q in range(comm.size) if q != comm.rank]
+        # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
+        self.spin_s = _FAST_SPIN_S / 25 if self.engine.oversubscribed else _FAST_SPIN_S
+        self.gate = arena_jit.Gate(self.spin_s)
+        if comm._arena is not None:
+            comm._arena.gate = self.gate
+            if arena_jit.ARENA_JIT_LOAD.get() == "now":
+                arena_jit.warm_up()
+
+    # ---- the path every call takes ------------------------------------------------------------
+    def run(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> None:
+        """A blocking collective: inline on the arena where its plan allows, else as a schedule waited for here."""
+        plan = self._plan(label, args) if stream is None else None
+        if plan is not None:
+            views = plan.views(args)
+            if views is not None:
+                runner = plan.inline
+                if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
+                    return
+                self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan))
+                return
+        call, sig, stage = self._resolve(label, build, args, stream)
+        plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
+        if stage is None:
+            self._finish(self._schedule(label, call, sig, plan))
+            return
+        try:
+            self._finish(self._schedule(label, call, sig))
+        except BaseException:
+            stage.discard()
+            raise
+        stage.finish()
+
+    def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:
+        """A nonblocking collective: scheduled now, progressed by the engine, finished by the request."""
+        plan = self._plan(label, args) if stream is None else None
+        call = plan.call(args) if plan is not None else None
+        if call is not None:
+            assert plan is not None
+            return Request(self.engine, self.comm, schedule=self._schedule(label, call, plan.sig, plan))
+        call, sig, stage = self._resolve(label, build, args, stream)
+        if stage is None and stream is None:
+            plan = self._remember(label, args, call, sig)
+        try:
+            sched = self._schedule(label, call, sig, plan if stage is None else None)
+        except BaseException:
+            if stage is not None:
+                stage.discard()
+            raise
+        return Request(self.engine, self.comm, schedule=sched, after=stage)
+
+    def _plan(self, label: str, args: tuple) -> Optional[Plan]:
+        key = shape_key(args)
+        if key is None:
+            return None
+        try:
+            return self.plans.get((label, key))
+        except TypeError:  # an unhashable argument (the checks name it)
+            return None
+
+    def _remember(self, label: str, args: tuple, call: Call, sig: Sig) -> Optional[Plan]:
+        """Keep a checked call as the plan of its shape, if its views can be found again in later calls."""
+        key = shape_key(args)
+        if key is None or call.stream is not None:
+            return None
+        send_rb, recv_rb = _Rebind.find(call.send, args), _Rebind.find(call.recv, args)  # in place: views into recv
+        if send_rb is False or recv_rb is False:
+            return None
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        if len(self.plans) >= _PLANS:
+            self.plans.pop(next(iter(self.plans)))
+        plan = self.plans[(label, key)] = Plan(label, call, sig, send_rb, recv_rb)
+        return plan
+
+    def clear(self) -> None:
+        self.plans.clear()
+
+    def choice_key(self) -> tuple:
+        """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
+        return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get())
+
+    # ---- scheduling -----------------------------------------------------------------------------
+    def steps(self, label: str, sig: Sig) -> tuple[Steps, Any]:
+        """The verbs and owner of the call numbered ``comm._seq``."""
+        c = self.comm
+        owner = c._owner(f"{label} #{c._seq}", c._ctx | 1, c._seq)
+        owner.sig = sig
+        steps = Steps(
+            self.engine, c._rank, c._size, c._world, c._ctx | 1, c._seq, sig, owner, backend("host"),
+            c._layout, c._arena, c._ipc,
+        )
+        return steps, owner
+
+    def _schedule(self, label: str, call: Call, sig: Sig, plan: Optional[Plan] = None) -> Schedule:
+        """Number the call, pick the algorithm (the plan's, while it holds) and start it."""
+        c = self.comm
+        chosen, self.chosen = self.chosen, None
+        c._live(label)
+        c._seq += 1
+        steps, owner = self.steps(label, sig)
+        key = self.choice_key()
+        if chosen is not None:
+            algo = chosen
+        elif plan is not None and plan.algo is not None and plan.algo_for == key:
+            algo = plan.algo
+        else:
+            algo = select(call, c._layout)
+            if plan is not None:
+                plan.algo, plan.algo_for = algo, key
+                kind = _INLINE.get(algo.run) if c._arena is not None else None
+                plan.inline = kind(self, plan) if kind is not None else False
+        gen = algo.run(steps, call)
+        if CHECK_CALLS.get() and c._size > 1:
+            gen = self._checked(steps, sig, gen)
+        return self.engine.start(Schedule(gen, owner))
+
+    def _checked(self, steps: Steps, sig: Sig, gen):
+        yield from verify_call(steps, sig, self.describe)
+        yield from gen
+
+    def _finish(self, sched: Schedule) -> None:
+        self.engine.wait_schedule(sched, self.comm.timeout)
+        if sched.error is not None:
+            self.failed(sched)
+            raise sched.error
+
+    def failed(self, sched: Schedule) -> None:
+        """After a call failed here: tell the peers; if a peer only skipped it, free its arena number."""
+        assert sched.error is not None
+        arena = self.comm._arena
+        if getattr(sched.error, "contained", False) and arena is not None:
+            arena.give_back(sched.owner.tag)
+        self.engine.abort(sched.owner, sched.error)
+
+    def _resolve(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None
+                 ) -> tuple[Call, Sig, Any]:
+        """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us.
+
+        A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it (else None).
+        """
+        c = self.comm
+        c._live(label)
+        self.chosen = None
+        try:
+            call, sig = build(*args)
+            call, stage = self._stage(call, stream, label)
+            return call, sig, stage
+        except InvalidArgumentError as err:
+            c._seq += 1  # every rank consumes this call's number, so the next call still lines up
+            owner = c._owner(f"{label} #{c._seq}", c._ctx | 1, c._seq)
+            self.engine.notify_skip(owner, err)
+            raise InvalidArgumentError(err.cause, op=owner.op, rank=c._rank, peers=err.peers) from None
+
+    def _stage(self, call: Call, stream: Any, label: str) -> tuple[Call, Any]:
+        """(the call to schedule, its Staged device copy or None): device buffers are copied to pinned host memory."""
+        c = self.comm
+        mem = {buffers.memory_of(a) for a in (call.send, call.recv) if a is not None}
+        if mem != {"cuda"}:
+            if len(mem) > 1:
+                where = "on the device" if buffers.memory_of(call.send) == "cuda" else "in host memory"
+                raise InvalidArgumentError(
+                    f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
+                    "the host", op=label, rank=c._rank)
+            return call, None
+        chosen = None
+        if call.coll == "allreduce" and c._ipc is not None:  # an algorithm on device buffers (CUDA IPC) if selected
+            device_call = dataclasses.replace(call, stream=stream)
+            chosen = select(device_call, c._layout)  # a host algorithm's cost includes the staging
+            if chosen.memory == "cuda":
+                self.chosen = chosen
+                return device_call, None
+        try:
+            from .cuda.memory import Staged
+
+            staged_call = Staged(call, c._rank, stream)
+        except InvalidArgumentError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - no numba.cuda, no device, a bad stream: tell the peers too
+            raise InvalidArgumentError(f"could not stage the device buffers ({type(exc).__name__}: {exc})", op=label,
+                                       rank=c._rank) from None
+        self.chosen = chosen  # the staged twin runs the host algorithm chosen for the device call
+        return staged_call.call, staged_call
+
+    # ---- inline arena runs ----------------------------------------------------------------------
+    def begin(self, label: str, posts_seq: bool = False) -> Optional[tuple[Any, int]]:
+        """Number an inline arena call and take its arena operation: (arena, op number), or None (nothing done) while
+        the arena is not ready or an earlier nonblocking arena call is unfinished."""
+        c = self.comm
+        state = c._arena
+        if state is None or state.status != "ready":
+            return None
+        arena = state.arena
+        if arena is None or arena.finished != state.ops:
+            return None
+        c._live(label)
+        c._seq += 1
+        state.ops += 1
+        opno = arena.ops = state.ops
+        state.last = (c._seq, opno)
+        arena.seq = c._seq  # posts carry the call number (Python writes it, unless the kernel does: ``posts_seq``)
+        if not posts_seq:
+            arena.mark_seq(opno)
+        return arena, opno
+
+    def rest(self, label: str, sig: Sig, schedule: Callable[[Steps], Schedule]) -> None:
+        """Finish an inline call whose peers did not keep up as an ordinary schedule: timeouts, liveness, reports."""
+        steps, owner = self.steps(label, sig)
+        self._finish(self.engine.start(Schedule(schedule(steps), owner)))
+
+    def spin_meeting(self, arena: Any, opno: int, mine: tuple, finish: Callable[[], None]) -> bool:
+        """After posting ``mine``: spin briefly for the peers; if all came with the same call, ``finish``, mark done
+        and return True, else False (the caller's schedule waits with timeouts)."""
+        others = self.others
+        spin_until = time.perf_counter() + self.spin_s
+        while arena.waiting_for("post", opno, others):
+            if time.perf_counter() > spin_until:
+                return False
+        posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], arena.seq))
+        if any(arena.peer_sig(q, opno) != posted for q in others) or arena.posted_by_others(opno, others):
+            return False
+        try:
+            finish()
+        finally:
+            arena.set_done(opno)
+        return True
+
+
+# ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------
+
+class Runner:
+    """An algorithm's inline form for one plan: ``run`` posts, spins briefly for the peers and finishes the whole call
+    (one kernel call once the kernels are loaded); if the peers are late, the rest runs as a schedule. ``run`` returns
+    False, having done nothing, where the inline form does not apply (the caller then schedules the call)."""
+
+    def __init__(self, x: Executor, plan: Plan) -> None:
+        self.x, self.plan, self.label, self.sig = x, plan, plan.label, plan.sig
+        self.words = shared.sig_words(plan.sig)
+        self.sig_array = arena_jit.sig_array(self.words)
+        self.arena: Any = None  # the arena the prepared arguments are for
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:  # pragma: no cover - each runner has one
+        raise NotImplementedError
+
+
+class _Oneshot(Runner):
+    """A small Allreduce through the slots (``allreduce:oneshot``)."""
+
+    prep: Any = None
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        kern = x.gate.open()
+        slot_bytes = x.comm._arena.arena.slot_bytes if x.comm._arena.arena is not None else 0
+        if recv.nbytes > slot_bytes:
+            return False
+        taken = x.begin(self.label)
+        if taken is None:
+            return False
+        a, opno = taken
+        if kern is not None and (self.prep is None or self.prep.arena is not a):
+            self.prep = arena_jit.Prepared(a, self.sig, plan.template.op, plan.template.dtype, recv.size)
+        if kern is not None and self.prep.ok:
+            prep, gate = self.prep, x.gate
+            slots_, bases = prep.views[opno & 1]
+            prep.sig[3] = fold_seq(prep.words[3], a.seq)
+            status = kern.allreduce(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls)
+            if arena_jit.finished(a, opno, status, gate):
+                return True
+            mine = prep.words
+            call = plan.make_call(send, recv)
+        else:
+            call = plan.make_call(send, recv)
+            mine = shared.oneshot_post(a, opno, call, self.sig)
+            if x.spin_meeting(a, opno, mine, lambda: shared.oneshot_reduce(a, opno, call)):
+                return True
+        x.rest(self.label, self.sig, lambda st: shared.oneshot_rest(st, a, opno, call, mine))
+        return True
+
+
+class _Pipe(Runner):
+    """A pipelined ``staged`` allreduce, reduce-scatter or allgather in one kernel call (meeting, every chunk, close)."""
+
+    pipe: Any = None
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        kern = x.gate.open()
+        arena = x.comm._arena.arena
+        if not kern or arena is None or not arena.stage_bytes:
+            return False
+        call = plan.make_call(send, recv)
+        if self.pipe is None or self.arena is not arena or not self.pipe.kernel:
+            self.pipe, self.arena = staged.Pipe(arena, call, x.comm._rank), arena
+        pipe = self.pipe
+        if not pipe.covered:
+            return False
+        taken = x.begin(self.label)
+        if taken is None:
+            return False
+        a, opno = taken
+        s, r = pipe.views(call)
+        gate = x.gate
+        base = a.rounds
+        self.sig_array[3] = fold_seq(self.words[3], a.seq)
+        status, j, met = kern.blocks(a.u64, pipe.stages, s, r, pipe.sd, pipe.rd, pipe.counts, a.rank, gate.bases(a, opno),
+                                     self.sig_array, opno, pipe.mode, pipe.code, pipe.local, base, pipe.c, pipe.nslots,
+                                     min(gate.polls, pipe.polls))
+        if arena_jit.finished(a, opno, status, gate):
+            a.rounds = base + pipe.nchunks
+            return True
+        x.rest(self.label, self.sig, lambda st: staged.pipe_rest(st, a, opno, self.words, pipe, call, met, j))
+        return True
+
+
+class _Broadcast(Runner):
+    """A ``broadcast:staged`` call in one kernel call when the peers keep up."""
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        kern = x.gate.open()
+        arena = x.comm._arena.arena
+        if kern is None or arena is None or not arena.stage_bytes:
+            return False
+        taken = x.begin(self.label)
+        if taken is None:
+            return False
+        a, opno = taken
+        gate, data, root = x.gate, recv.view(np.uint8), plan.template.root
+        chunk, nslots, _ = shared.pipe_shape(a, data.nbytes)
+        base = a.rounds
+        self.sig_array[3] = fold_seq(self.words[3], a.seq)
+        status, j, met = kern.broadcast(a.u64, a.stage(root), data, a.rank, gate.bases(a, opno), self.sig_array, opno, root,
+                                        base, chunk, nslots, gate.polls)
+        if arena_jit.finished(a, opno, status, gate):
+            a.rounds = base + j
+            return True
+        call = plan.make_call(send, recv)
+        x.rest(self.label, self.sig, lambda st: shared.broadcast_staged_rest(st, a, opno, self.words, call, met, j))
+        return True
+
+
+class _Barrier(Runner):
+    """Barrier through the arena: post, meet, leave."""
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        if CHECK_CALLS.get():
+            return False
+        kern = x.gate.open()
+        taken = x.begin(self.label)
+        if taken is None:
+            return False
+        a, opno = taken
+        if kern is not None:
+            gate = x.gate
+            self.sig_array[3] = fold_seq(self.words[3], a.seq)
+            status = kern.barrier(a.u64, a.rank, gate.bases(a, opno), self.sig_array, opno, gate.polls)
+            if arena_jit.finished(a, opno, status, gate):
+                return True
+            mine = self.words
+        else:
+            mine = shared.post_call(a, opno, self.sig)
+            if x.spin_meeting(a, opno, mine, lambda: None):
+                return True
+        x.rest(self.label, self.sig, lambda st: shared.barrier_rest(st, a, opno, mine))
+        return True
+
+
+class _Slots(Runner):
+    """A small collective through the slots (the ``slots`` algorithms), one kernel call when the peers keep up."""
+
+    prep: Any = None
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        kern = x.gate.open()
+        if kern is None:
+            return False
+        arena = x.comm._arena.arena
+        if self.prep is None or self.prep.arena is not arena:
+            if arena is None:
+                return False
+            self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank)
+        prep = self.prep
+        if not prep.ok:
+            return False
+        taken = x.begin(self.label, posts_seq=True)
+        if taken is None:
+            return False
+        a, opno = taken
+        status = slots.run_kernel(kern, prep, a, opno, send, recv, x.gate)
+        if arena_jit.finished(a, opno, status, x.gate):
+            return True
+        call = plan.make_call(send, recv)
+        x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, a, opno, call, prep.words))
+        return True
+
+
+_INLINE: dict[Callable, type] = {
+    shared.allreduce_oneshot: _Oneshot,
+    staged.allreduce_staged: _Pipe,
+    staged.reduce_scatter_staged: _Pipe,
+    staged.allgather_staged: _Pipe,
+    shared.broadcast_staged: _Broadcast,
+    shared.barrier_arena: _Barrier,
+    **{run: _Slots for run in slots.RUNS},
+}

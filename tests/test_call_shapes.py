@@ -1,0 +1,45 @@
+"""The one execution path: every collective called as programs call it (specs, fresh arrays, views), on 1..5 ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness
+
+pytestmark = pytest.mark.ranks
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n,transport", [(1, "shm"), (2, "shm"), (3, "shm"), (5, "shm"), (3, "tcp")])
+def test_call_shapes(n: int, transport: str, tmp_path) -> None:
+    """Results against NumPy on every call; a shape is planned once, whatever buffers later calls pass."""
+    res = harness.run_cases(n, ["shapes.shapes", "shapes.shapes_reductions"], transport=transport, out_dir=str(tmp_path),
+                            job_timeout=260)
+    res.assert_ok()
+    plans = res.records("shapes.shapes", "plans")
+    assert len(set(plans.values())) == 1 and 0 < plans[0] <= 64, plans
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("n", [2, 3])
+def test_fresh_arrays_plan_once_and_run_inline(n: int, tmp_path) -> None:
+    """A hundred calls on fresh arrays take one plan per spelling (Allreduce spec and bare, Bcast spec), and on one
+    host they run as compiled kernel calls (on 2 ranks, one per core, some must finish inside the kernel)."""
+    res = harness.run_cases(n, ["shapes.shapes_planned_once"], transport="shm", out_dir=str(tmp_path), job_timeout=160)
+    res.assert_ok()
+    assert res.records("shapes.shapes_planned_once", "plans") == dict.fromkeys(range(n), 3)
+    inline = res.records("shapes.shapes_planned_once", "inline")
+    if n == 2:
+        assert all(v > 0 for v in inline.values()), inline
+
+
+@pytest.mark.timeout(200)
+def test_kernels_load_in_the_background(tmp_path) -> None:
+    """With no warm-up, a rank starts without the kernels (a Barrier-only job never loads them: tests/test_startup.py);
+    repeated calls load them in the background, right all along, and then run compiled."""
+    res = harness.run_cases(2, ["shapes.shapes_background_load"], transport="shm", out_dir=str(tmp_path), job_timeout=160)
+    res.assert_ok()
+    assert res.records("shapes.shapes_background_load", "loaded_at_start") == {0: False, 1: False}
+    assert res.records("shapes.shapes_background_load", "loaded") == {0: True, 1: True}
+    inline = res.records("shapes.shapes_background_load", "inline_after_load")
+    assert all(v > 0 for v in inline.values()), inline

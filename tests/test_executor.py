@@ -1,0 +1,64 @@
+"""The executor's plan cache: call shapes as keys, and flat views found again in later calls' buffers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pycoll import MPI
+from pycoll.algorithms import Call
+from pycoll.buffers import IN_PLACE
+from pycoll.executor import _Rebind, shape_key
+
+
+def test_shape_key_ignores_addresses_and_sees_everything_else() -> None:
+    a, b = np.zeros(8, np.float32), np.ones(8, np.float32)
+    assert shape_key(([a, MPI.FLOAT], 0)) == shape_key(([b, MPI.FLOAT], 0))  # a fresh array: the same shape
+    assert shape_key((a,)) != shape_key((np.zeros(9, np.float32),))
+    assert shape_key((a,)) != shape_key((np.zeros(8, np.float64),))
+    assert shape_key((a,)) != shape_key((np.zeros((2, 4), np.float32),))
+    assert shape_key((a,)) != shape_key((np.zeros(16, np.float32)[::2],))  # strides
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    assert shape_key((a,)) != shape_key((ro,))  # a read-only buffer must meet the checks again
+    assert shape_key(([a, 4, MPI.FLOAT],)) != shape_key(([a, 8, MPI.FLOAT],))
+    assert shape_key((IN_PLACE, a, MPI.SUM)) != shape_key((IN_PLACE, a, MPI.MAX))
+    assert shape_key((a, 0)) != shape_key((a, 1))  # the root
+    assert shape_key((a, np.int64(1))) == shape_key((a, 1))
+
+
+@pytest.mark.parametrize("buf", [bytearray(8), memoryview(bytearray(8)), object()])
+def test_shape_key_declines_buffers_it_cannot_describe(buf) -> None:
+    assert shape_key((buf, 0)) is None
+
+
+def test_rebind_finds_views_in_new_buffers() -> None:
+    big = np.arange(12, dtype=np.float32).reshape(3, 4)
+    args = ([big, 6, MPI.FLOAT],)
+    view = big.reshape(-1)[2:8]
+    rb = _Rebind.find(view, args)
+    assert rb and (rb.start, rb.stop) == (2, 8)
+    other = np.arange(100, 112, dtype=np.float32).reshape(3, 4)
+    got = rb.view(([other, 6, MPI.FLOAT],))
+    assert np.array_equal(got, other.reshape(-1)[2:8]) and np.shares_memory(got, other)
+    # a reinterpreting spec: bytes of a float64 buffer
+    f = np.zeros(4, np.float64)
+    rb = _Rebind.find(f.view(np.uint8)[8:24], ([f, 16, MPI.BYTE],))
+    g = np.arange(4, dtype=np.float64)
+    assert np.array_equal(rb.view(([g, 16, MPI.BYTE],)), g.view(np.uint8)[8:24])
+    # not a view of an argument (a copy): no plan
+    assert _Rebind.find(big.reshape(-1).copy(), args) is False
+    assert _Rebind.find(None, args) is None
+
+
+def test_plan_rejects_overlapping_views_after_a_hit() -> None:
+    from pycoll.executor import Plan
+    from pycoll.p2p import Sig
+
+    a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
+    call = Call("allreduce", np.dtype(np.float32), a, b, MPI.SUM)
+    plan = Plan("Allreduce", call, Sig(), _Rebind.find(a, (a, b)), _Rebind.find(b, (a, b)))
+    c = np.zeros(12, np.float32)
+    assert plan.views((c[:8], c[4:])) is None  # the same shape, but the buffers now overlap: the checks must run
+    send, recv = plan.views((c[:8], np.zeros(8, np.float32)))
+    assert np.shares_memory(send, c) and recv.size == 8
