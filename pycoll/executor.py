@@ -10,6 +10,7 @@ on the progress engine. Every collective goes through ``Executor.run``/``Executo
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 _PLANS = 64  # plans kept per communicator (oldest dropped first)
 _FAST_SPIN_S = 50e-6  # how long an inline arena call spins for its peers before it waits as a schedule
+# Ranks that outnumber the cores spin only briefly (the peer they wait for may need the core), then yield the core and
+# call the kernel again for this long before the call waits as a schedule: a schedule costs tens of microseconds.
+_YIELD_RETRY_S = 1e-3
 _SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
 
 
@@ -171,6 +175,7 @@ class Executor:
         self.others = [q for q in range(comm.size) if q != comm.rank]
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
         self.spin_s = _FAST_SPIN_S / 25 if self.engine.oversubscribed else _FAST_SPIN_S
+        self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
         self.gate = arena_jit.Gate(self.spin_s)
         if comm._arena is not None:
             comm._arena.gate = self.gate
@@ -380,6 +385,19 @@ class Executor:
         steps, owner = self.steps(label, sig)
         self._finish(self.engine.start(Schedule(schedule(steps), owner)))
 
+    def retry(self, arena: Any, status: int, again: Callable[[], int]) -> int:
+        """While a kernel call that may be repeated (it posts the same words and copies the same bytes) finds its peers
+        late: yield the core and call it again, for at most ``retry_s``; the last status."""
+        if not self.retry_s or status & 3 != arena_jit.WAITING:
+            return status
+        end = time.perf_counter() + self.retry_s
+        while status & 3 == arena_jit.WAITING and time.perf_counter() < end:
+            if status & arena_jit.WAKE:
+                arena.bell.wake()
+            os.sched_yield()
+            status = again()
+        return status
+
     def spin_meeting(self, arena: Any, opno: int, mine: tuple, finish: Callable[[], None]) -> bool:
         """After posting ``mine``: spin briefly for the peers; if all came with the same call, ``finish``, mark done
         and return True, else False (the caller's schedule waits with timeouts)."""
@@ -436,6 +454,8 @@ class _Oneshot(Runner):
             slots_, bases = prep.views[opno & 1]
             prep.sig[3] = fold_seq(prep.words[3], a.seq)
             status = kern.allreduce(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls)
+            status = x.retry(a, status, lambda: kern.allreduce(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno,
+                                                               prep.code, gate.polls))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = prep.words
@@ -523,7 +543,9 @@ class _Barrier(Runner):
         if kern is not None:
             gate = x.gate
             self.sig_array[3] = fold_seq(self.words[3], a.seq)
-            status = kern.barrier(a.u64, a.rank, gate.bases(a, opno), self.sig_array, opno, gate.polls)
+            bases = gate.bases(a, opno)
+            status = kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls)
+            status = x.retry(a, status, lambda: kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = self.words
@@ -557,6 +579,7 @@ class _Slots(Runner):
             return False
         a, opno = taken
         status = slots.run_kernel(kern, prep, a, opno, send, recv, x.gate)
+        status = x.retry(a, status, lambda: slots.run_kernel(kern, prep, a, opno, send, recv, x.gate))
         if arena_jit.finished(a, opno, status, x.gate):
             return True
         call = plan.make_call(send, recv)

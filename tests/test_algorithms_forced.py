@@ -39,8 +39,9 @@ pytestmark = pytest.mark.ranks
 
 
 def test_forced_sets_cover_every_flat_algorithm() -> None:
-    named = {item for spec in FORCED.values() for item in spec.split(",")}
-    for coll in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+    named = {item for spec in (*FORCED.values(), *MOVEMENT.values()) for item in spec.split(",")}
+    named |= {"scan:linear", "scan:doubling", "exscan:linear", "exscan:doubling"}  # forced by tests/cases/scan.py
+    for coll in ALGORITHMS:
         for name in ALGORITHMS[coll]:
             # hierarchical needs several hosts (tests/test_multihost.py); device algorithms: tests/test_cuda_ipc.py
             if name != "hierarchical" and ALGORITHMS[coll][name].memory == "host":
@@ -70,5 +71,28 @@ def test_forced(label: str, n: int, tmp_path) -> None:
 def test_forced_light(label: str, n: int, tmp_path) -> None:
     env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K", **ENV.get(label, {})}
     res = harness.run_cases(n, LIGHT, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
+    res.assert_ok()
+    print(f"{label} n={n}: {res.proc.wall_s:.1f} s")
+
+
+# Every collective's single-host small-message and cross-memory algorithms, with the cases of every collective they
+# serve (the v-forms too: slots and cma refuse them, and the cost model's choice runs instead).
+MOVEMENT = {
+    "arena-slots": "broadcast:slots,reduce:slots,gather:slots,scatter:slots,allgather:slots,reduce_scatter:slots,"
+                   "alltoall:slots,scan:slots,exscan:slots",
+    "arena-slots-python": "broadcast:slots,reduce:slots,gather:slots,scatter:slots,allgather:slots,reduce_scatter:slots,"
+                          "alltoall:slots,scan:slots,exscan:slots",
+    "arena-cma-movement": "gather:cma,scatter:cma,alltoall:cma,barrier:arena",
+    "direct": "gather:linear,scatter:linear,alltoall:pairwise,barrier:dissemination",
+}
+MOVEMENT_ENV = {"arena-slots-python": {"PYCOLL_ARENA_JIT": "0"}, "arena-slots": {"PYCOLL_ARENA_JIT_LOAD": "now"}}
+MOVEMENT_CASES = ["movement.*", "reduce.reduce", "reduce.reduce_scatter*", "scan.scan", "scan.exscan"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("label,n", [(k, n) for k in MOVEMENT for n in (2, 3)])
+def test_forced_movement(label: str, n: int, tmp_path) -> None:
+    env = {"PYCOLL_ALGO": MOVEMENT[label], **MOVEMENT_ENV.get(label, {})}
+    res = harness.run_cases(n, MOVEMENT_CASES, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     print(f"{label} n={n}: {res.proc.wall_s:.1f} s")
