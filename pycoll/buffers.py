@@ -432,7 +432,7 @@ def overlaps(a: AnyArray, b: AnyArray) -> bool:
 
 # ---- point-to-point: host buffers as flat bytes, resolved once per call shape -------------------------
 _BYTES = np.dtype(np.uint8)
-_P2P_CACHE: dict = {}  # (id(obj), count, datatype) -> (weak reference to obj, shape, dtype, writable, bytes view)
+_P2P_CACHE: dict = {}  # (id(obj), type of count, count, datatype) -> (weak reference to obj, shape, dtype, writable, bytes view)
 _P2P_CACHE_MAX = 256
 
 
@@ -466,12 +466,14 @@ def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Option
         n = len(spec)
         if n == 3 or n == 2:
             obj = spec[0]
-            key = (id(obj), spec[1], spec[2] if n == 3 else None)
+            count = spec[1]  # with its type: True == 1 == 1.0 as keys, but only the int is a valid count
+            key = (id(obj), type(count), count, spec[2] if n == 3 else None)
             try:
                 hit = _P2P_CACHE.get(key)
             except TypeError:  # an unhashable count (mpi4py's (count, displ) list): the full parse
                 hit = None
-            if hit is not None and hit[0]() is obj and obj.shape == hit[1] and obj.dtype is hit[2] and (hit[3] or not writable):
+            if (hit is not None and hit[0]() is obj and obj.shape == hit[1] and obj.dtype is hit[2]
+                    and (not writable or obj.flags.writeable)):  # made read-only since: the full parse says so
                 return hit[4]
             b = parse(spec, what, op, writable=writable)
             if b.memory != "host":

@@ -59,7 +59,10 @@ def _describe_into(args: Any, put: Callable[[Any], None]) -> bool:
             put(a.strides)
             put(a.dtype)
             put(a.flags.writeable)
-        elif t in _SCALARS or a is IN_PLACE:
+        elif t is int or a is IN_PLACE:
+            put(a)
+        elif t in _SCALARS:  # with its type: True == 1 == 1.0, but only the int is a valid count or root
+            put(t)
             put(a)
         elif t is list or t is tuple:
             put(t)
@@ -147,7 +150,8 @@ class Plan:
         send = self.send.view(args) if self.send is not None else None
         recv = self.recv.view(args) if self.recv is not None else None
         if send is not None and recv is not None and not self.template.in_place and send.size and recv.size:
-            if send.base is not None or recv.base is not None:  # views may share memory: check the bounds
+            # two distinct arrays that own their memory cannot overlap; the same array twice, or views, may
+            if send is recv or send.base is not None or recv.base is not None:
                 if buffers.overlaps(send, recv):
                     return None
         return send, recv

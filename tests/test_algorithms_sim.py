@@ -57,7 +57,7 @@ def _layouts(p: int) -> list[Layout]:
     return out
 
 
-ARENA = ("oneshot", "staged", "cma")  # single-host arena algorithms: they refuse one rank
+ARENA = ("oneshot", "staged", "cma", "slots")  # single-host arena algorithms: they refuse one rank
 DEVICE = ("ipc_oneshot", "ipc_twoshot")  # device buffers only: they refuse these host calls (tests/test_cuda_ipc.py)
 
 

@@ -25,6 +25,8 @@ def test_shape_key_ignores_addresses_and_sees_everything_else() -> None:
     assert shape_key((IN_PLACE, a, MPI.SUM)) != shape_key((IN_PLACE, a, MPI.MAX))
     assert shape_key((a, 0)) != shape_key((a, 1))  # the root
     assert shape_key((a, np.int64(1))) == shape_key((a, 1))
+    assert shape_key((a, True)) != shape_key((a, 1)) and shape_key((a, 1.0)) != shape_key((a, 1))  # invalid roots
+    assert shape_key(([a, True, MPI.FLOAT],)) != shape_key(([a, 1, MPI.FLOAT],))
 
 
 @pytest.mark.parametrize("buf", [bytearray(8), memoryview(bytearray(8)), object()])
@@ -60,5 +62,7 @@ def test_plan_rejects_overlapping_views_after_a_hit() -> None:
     plan = Plan("Allreduce", call, Sig(), _Rebind.find(a, (a, b)), _Rebind.find(b, (a, b)))
     c = np.zeros(12, np.float32)
     assert plan.views((c[:8], c[4:])) is None  # the same shape, but the buffers now overlap: the checks must run
+    d = np.zeros(8, np.float32)
+    assert plan.views((d, d)) is None  # one array passed twice (it owns its memory, and still overlaps itself)
     send, recv = plan.views((c[:8], np.zeros(8, np.float32)))
     assert np.shares_memory(send, c) and recv.size == 8

@@ -612,8 +612,8 @@ def build_reduce_scatter(b: Builder, block: bool) -> None:
         recvcounts = rc
     elif not block and not ex.in_place and ex.variant % 3 == 0 and ex.role != "recv":
         recvcounts = None  # each rank's recvbuf length is its count
-    if ex.in_place:
-        recv, view = b.simple("recv", total, 1, vals=inputs[r], written=True)
+    if ex.in_place:  # Reduce_scatter_block's recvbuf holds every block: a spec's count is per block (as mpi4py)
+        recv, view = b.simple("recv", total, 1, vals=inputs[r], written=True, blocks=p if block else 1)
         send = b.MPI.IN_PLACE
         if view is not None:
             b.result("recv", view[: counts[r]], want)
@@ -1020,27 +1020,45 @@ def main(argv: Optional[list] = None) -> int:
     tried = [0]
     trace = open(os.path.join(args.out, f"trace{rank}.txt"), "w") if os.environ.get("PYCOLL_FUZZ_TRACE") else None
 
+    drawn: list = []
+
+    # Rank 0 draws every example first and the others take its list: Hypothesis may draw differently on ranks whose
+    # test runs took different paths or times, and every rank must make the same calls.
     @settings(max_examples=max(args.examples, 1), **FUZZ_SETTINGS)
     @given(ex=examples(size))
-    def collectives(ex: Ex) -> None:
-        tried[0] += 1
-        if trace is not None:
-            trace.write(f"{tried[0]} {ex.short()}\n")
-            trace.flush()
-        try:
-            problems.extend(run_one(comm, MPI, ex, args.symmetric))
-        except Exception:  # noqa: BLE001 - a broken test must still report
-            problems.append(f"rank {rank}: {ex.short()}: the fuzz harness failed:\n{traceback.format_exc()}")
+    def draw(ex: Ex) -> None:
+        drawn.append(ex)
+
+    def collectives() -> None:
+        if rank == 0:
+            draw()
+        for ex in comm.bcast(drawn if rank == 0 else None, root=0):
+            tried[0] += 1
+            if trace is not None:
+                trace.write(f"{tried[0]} {ex.short()}\n")
+                trace.flush()
+            try:
+                problems.extend(run_one(comm, MPI, ex, args.symmetric))
+            except Exception:  # noqa: BLE001 - a broken test must still report
+                problems.append(f"rank {rank}: {ex.short()}: the fuzz harness failed:\n{traceback.format_exc()}")
+
+    drawn_steps: list = []
 
     @settings(max_examples=max(args.steps, 1), **FUZZ_SETTINGS)
     @given(steps=st.lists(st.sampled_from(STEPS), min_size=1, max_size=8), dtype=st.sampled_from(DTYPES),
            n=st.integers(1, 6), seed=st.integers(0, 2**31))
-    def plan_steps(steps: list, dtype: str, n: int, seed: int) -> None:
-        tried[0] += 1
-        try:
-            problems.extend(run_plan_steps(comm, MPI, steps, dtype, n, seed))
-        except Exception:  # noqa: BLE001
-            problems.append(f"rank {rank}: steps {steps}: the fuzz harness failed:\n{traceback.format_exc()}")
+    def draw_steps(steps: list, dtype: str, n: int, seed: int) -> None:
+        drawn_steps.append((steps, dtype, n, seed))
+
+    def plan_steps() -> None:
+        if rank == 0:
+            draw_steps()
+        for steps, dtype, n, seed in comm.bcast(drawn_steps if rank == 0 else None, root=0):
+            tried[0] += 1
+            try:
+                problems.extend(run_plan_steps(comm, MPI, steps, dtype, n, seed))
+            except Exception:  # noqa: BLE001
+                problems.append(f"rank {rank}: steps {steps}: the fuzz harness failed:\n{traceback.format_exc()}")
 
     if args.examples:
         collectives()
