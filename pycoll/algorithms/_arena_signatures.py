@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -35,8 +35,9 @@ def _op_for(dtype: np.dtype) -> _ops.Op:
     return _ops.SUM if covers(_ops.SUM, dtype) else _ops.LOR
 
 
-def load_all(k: Any) -> None:
-    """Call every kernel the arena paths call, for every covered dtype (see the module doc)."""
+def load_all(k: Any, check: Callable[[], None] = lambda: None) -> None:
+    """Call every kernel the arena paths call, for every covered dtype (see the module doc); ``check`` runs between
+    two dtypes and may raise to stop the load."""
     from . import slots
 
     arena = _private_arena()
@@ -48,6 +49,7 @@ def load_all(k: Any) -> None:
         k.broadcast(u64, stage, data, 0, bases, sig, 1, 1, 0, 64, 4, 1)
         k.pipe_broadcast(u64, stage, data, 0, 1, 2, 0, 64, 4, 0, 1)
         for t in _ORDER:
+            check()
             dtype = np.dtype(t)
             if dtype not in DTYPES:
                 continue

@@ -101,6 +101,7 @@ def warm_up() -> Optional[str]:
 def _warm_up_locked() -> Optional[str]:
     if _warm.is_set():
         return _unavailable
+    _check_stop()
     why = unavailable() if ARENA_JIT.get() else "PYCOLL_ARENA_JIT=0"
     if why is None:
         import warnings
@@ -109,20 +110,46 @@ def _warm_up_locked() -> Optional[str]:
 
         with warnings.catch_warnings():  # Numba's internal pedantic IR checks, not faults of these kernels
             warnings.filterwarnings("ignore", message="variable .* is not in scope")
-            _arena_signatures.load_all(_kernels)
+            _arena_signatures.load_all(_kernels, _check_stop)
         polls_for(0.0)
     _warm.set()
     return why
 
 
 def load_in_background() -> None:
-    """Start loading the kernels in a daemon thread (once per process); calls run in Python until it finishes."""
+    """Start loading the kernels in a thread (once per process); calls run in Python until it finishes.
+
+    At interpreter exit the thread is told to stop after the signature in hand and is waited for: LLVM must not be
+    loading code while the interpreter tears itself (and LLVM's globals) down.
+    """
     global _loader
     if _warm.is_set() or not ARENA_JIT.get():
         return
     if _loader is None:
-        _loader = threading.Thread(target=_load_quietly, name="pycoll-kernels", daemon=True)
+        try:
+            threading._register_atexit(_stop_loading)  # type: ignore[attr-defined]  # before threads are joined
+        except (AttributeError, RuntimeError):  # no such hook, or the interpreter is already exiting: load nothing
+            return
+        _loader = threading.Thread(target=_load_quietly, name="pycoll-kernels", daemon=False)
         _loader.start()
+
+
+class _Stopped(Exception):
+    """The interpreter is exiting: the background load stops between two signatures."""
+
+
+_stopping = threading.Event()
+
+
+def _stop_loading() -> None:
+    _stopping.set()
+    if _loader is not None:
+        _loader.join()
+
+
+def _check_stop() -> None:
+    if _stopping.is_set():
+        raise _Stopped()
 
 
 def _load_quietly() -> None:
@@ -132,6 +159,8 @@ def _load_quietly() -> None:
         pass
     try:
         warm_up()
+    except _Stopped:
+        return
     except Exception as exc:  # noqa: BLE001 - a failed load leaves the Python path on; say why once
         global _unavailable
         _unavailable = f"loading the kernels failed ({type(exc).__name__}: {exc})"

@@ -7,8 +7,8 @@ import numpy as np
 
 from . import case, reduce_ref, sentinel, tolerance
 
-_ROUNDS = 4  # calls per shape: the first checks and plans, the rest rebind the plan onto new buffers
-_DTYPES = (np.float32, np.int64, np.uint8, np.complex128, np.float64)
+_ROUNDS = 3  # calls per shape: the first checks and plans, the rest rebind the plan onto new buffers
+_DTYPES = (np.float32, np.uint8, np.complex128)
 _COUNTS = (0, 1, 7, 300)
 
 
@@ -99,8 +99,8 @@ def case_shapes_reductions(ctx):
     comm = ctx.comm.Dup()
     MPI, n, r = ctx.MPI, ctx.size, ctx.rank
     for style in ("spec", "bare", "view"):
-        for dt in (np.float32, np.int64, np.float64):
-            for op in ("SUM", "MAX", "PROD"):
+        for dt in (np.float32, np.int64):
+            for op in ("SUM", "PROD"):
                 for count in _COUNTS:
                     rtol, atol = tolerance(op, dt)
                     for k in range(_ROUNDS):
