@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import platform
 import time
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -19,6 +18,8 @@ import numpy as np
 
 from ..config import size_param
 from .cma import CrossMemory
+from .futex import Futex
+from .futex import available as futex_available
 
 ARENA_SLOT = size_param(
     "PYCOLL_ARENA_SLOT", 64 << 10, "Bytes of each rank's two shared slots for small collectives (one-shot allreduce and kin)."
@@ -50,16 +51,6 @@ POST, READY = 8, 16
 STAGED, REDUCED, CONSUMED = 64, 72, 80
 _COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
 
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
-    platform.machine().lower()
-)
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-
 class Doorbell:
     """Sleep until a peer rings or a timeout passes: a futex on a shared word, else a short nap."""
 
@@ -68,16 +59,7 @@ class Doorbell:
         self._mine = ctrl_base(rank) + SLEEPING
         self._sleepers = [ctrl_base(r) + SLEEPING for r in range(size) if r != rank]
         self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL_BYTE)
-        self._addr = ctypes.addressof(self._cell)
-        self._syscall = None
-        if _SYS_FUTEX is not None:
-            try:
-                libc = ctypes.CDLL(None, use_errno=True)
-                self._syscall = libc.syscall
-                self._syscall.restype = ctypes.c_long
-            except (OSError, AttributeError):
-                self._syscall = None
-        self._ts = _Timespec()
+        self._futex = Futex(ctypes.addressof(self._cell))
 
     def ring(self) -> None:
         """Tell sleeping peers that something changed."""
@@ -88,8 +70,7 @@ class Doorbell:
 
     def wake(self) -> None:
         """Wake every sleeper now (``ring`` without the bump, for callers that bumped the word themselves)."""
-        if self._syscall is not None:
-            self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+        self._futex.wake()
 
     def sleep(self, seconds: float, ready: Callable[[], bool]) -> None:
         """Block for at most ``seconds`` unless ``ready()`` turns true; a ring ends the sleep early."""
@@ -98,12 +79,10 @@ class Doorbell:
         try:
             if ready():
                 return
-            if self._syscall is None:
+            if not futex_available:
                 time.sleep(seconds)
                 return
-            self._ts.sec = int(seconds)
-            self._ts.nsec = int((seconds - int(seconds)) * 1e9)
-            self._syscall(_SYS_FUTEX, ctypes.c_void_p(self._addr), _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(self._ts), None, 0)
+            self._futex.wait(seen, seconds)
         finally:
             self._words[self._mine] = 0
 

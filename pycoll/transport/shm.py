@@ -5,13 +5,14 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import platform
 import time
 from typing import Optional
 
 from ..config import bool_param, size_param, str_param
 from ..errors import PeerFailureError
 from .base import Barrier, Channel, PeerInfo, Transport
+from .futex import Futex
+from .futex import available as futex_available
 
 SHM_DISABLE = bool_param("PYCOLL_SHM_DISABLE", False, "Set to 1 to turn the shared-memory transport off (ranks of one host then use TCP).")
 SHM_BUFFER = size_param(
@@ -28,41 +29,20 @@ _UNKNOWN, _CAN_PULL, _CANNOT_PULL = 0, 1, 2  # receiver_state[1]: can the receiv
 
 # Each segment's doorbell: in ring 0's receiver line, word 4 says "its owner sleeps", word 5 is the futex word.
 _BELL = _RECEIVER_STATE + 32
-_SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
-    platform.machine().lower()
-)
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("sec", ctypes.c_long), ("nsec", ctypes.c_long)]
-
-
 class Doorbell:
     """The futex word of one rank's segment: that rank sleeps on it, its senders wake it after writing or reading."""
-
-    _syscall = None
 
     def __init__(self, mapping: mmap.mmap) -> None:
         self._flag = memoryview(mapping)[_BELL : _BELL + 8].cast("Q")
         self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL + 8)
-        self._addr = ctypes.c_void_p(ctypes.addressof(self._cell))
-        self._ts = _Timespec()
+        self._futex = Futex(ctypes.addressof(self._cell))
         self._released = False
-        if _SYS_FUTEX is not None and Doorbell._syscall is None:
-            try:
-                fn = ctypes.CDLL(None, use_errno=True).syscall
-                fn.restype = ctypes.c_long
-                Doorbell._syscall = fn
-            except (OSError, AttributeError):
-                pass
 
     def wake(self) -> None:
         """Wake the owner if it sleeps (one shared-memory read when it does not)."""
         if self._flag[0]:
             self._cell.value = (self._cell.value + 1) & 0xFFFFFFFF
-            if self._syscall is not None:
-                self._syscall(_SYS_FUTEX, self._addr, _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+            self._futex.wake()
 
     def sleep(self, seconds: float, ready) -> None:
         """Block at most ``seconds`` unless ``ready()``; a peer's write or read into our rings ends it early."""
@@ -74,12 +54,10 @@ class Doorbell:
         try:
             if ready():
                 return
-            if self._syscall is None:
+            if not futex_available:
                 time.sleep(seconds)
                 return
-            self._ts.sec = int(seconds)
-            self._ts.nsec = int((seconds - int(seconds)) * 1e9)
-            self._syscall(_SYS_FUTEX, self._addr, _FUTEX_WAIT, ctypes.c_uint32(seen), ctypes.byref(self._ts), None, 0)
+            self._futex.wait(seen, seconds)
         finally:
             self._flag[0] = 0
 
