@@ -134,12 +134,7 @@ class Program:
                 self.fold = (0, me + 1, 0, 0, n)
             elif coll == "exscan":
                 self.fold = (0, me, 0, 0, n)
-        self.nbytes = nbytes
-
-    @property
-    def slot_bytes(self) -> int:
-        """The bytes this rank's contribution takes in its slot."""
-        return self.nbytes
+        self.nbytes = nbytes  # the bytes this rank's contribution takes in its slot
 
 
 def _bytes(a: Optional[np.ndarray]) -> np.ndarray:

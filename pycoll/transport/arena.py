@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import time
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -19,7 +18,6 @@ import numpy as np
 from ..config import size_param
 from .cma import CrossMemory
 from .futex import Futex
-from .futex import available as futex_available
 
 ARENA_SLOT = size_param(
     "PYCOLL_ARENA_SLOT", 64 << 10, "Bytes of each rank's two shared slots for small collectives (one-shot allreduce and kin)."
@@ -77,12 +75,8 @@ class Doorbell:
         seen = self._cell.value
         self._words[self._mine] = 1
         try:
-            if ready():
-                return
-            if not futex_available:
-                time.sleep(seconds)
-                return
-            self._futex.wait(seen, seconds)
+            if not ready():
+                self._futex.wait(seen, seconds)
         finally:
             self._words[self._mine] = 0
 

@@ -1,13 +1,14 @@
 """The futex system call on a 32-bit word in shared memory: wait for it to change (with a timeout), or wake its waiters.
 
 Both doorbells (the arena's and the shared-memory rings') sleep on one. Where there is no futex (another kernel, no
-libc), ``available`` is False and the callers nap instead.
+libc), a wait is a plain nap.
 """
 
 from __future__ import annotations
 
 import ctypes
 import platform
+import time
 from typing import Optional
 
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
@@ -32,7 +33,6 @@ def _load_syscall() -> Optional[ctypes._CFuncPtr]:  # type: ignore[name-defined]
 
 
 _syscall = _load_syscall()
-available = _syscall is not None
 
 
 class Futex:
@@ -45,8 +45,10 @@ class Futex:
         self._ts = _Timespec()
 
     def wait(self, expected: int, seconds: float) -> None:
-        """Sleep while the word holds ``expected``, for at most ``seconds`` (a wake or a change ends it early)."""
+        """Sleep while the word holds ``expected``, for at most ``seconds`` (a wake or a change ends it early);
+        without a futex, a plain nap of ``seconds``."""
         if _syscall is None:
+            time.sleep(seconds)
             return
         self._ts.sec = int(seconds)
         self._ts.nsec = int((seconds - int(seconds)) * 1e9)

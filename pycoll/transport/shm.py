@@ -12,7 +12,6 @@ from ..config import bool_param, size_param, str_param
 from ..errors import PeerFailureError
 from .base import Barrier, Channel, PeerInfo, Transport
 from .futex import Futex
-from .futex import available as futex_available
 
 SHM_DISABLE = bool_param("PYCOLL_SHM_DISABLE", False, "Set to 1 to turn the shared-memory transport off (ranks of one host then use TCP).")
 SHM_BUFFER = size_param(
@@ -52,12 +51,8 @@ class Doorbell:
         seen = self._cell.value
         self._flag[0] = 1
         try:
-            if ready():
-                return
-            if not futex_available:
-                time.sleep(seconds)
-                return
-            self._futex.wait(seen, seconds)
+            if not ready():
+                self._futex.wait(seen, seconds)
         finally:
             self._flag[0] = 0
 
