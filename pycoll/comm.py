@@ -558,6 +558,13 @@ class Comm:
             self._p2p_base: Owner = self._owner("point-to-point", self._ctx)
             return self._p2p_base
 
+    def _eager_ok(self, peer: int, tag: int, any_tag: bool = False) -> bool:
+        """Whether a call naming ``peer`` (a rank here) and ``tag`` (>= 0, or ANY_TAG for a receive) may take the
+        engine's eager path: plain ints in range on a live communicator; anything else goes through the checks of
+        the posted path."""
+        return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (tag >= 0 or any_tag and tag == ANY_TAG)
+                and not (self._freed or self._aborted is not None or self._engine.broken_ctxs))
+
     def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
         """The engine's send request (None for PROC_NULL); arguments checked in the common case by type alone."""
         base = self._p2p_ready(opname)
@@ -612,7 +619,10 @@ class Comm:
         return self._p2p_request(self._isend_array(self._p2p_buf(buf, "Isend"), dest, tag, "Isend"))
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        self._p2p_wait(self._isend_array(self._p2p_buf(buf, "Send"), dest, tag, "Send"))
+        arr = self._p2p_buf(buf, "Send")
+        if self._eager_ok(dest, tag) and self._engine.send_eager(self._world[dest], arr, self._ctx, tag):
+            return
+        self._p2p_wait(self._isend_array(arr, dest, tag, "Send"))
 
     Ssend = Send
     Rsend = Send
@@ -622,7 +632,14 @@ class Comm:
         return self._p2p_request(self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv"), True)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
-        self._p2p_wait(self._irecv_array(self._p2p_buf(buf, "Recv", writable=True), source, tag, "Recv"), status)
+        arr = self._p2p_buf(buf, "Recv", writable=True)
+        if self._eager_ok(source, tag, True):
+            got = self._engine.recv_eager(self._world[source], arr, self._ctx, tag)
+            if got is not None:
+                if status is not None:
+                    status.source, status.tag, status.nbytes = source, got[1], got[0]
+                return
+        self._p2p_wait(self._irecv_array(arr, source, tag, "Recv"), status)
 
     def Sendrecv(  # noqa: N802
         self,
@@ -634,8 +651,18 @@ class Comm:
         recvtag: int = ANY_TAG,
         status: Optional[Status] = None,
     ) -> None:
-        rreq = self._irecv_array(self._p2p_buf(recvbuf, "Sendrecv", writable=True), source, recvtag, "Sendrecv")
-        sreq = self._isend_array(self._p2p_buf(sendbuf, "Sendrecv"), dest, sendtag, "Sendrecv")
+        rarr = self._p2p_buf(recvbuf, "Sendrecv", writable=True)
+        sarr = self._p2p_buf(sendbuf, "Sendrecv")
+        if self._eager_ok(dest, sendtag) and self._eager_ok(source, recvtag, True):
+            got = self._engine.sendrecv_eager(self._world[dest], sarr, sendtag, self._world[source], rarr, recvtag, self._ctx)
+            if got is not False:  # the send left whole, so receiving after it cannot deadlock
+                if got is True:
+                    self._p2p_wait(self._irecv_array(rarr, source, recvtag, "Sendrecv"), status)
+                elif status is not None:
+                    status.source, status.tag, status.nbytes = source, got[1], got[0]
+                return
+        rreq = self._irecv_array(rarr, source, recvtag, "Sendrecv")
+        sreq = self._isend_array(sarr, dest, sendtag, "Sendrecv")
         pending = [r for r in (rreq, sreq) if r is not None and not r.done]
         if pending:
             self._engine.wait_requests(pending, self.timeout, pending[0].owner)

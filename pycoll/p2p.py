@@ -71,6 +71,7 @@ _ACK = 0xF2  # receiver -> sender: the bytes of rendezvous vhash were pulled (or
 _NAK = 0xF3  # receiver -> sender: cross-memory attach failed here; send rendezvous vhash through the stream
 _RDATA = 0xF4  # sender -> receiver: the payload of rendezvous vhash, streamed after a NAK
 _U8 = np.dtype(np.uint8)
+_P2P_META = _MAGIC << 24  # a plain point-to-point frame: no kind, dtype or op
 _NO_SEGMENTS: list = []
 
 CONTROL_CTX = (1 << 64) - 1
@@ -358,6 +359,17 @@ class Engine:
         self._inputs = {p: getattr(ch, "has_input", None) or (lambda ch=ch: len(ch.peek()) > 0) for p, ch in channels.items()}
         self._tight_polls = 200  # polls before a wait starts counting time (about 20-60 us of spinning)
         self._ctl_owner = Owner("rendezvous", CONTROL_CTX, rank, lambda w: w, ())
+        # Eager receives poll one shared-memory ring directly, for about the engine's spin before they post.
+        self._has_input = {p: getattr(ch, "has_input", None) for p, ch in channels.items() if ch.kind == "shm"}
+        self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
+        self._eager_polls = 600
+        # The compiled eager path: ``kernel_source(start)`` (set by the runtime) gives the kernel module once loaded,
+        # None while loading (or not started: ``start`` starts it), False where it cannot run.
+        self.kernel_source: Optional[Callable[[bool], Any]] = None
+        self._kernels: Any = None
+        self._lanes: dict[int, tuple] = {}
+        self._eager_calls = 0
+        self._eager_kernel_polls = 20000
 
     # ---- posting ---------------------------------------------------------------------------
     def isend(self, peer: int, data: np.ndarray, ctx: int, tag: int, sig: Sig, owner: Any) -> SendRequest:
@@ -405,6 +417,142 @@ class Engine:
         if len(q) == 1:  # start at once: small messages usually leave right here
             self._push_now(peer, q)
         return req
+
+    def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
+        """Write a small point-to-point message of flat bytes straight into ``peer``'s ring; False (nothing sent)
+        unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
+        nbytes = payload.nbytes
+        put = self._put_frame.get(peer)
+        if put is None or nbytes > _SMALL or nbytes >= self._rdv_bytes or self._sendq[peer] or peer in self._dead:
+            return False
+        lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
+        if lane is not None:
+            try:
+                tail = self._kernels.eager_put(lane[0], lane[1], lane[2], lane[6].tail, payload, ctx, tag, _P2P_META)
+            except TypeError:  # a buffer of a kind the kernel was not built for (strided, another dtype)
+                tail = 0
+            if tail > 0:
+                lane[6].published(tail)
+                return True
+            if tail < 0:
+                return False
+        return put(_HEADER.pack_into, (ctx, tag, nbytes, _P2P_META, 0, 0, 0), payload, HEADER_SIZE,
+                   HEADER_SIZE + nbytes + (-nbytes % ALIGN))
+
+    def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int) -> Optional[tuple[int, int]]:
+        """Receive one small point-to-point message from ``peer`` straight out of its ring into ``dst`` (flat bytes),
+        polling only that ring for a short spin: ``(nbytes, tag)``, or None with nothing consumed, and the caller
+        posts a receive. Taken only while no receive is posted, nothing unexpected is buffered, no schedule runs
+        and the stream sits at a frame boundary, so MPI's matching order holds."""
+        if not self._can_take(peer) or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
+            if lane is not None:
+                ch = lane[6]
+                try:
+                    status, nbytes, got_tag, head = self._kernels.eager_take(
+                        lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META,
+                        self._eager_kernel_polls if not self.oversubscribed else 4)
+                except TypeError:  # a buffer of a kind the kernel was not built for
+                    status = -1
+                if status == 0:
+                    ch.consumed(head)
+                    self._seen[peer] = (ctx, got_tag)
+                    return nbytes, got_tag
+                if status > 0:
+                    return None
+            has_input = self._has_input[peer]
+            if not has_input():
+                polls = self._eager_polls if not self.oversubscribed else 4
+                while polls and not has_input():
+                    polls -= 1
+                if not polls:
+                    return None
+            ch = self.channels[peer]
+            view = ch.peek()
+            if len(view) < HEADER_SIZE:
+                return None
+            got_ctx, got_tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(view)
+            total = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != _P2P_META or root or count or vhash
+                    or nbytes > dst.nbytes or len(view) < total):
+                return None  # another call's message, a rendezvous, a bad fit or a split frame: the engine's path
+            if nbytes:
+                memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
+            ch.consume(total)
+            self._seen[peer] = (ctx, got_tag)
+            return nbytes, got_tag
+        finally:
+            self.lock.release()
+
+    def _can_take(self, peer: int) -> bool:
+        """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
+        buffered, no schedule running, its stream at a frame boundary of a shared-memory ring."""
+        if self._posted or self._unexpected or self._schedules or self._abort_requests:
+            return False
+        st = self._inbound.get(peer)
+        return peer in self._has_input and peer not in self._dead and not st.have and st.target is None  # type: ignore[union-attr]
+
+    def sendrecv_eager(self, dest: int, payload: np.ndarray, send_tag: int, source: int, dst: np.ndarray,
+                       recv_tag: int, ctx: int) -> Union[bool, tuple[int, int]]:
+        """A Sendrecv's eager half-steps: False if the send did not leave whole (nothing done), True if it did but
+        the receive was not taken (the caller posts it), ``(nbytes, tag)`` when both were done. Compiled, the two
+        are one kernel call."""
+        lanes = self._lanes
+        if (self._kernels is not None and dest in lanes and source in lanes and payload.nbytes <= _SMALL
+                and payload.nbytes < self._rdv_bytes and not self._sendq[dest] and dest not in self._dead
+                and self._can_take(source) and self.lock.acquire(blocking=False)):
+            try:
+                out, inp = lanes[dest], lanes[source]
+                try:
+                    tail, status, nbytes, got_tag, head = self._kernels.eager_exchange(
+                        out[0], out[1], out[2], out[6].tail, payload, send_tag, ctx, inp[3], inp[4], inp[5],
+                        inp[6].head, dst, recv_tag, _P2P_META, self._eager_kernel_polls if not self.oversubscribed else 4)
+                except TypeError:  # a buffer of a kind the kernel was not built for: the separate steps below
+                    tail = 0
+                if tail < 0:
+                    return False
+                if tail > 0:
+                    out[6].published(tail)
+                    if status != 0:
+                        return True
+                    inp[6].consumed(head)
+                    self._seen[source] = (ctx, got_tag)
+                    return nbytes, got_tag
+            finally:
+                self.lock.release()
+        if not self.send_eager(dest, payload, ctx, send_tag):
+            return False
+        return self.recv_eager(source, dst, ctx, recv_tag) or True
+
+    def _kernels_due(self) -> None:
+        """On the first eager call and every 64th after it, until the compiled kernels are in, ask whether they are
+        (from the 64th on, the asking starts their load: a job that sends a few messages never loads them); once
+        they are, eager calls use them. Always None: the caller runs this call in Python."""
+        self._eager_calls += 1
+        if self._eager_calls & 63 != 1 or self.kernel_source is None:
+            return None
+        k = self.kernel_source(self._eager_calls > 1)
+        if k is False:
+            self.kernel_source = None
+        elif k is not None:
+            self._lanes = {p: ch.kernel_lane() + (ch,) for p, ch in self.channels.items()
+                           if hasattr(ch, "kernel_lane") and p in self._has_input}
+            self._kernels = k
+            self._eager_kernel_polls = self._polls_in(k, SPIN_US.get() * 1e-6)
+        return None
+
+    @staticmethod
+    def _polls_in(k: Any, seconds: float) -> int:
+        """How many polls of ``eager_take``'s spin take about ``seconds`` here, timed on a private empty ring."""
+        data, words, dst = np.zeros(64, np.uint8), np.zeros(32, np.uint64), np.zeros(0, np.uint8)
+        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 10)
+        polls = 20_000
+        t0 = time.perf_counter()
+        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, polls)
+        per_poll = max((time.perf_counter() - t0) / polls, 1e-10)
+        return max(int(seconds / per_poll), 1)
 
     def _push_now(self, peer: int, q: deque) -> None:
         try:

@@ -12,7 +12,7 @@ import threading
 from typing import Optional, Sequence
 
 from . import config
-from .algorithms import cost
+from .algorithms import arena_jit, cost
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
 from .bootstrap import BootstrapInfo, bootstrap, ipv4_addresses, publish_all
@@ -139,6 +139,7 @@ class Runtime:
         self._rings: dict[tuple[Device, ...], tuple[int, ...]] = {}
         self.engine = Engine(self.rank, channels)
         self.engine.tags_per_call = LANES
+        self.engine.kernel_source = arena_jit.p2p_kernels
         self.cost_model = self._agree_on_cost_model()
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
         self.engine.oversubscribed = len(self.local_ranks) > _usable_cores()

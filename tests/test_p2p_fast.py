@@ -127,6 +127,7 @@ if st.Get_source() != MPI.PROC_NULL:
 comm.Barrier()
 out["bad"] = bad
 out["rendezvous"] = comm._engine.rdv_pulls
+out["compiled"] = comm._engine._kernels is not None
 done()
 """
 
@@ -210,12 +211,16 @@ def _cma_works() -> bool:
         return True
 
 
-@pytest.mark.parametrize("transport,cma", [("shm", "1"), ("shm", "0"), ("tcp", "1")])
-def test_sizes_specs_wildcards_windows(transport, cma, tmp_path):
-    proc, outs = _run(tmp_path, _MAIN, [THRESHOLD], transport, {"PYCOLL_P2P_CMA": cma})
+@pytest.mark.parametrize("transport,cma,compiled", [("shm", "1", False), ("shm", "1", True), ("shm", "0", False), ("tcp", "1", False)])
+def test_sizes_specs_wildcards_windows(transport, cma, compiled, tmp_path):
+    # compiled: the kernels load with the communicator, so eager sends and receives run them from the first call
+    env = {"PYCOLL_P2P_CMA": cma, "PYCOLL_ARENA_JIT_LOAD": "now" if compiled else "background"}
+    proc, outs = _run(tmp_path, _MAIN, [THRESHOLD], transport, env)
     assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for r, o in outs.items():
         assert o["bad"] == [], f"rank {r}: {o['bad']}"
+        if compiled:
+            assert o["compiled"], f"rank {r} ran point-to-point without the compiled eager kernels"
     assert outs[1]["truncation"] == "MismatchError"
     pulls = outs[0]["rendezvous"] + outs[1]["rendezvous"]
     if transport == "shm" and cma == "1" and _cma_works():

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import platform
-
 import numpy as np
-from llvmlite import ir
 from numba import carray, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic, overload
+from numba.extending import overload
 
 from .. import ops as _ops
 from ..transport import arena as _arena
+from ..transport.atomics import byte_pointer as _byte_pointer, cpu_relax, load_acquire, store_seq_cst
 
 _HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
@@ -22,59 +19,6 @@ _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _o
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
 _LAND, _LOR = _ops.LAND.code, _ops.LOR.code
 _DONE, _WAITING, _MISMATCH, _WAKE = 0, 1, 2, 4
-_X86 = platform.machine().lower() in ("x86_64", "amd64")
-
-
-def _word_pointer(context, builder, sig, args):
-    aryty = sig.args[0]
-    ary = context.make_array(aryty)(context, builder, args[0])
-    return cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]])
-
-
-@intrinsic
-def load_acquire(typingctx, words, index):
-    """words[index] read with acquire order: never hoisted out of a spin loop."""
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_word_pointer(context, builder, sig, args), "acquire", 8)
-
-    return types.uint64(words, index), codegen
-
-
-@intrinsic
-def store_seq_cst(typingctx, words, index, value):
-    """words[index] = value, sequentially consistent: earlier writes are visible first, later reads wait."""
-
-    def codegen(context, builder, sig, args):
-        value = context.cast(builder, args[2], sig.args[2], types.uint64)
-        builder.store_atomic(value, _word_pointer(context, builder, sig, args), "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(words, index, value), codegen
-
-
-@intrinsic
-def cpu_relax(typingctx):
-    """The x86 PAUSE hint inside a spin loop (a no-op elsewhere)."""
-
-    def codegen(context, builder, sig, args):
-        if _X86:
-            pause = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
-            builder.call(pause, [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-@intrinsic
-def _byte_pointer(typingctx, arr, offset):
-    """A uint8 pointer ``offset`` bytes into ``arr``'s data."""
-
-    def codegen(context, builder, sig, args):
-        a = context.make_array(sig.args[0])(context, builder, args[0])
-        return builder.gep(builder.bitcast(a.data, ir.IntType(8).as_pointer()), [args[1]])
-
-    return types.CPointer(types.uint8)(arr, types.intp), codegen
 
 
 @njit(cache=True, nogil=True)

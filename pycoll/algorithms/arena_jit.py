@@ -1,8 +1,9 @@
 """Compiled arena calls: small collectives, Barrier, and the staged algorithms' chunk loops, each one Numba call.
 
-The kernels load in a low-priority background thread started by the first repeated call that could run compiled
-(from Numba's disk cache; ``pycoll warmup`` fills it after an install), and calls run on the Python path until every
-signature is in.
+The kernels load in a background thread of lowered priority (from Numba's disk cache; ``pycoll warmup`` fills it
+after an install), started by the first repeated call that could run compiled or by point-to-point traffic; calls
+run on the Python path until their signatures are in. The eager point-to-point kernels (``pycoll.p2p_kernels``)
+load first.
 
 The kernels speak the Python paths' protocols word for word (``shared.oneshot_post``/``oneshot_rest``,
 the staged pipes), so a rank on the compiled path meets a rank on the Python path. Flags are read with acquire loads and written with release stores,
@@ -34,6 +35,12 @@ ARENA_JIT_AFTER = param(
     "PYCOLL_ARENA_JIT_AFTER", 0, int,
     "Arena calls a communicator makes in Python before it uses the compiled path, once loaded (default 0).",
 )
+ARENA_JIT_NICE = param(
+    "PYCOLL_ARENA_JIT_NICE", 10, int,
+    "Nice value of the thread that loads the compiled kernels in the background (default 10). Higher starves it "
+    "while the ranks spin (at 19 a busy point-to-point loop waited 4-5 s for it, at 0 0.75 s, at 10 1.2-1.4 s); "
+    "lower lets it take the cores and the interpreter lock from the calls it serves.",
+)
 ARENA_JIT_LOAD = param(
     "PYCOLL_ARENA_JIT_LOAD", "background", str,
     "How the compiled kernels load: `background` (a low-priority thread started by the first repeated call that could "
@@ -61,6 +68,7 @@ _kernels: Any = None  # the compiled functions, once loaded
 _unavailable: Optional[str] = None
 _ns_per_poll = 0.0
 _warm = threading.Event()  # set once every kernel signature is loaded (or compiled) and the poll rate measured
+_p2p_warm = threading.Event()  # set once the point-to-point kernels are (they load first)
 _loader: Optional[threading.Thread] = None
 _loader_lock = threading.RLock()
 
@@ -110,6 +118,9 @@ def _warm_up_locked() -> Optional[str]:
 
         with warnings.catch_warnings():  # Numba's internal pedantic IR checks, not faults of these kernels
             warnings.filterwarnings("ignore", message="variable .* is not in scope")
+            from .. import p2p_kernels  # noqa: F401  # few and small: first, so point-to-point goes compiled soonest
+
+            _p2p_warm.set()
             _arena_signatures.load_all(_kernels, _check_stop)
         polls_for(0.0)
     _warm.set()
@@ -153,8 +164,8 @@ def _check_stop() -> None:
 
 
 def _load_quietly() -> None:
-    try:  # the lowest CPU priority for this thread alone (Linux): the ranks' own threads preempt it at once
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    try:  # a lowered CPU priority for this thread alone (Linux, PYCOLL_ARENA_JIT_NICE): the ranks come first
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ARENA_JIT_NICE.get())
     except (AttributeError, OSError):
         pass
     try:
@@ -171,6 +182,23 @@ def _load_quietly() -> None:
 def ready() -> bool:
     """Whether the kernels are loaded (never waits)."""
     return _warm.is_set() and _kernels is not None and _unavailable is None
+
+
+def p2p_kernels(start: bool = True) -> Any:
+    """The eager point-to-point kernels (``pycoll.p2p_kernels``) once loaded, None while they load (or, unless
+    ``start``, before anything started their load; ``start`` starts it in the background), False where they cannot
+    run. Never waits."""
+    if not ARENA_JIT.get():
+        return False
+    if _p2p_warm.is_set():
+        from .. import p2p_kernels
+
+        return p2p_kernels
+    if not _warm.is_set():
+        if start:
+            load_in_background()
+        return None
+    return False  # the load ended without them
 
 
 def polls_for(seconds: float) -> int:

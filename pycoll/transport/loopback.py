@@ -22,6 +22,9 @@ class LoopbackChannel(Channel):
             self._chunks.append(bytes(data))
         return len(data)
 
+    def has_input(self) -> bool:
+        return bool(self._chunks)
+
     def peek(self) -> memoryview:
         if not self._chunks:
             return memoryview(b"")

@@ -6,7 +6,7 @@ import ctypes
 import mmap
 import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 from ..config import bool_param, size_param, str_param
 from ..errors import PeerFailureError
@@ -92,9 +92,10 @@ class _Ring:
         self.sender_state = header[_SENDER_STATE : _SENDER_STATE + 64].cast("Q")  # [0] open/closed, [1:3] probe
         self.receiver_state = header[_RECEIVER_STATE : _RECEIVER_STATE + 64].cast("Q")  # [0] open/closed, [1] pull
         self.data = mem[offset + _HEADER : offset + _HEADER + capacity]
+        self.header = header
 
     def release(self) -> None:
-        for mv in (self.tail, self.head, self.sender_state, self.receiver_state, self.data):
+        for mv in (self.tail, self.head, self.sender_state, self.receiver_state, self.data, self.header):
             try:
                 mv.release()
             except BufferError:  # an array still views it; the mapping goes away with the process
@@ -116,6 +117,7 @@ class ShmChannel(Channel):
         self._in = in_ring
         self._owner = owner
         self._tail = out_ring.tail[0]  # bytes we have written (only we write it)
+        self._peer_head = out_ring.head[0]  # the peer's consumed count when last read (re-read only when short of room)
         self._head = in_ring.head[0]  # bytes we have consumed (only we write it)
         self._closed = False
 
@@ -144,9 +146,71 @@ class ShmChannel(Channel):
         ring = self._out
         cap = ring.capacity
         pos = self._tail % cap
-        if pos + n > cap or cap - (self._tail - ring.head[0]) < n:
+        if pos + n > cap:
             return None
+        if cap - (self._tail - self._peer_head) < n:  # the peer's line is read only when the last reading is short
+            self._peer_head = ring.head[0]
+            if cap - (self._tail - self._peer_head) < n:
+                return None
         return ring.data[pos : pos + n]
+
+    def put_frame(self, pack_into: Any, header: tuple, payload: memoryview, at: int, total: int) -> bool:
+        """Write one frame of ``total`` bytes in place and publish it: ``pack_into(ring, offset, *header)`` writes
+        the header, ``payload`` goes ``at`` bytes after it; False, with nothing written, unless it fits whole."""
+        ring = self._out
+        cap = ring.capacity
+        tail = self._tail
+        pos = tail % cap
+        if pos + total > cap:
+            return False
+        if cap - (tail - self._peer_head) < total:
+            self._peer_head = ring.head[0]
+            if cap - (tail - self._peer_head) < total:
+                return False
+        data = ring.data
+        pack_into(data, pos, *header)
+        n = len(payload)
+        if n:
+            data[pos + at : pos + at + n] = payload
+        self._tail = tail = tail + total
+        ring.tail[0] = tail
+        bell = self._peer_bell
+        if bell is not None and bell._flag[0]:
+            bell.wake()
+        return True
+
+    def kernel_lane(self) -> tuple:
+        """The rings as compiled code takes them: (data bytes, data as 64-bit words, header words) of the outbound
+        ring, then of the inbound one; pair with ``tail``/``published`` and ``head``/``consumed``."""
+        import numpy as np
+
+        rings = []
+        for ring in (self._out, self._in):
+            data = np.frombuffer(ring.data, np.uint8)
+            rings += [data, data.view(np.uint64), np.frombuffer(ring.header, np.uint64)]
+        return tuple(rings)
+
+    @property
+    def tail(self) -> int:
+        return self._tail
+
+    @property
+    def head(self) -> int:
+        return self._head
+
+    def published(self, tail: int) -> None:
+        """Compiled code wrote frames up to ``tail`` and stored it in the ring: note it and wake a sleeping peer."""
+        self._tail = tail
+        bell = self._peer_bell
+        if bell is not None and bell._flag[0]:
+            bell.wake()
+
+    def consumed(self, head: int) -> None:
+        """Compiled code consumed up to ``head`` and stored it in the ring: note it and wake a sleeping peer."""
+        self._head = head
+        bell = self._peer_bell
+        if bell is not None and bell._flag[0]:
+            bell.wake()
 
     def commit(self, n: int) -> None:
         """Publish ``n`` bytes written into the slot ``reserve`` gave."""
