@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import datatypes
+from . import datatypes, dlpack
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
 
@@ -217,9 +217,12 @@ def _as_flat_array(obj: Any, what: str, op: str) -> AnyArray:
         return _device_array(obj, what, op)
     if isinstance(obj, np.ndarray):
         arr = obj.view(np.ndarray)  # a subclass (np.matrix stays 2-D when flattened) as a plain array
-    elif hasattr(obj, "__array_interface__") or hasattr(obj, "__dlpack__"):
+    elif not hasattr(obj, "__array_interface__") and hasattr(obj, "__dlpack__"):
+        # pycoll.dlpack borrows the capsule; np.from_dlpack would consume it (crashes with some producers)
+        return dlpack.host_array(obj, what, op)
+    elif hasattr(obj, "__array_interface__"):
         try:
-            arr = np.asarray(obj) if hasattr(obj, "__array_interface__") else np.from_dlpack(obj)
+            arr = np.asarray(obj)
         except Exception as exc:  # noqa: BLE001 - a foreign export can fail in any way (BufferError, RuntimeError, ...)
             raise InvalidArgumentError(
                 f"{what} of type {type(obj).__name__} could not be read as an array ({type(exc).__name__}: {exc})", op=op
@@ -451,6 +454,28 @@ class _Supported(dict):
 _OK_DTYPES = _Supported()
 
 
+_NAMED: frozenset = frozenset()  # the predefined datatypes (filled on first use: the table is built at import)
+
+
+def _contiguous_bytes(arr: np.ndarray, count: Any, datatype: Any, writable: bool) -> Optional[np.ndarray]:
+    """``[arr, count, datatype]`` (count None: the whole array) as flat bytes when that needs no conversion: a
+    C-contiguous array of exactly the predefined datatype's dtype, a count that fits; else None and the full parse
+    decides (and words any error)."""
+    global _NAMED
+    if not _NAMED:
+        _NAMED = frozenset(datatypes.DATATYPES.values())
+    if datatype not in _NAMED or arr.dtype != datatype.dtype or not arr.flags.c_contiguous:
+        return None
+    if writable and not arr.flags.writeable:
+        return None
+    flat = arr.reshape(-1) if arr.ndim != 1 else arr
+    if count is not None:
+        if type(count) is not int or not 0 <= count <= flat.shape[0]:
+            return None
+        flat = flat[:count]
+    return flat.view(_BYTES)
+
+
 def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Optional[np.ndarray]:
     """A host buffer spec as a flat uint8 array over the user's memory; None for device memory.
 
@@ -475,6 +500,10 @@ def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Option
             if (hit is not None and hit[0]() is obj and obj.shape == hit[1] and obj.dtype is hit[2]
                     and (not writable or obj.flags.writeable)):  # made read-only since: the full parse says so
                 return hit[4]
+            if type(obj) is np.ndarray:  # a view made for this call (a halo's slice): no cache hit, a short check
+                out = _contiguous_bytes(obj, spec[1] if n == 3 else None, spec[-1], writable)
+                if out is not None:
+                    return out
             b = parse(spec, what, op, writable=writable)
             if b.memory != "host":
                 return None

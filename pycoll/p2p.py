@@ -70,8 +70,10 @@ _RTS = 0xF1  # sender -> receiver: count = the payload's address in the sender, 
 _ACK = 0xF2  # receiver -> sender: the bytes of rendezvous vhash were pulled (or the receive failed): done
 _NAK = 0xF3  # receiver -> sender: cross-memory attach failed here; send rendezvous vhash through the stream
 _RDATA = 0xF4  # sender -> receiver: the payload of rendezvous vhash, streamed after a NAK
+_SSEND = 0xF5  # a synchronous send's frame: a plain message whose receiver sends _ACK (vhash = its id) once it matched it
 _U8 = np.dtype(np.uint8)
 _P2P_META = _MAGIC << 24  # a plain point-to-point frame: no kind, dtype or op
+_RTS_META, _ACK_META = _RTS | _P2P_META, _ACK | _P2P_META
 _NO_SEGMENTS: list = []
 
 CONTROL_CTX = (1 << 64) - 1
@@ -216,7 +218,7 @@ class RecvRequest(Request):
 class _Unexpected:
     """A message that arrived before its receive was posted, buffered whole."""
 
-    __slots__ = ("src", "ctx", "tag", "sig", "data", "got", "waiter", "rdv")
+    __slots__ = ("src", "ctx", "tag", "sig", "data", "got", "waiter", "rdv", "sync")
 
     def __init__(self, src: int, ctx: int, tag: int, sig: Sig, nbytes: int) -> None:
         self.src, self.ctx, self.tag, self.sig = src, ctx, tag, sig
@@ -224,6 +226,12 @@ class _Unexpected:
         self.got = 0
         self.waiter: Optional[RecvRequest] = None
         self.rdv: Optional[tuple[int, int, int]] = None  # a rendezvous announcement: (id, address, length)
+        self.sync = 0  # a synchronous send's id: its sender waits for an _ACK once a receive takes this
+
+    @property
+    def nbytes(self) -> int:
+        """The message's size (a rendezvous announcement's buffers nothing yet)."""
+        return self.rdv[2] if self.rdv is not None else self.data.nbytes
 
 
 class _Inbound:
@@ -352,6 +360,7 @@ class Engine:
         self._rdv_recvs: dict[tuple[int, int], RecvRequest] = {}  # (peer, id) -> receive waiting for a streamed payload
         self._cma_ok: dict[int, bool] = {}
         self.rdv_pulls = 0  # messages this rank copied straight from a sender's buffer
+        self.rdv_eager_pulls = 0  # of which an eager receive's compiled path took the announcement
         self._cma: Any = None
         # One doorbell for every inbound stream (all shared-memory, besides the loopback): idle waits block on it.
         bells = {id(b): b for b in (getattr(ch, "bell", None) for ch in channels.values() if ch.kind != "self")}
@@ -362,6 +371,9 @@ class Engine:
         # Eager receives poll one shared-memory ring directly, for about the engine's spin before they post.
         self._has_input = {p: getattr(ch, "has_input", None) for p, ch in channels.items() if ch.kind == "shm"}
         self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
+        # The largest eager message: below the rendezvous threshold, and a quarter of a ring at most.
+        rings = [ch.capacity for ch in channels.values() if hasattr(ch, "put_frame")]
+        self._eager_max = min([self._rdv_bytes - 1] + [c // 4 - HEADER_SIZE - ALIGN for c in rings])
         self._eager_polls = 600
         # The compiled eager path: ``kernel_source(start)`` (set by the runtime) gives the kernel module once loaded,
         # None while loading (or not started: ``start`` starts it), False where it cannot run.
@@ -423,7 +435,7 @@ class Engine:
         unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
         nbytes = payload.nbytes
         put = self._put_frame.get(peer)
-        if put is None or nbytes > _SMALL or nbytes >= self._rdv_bytes or self._sendq[peer] or peer in self._dead:
+        if put is None or nbytes > self._eager_max or self._sendq[peer] or peer in self._dead:
             return False
         lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
         if lane is not None:
@@ -452,7 +464,7 @@ class Engine:
                 ch = lane[6]
                 try:
                     status, nbytes, got_tag, head = self._kernels.eager_take(
-                        lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META,
+                        lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META, _RTS_META,
                         self._eager_kernel_polls if not self.oversubscribed else 4)
                 except TypeError:  # a buffer of a kind the kernel was not built for
                     status = -1
@@ -460,6 +472,8 @@ class Engine:
                     ch.consumed(head)
                     self._seen[peer] = (ctx, got_tag)
                     return nbytes, got_tag
+                if status == 3:
+                    return self._pull_announced(peer, lane, dst, ctx, nbytes, got_tag, head)
                 if status > 0:
                     return None
             has_input = self._has_input[peer]
@@ -486,6 +500,61 @@ class Engine:
         finally:
             self.lock.release()
 
+    def _pull_announced(self, peer: int, lane: tuple, dst: np.ndarray, ctx: int, nbytes: int, tag: int,
+                        head: int) -> Optional[tuple[int, int]]:
+        """The rendezvous announced at ``head`` of ``peer``'s ring, for an eager receive into ``dst``: copy the bytes
+        straight out of the sender (cross-memory attach), consume the announcement, acknowledge it. None, with the
+        announcement left in the ring for the engine's path (which retries, or falls back to streaming), when the
+        copy fails. The engine's lock is held."""
+        ch = lane[6]
+        w = (head % lane[3].size) // 8
+        addr, rid = int(lane[4][w + 4]), int(lane[4][w + 5])
+        if self._cma is None:
+            from .transport.cma import CrossMemory
+
+            self._cma = CrossMemory()
+        if not self._cma.loaded:
+            return None
+        try:
+            if nbytes:
+                self._cma.read_addr(ch.peer_pid, dst.ctypes.data, addr, nbytes)
+        except OSError:
+            return None
+        ch.consume(HEADER_SIZE)
+        self._seen[peer] = (ctx, tag)
+        self.rdv_pulls += 1
+        self.rdv_eager_pulls += 1
+        out = self._lanes.get(peer)
+        tail = -1
+        if out is not None and not self._sendq[peer] and peer not in self._dead:
+            tail = self._kernels.put_header(out[0], out[1], out[2], out[6].tail, ctx, tag, 0, _ACK_META, 0, rid)
+        if tail > 0:
+            out[6].published(tail)  # type: ignore[index]
+        else:  # behind queued frames (or a full ring): in order, through the queue
+            self._send_ctl(peer, _ACK, ctx, tag, rid)
+        return nbytes, tag
+
+    def _await_ack(self, req: SendRequest) -> bool:
+        """A blocking rendezvous send whose announcement has left: spin (compiled) for its acknowledgement as the
+        next frame from the receiver; True once taken (the send is done), False to wait the engine's way."""
+        peer = req.peer
+        lane = self._lanes.get(peer)
+        if lane is None or self._sendq[peer] or not self._can_take(peer) or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            ch = lane[6]
+            head = self._kernels.take_header(lane[3], lane[4], lane[5], ch.head, req.ctx, req.tag, _ACK_META, req.rdv,
+                                             self._eager_kernel_polls if not self.oversubscribed else 4)
+            if head < 0:
+                return False
+            ch.consumed(head)
+            self._rdv_sends.pop((peer, req.rdv), None)
+            self._rdv_data.pop((peer, req.rdv), None)
+            req.done = True
+            return True
+        finally:
+            self.lock.release()
+
     def _can_take(self, peer: int) -> bool:
         """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
         buffered, no schedule running, its stream at a frame boundary of a shared-memory ring."""
@@ -500,21 +569,24 @@ class Engine:
         the receive was not taken (the caller posts it), ``(nbytes, tag)`` when both were done. Compiled, the two
         are one kernel call."""
         lanes = self._lanes
-        if (self._kernels is not None and dest in lanes and source in lanes and payload.nbytes <= _SMALL
-                and payload.nbytes < self._rdv_bytes and not self._sendq[dest] and dest not in self._dead
+        if (self._kernels is not None and dest in lanes and source in lanes and payload.nbytes <= self._eager_max
+                and not self._sendq[dest] and dest not in self._dead
                 and self._can_take(source) and self.lock.acquire(blocking=False)):
             try:
                 out, inp = lanes[dest], lanes[source]
                 try:
                     tail, status, nbytes, got_tag, head = self._kernels.eager_exchange(
                         out[0], out[1], out[2], out[6].tail, payload, send_tag, ctx, inp[3], inp[4], inp[5],
-                        inp[6].head, dst, recv_tag, _P2P_META, self._eager_kernel_polls if not self.oversubscribed else 4)
+                        inp[6].head, dst, recv_tag, _P2P_META, _RTS_META,
+                        self._eager_kernel_polls if not self.oversubscribed else 4)
                 except TypeError:  # a buffer of a kind the kernel was not built for: the separate steps below
                     tail = 0
                 if tail < 0:
                     return False
                 if tail > 0:
                     out[6].published(tail)
+                    if status == 3:
+                        return self._pull_announced(source, inp, dst, ctx, nbytes, got_tag, head) or True
                     if status != 0:
                         return True
                     inp[6].consumed(head)
@@ -547,10 +619,10 @@ class Engine:
     def _polls_in(k: Any, seconds: float) -> int:
         """How many polls of ``eager_take``'s spin take about ``seconds`` here, timed on a private empty ring."""
         data, words, dst = np.zeros(64, np.uint8), np.zeros(32, np.uint64), np.zeros(0, np.uint8)
-        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 10)
+        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 0, 10)
         polls = 20_000
         t0 = time.perf_counter()
-        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, polls)
+        k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 0, polls)
         per_poll = max((time.perf_counter() - t0) / polls, 1e-10)
         return max(int(seconds / per_poll), 1)
 
@@ -766,8 +838,11 @@ class Engine:
             log.warning("rank %d: closing the channel to rank %d: malformed message header (%s)", self.rank, src, why)
             raise ProtocolError(f"malformed message header from rank {src} ({why})", rank=self.rank, peers=[src])
         kind = meta & 0xFF
-        if kind >= _RTS and kind <= _RDATA and ctx != CONTROL_CTX:
-            if self._on_rendezvous(src, st, kind, ctx, tag, nbytes, count, vhash):
+        if kind >= _RTS and ctx != CONTROL_CTX:
+            if kind == _SSEND:
+                self._on_sync(src, st, ctx, tag, nbytes, vhash)
+                return
+            if kind <= _RDATA and self._on_rendezvous(src, st, kind, ctx, tag, nbytes, count, vhash):
                 return
         sig = P2P_SIG if not meta & 0xFFFFFF and not root and not count and not vhash else \
             Sig(kind, (meta >> 8) & 0xFF, (meta >> 16) & 0xFF, root, count, vhash)
@@ -815,7 +890,10 @@ class Engine:
         if send is None or payload is None:
             return True
         if kind == _ACK:
-            send.done = True
+            if send.index < len(send.segments):  # a synchronous send still streaming its payload: its push completes it
+                send.rdv = 0
+            else:
+                send.done = True
         else:  # _NAK: that peer cannot read this process; stream the payload, tagged with the rendezvous id
             self._cma_ok[src] = False
             n = payload.nbytes
@@ -911,6 +989,8 @@ class Engine:
             rid, addr, nbytes = u.rdv
             self._rdv_pull(req, u.src, u.tag, rid, addr, nbytes)
             return
+        if u.sync:  # matched: the synchronous sender may complete
+            self._send_ctl(u.src, _ACK, u.ctx, u.tag, u.sync)
         problem = self._check(req, u.src, u.sig, u.data.nbytes)
         if problem is not None:
             req.fail(problem)
@@ -930,6 +1010,115 @@ class Engine:
         elif u.data.nbytes:
             req.dst.view(np.uint8)[: u.data.nbytes] = u.data
         req.done = True
+
+    # ---- synchronous sends, probes, matched receives, cancels --------------------------------
+    def issend(self, peer: int, data: np.ndarray, ctx: int, tag: int, owner: Any) -> SendRequest:
+        """A synchronous point-to-point send: done once a receive on ``peer`` matched it. A rendezvous already waits
+        for the receiver's pull; any other message goes as an _SSEND frame whose receiver acks the match."""
+        payload = memoryview(data if data.dtype is _U8 else data.view(np.uint8))
+        if payload.ndim != 1:
+            payload = payload.cast("B")
+        nbytes = payload.nbytes
+        if nbytes >= self._rdv_bytes and data.flags.c_contiguous and self._cma_to(peer):
+            return self.isend(peer, data, ctx, tag, P2P_SIG, owner)
+        req = SendRequest(owner, peer, ctx, tag, _NO_SEGMENTS)
+        if peer in self._dead:
+            req.fail(owner.error(PeerFailureError, self._dead[peer], [peer]))
+            return req
+        self._rdv_seq += 1
+        req.rdv = sid = self._rdv_seq  # pushed is not done: the _ACK is (_on_rendezvous); a failed peer fails it
+        self._rdv_sends[(peer, sid)] = req
+        self._rdv_data[(peer, sid)] = payload
+        header = _HEADER.pack(ctx, tag, nbytes, _SSEND | (_MAGIC << 24), 0, 0, sid).ljust(HEADER_SIZE, b"\0")
+        pad = -nbytes % ALIGN
+        if nbytes <= _SMALL:
+            req.segments = [memoryview(b"".join((header, payload, _ZEROS[:pad])))]
+        else:
+            req.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[:pad])] if pad else [])
+        q = self._sendq[peer]
+        q.append(req)
+        if len(q) == 1:
+            self._push_now(peer, q)
+        return req
+
+    def _on_sync(self, src: int, st: _Inbound, ctx: int, tag: int, nbytes: int, sid: int) -> None:
+        """The header of a synchronous send: read like a plain message, and acked to its sender once matched."""
+        st.ctx, st.tag, st.nbytes, st.sig, st.got, st.pad = ctx, tag, nbytes, P2P_SIG, 0, -nbytes % ALIGN
+        self._seen[src] = (ctx, tag)
+        req = self._match(src, ctx, tag)
+        if req is None:
+            u = _Unexpected(src, ctx, tag, P2P_SIG, nbytes)
+            u.sync = sid  # acked by whichever receive takes it (_bind_unexpected)
+            self._unexpected.append(u)
+            st.target = u
+            return
+        st.target = req
+        self._send_ctl(src, _ACK, ctx, tag, sid)
+        problem = self._check(req, src, P2P_SIG, nbytes)
+        if problem is not None:
+            req.fail(problem)
+        else:
+            req.source, req.recv_tag, req.nbytes = src, tag, nbytes
+            if req.dst is None:
+                req.dst = np.empty(nbytes, np.uint8)
+
+    def find_unexpected(self, peer: int, ctx: int, tag: int) -> Optional[_Unexpected]:
+        """The buffered message a receive of (``peer``, ``ctx``, ``tag``) would take now (the earliest to arrive)."""
+        for u in self._unexpected:
+            if u.ctx == ctx and (peer == ANY_SOURCE or u.src == peer) and (tag == ANY_TAG or u.tag == tag):
+                return u
+        return None
+
+    def iprobe(self, peer: int, ctx: int, tag: int, take: bool = False) -> Optional[_Unexpected]:
+        """Progress once, then the message a receive of (peer, ctx, tag) would take, or None. With ``take`` (a matched
+        probe) it leaves the unexpected list: no receive but ``mrecv``'s takes it, and the streams it left are not
+        read by an eager receive (which needs the list empty) before it."""
+        self.progress()
+        u = self.find_unexpected(peer, ctx, tag)
+        if u is not None and take:
+            self._unexpected.remove(u)
+        return u
+
+    def probe(self, peer: int, ctx: int, tag: int, owner: Any, timeout: float, take: bool = False) -> _Unexpected:
+        """Wait for a message a receive of (peer, ctx, tag) would take (see ``iprobe``); fails if ``peer`` dies or the
+        communicator breaks first, and times out after ``timeout`` seconds without progress."""
+        u = self.iprobe(peer, ctx, tag, take)
+        if u is not None:
+            return u
+        marker = Request(owner, peer, ctx, tag)  # what the wait is for: a timeout names the rank
+
+        def arrived() -> bool:
+            if self.find_unexpected(peer, ctx, tag) is not None:
+                return True
+            if peer >= 0 and peer in self._dead:
+                marker.fail(owner.error(PeerFailureError, self._dead[peer], [peer]))
+            elif self._broken and self._is_broken_for(owner):
+                marker.fail(self._with_rank(self._broken[ctx & ~1][0], owner))
+            return marker.done
+
+        self._wait(arrived, lambda: 0, timeout, owner, lambda: (marker,))
+        if marker.error is not None:
+            raise marker.error
+        u = self.find_unexpected(peer, ctx, tag)
+        assert u is not None
+        if take:
+            self._unexpected.remove(u)
+        return u
+
+    def mrecv(self, u: _Unexpected, dst: Optional[np.ndarray], owner: Any) -> RecvRequest:
+        """Receive the message a matched probe took into ``dst`` (None: into a new array)."""
+        req = RecvRequest(owner, u.src, u.ctx, u.tag, None, dst)
+        self._bind_unexpected(req, u)
+        return req
+
+    def cancel_recv(self, req: RecvRequest) -> bool:
+        """Withdraw a posted receive no message matched yet: True if it was (it is then done, with nothing received)."""
+        try:
+            self._posted.remove(req)
+        except ValueError:
+            return False
+        req.done = True
+        return True
 
     # ---- failures --------------------------------------------------------------------------
     def _channel_failed(self, peer: int, cause: str) -> None:
@@ -1184,6 +1373,8 @@ class Engine:
 
     def wait_one(self, req: Request, timeout: float) -> None:
         """Wait for one point-to-point request: a short tight poll of the channels, then the general wait."""
+        if self._kernels is not None and type(req) is SendRequest and req.rdv and not req.done and self._await_ack(req):
+            return
         if not self._abort_requests and self.lock.acquire(blocking=False):
             try:
                 progress = self.progress

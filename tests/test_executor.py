@@ -66,3 +66,30 @@ def test_plan_rejects_overlapping_views_after_a_hit() -> None:
     assert plan.views((d, d)) is None  # one array passed twice (it owns its memory, and still overlaps itself)
     send, recv = plan.views((c[:8], np.zeros(8, np.float32)))
     assert np.shares_memory(send, c) and recv.size == 8
+
+
+def test_point_to_point_specs_on_fresh_views_resolve_without_the_cache() -> None:
+    from pycoll import buffers
+    from pycoll.errors import InvalidArgumentError
+
+    u = np.arange(40, dtype=np.float64)
+    for spec, want in [
+        ([u[8:16], 8, MPI.DOUBLE], u[8:16]),  # a halo's slice, new every call
+        ([u[8:16], 3, MPI.DOUBLE], u[8:11]),
+        ([u[8:16], 0, MPI.DOUBLE], u[8:8]),
+        ([u[8:16], MPI.DOUBLE], u[8:16]),
+        ([u.reshape(5, 8)[1:3], 10, MPI.DOUBLE], u[8:18]),
+        ([u[8:16], 16, MPI.BYTE], u[8:10]),  # another datatype than the dtype: the full parse, same answer
+    ]:
+        got = buffers.parse_bytes(spec, "buf", "Send")
+        assert got.dtype == np.uint8 and got.tobytes() == want.tobytes() and (not want.size or np.shares_memory(got, u))
+    with pytest.raises(InvalidArgumentError, match="exceeds"):
+        buffers.parse_bytes([u[8:16], 9, MPI.DOUBLE], "buf", "Send")
+    with pytest.raises(InvalidArgumentError, match="negative"):
+        buffers.parse_bytes([u[8:16], -1, MPI.DOUBLE], "buf", "Send")
+    strided = u[::2]
+    assert buffers._contiguous_bytes(strided, 4, MPI.DOUBLE, False) is None  # left to the full parse
+    ro = u[8:16].copy()
+    ro.flags.writeable = False
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        buffers.parse_bytes([ro, 8, MPI.DOUBLE], "buf", "Recv", writable=True)

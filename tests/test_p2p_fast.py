@@ -128,6 +128,7 @@ comm.Barrier()
 out["bad"] = bad
 out["rendezvous"] = comm._engine.rdv_pulls
 out["compiled"] = comm._engine._kernels is not None
+out["eager_pulls"] = comm._engine.rdv_eager_pulls
 done()
 """
 
@@ -221,6 +222,8 @@ def test_sizes_specs_wildcards_windows(transport, cma, compiled, tmp_path):
         assert o["bad"] == [], f"rank {r}: {o['bad']}"
         if compiled:
             assert o["compiled"], f"rank {r} ran point-to-point without the compiled eager kernels"
+    if compiled and _cma_works():
+        assert outs[1]["eager_pulls"] > 0, "no rendezvous went through the compiled eager receive"
     assert outs[1]["truncation"] == "MismatchError"
     pulls = outs[0]["rendezvous"] + outs[1]["rendezvous"]
     if transport == "shm" and cma == "1" and _cma_works():

@@ -1,7 +1,7 @@
 """Compiled arena calls: small collectives, Barrier, and the staged algorithms' chunk loops, each one Numba call.
 
 The kernels load in a background thread of lowered priority (from Numba's disk cache; ``pycoll warmup`` fills it
-after an install), started by the first repeated call that could run compiled or by point-to-point traffic; calls
+after an install), started by a communicator's 8th repeated call that could run compiled or by point-to-point traffic; calls
 run on the Python path until their signatures are in. The eager point-to-point kernels (``pycoll.p2p_kernels``)
 load first.
 
@@ -43,7 +43,7 @@ ARENA_JIT_NICE = param(
 )
 ARENA_JIT_LOAD = param(
     "PYCOLL_ARENA_JIT_LOAD", "background", str,
-    "How the compiled kernels load: `background` (a low-priority thread started by the first repeated call that could "
+    "How the compiled kernels load: `background` (a low-priority thread started by the 8th repeated call that could "
     "run compiled; calls run in Python until every kernel is in, so none waits) or `now` (each single-host "
     "communicator's creation waits for them).",
 )
@@ -56,6 +56,9 @@ DTYPES = frozenset(np.dtype(t) for t in (
     np.float32, np.float64, np.complex64, np.complex128,
 ))
 
+
+
+_LOAD_AFTER_CALLS = 8  # calls that could run compiled before one starts the background load
 
 
 def covers(op: _ops.Op, dtype: np.dtype) -> bool:
@@ -298,8 +301,9 @@ class Gate:
         if not ARENA_JIT.get():
             self.kernels = False
             return None
-        if not _warm.is_set():  # the first call that could run compiled starts the load (a Barrier-only job never does)
-            load_in_background()
+        if not _warm.is_set():  # the 8th call that could run compiled starts the load (a short job never does)
+            if self.calls >= _LOAD_AFTER_CALLS:
+                load_in_background()
             return None
         if not ready():
             self.kernels = False

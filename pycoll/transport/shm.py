@@ -219,6 +219,11 @@ class ShmChannel(Channel):
         if self._peer_bell is not None:
             self._peer_bell.wake()
 
+    @property
+    def capacity(self) -> int:
+        """Bytes of each of the channel's two rings."""
+        return self._out.capacity
+
     def has_input(self) -> bool:
         """Cheap test for unread bytes (a closed channel shows in ``check_alive``); False once this end is closed
         (its rings are unmapped then)."""
