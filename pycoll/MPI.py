@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import pickle as _pickle
 import socket
 import time
 from typing import Any
 
+import numpy as _np
+
 from . import datatypes as _datatypes
+from . import errors as _errors
 from . import ops as _ops
 from . import runtime as _runtime
 from .buffers import IN_PLACE
@@ -15,10 +19,9 @@ from .datatypes import Datatype
 from .errors import PycollError as Exception  # noqa: A001 - mpi4py's name
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
-from .request import Request, Status
+from .request import REQUEST_NULL, Request, Status
 
 Intracomm = Comm
-REQUEST_NULL = Request.completed()
 BOTTOM = None
 SUCCESS = 0
 ERR_OTHER = 1
@@ -94,3 +97,172 @@ def Get_library_version() -> str:  # noqa: N802
     from . import __version__
 
     return f"pycoll {__version__}"
+
+
+# ---- communicator management: groups, topologies, comparisons, and the features pycoll does not provide ----
+from .comm import COMM_TYPE_SHARED  # noqa: E402
+from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group  # noqa: E402
+from .not_provided import (  # noqa: E402
+    File,
+    Intercomm,
+    Win,
+    Close_port,
+    Lookup_name,
+    Open_port,
+    Publish_name,
+    Unpublish_name,
+)
+from .topology_comm import CART, DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY  # noqa: E402
+from .topology_comm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm  # noqa: E402
+from .topology_comm import compute_dims as Compute_dims  # noqa: E402, N812
+
+
+# ---- names mpi4py's own test helpers (mpiunittest.py, arrayimpl.py, main.py) look up at import ----
+# Element types pycoll does not move are the null datatype, which mpi4py's helpers read as "not available here";
+# setdefault: a name that pycoll.datatypes defines properly wins.
+for _unavailable in ("C_LONG_DOUBLE_COMPLEX",):
+    globals().setdefault(_unavailable, _datatypes.DATATYPE_NULL)
+
+
+def get_vendor() -> tuple[str, tuple[int, int, int]]:
+    """The implementation's name and (major, minor, micro) version, as mpi4py.MPI.get_vendor() returns MPICH's."""
+    from . import __version__
+
+    parts = [int(p) if p.isdigit() else 0 for p in __version__.split(".")[:3]]
+    major, minor, micro = parts + [0] * (3 - len(parts))
+    return ("pycoll", (major, minor, micro))
+
+
+def Get_abi_version() -> tuple[int, int]:  # noqa: N802
+    """(-1, -1): pycoll implements no MPI binary interface (mpi4py answers so for an MPI without one)."""
+    return (-1, -1)
+
+
+def Query_thread() -> int:  # noqa: N802
+    """The thread level pycoll provides, the one Init_thread returns."""
+    return THREAD_SERIALIZED
+
+
+# ---- point-to-point and requests: probes, matched messages, persistent requests, buffered mode ----
+from .request import MESSAGE_NO_PROC, MESSAGE_NULL, Grequest, Message, Prequest  # noqa: E402
+
+from . import comm as _comm_mod  # noqa: E402
+from .comm import BUFFER_AUTOMATIC  # noqa: E402
+
+BSEND_OVERHEAD = 96  # MPICH's; pycoll's Bsend copies the message itself and needs no attached space
+globals().setdefault("ERR_ARG", 12)  # MPICH's error classes, as Status.error values
+_attached: Any = None
+
+
+def Attach_buffer(buf: Any) -> None:  # noqa: N802
+    """Attach the process's buffer for buffered sends: writable memory, or None / BUFFER_AUTOMATIC. pycoll's
+    Bsend copies each message into memory of its own, so the buffer is only kept, not used (see Comm.Attach_buffer)."""
+    global _attached
+    _attached = _comm_mod.attach_buffer(_attached, buf, "Attach_buffer")
+
+
+def Detach_buffer() -> Any:  # noqa: N802
+    """Give back the object Attach_buffer kept (None if nothing is attached); buffered sends never wait for space."""
+    global _attached
+    buf, _attached = _attached, None
+    return buf
+
+
+def Flush_buffer() -> None:  # noqa: N802
+    """Wait until the buffered sends of every communicator have left."""
+    _comm_mod.flush_all_bsends()
+
+
+def Iflush_buffer() -> Request:  # noqa: N802
+    """Flush_buffer, then a request that is already complete."""
+    Flush_buffer()
+    return Request.completed()
+
+
+class _Memory(bytearray):
+    """Memory from ``Alloc_mem``: a writable buffer (any buffer spec takes it), empty once freed."""
+
+    @property
+    def address(self) -> int:
+        return _np.frombuffer(self, _np.uint8).ctypes.data if len(self) else 0
+
+    @property
+    def nbytes(self) -> int:
+        return len(self)
+
+    readonly = False
+
+
+def Alloc_mem(size: int, info: Any = None) -> bytearray:  # noqa: N802
+    """``size`` bytes of writable memory (zeroed)."""
+    if isinstance(size, bool) or not isinstance(size, (int, _np.integer)) or size < 0:
+        raise _errors.InvalidArgumentError(f"size {size!r} is not a non-negative integer", op="Alloc_mem")
+    return _Memory(int(size))
+
+
+def Free_mem(mem: Any) -> None:  # noqa: N802
+    """Release memory from Alloc_mem (it is empty afterwards)."""
+    if not isinstance(mem, _Memory):
+        raise _errors.InvalidArgumentError(f"{type(mem).__name__} did not come from Alloc_mem", op="Free_mem")
+    try:
+        del mem[:]
+    except BufferError:  # still viewed by an array: it is released with the last view
+        pass
+
+
+class Pickle:
+    """How lowercase calls serialize objects (``MPI.pickle``): ``dumps`` and ``loads``, highest pickle protocol."""
+
+    PROTOCOL = _pickle.HIGHEST_PROTOCOL
+
+    def dumps(self, obj: Any) -> bytes:
+        return _pickle.dumps(obj, protocol=self.PROTOCOL)
+
+    def loads(self, data: Any) -> Any:
+        return _pickle.loads(data)
+
+
+globals().setdefault("pickle", Pickle())
+
+
+# ---- reduction ops and datatypes: MAXLOC/MINLOC and their value-index pairs, REPLACE, NO_OP, OP_NULL, user-defined
+# ops (Op.Create), derived datatypes (Datatype.Create_*) and addresses. The pair types (FLOAT_INT, DOUBLE_INT,
+# LONG_INT, INT_INT/TWOINT, SHORT_INT, LONG_DOUBLE_INT) come with the other datatypes from pycoll.datatypes.
+from . import buffers as _buffers  # noqa: E402
+
+MAXLOC, MINLOC, REPLACE, NO_OP, OP_NULL = _ops.MAXLOC, _ops.MINLOC, _ops.REPLACE, _ops.NO_OP, _ops.OP_NULL
+DATATYPE_NULL = _datatypes.DATATYPE_NULL
+ORDER_C, ORDER_FORTRAN, ORDER_F = _datatypes.ORDER_C, _datatypes.ORDER_FORTRAN, _datatypes.ORDER_FORTRAN
+globals().update({f"COMBINER_{_name}": _code for _name, _code in _datatypes.COMBINERS.items()})
+# Fortran element types with no NumPy counterpart here: DATATYPE_NULL, which mpi4py's tests read as "not available".
+for _name in ("CHARACTER", "LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16", "INTEGER16",
+              "REAL16", "COMPLEX4", "COMPLEX32", "C_LONG_DOUBLE_COMPLEX"):
+    if globals().get(_name) is None or not globals()[_name]:
+        globals()[_name] = DATATYPE_NULL
+
+
+def Get_address(location: Any) -> int:  # noqa: N802
+    """The address of a buffer's first byte, as an integer (mpi4py's MPI.Get_address)."""
+    return _buffers.address(location)
+
+
+def Aint_add(base: int, disp: int) -> int:  # noqa: N802
+    return int(base) + int(disp)
+
+
+def Aint_diff(addr1: int, addr2: int) -> int:  # noqa: N802
+    return int(addr1) - int(addr2)
+
+
+# ---- info objects (pycoll.info): MPI.Info, INFO_NULL, INFO_ENV, the key and value limits, their error classes ----
+from .info import (  # noqa: E402
+    ERR_INFO,
+    ERR_INFO_KEY,
+    ERR_INFO_NOKEY,
+    ERR_INFO_VALUE,
+    INFO_ENV,
+    INFO_NULL,
+    MAX_INFO_KEY,
+    MAX_INFO_VAL,
+    Info,
+)

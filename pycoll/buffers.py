@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
+import threading
 import weakref
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
@@ -95,11 +97,20 @@ AnyArray = Union[np.ndarray, DeviceArray]
 
 @dataclass
 class Buf:
-    """A resolved buffer: a flat array of ``count`` elements over the user's memory (no copy)."""
+    """A resolved buffer: a flat array of ``count`` elements over the user's memory (no copy), or, for a datatype
+    whose elements are not one contiguous run, a packed copy of them (``packed``)."""
 
     array: AnyArray  # a NumPy array, or a DeviceArray for CUDA memory
     dtype: np.dtype
     memory: str = "host"  # "host" or "cuda": the memory backend that owns it
+    datatype: Optional[Datatype] = None  # the datatype the spec named (None: the array's own element type)
+    elements: int = 1  # elements of ``dtype`` in one element of ``datatype`` (more than 1 for a derived type)
+    packed: Optional["Packed"] = None  # set when ``array`` is a copy of the elements, not the user's memory
+
+    def finish(self) -> None:
+        """Put a writable packed copy back into the user's buffer (nothing for a view)."""
+        if self.packed is not None:
+            self.packed.unpack()
 
     @property
     def count(self) -> int:
@@ -279,11 +290,18 @@ def _reinterpret(arr: AnyArray, dtype: np.dtype, what: str, op: str) -> AnyArray
 
 
 def _dtype_of(spec: Any, what: str, op: str) -> np.dtype:
-    """The dtype a spec names; only element types pycoll supports (no strings, subarrays, records)."""
+    """The dtype a spec names; only element types pycoll supports (no strings, subarrays, records).
+
+    Records (the value-index pairs) are named by their MPI datatype (``MPI.DOUBLE_INT``), never by a NumPy dtype
+    or its string.
+    """
     try:
         dtype = datatypes.resolve(spec)
     except (TypeError, ValueError, KeyError, SyntaxError) as exc:  # np.dtype's answers to nonsense vary
         raise InvalidArgumentError(f"{what}: {spec!r} is not a datatype ({exc})", op=op) from None
+    if dtype.names is not None and not isinstance(spec, Datatype):
+        raise InvalidArgumentError(f"{what}: {spec!r} is a record dtype; name such elements by their MPI datatype "
+                                   "(MPI.DOUBLE_INT, ...)", op=op)
     _check_supported(dtype, what, op)
     return dtype
 
@@ -307,13 +325,20 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
     """
     count: Optional[int] = None
     dtype: Optional[np.dtype] = None
+    named: Optional[Datatype] = None
     obj = spec
     if isinstance(spec, (list, tuple)):
         if not 1 <= len(spec) <= 3:
             raise InvalidArgumentError(f"{what}: a buffer spec has 1 to 3 items, got {len(spec)}", op=op)
         obj, rest = spec[0], list(spec[1:])
-        if rest and _is_datatype(rest[-1]):
-            dtype = _dtype_of(rest.pop(), what, op)
+        if rest and isinstance(rest[-1], Datatype) and not rest[-1].is_named:
+            derived = rest.pop()
+        else:
+            derived = None
+            if rest and _is_datatype(rest[-1]):
+                if isinstance(rest[-1], Datatype):
+                    named = rest[-1]
+                dtype = _dtype_of(rest.pop(), what, op)
         if rest:
             c = rest.pop()
             if isinstance(c, (tuple, list)) and len(c) == 2:  # mpi4py's (count, displ)
@@ -325,6 +350,8 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
             count = int(c)
         if rest:
             raise InvalidArgumentError(f"{what}: could not read buffer spec {spec!r}", op=op)
+        if derived is not None:
+            return _parse_derived(obj, count, derived, what, op, writable, blocks)
     arr = _as_flat_array(obj, what, op)
     if dtype is not None:
         arr = _reinterpret(arr, dtype, what, op)
@@ -345,7 +372,149 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
         )
     if writable and not _writable(arr):
         raise InvalidArgumentError(f"{what} is read-only", op=op)
-    return Buf(arr, arr.dtype, memory_of(arr))
+    return Buf(arr, arr.dtype, memory_of(arr), named)
+
+
+# ---- derived datatypes: a view of the user's buffer where the elements are one run, else a packed copy --------
+
+class Packed:
+    """A packed copy of a datatype's elements, taken from the user's buffer; ``unpack`` writes it back there."""
+
+    __slots__ = ("access", "raw", "array")
+
+    def __init__(self, access: Any, raw: np.ndarray, array: np.ndarray) -> None:
+        self.access, self.raw, self.array = access, raw, array
+
+    def unpack(self) -> None:
+        self.access.write(self.raw, self.array)
+
+
+class Unpacking:
+    """The writable packed buffers of one collective call, written back into the user's buffers once the call
+    completes (the executor holds this as the call's stage, as it holds a device call's staging)."""
+
+    def __init__(self) -> None:
+        self.packed: list[Packed] = []
+
+    def finish(self) -> None:
+        for p in self.packed:
+            p.unpack()
+
+    def discard(self) -> None:
+        self.packed.clear()
+
+
+_collecting = threading.local()
+
+
+@contextmanager
+def collecting_packed() -> Iterator[Unpacking]:
+    """Collect the writable packed buffers the specs parsed inside the ``with`` make (one collective's build)."""
+    outer = getattr(_collecting, "current", None)
+    current = _collecting.current = Unpacking()
+    try:
+        yield current
+    finally:
+        _collecting.current = outer
+
+
+def _raw_bytes(obj: Any, what: str, op: str) -> np.ndarray:
+    """The user's buffer as flat bytes (host memory only: derived datatypes are laid out with NumPy)."""
+    arr = _as_flat_array(obj, what, op)
+    if isinstance(arr, DeviceArray):
+        raise InvalidArgumentError(f"{what}: derived datatypes take host buffers; pass device memory with a named "
+                                   "datatype", op=op)
+    if arr.dtype.hasobject:
+        raise InvalidArgumentError(f"{what}: dtype {arr.dtype} holds Python objects, not data", op=op)
+    return arr.view(np.uint8) if arr.size else np.empty(0, np.uint8)
+
+
+def _layout_of(datatype: Datatype, what: str, op: str) -> Any:
+    try:
+        return datatype._live(what)
+    except InvalidArgumentError as err:
+        raise InvalidArgumentError(err.cause, op=op) from None
+
+
+def _with_access(raw: np.ndarray, layout: Any, access: Any, datatype: Datatype, what: str, op: str,
+                 writable: bool) -> Buf:
+    """The Buf of a message's elements: a view where they are one run, else a packed copy (written back on finish)."""
+    if writable and not raw.flags.writeable:
+        raise InvalidArgumentError(f"{what} is read-only", op=op)
+    _check_supported(layout.base, what, op)
+    flat, is_view = access.read(raw)
+    packed = None
+    if not is_view:
+        packed = Packed(access, raw, flat)
+        if writable:
+            current = getattr(_collecting, "current", None)
+            if current is not None:
+                current.packed.append(packed)
+    return Buf(flat, layout.base, "host", datatype, layout.elements, packed)
+
+
+def _parse_derived(obj: Any, count: Optional[int], datatype: Datatype, what: str, op: str, writable: bool,
+                   blocks: int) -> Buf:
+    """``[buf, count, derived]``: ``count`` (per block) elements of a derived datatype, flattened to its element type."""
+    layout = _layout_of(datatype, what, op)
+    raw = _raw_bytes(obj, what, op)
+    if count is None:
+        if layout.extent <= 0:
+            raise InvalidArgumentError(f"{what}: cannot infer a count from a datatype of extent {layout.extent}", op=op)
+        if raw.size % layout.extent or (raw.size // layout.extent) % blocks:
+            raise InvalidArgumentError(
+                f"{what}: {raw.size} bytes are not a whole number of {blocks if blocks > 1 else ''} datatype elements "
+                f"of extent {layout.extent}".replace("  ", " "), op=op)
+        count = raw.size // layout.extent // blocks
+    elif count < 0:
+        raise InvalidArgumentError(f"{what}: count {count} is negative", op=op)
+    try:
+        access = layout.access(count * blocks, raw.size)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{what}: {count * blocks} elements of the datatype do not fit the buffer ({exc})",
+                                   op=op) from None
+    return _with_access(raw, layout, access, datatype, what, op, writable)
+
+
+def _parse_derived_vector(obj: Any, counts_spec: Any, displs_spec: Any, datatype: Datatype, what: str, op: str,
+                          size: int, writable: bool) -> VBuf:
+    """``[buf, counts, displs, derived]``: blocks of derived elements, flattened (counts and displacements scaled)."""
+    if counts_spec is None:  # [buf, derived]: the buffer's elements split evenly over the ranks
+        whole = _parse_derived(obj, None, datatype, what, op, writable, size)
+        each = whole.count // size
+        return VBuf(whole.array, whole.dtype, [each] * size, [i * each for i in range(size)])
+    layout = _layout_of(datatype, what, op)
+    raw = _raw_bytes(obj, what, op)
+    counts = _int_list(counts_spec, size, "counts", what, op)
+    displs = (_int_list(displs_spec, size, "displs", what, op) if displs_spec is not None
+              else [int(x) for x in np.concatenate(([0], np.cumsum(counts)[:-1]))] if size else [])
+    if any(c < 0 or d < 0 for c, d in zip(counts, displs)):
+        raise InvalidArgumentError(f"{what}: counts and displacements must be non-negative ({counts}, {displs})", op=op)
+    if writable:
+        _check_disjoint(counts, displs, what, op)
+    k = layout.elements
+    if layout.dense and layout.lb >= 0:  # element j is elements j*k .. (j+1)*k-1 of the buffer from lb: a view
+        if writable and not raw.flags.writeable:
+            raise InvalidArgumentError(f"{what} is read-only", op=op)
+        _check_supported(layout.base, what, op)
+        isz = layout.base.itemsize
+        room = max(raw.size - layout.lb, 0) // layout.extent
+        for i, (c, d) in enumerate(zip(counts, displs)):
+            if d + c > room:
+                raise InvalidArgumentError(
+                    f"{what}: rank {i}'s block (count {c}, displacement {d}) does not fit in {room} datatype elements",
+                    op=op)
+        flat = raw[layout.lb:layout.lb + room * k * isz].view(layout.base)
+        return VBuf(flat, layout.base, [c * k for c in counts], [d * k for d in displs])
+    elements = np.concatenate([np.arange(d, d + c, dtype=np.int64) for c, d in zip(counts, displs)] or
+                              [np.zeros(0, np.int64)])
+    try:
+        access = layout.access_elements(elements, raw.size)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"{what}: the blocks of the datatype do not fit the buffer ({exc})", op=op) from None
+    buf = _with_access(raw, layout, access, datatype, what, op, writable)
+    packed_displs = [int(x) for x in np.concatenate(([0], np.cumsum(counts)[:-1]))] if size else []
+    return VBuf(buf.array, buf.dtype, [c * k for c in counts], [d * k for d in packed_displs])
 
 
 def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = False) -> VBuf:
@@ -359,7 +528,8 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
         each = base.count // size
         return VBuf(base.array, base.dtype, [each] * size, [i * each for i in range(size)], base.memory)
     items = list(spec)
-    dtype = _dtype_of(items.pop(), what, op) if _is_datatype(items[-1]) else None
+    derived = items.pop() if isinstance(items[-1], Datatype) and not items[-1].is_named else None
+    dtype = _dtype_of(items.pop(), what, op) if derived is None and _is_datatype(items[-1]) else None
     obj = items[0]
     counts_spec: Any = items[1] if len(items) > 1 else None
     displs_spec: Any = items[2] if len(items) > 2 else None
@@ -367,6 +537,8 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
         counts_spec, displs_spec = counts_spec  # mpi4py's (counts, displs)
     if len(items) > 3:
         raise InvalidArgumentError(f"{what}: could not read vector spec", op=op)
+    if derived is not None:
+        return _parse_derived_vector(obj, counts_spec, displs_spec, derived, what, op, size, writable)
     arr = _as_flat_array(obj, what, op)
     if dtype is not None:
         arr = _reinterpret(arr, dtype, what, op)
@@ -507,6 +679,8 @@ def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Option
             b = parse(spec, what, op, writable=writable)
             if b.memory != "host":
                 return None
+            if b.packed is not None:  # a copy of a derived datatype's elements: never cached
+                return _packed_bytes(b, what, op, writable)
             out = b.array.view(_BYTES)  # type: ignore[union-attr]
             if type(obj) is np.ndarray:
                 try:
@@ -519,4 +693,25 @@ def parse_bytes(spec: Any, what: str, op: str, writable: bool = False) -> Option
                 _P2P_CACHE[key] = (ref, obj.shape, obj.dtype, bool(obj.flags.writeable), out)
             return out
     b = parse(spec, what, op, writable=writable)
+    if b.packed is not None:
+        return _packed_bytes(b, what, op, writable)
     return b.array.view(_BYTES) if b.memory == "host" else None  # type: ignore[union-attr]
+
+
+def _packed_bytes(b: Buf, what: str, op: str, writable: bool) -> np.ndarray:
+    """A send's packed copy of a non-contiguous derived datatype's elements; a receive into one is refused (its
+    elements would need unpacking when it completes, which point-to-point calls do not do yet)."""
+    if writable:
+        raise InvalidArgumentError(f"{what}: point-to-point receives take derived datatypes only where their elements "
+                                   "are one contiguous run", op=op)
+    return b.array.view(_BYTES)  # type: ignore[union-attr]
+
+
+def address(obj: Any) -> int:
+    """The address of a buffer's first byte (``MPI.Get_address``): host or device memory; 0 for None (MPI.BOTTOM)."""
+    if obj is None:
+        return 0
+    arr = _as_flat_array(obj, "location", "Get_address")
+    if isinstance(arr, DeviceArray):
+        return arr.ptr
+    return int(arr.__array_interface__["data"][0])

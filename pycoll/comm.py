@@ -7,11 +7,14 @@ import os
 import pickle
 import struct
 import sys
+import warnings
+import weakref
+from math import prod
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from . import buffers, datatypes
+from . import buffers, datatypes, not_provided
 from . import ops as _ops
 from .algorithms import Call, Layout
 from .algorithms.cuda_ipc import IpcState
@@ -21,7 +24,7 @@ from .errors import AbortedError, InvalidArgumentError
 from .executor import Executor
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Sig
-from .request import Request, Status
+from .request import MESSAGE_NO_PROC, Message, Prequest, Request, Status
 from .runtime import Runtime
 from .transport.shm import SHM_DIR
 
@@ -62,6 +65,11 @@ def _describe(sig: Sig) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+def _units(arr: Any, unit: Optional[np.dtype]) -> Any:
+    """``arr`` seen as the call's elements: as it is, or as opaque elements of a user-defined op's datatype."""
+    return arr if unit is None else arr.view(unit)
+
+
 def _vhash(values: Sequence[int]) -> int:
     digest = hashlib.blake2b(struct.pack(f"<{len(values)}q", *values), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1
@@ -72,10 +80,27 @@ def _child_ctx(parent: int, counter: int, tag: Any) -> int:
     return (int.from_bytes(digest, "little") & ~1) % ((1 << 63) - 2) + 4  # even, never the world or control ctx
 
 
+_NO_BYTES = np.empty(0, np.uint8)
+_TAG_MAX = (1 << 63) - 1  # a tag travels as a signed 64-bit header word
+
+
+def _no_data(buf: Any) -> Optional[np.ndarray]:
+    """A point-to-point buffer spec that says "no data" in mpi4py's spellings (``None``, ``[None, 0, datatype]``):
+    an empty buffer; else None."""
+    if buf is None:
+        return _NO_BYTES
+    if type(buf) in (list, tuple) and 1 <= len(buf) <= 3 and buf[0] is None:
+        if all(x == 0 for x in buf[1:] if isinstance(x, (int, np.integer)) and not isinstance(x, bool)):
+            return _NO_BYTES
+    return None
+
+
 class Comm:
     """An intracommunicator: a group of ranks with its own message contexts and timeout."""
 
-    def __init__(self, runtime: Runtime, world_ranks: list[int], ctx: int, name: str) -> None:
+    def __init__(self, runtime: Runtime, world_ranks: Optional[list[int]] = None, ctx: int = 0, name: str = "") -> None:
+        if world_ranks is None:  # Comm(comm): __new__ made this object another reference to comm (see there)
+            return
         self._rt = runtime
         self._engine = runtime.engine
         self._world = world_ranks
@@ -178,8 +203,13 @@ class Comm:
             raise InvalidArgumentError(reason, op=opname, rank=self._rank)
         return resolved
 
+    def _reduction_op(self, op: Any, buf: Buf, opname: str) -> tuple[Op, Optional[np.dtype]]:
+        """The checked op as a call on ``buf`` runs it (a user-defined op bound to the buffer's datatype), and the
+        dtype the call's arrays take (None: as they are; see ``Op.bind``)."""
+        return self._check_op(op, buf.dtype, opname).bind(buf.datatype, buf.dtype, buf.elements)
+
     def _sig(self, call: Call, count: int = 0, vhash: int = 0, op: Optional[Op] = None) -> Sig:
-        code = datatypes.from_numpy(call.dtype).code if call.coll != "barrier" else 0
+        code = datatypes.code_of(call.dtype) if call.coll != "barrier" else 0
         return Sig(_KINDS[call.coll], code, op.code if op else 0, call.root, count, vhash)
 
     def _failed(self, sched: Any) -> None:
@@ -234,9 +264,11 @@ class Comm:
             if send.count != recv.count:
                 raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf {recv.count}", op=name, rank=self._rank)
             self._distinct(send.array, recv.array, name)
-        o = self._check_op(op, recv.dtype, name)
-        call = Call(coll, recv.dtype, send.array, recv.array, o, in_place=sendbuf is IN_PLACE)
-        return call, self._sig(call, recv.count, op=o)
+        o, unit = self._reduction_op(op, recv, name)
+        recv_arr = _units(recv.array, unit)
+        send_arr = recv_arr if send is recv else _units(send.array, unit)
+        call = Call(coll, recv_arr.dtype, send_arr, recv_arr, o, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, recv_arr.shape[0], op=o)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         self._run("Allreduce", self._allreduce_call, sendbuf, recvbuf, op, stream=stream)
@@ -261,9 +293,11 @@ class Comm:
                 if recv.count != send.count:
                     raise InvalidArgumentError(f"sendbuf has {send.count} elements, recvbuf {recv.count}", op=name, rank=self._rank)
                 self._distinct(send.array, recv.array, name)
-        o = self._check_op(op, send.dtype, name)
-        call = Call("reduce", send.dtype, send.array, recv.array if recv else None, o, root=root, in_place=sendbuf is IN_PLACE)
-        return call, self._sig(call, send.count, op=o)
+        o, unit = self._reduction_op(op, send, name)
+        send_arr = _units(send.array, unit)
+        recv_arr = (send_arr if recv is send else _units(recv.array, unit)) if recv is not None else None
+        call = Call("reduce", send_arr.dtype, send_arr, recv_arr, o, root=root, in_place=sendbuf is IN_PLACE)
+        return call, self._sig(call, send_arr.shape[0], op=o)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
         self._run("Reduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
@@ -297,17 +331,24 @@ class Comm:
         values = self.allgather(sendobj)[: self._rank]
         return o.reduce_objects(values) if values else None
 
+    def Reduce_local(self, inbuf: Any, inoutbuf: Any, op: Any = _ops.SUM) -> None:  # noqa: N802
+        """inoutbuf = inbuf op inoutbuf, elementwise, on this rank alone (no communication)."""
+        _ops.reduce_local(op, inbuf, inoutbuf, "Reduce_local", self._rank)
+
     def _reduce_scatter_call(
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]], op: Any, name: str
     ) -> tuple[Call, Sig]:
         # In place, Reduce_scatter_block's recvbuf holds every rank's block: a spec's count is per block (as mpi4py)
         in_place_blocks = recvcounts is None and sendbuf is IN_PLACE
         recv = self._recv(recvbuf, name, blocks=self._size if in_place_blocks else 1)
+        o, unit = self._reduction_op(op, recv, name)
+        per = recv.elements if unit is not None else 1  # the buffers' elements in one of the call's (opaque) elements
+        recv_arr = _units(recv.array, unit)
         if recvcounts is None:  # Reduce_scatter_block: every rank gets recvbuf's count
             if in_place_blocks:
-                each = recv.count // self._size
+                each = recv_arr.shape[0] // self._size
             else:
-                each = recv.count
+                each = recv_arr.shape[0]
             counts = [each] * self._size
         else:
             try:
@@ -321,22 +362,23 @@ class Comm:
                 raise InvalidArgumentError(
                     f"recvcounts needs {self._size} non-negative entries, got {list(counts)}", op=name, rank=self._rank
                 )
+            if recv.elements > 1 and unit is None:  # counts of a derived datatype's elements, flattened
+                counts = [c * recv.elements for c in counts]
         total = sum(counts)
         if sendbuf is IN_PLACE:
-            if recv.count < total:
-                raise InvalidArgumentError(f"in place, recvbuf needs {total} elements, has {recv.count}", op=name, rank=self._rank)
-            send_arr = recv.array[:total]
+            if recv_arr.shape[0] < total:
+                raise InvalidArgumentError(f"in place, recvbuf needs {total} elements, has {recv_arr.shape[0]}", op=name, rank=self._rank)
+            send_arr = recv_arr[:total]
         else:
             send = self._send(sendbuf, name, blocks=self._size if recvcounts is None else 1)
             self._same_type(send.dtype, recv.dtype, name)
-            if send.count != total:
-                raise InvalidArgumentError(f"sendbuf needs {total} elements (sum of recvcounts), has {send.count}", op=name, rank=self._rank)
-            if recv.count < counts[self._rank]:
-                raise InvalidArgumentError(f"recvbuf needs {counts[self._rank]} elements, has {recv.count}", op=name, rank=self._rank)
+            send_arr = _units(send.array, unit) if send.count % per == 0 else send.array
+            if send_arr.shape[0] != total or send_arr.dtype != recv_arr.dtype:
+                raise InvalidArgumentError(f"sendbuf needs {total} elements (sum of recvcounts), has {send_arr.shape[0]}", op=name, rank=self._rank)
+            if recv_arr.shape[0] < counts[self._rank]:
+                raise InvalidArgumentError(f"recvbuf needs {counts[self._rank]} elements, has {recv_arr.shape[0]}", op=name, rank=self._rank)
             self._distinct(send.array, recv.array, name)
-            send_arr = send.array
-        o = self._check_op(op, recv.dtype, name)
-        call = Call("reduce_scatter", recv.dtype, send_arr, recv.array, o, counts=counts, in_place=sendbuf is IN_PLACE)
+        call = Call("reduce_scatter", recv_arr.dtype, send_arr, recv_arr, o, counts=counts, in_place=sendbuf is IN_PLACE)
         return call, self._sig(call, total, _vhash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
@@ -546,6 +588,8 @@ class Comm:
     def _tag(self, tag: int, opname: str, allow_any: bool) -> int:
         if not isinstance(tag, (int, np.integer)) or (tag < 0 and not (allow_any and tag == ANY_TAG)):
             raise InvalidArgumentError(f"tag {tag!r} must be a non-negative integer", op=opname, rank=self._rank)
+        if tag > _TAG_MAX:
+            raise InvalidArgumentError(f"tag {tag!r} is above the largest tag, {_TAG_MAX}", op=opname, rank=self._rank)
         return int(tag)
 
     def _p2p_ready(self, opname: str) -> Owner:
@@ -562,13 +606,13 @@ class Comm:
         """Whether a call naming ``peer`` (a rank here) and ``tag`` (>= 0, or ANY_TAG for a receive) may take the
         engine's eager path: plain ints in range on a live communicator; anything else goes through the checks of
         the posted path."""
-        return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (tag >= 0 or any_tag and tag == ANY_TAG)
+        return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (0 <= tag <= _TAG_MAX or any_tag and tag == ANY_TAG)
                 and not (self._freed or self._aborted is not None or self._engine.broken_ctxs))
 
     def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
         """The engine's send request (None for PROC_NULL); arguments checked in the common case by type alone."""
         base = self._p2p_ready(opname)
-        if type(dest) is int and type(tag) is int and 0 <= dest < self._size and tag >= 0:
+        if type(dest) is int and type(tag) is int and 0 <= dest < self._size and 0 <= tag <= _TAG_MAX:
             peer = self._world[dest]
         else:
             peer = self._peer(dest, opname, False)
@@ -580,7 +624,7 @@ class Comm:
     def _irecv_array(self, arr: Optional[np.ndarray], source: int, tag: int, opname: str) -> Any:
         """The engine's receive request (None for PROC_NULL)."""
         base = self._p2p_ready(opname)
-        if type(source) is int and type(tag) is int and 0 <= source < self._size and tag >= -1:
+        if type(source) is int and type(tag) is int and 0 <= source < self._size and -1 <= tag <= _TAG_MAX:
             peer = self._world[source]
         else:
             peer = self._peer(source, opname, True)
@@ -591,7 +635,12 @@ class Comm:
 
     def _p2p_buf(self, buf: Any, opname: str, writable: bool = False) -> np.ndarray:
         """A host buffer for point-to-point, as flat bytes; device buffers are for collectives only in this build."""
-        arr = buffers.parse_bytes(buf, "buf", opname, writable)
+        try:
+            arr = buffers.parse_bytes(buf, "buf", opname, writable)
+        except InvalidArgumentError as exc:
+            arr = _no_data(buf)
+            if arr is None:
+                raise InvalidArgumentError(exc.cause, op=exc.op or opname, rank=self._rank) from None
         if arr is None:
             raise InvalidArgumentError("point-to-point calls take host buffers only; device buffers work in collectives",
                                        op=opname, rank=self._rank)
@@ -599,14 +648,14 @@ class Comm:
 
     def _p2p_request(self, req: Any, recv: bool = False, finish: Optional[Callable] = None) -> Request:
         if req is None:
-            return Request.completed(Status(PROC_NULL, ANY_TAG, 0) if recv else None)
+            return Request.completed(Status._of(PROC_NULL, ANY_TAG, 0) if recv else None)
         return Request(self._engine, self, p2p=req, finish=finish)
 
     def _p2p_wait(self, req: Any, status: Optional[Status] = None) -> None:
         """Complete a blocking call's request: wait, raise its error, fill the status."""
         if req is None:
             if status is not None:
-                status._fill(Status(PROC_NULL, ANY_TAG, 0))
+                status._fill(Status._of(PROC_NULL, ANY_TAG, 0))
             return
         if not req.done:
             self._engine.wait_one(req, self.timeout)
@@ -624,9 +673,84 @@ class Comm:
             return
         self._p2p_wait(self._isend_array(arr, dest, tag, "Send"))
 
-    Ssend = Send
-    Rsend = Send
-    Bsend = Send
+    Rsend = Send  # ready mode: the receive is posted already; pycoll does not need to know
+
+    def Irsend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        return self._p2p_request(self._isend_array(self._p2p_buf(buf, "Irsend"), dest, tag, "Irsend"))
+
+    def _issend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
+        """The engine's synchronous send request (None for PROC_NULL): done once the receiver matched it."""
+        base = self._p2p_ready(opname)
+        peer = self._peer(dest, opname, False)
+        tag = self._tag(tag, opname, False)
+        if peer == PROC_NULL:
+            return None
+        return self._engine.issend(peer, arr, self._ctx, tag, base.call(opname, "dest", dest, tag))
+
+    def Ssend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        """Send, returning once a receive on ``dest`` matched the message (synchronous mode)."""
+        self._p2p_wait(self._issend_array(self._p2p_buf(buf, "Ssend"), dest, tag, "Ssend"))
+
+    def Issend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        """Nonblocking synchronous send: the request completes once a receive on ``dest`` matched the message."""
+        return self._p2p_request(self._issend_array(self._p2p_buf(buf, "Issend"), dest, tag, "Issend"))
+
+    def _bsend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str, copy: bool = True) -> None:
+        """Buffered mode: a copy of ``arr`` leaves in the background (later calls move it; a failure shows there,
+        or in Flush_buffer, which waits for the sends still under way)."""
+        req = self._isend_array(arr.copy() if copy else arr, dest, tag, opname)
+        if req is not None and not req.done:
+            pending = self.__dict__.setdefault("_bsends", [])
+            if len(pending) >= 64:
+                pending[:] = [r for r in pending if not r.done]
+            pending.append(req)
+            _BSENDING.add(self)
+
+    # ---- buffered-mode buffers (MPI-4.1): kept and given back; pycoll's buffered sends copy into memory of their own
+    def Attach_buffer(self, buf: Any) -> None:  # noqa: N802
+        """Attach a buffer for this communicator's buffered sends: writable memory (e.g. from MPI.Alloc_mem),
+        or None / MPI.BUFFER_AUTOMATIC. pycoll's Bsend copies each message into memory of its own and never
+        runs out of space, so the buffer is only kept, not used, until Detach_buffer gives it back."""
+        self._live("Attach_buffer")
+        self.__dict__["_attached"] = attach_buffer(self.__dict__.get("_attached"), buf, "Attach_buffer", self._rank)
+
+    def Detach_buffer(self) -> Any:  # noqa: N802
+        """Give back the object Attach_buffer kept (BUFFER_AUTOMATIC for automatic buffering; None if nothing
+        is attached). It returns at once: no buffered message lives in the buffer (Flush_buffer waits for them)."""
+        self._live("Detach_buffer")
+        return self.__dict__.pop("_attached", None)
+
+    def Flush_buffer(self) -> None:  # noqa: N802
+        """Wait until every buffered send made on this communicator has left (raises the first one's error)."""
+        self._live("Flush_buffer")
+        self._flush_bsends()
+
+    def Iflush_buffer(self) -> Request:  # noqa: N802
+        """Flush_buffer, then a request that is already complete."""
+        self.Flush_buffer()
+        return Request.completed()
+
+    def _flush_bsends(self) -> None:
+        pending = self.__dict__.pop("_bsends", [])
+        _BSENDING.discard(self)
+        first: Optional[BaseException] = None
+        for req in pending:
+            if not req.done:
+                try:
+                    self._engine.wait_one(req, self.timeout)
+                except Exception as exc:  # noqa: BLE001 - the first failure is raised once every send was waited
+                    first = first or exc
+            first = first or req.error
+        if first is not None:
+            raise first
+
+    def Bsend(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
+        """Buffered send: returns at once, the message copied (pycoll needs no attached buffer)."""
+        self._bsend_array(self._p2p_buf(buf, "Bsend"), dest, tag, "Bsend")
+
+    def Ibsend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
+        """Nonblocking buffered send: the request is complete once the message is copied, at once."""
+        return self._p2p_request(self._bsend_array(self._p2p_buf(buf, "Ibsend"), dest, tag, "Ibsend"))
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
         return self._p2p_request(self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv"), True)
@@ -671,6 +795,126 @@ class Comm:
         finally:
             self._p2p_wait(sreq)
 
+    def Sendrecv_replace(  # noqa: N802
+        self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG, status: Optional[Status] = None
+    ) -> None:
+        """Send ``buf``'s contents to ``dest`` and replace them with the message from ``source``."""
+        arr = self._p2p_buf(buf, "Sendrecv_replace", writable=True)
+        self.Sendrecv(arr.copy(), dest, sendtag, arr, source, recvtag, status)
+
+    def _pair(self, rreq: Any, sreq: Any) -> Request:
+        """One request for a receive and a send (either None for PROC_NULL); its status is the receive's."""
+        if rreq is None:
+            req = self._p2p_request(sreq)
+            req._status = Status._of(PROC_NULL, ANY_TAG, 0)
+            return req
+        req = Request(self._engine, self, p2p=rreq)
+        if sreq is not None:
+            req._more = (sreq,)
+        return req
+
+    def Isendrecv(  # noqa: N802
+        self, sendbuf: Any, dest: int, sendtag: int = 0, recvbuf: Any = None, source: int = ANY_SOURCE, recvtag: int = ANY_TAG
+    ) -> Request:
+        """Nonblocking Sendrecv: one request for both transfers."""
+        rarr = self._p2p_buf(recvbuf, "Isendrecv", writable=True)
+        sarr = self._p2p_buf(sendbuf, "Isendrecv")
+        rreq = self._irecv_array(rarr, source, recvtag, "Isendrecv")
+        return self._pair(rreq, self._isend_array(sarr, dest, sendtag, "Isendrecv"))
+
+    def Isendrecv_replace(  # noqa: N802
+        self, buf: Any, dest: int, sendtag: int = 0, source: int = ANY_SOURCE, recvtag: int = ANY_TAG
+    ) -> Request:
+        """Nonblocking Sendrecv_replace."""
+        arr = self._p2p_buf(buf, "Isendrecv_replace", writable=True)
+        sarr = arr.copy()  # before the receive is posted: a buffered message may land at once
+        rreq = self._irecv_array(arr, source, recvtag, "Isendrecv_replace")
+        return self._pair(rreq, self._isend_array(sarr, dest, sendtag, "Isendrecv_replace"))
+
+    # ---- probes and matched receives --------------------------------------------------------------
+    def _probe(self, opname: str, source: int, tag: int, status: Optional[Status], block: bool, take: bool) -> Any:
+        """The engine's message a receive of (source, tag) would take (None: none yet; MESSAGE_NO_PROC for
+        PROC_NULL), its status filled; ``take`` (matched probes) reserves it for a Message's receive."""
+        base = self._p2p_ready(opname)
+        peer = self._peer(source, opname, True)
+        tag = self._tag(tag, opname, True)
+        if peer == PROC_NULL:
+            if status is not None:
+                status._fill(Status._of(PROC_NULL, ANY_TAG, 0))
+            return MESSAGE_NO_PROC
+        engine = self._engine
+        if block:
+            found = engine.probe(peer, self._ctx, tag, base.call(opname, "source", source, tag), self.timeout, take)
+        else:
+            found = engine.iprobe(peer, self._ctx, tag, take)
+        if found is not None and status is not None:
+            status._fill(Status._of(self._to_comm[found.src], found.tag, found.nbytes))
+        return found
+
+    def Probe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:  # noqa: N802
+        """Block until a message that a receive of (source, tag) would take has arrived; it stays there. True."""
+        self._probe("Probe", source, tag, status, True, False)
+        return True
+
+    def Iprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> bool:  # noqa: N802
+        """Whether a message that a receive of (source, tag) would take has arrived (status filled if so)."""
+        return self._probe("Iprobe", source, tag, status, False, False) is not None
+
+    def _message(self, found: Any) -> Message:
+        return Message(MESSAGE_NO_PROC) if found is MESSAGE_NO_PROC else Message._of(self, found)
+
+    def Mprobe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Message:  # noqa: N802
+        """Block until a message of (source, tag) has arrived, and take it: only the returned Message receives it."""
+        return self._message(self._probe("Mprobe", source, tag, status, True, True))
+
+    def Improbe(self, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Optional[Message]:  # noqa: N802
+        """Mprobe without blocking: the Message, or None if no such message has arrived."""
+        found = self._probe("Improbe", source, tag, status, False, True)
+        return None if found is None else self._message(found)
+
+    probe = Probe
+    iprobe = Iprobe
+    mprobe = Mprobe
+    improbe = Improbe
+
+    def _mrecv(self, found: Any, buf: Any, status: Optional[Status], opname: str) -> None:
+        """Receive a matched message into ``buf``."""
+        arr = self._p2p_buf(buf, opname, writable=True)
+        owner = self._p2p_ready(opname).call(opname, "source", self._to_comm[found.src], found.tag)
+        self._p2p_wait(self._engine.mrecv(found, arr, owner), status)
+
+    def _imrecv(self, found: Any, buf: Any, opname: str, obj: bool = False) -> Request:
+        """A request receiving a matched message: into ``buf``, or (``obj``) as a lowercase receive's object."""
+        arr = None if obj else self._p2p_buf(buf, opname, writable=True)
+        owner = self._p2p_ready(opname).call(opname, "source", self._to_comm[found.src], found.tag)
+        return Request(self._engine, self, p2p=self._engine.mrecv(found, arr, owner), finish=self._loads if obj else None)
+
+    # ---- persistent requests --------------------------------------------------------------------
+    def _persistent(self, opname: str, buf: Any, peer: int, tag: int, start: Callable[..., Any], recv: bool = False) -> Prequest:
+        """An inactive persistent request; each Start runs ``start(flat bytes, peer, tag, opname)``. The arguments
+        are checked now, as MPI does."""
+        arr = self._p2p_buf(buf, opname, writable=recv)
+        self._peer(peer, opname, recv)
+        self._tag(tag, opname, recv)
+        return Prequest._persistent(lambda: self._p2p_request(start(arr, peer, tag, opname), recv))
+
+    def Send_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:  # noqa: N802
+        """A persistent send: each Start sends ``buf``'s contents at that time."""
+        return self._persistent("Send_init", buf, dest, tag, self._isend_array)
+
+    def Ssend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:  # noqa: N802
+        return self._persistent("Ssend_init", buf, dest, tag, self._issend_array)
+
+    def Bsend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:  # noqa: N802
+        return self._persistent("Bsend_init", buf, dest, tag, self._bsend_array)
+
+    def Rsend_init(self, buf: Any, dest: int, tag: int = 0) -> Prequest:  # noqa: N802
+        return self._persistent("Rsend_init", buf, dest, tag, self._isend_array)
+
+    def Recv_init(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Prequest:  # noqa: N802
+        """A persistent receive into ``buf``."""
+        return self._persistent("Recv_init", buf, source, tag, self._irecv_array, recv=True)
+
     # ---- Python objects (pickle) ---------------------------------------------------------------
     @staticmethod
     def _dumps(obj: Any) -> np.ndarray:
@@ -678,7 +922,7 @@ class Comm:
 
     @staticmethod
     def _loads(data: np.ndarray) -> Any:
-        return pickle.loads(data.tobytes())
+        return pickle.loads(data.tobytes()) if data.size else None  # an empty message is None (mpi4py)
 
     def _allgather_bytes(self, data: np.ndarray) -> list[np.ndarray]:
         sizes = np.empty(self._size, np.int64)
@@ -764,7 +1008,22 @@ class Comm:
     def isend(self, obj: Any, dest: int, tag: int = 0) -> Request:
         return self._p2p_request(self._isend_array(self._dumps(obj), dest, tag, "isend"))
 
+    def ssend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        """Send an object, returning once a receive on ``dest`` matched it."""
+        self._p2p_wait(self._issend_array(self._dumps(obj), dest, tag, "ssend"))
+
+    def issend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return self._p2p_request(self._issend_array(self._dumps(obj), dest, tag, "issend"))
+
+    def bsend(self, obj: Any, dest: int, tag: int = 0) -> None:
+        self._bsend_array(self._dumps(obj), dest, tag, "bsend", copy=False)
+
+    def ibsend(self, obj: Any, dest: int, tag: int = 0) -> Request:
+        return self._p2p_request(self._bsend_array(self._dumps(obj), dest, tag, "ibsend", copy=False))
+
     def recv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Any:
+        if buf is not None:  # as mpi4py warns; pycoll sizes the receive to the message whatever buf says
+            warnings.warn("recv(): the 'buf' argument is deprecated and ignored", UserWarning, stacklevel=2)
         return self._p2p_request(self._irecv_array(None, source, tag, "recv"), True, self._loads).wait(status)
 
     def irecv(self, buf: Any = None, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:
@@ -778,29 +1037,352 @@ class Comm:
         return rreq.wait(status)
 
     # ---- communicator management ---------------------------------------------------------------
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """mpi4py's constructor forms besides pycoll's own: ``Comm()`` and ``Comm(COMM_NULL)`` give a null
+        communicator; ``Comm(comm)`` (or ``Intracomm(comm)``, ``Cartcomm(cart)``) another reference to ``comm``:
+        a new object sharing its state, equal to it, as mpi4py's objects share one MPI handle."""
+        if not kwargs and len(args) <= 1:
+            comm = args[0] if args else None
+            if comm is None or isinstance(comm, _NullComm):
+                return _NullComm()
+            if not isinstance(comm, cls):
+                raise TypeError(f"expecting {'an' if cls.__name__[0] in 'AEIOU' else 'a'} {cls.__name__}, got {type(comm).__name__}")
+            ref = super().__new__(cls)
+            ref.__dict__ = comm.__dict__
+            return ref
+        return super().__new__(cls)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _NullComm):
+            return self._freed  # a freed communicator equals COMM_NULL, as in mpi4py
+        return isinstance(other, Comm) and other.__dict__ is self.__dict__
+
+    def __hash__(self) -> int:
+        return id(self.__dict__)
+
+    def __reduce__(self) -> Any:
+        """COMM_WORLD and COMM_SELF pickle by name; any other communicator cannot leave its process (mpi4py)."""
+        from . import MPI
+
+        for name, key in (("COMM_WORLD", "world"), ("COMM_SELF", "self")):
+            if MPI._comms.get(key) is self:
+                return (_predefined, (name,))
+            if MPI._comms.get(key) == self:  # another reference to it: unpickles as another reference
+                return (type(self), (MPI._comms[key],))
+        raise ValueError(f"cannot pickle {self!r}: a communicator is local to its process")
+
+    def _child(self, world: list[int], ctx: int, name: str) -> "Comm":
+        """A plain communicator over ``world`` (world ranks) with this one's timeout."""
+        child = Comm(self._rt, world, ctx, name)
+        child.timeout = self.timeout
+        return child
+
+    def _copy(self, ctx: int, name: str) -> "Comm":
+        """Dup's communicator: the same ranks (a topology communicator also keeps its topology)."""
+        return self._child(list(self._world), ctx, name)
+
+    def _agreed(self, opname: str, mine: Any, problem: str = "", same: bool = False) -> list[Any]:
+        """Every rank's ``mine``, by one allgather. A rank that found its arguments bad passes ``problem``: it
+        raises InvalidArgumentError, the others RemoteError naming it. With ``same``, ranks that passed different
+        values all raise MismatchError."""
+        from .errors import MismatchError, RemoteError
+
+        table = self.allgather((problem, mine))
+        bad = [r for r, (p, _) in enumerate(table) if p]
+        if problem:
+            raise InvalidArgumentError(problem, op=opname, rank=self._rank, peers=[r for r in bad if r != self._rank])
+        if bad:
+            raise RemoteError(f"rank {bad[0]} rejected its arguments ({table[bad[0]][0]})", op=opname, rank=self._rank, peers=bad)
+        values = [m for _, m in table]
+        if same and any(v != values[0] for v in values):
+            odd = [r for r, v in enumerate(values) if v != values[0]]
+            raise MismatchError(f"ranks passed different arguments: rank 0 {values[0]!r}, rank {odd[0]} {values[odd[0]]!r}",
+                                op=opname, rank=self._rank, peers=odd)
+        return values
+
     def Split(self, color: int = 0, key: int = 0) -> "Comm":  # noqa: N802
-        self._live("Split")
+        """Collective: one communicator per color (a non-negative int), ranks ordered by (key, rank here);
+        ``color=UNDEFINED`` gives COMM_NULL."""
+        return self._split(color, key, "Split")
+
+    def _split(self, color: Any, key: Any, opname: str, problem: str = "") -> "Comm":
+        self._live(opname)
         self._children += 1
-        table = self.allgather((int(color), int(key)))
-        if color == UNDEFINED or color is None:
+        if color is None:
+            color = UNDEFINED
+        if not problem:
+            for what, value in (("color", color), ("key", key)):
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    problem = f"{what} {value!r} is not an integer"
+            if not problem and color < 0 and color != UNDEFINED:
+                problem = f"color {color} is negative (colors are >= 0, or MPI.UNDEFINED)"
+        mine = (int(color), int(key)) if not problem else None
+        table = self._agreed(opname, mine, problem)
+        if color == UNDEFINED:
             return COMM_NULL  # type: ignore[return-value]
         members = sorted((k, r) for r, (c, k) in enumerate(table) if c == color)
         world = [self._world[r] for _, r in members]
         ctx = _child_ctx(self._ctx, self._children, ("split", int(color)))
-        child = Comm(self._rt, world, ctx, f"{self._name}.split({color})")
-        child.timeout = self.timeout
+        return self._child(world, ctx, f"{self._name}.split({color})")
+
+    def Split_type(self, split_type: int, key: int = 0, info: Any = None) -> "Comm":  # noqa: N802
+        """Collective: ``COMM_TYPE_SHARED`` groups the ranks of one host (the runtime's host identity: ranks that
+        share memory); ``UNDEFINED`` gives COMM_NULL. Other split types are refused on every rank."""
+        problem = ""
+        if split_type == UNDEFINED:
+            color = UNDEFINED
+        elif split_type == COMM_TYPE_SHARED:
+            host = self._rt.peers[self._rt.rank].host_id
+            color = min(p.rank for p in self._rt.peers if p.host_id == host)  # the same number on every rank of a host
+        else:
+            color, problem = UNDEFINED, f"split_type {split_type!r} is not MPI.COMM_TYPE_SHARED or MPI.UNDEFINED"
+        child = self._split(color, key, "Split_type", problem)
+        if child is not COMM_NULL:
+            child._name = f"{self._name}.split_type(shared)"
         return child
 
-    def Dup(self) -> "Comm":  # noqa: N802
-        self._live("Dup")
+    def Create(self, group: Any) -> "Comm":  # noqa: N802
+        """Collective over this communicator: a communicator over ``group`` (processes of this one, in the
+        group's order). Every rank passes the same group, or each the group it belongs to (disjoint groups);
+        ranks outside their group get COMM_NULL."""
+        op = "Create"
+        self._live(op)
         self._children += 1
-        child = Comm(self._rt, list(self._world), _child_ctx(self._ctx, self._children, "dup"), f"{self._name}.dup")
-        child.timeout = self.timeout
+        problem, members = self._group_members(group, op)
+        table = self._agreed(op, members, problem)
+        for r, g in enumerate(table):
+            if self._world[r] in g:
+                odd = [self._to_comm[w] for w in g if table[self._to_comm[w]] != g]
+                if odd:
+                    from .errors import MismatchError
+
+                    raise MismatchError(f"rank {r} passed group {list(g)} but its member rank {odd[0]} passed "
+                                        f"{list(table[odd[0]])}", op=op, rank=self._rank, peers=[r] + odd)
+        if self._rt.rank not in members:
+            return COMM_NULL  # type: ignore[return-value]
+        return self._child(list(members), _child_ctx(self._ctx, self._children, ("create", members)), f"{self._name}.create")
+
+    def Create_group(self, group: Any, tag: int = 0) -> "Comm":  # noqa: N802
+        """Collective over ``group`` only (the other ranks of this communicator do not call, or get COMM_NULL):
+        a communicator over the group's processes. Concurrent calls with overlapping groups differ by ``tag``."""
+        op = "Create_group"
+        self._live(op)
+        problem, members = self._group_members(group, op)
+        if not problem and (isinstance(tag, bool) or not isinstance(tag, (int, np.integer)) or tag < 0):
+            problem = f"tag {tag!r} must be a non-negative integer"
+        if problem:
+            raise InvalidArgumentError(problem, op=op, rank=self._rank)
+        if self._rt.rank not in members:
+            return COMM_NULL  # type: ignore[return-value]
+        made = self.__dict__.setdefault("_group_children", {})  # calls so far per (group, tag): the same on every member
+        made[(members, int(tag))] = count = made.get((members, int(tag)), 0) + 1
+        return self._child(list(members), _child_ctx(self._ctx, 0, ("create_group", members, int(tag), count)),
+                           f"{self._name}.create_group")
+
+    @classmethod
+    def Create_from_group(cls, group: Any, stringtag: str = "org.mpi4py", info: Any = None, errhandler: Any = None) -> "Comm":  # noqa: N802
+        """Collective over ``group``'s processes: a communicator over them, from no parent (MPI-4). Concurrent
+        calls with overlapping groups differ by ``stringtag``."""
+        from . import runtime as _runtime
+
+        op = "Create_from_group"
+        rt = _runtime.current()
+        if rt is None:
+            raise InvalidArgumentError("pycoll is not initialized (use MPI.COMM_WORLD first)", op=op)
+        problem, members = _group_world(group, range(rt.size), op)
+        if problem or rt.rank not in members:
+            raise InvalidArgumentError(problem or "this process is not a member of the group", op=op, rank=rt.rank)
+        key = (id(rt), members, str(stringtag))
+        _FROM_GROUP[key] = count = _FROM_GROUP.get(key, 0) + 1
+        return Comm(rt, list(members), _child_ctx(_WORLD_CTX, -3, ("from_group", members, str(stringtag), count)), str(stringtag))
+
+    def _group_members(self, group: Any, opname: str) -> tuple[str, tuple[int, ...]]:
+        return _group_world(group, self._world, opname)
+
+    def Get_group(self) -> Any:  # noqa: N802
+        """A new group of this communicator's processes, in rank order."""
+        from .group import Group
+
+        self._live("Get_group")
+        return Group._of(self._world, self._rt.rank)
+
+    @property
+    def group(self) -> Any:
+        return self.Get_group()
+
+    def Compare(self, comm: "Comm") -> int:  # noqa: N802
+        """IDENT (the same communicator), CONGRUENT (same ranks in the same order), SIMILAR (same processes,
+        other order) or UNEQUAL."""
+        from .group import CONGRUENT, IDENT, compare_members
+
+        if not isinstance(comm, Comm):
+            raise InvalidArgumentError(f"cannot compare a communicator with {comm!r}", op="Compare", rank=self._rank)
+        if comm is self:
+            return IDENT
+        result = compare_members(self._world, comm._world)
+        return CONGRUENT if result == IDENT else result
+
+    def Get_topology(self) -> int:  # noqa: N802
+        return UNDEFINED  # a topology communicator answers its kind
+
+    @property
+    def topology(self) -> int:
+        return self.Get_topology()
+
+    @property
+    def is_topo(self) -> bool:
+        return False
+
+    @property
+    def is_inter(self) -> bool:
+        return False
+
+    @property
+    def is_intra(self) -> bool:
+        return True
+
+    @property
+    def name(self) -> str:
+        return self.Get_name()
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self.Set_name(value)
+
+    def toint(self) -> int:
+        """-1: a pycoll communicator has no integer (C or Fortran) handle, which mpi4py's callers check for."""
+        return -1
+
+    py2f = toint
+
+    def Create_cart(self, dims: Sequence[int], periods: Any = None, reorder: bool = False) -> Any:  # noqa: N802
+        """Collective: a Cartcomm laying the first prod(dims) ranks out on the grid, in rank order (``reorder``
+        is accepted; pycoll keeps the order); the other ranks get COMM_NULL."""
+        from .topology_comm import Cartcomm, cart_args
+
+        op = "Create_cart"
+        self._live(op)
+        self._children += 1
+        problem, grid = "", None
+        try:
+            grid = cart_args(dims, periods, op)
+            if prod(grid[0]) > self._size:
+                raise InvalidArgumentError(f"dims {grid[0]} need {prod(grid[0])} ranks; the communicator has {self._size}", op=op)
+        except InvalidArgumentError as exc:
+            problem = exc.cause
+        self._agreed(op, grid, problem, same=True)
+        assert grid is not None
+        if self._rank >= prod(grid[0]):
+            return COMM_NULL
+        ctx = _child_ctx(self._ctx, self._children, ("cart", tuple(grid[0]), tuple(grid[1])))
+        name = f"{self._name}.cart({'x'.join(map(str, grid[0]))})"
+        return Cartcomm._build(self, self._world[: prod(grid[0])], ctx, name, grid[0], grid[1])
+
+    def Cart_map(self, dims: Sequence[int], periods: Any = None) -> int:  # noqa: N802
+        """The rank this process would have in ``Create_cart(dims, periods, reorder=True)``: its own, or
+        UNDEFINED past the grid."""
+        from .topology_comm import cart_args
+
+        d, _ = cart_args(dims, periods, "Cart_map")
+        if prod(d) > self._size:
+            raise InvalidArgumentError(f"dims {d} need {prod(d)} ranks; the communicator has {self._size}", op="Cart_map", rank=self._rank)
+        return self._rank if self._rank < prod(d) else UNDEFINED
+
+    def Create_graph(self, index: Sequence[int], edges: Sequence[int], reorder: bool = False) -> Any:  # noqa: N802
+        """Collective: a Graphcomm over the first len(index) ranks (node i's neighbors are
+        edges[index[i-1]:index[i]]); the other ranks get COMM_NULL. ``reorder`` is accepted; the order stays."""
+        from .topology_comm import create_graph
+
+        return create_graph(self, index, edges)
+
+    def Graph_map(self, index: Sequence[int], edges: Sequence[int]) -> int:  # noqa: N802
+        from .topology_comm import graph_map
+
+        return graph_map(self, index, edges)
+
+    def Create_dist_graph_adjacent(  # noqa: N802
+        self, sources: Optional[Sequence[int]], destinations: Optional[Sequence[int]], sourceweights: Any = None,
+        destweights: Any = None, info: Any = None, reorder: bool = False,
+    ) -> Any:
+        """Collective: a Distgraphcomm in which each rank names its own incoming and outgoing neighbors."""
+        from .topology_comm import create_dist_graph_adjacent
+
+        return create_dist_graph_adjacent(self, sources, destinations, sourceweights, destweights)
+
+    def Create_dist_graph(  # noqa: N802
+        self, sources: Sequence[int], degrees: Sequence[int], destinations: Sequence[int], weights: Any = None,
+        info: Any = None, reorder: bool = False,
+    ) -> Any:
+        """Collective: a Distgraphcomm from edges any rank may contribute (sources[i] to degrees[i] destinations)."""
+        from .topology_comm import create_dist_graph
+
+        return create_dist_graph(self, sources, degrees, destinations, weights)
+
+    def Dup(self, info: Any = None) -> "Comm":  # noqa: N802
+        """A communicator over the same ranks with contexts of its own (a topology communicator keeps its
+        topology). Its info hints: this one's (``info`` None), else those of the ``MPI.Info`` given
+        (``INFO_NULL``: none), as Dup_with_info. pycoll keeps hints for Get_info; none changes what it does."""
+        self._live("Dup")
+        hints = dict(self._hints) if info is None else _info_items(info, "Dup", self._rank)
+        self._children += 1
+        child = self._copy(_child_ctx(self._ctx, self._children, "dup"), f"{self._name}.dup")
+        child._hints = hints
         return child
 
     Clone = Dup
 
+    def Dup_with_info(self, info: Any) -> "Comm":  # noqa: N802
+        """Dup with the hints of ``info`` (an MPI.Info; INFO_NULL for none) instead of this communicator's."""
+        self._live("Dup_with_info")
+        if info is None:
+            raise InvalidArgumentError("info must be an MPI.Info (MPI.INFO_NULL for no hints), not None",
+                                       op="Dup_with_info", rank=self._rank)
+        _info_items(info, "Dup_with_info", self._rank)
+        return self.Dup(info)
+
+    def Idup(self, info: Any = None) -> tuple["Comm", Request]:  # noqa: N802
+        """Dup, and a request that is already complete (Dup sends nothing)."""
+        return self.Dup(info), Request.completed()
+
+    def Idup_with_info(self, info: Any) -> tuple["Comm", Request]:  # noqa: N802
+        """Dup_with_info, and a request that is already complete."""
+        return self.Dup_with_info(info), Request.completed()
+
+    # ---- info hints: kept per communicator (shared by its references), returned by Get_info ----
+    @property
+    def _hints(self) -> dict[str, str]:
+        return self.__dict__.setdefault("_hint_items", {})
+
+    @_hints.setter
+    def _hints(self, value: dict[str, str]) -> None:
+        self.__dict__["_hint_items"] = value
+
+    def Set_info(self, info: Any) -> None:  # noqa: N802
+        """Add the hints of ``info`` (an MPI.Info) to this communicator's, a key set again taking the new
+        value (INFO_NULL adds none). pycoll keeps them for Get_info; none changes what it does."""
+        self._live("Set_info")
+        if info is None:
+            raise InvalidArgumentError("info must be an MPI.Info, not None", op="Set_info", rank=self._rank)
+        self._hints.update(_info_items(info, "Set_info", self._rank))
+
+    def Get_info(self) -> Any:  # noqa: N802
+        """A new MPI.Info holding this communicator's hints (the caller frees it)."""
+        from .info import Info
+
+        self._live("Get_info")
+        return Info.Create(self._hints)
+
+    @property
+    def info(self) -> Any:
+        """Info hints: ``comm.info`` is Get_info(), ``comm.info = info`` Set_info(info)."""
+        return self.Get_info()
+
+    @info.setter
+    def info(self, value: Any) -> None:
+        self.Set_info(value)
+
     def Free(self) -> None:  # noqa: N802
+        """Release the communicator: later calls on it raise, and it compares equal to COMM_NULL."""
         self._live("Free")
         self._freed = True
         self._x.clear()
@@ -808,6 +1390,38 @@ class Comm:
             self._arena.close()
         if self._ipc is not None:
             self._ipc.close()
+
+    def free(self) -> None:
+        """``Free`` unless already freed or predefined (COMM_WORLD, COMM_SELF)."""
+        if not self._freed and not _is_predefined(self):
+            self.Free()
+
+    # the MPI features pycoll does not provide: each raises NotProvidedError (a NotImplementedError)
+    def Create_intercomm(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.INTERCOMM, "Create_intercomm")
+
+    def Spawn(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Spawn")
+
+    def Spawn_multiple(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Spawn_multiple")
+
+    def Accept(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Accept")
+
+    def Connect(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Connect")
+
+    def Disconnect(self) -> None:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Disconnect")
+
+    @classmethod
+    def Get_parent(cls) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Get_parent")
+
+    @classmethod
+    def Join(cls, fd: int) -> Any:  # noqa: N802
+        not_provided.refuse(not_provided.DYNAMIC, "Join")
 
     def Abort(self, errorcode: int = 1, *, terminate: bool = True) -> None:  # noqa: N802
         """Tear this communicator down, from any thread, without waiting for anyone.
@@ -831,7 +1445,8 @@ class Comm:
 
 
 class _NullComm:
-    """``MPI.COMM_NULL``: compares equal only to itself; any call on it is an error."""
+    """``MPI.COMM_NULL``: equal to every null communicator (``MPI.Comm()``) and to freed ones; any call on it
+    is an error."""
 
     def __repr__(self) -> str:
         return "<pycoll.MPI.COMM_NULL>"
@@ -839,11 +1454,115 @@ class _NullComm:
     def __bool__(self) -> bool:
         return False
 
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _NullComm):
+            return True
+        return other._freed if isinstance(other, Comm) else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(_NullComm)
+
+    def __reduce__(self) -> Any:
+        return "COMM_NULL" if self is COMM_NULL else (_NullComm, ())
+
+    def Get_name(self) -> str:  # noqa: N802
+        return "MPI_COMM_NULL"
+
+    def free(self) -> None:
+        """Nothing to free (mpi4py's ``free`` skips null communicators)."""
+
     def __getattr__(self, name: str) -> Any:
         raise InvalidArgumentError(f"{name} called on MPI.COMM_NULL")
 
 
 COMM_NULL = _NullComm()
+
+# ---- communicator management helpers ---------------------------------------------------------------
+COMM_TYPE_SHARED = 1  # Split_type: the ranks of one host (MPICH's value)
+_FROM_GROUP: dict[tuple[int, tuple[int, ...], str], int] = {}  # Create_from_group calls per (runtime, group, tag)
+
+
+def _group_world(group: Any, world: Sequence[int], opname: str) -> tuple[str, tuple[int, ...]]:
+    """``group``'s members (world ranks) and, when it cannot be used over ``world``, why ("" when it can)."""
+    from .group import Group
+
+    if not isinstance(group, Group):
+        return f"expected an MPI.Group, got {type(group).__name__}", ()
+    if not group:
+        return "the group is MPI.GROUP_NULL", ()
+    members = group.members
+    allowed = set(world)
+    outside = [w for w in members if w not in allowed]
+    if outside:
+        return f"the group holds processes outside this communicator (world ranks {outside})", ()
+    return "", members
+
+
+class _BufferAutomatic:
+    """``MPI.BUFFER_AUTOMATIC``: attach it (or None) to ask for automatic buffering; Detach_buffer returns it."""
+
+    def __repr__(self) -> str:
+        return "<pycoll.MPI.BUFFER_AUTOMATIC>"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __int__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> str:
+        return "BUFFER_AUTOMATIC"
+
+
+BUFFER_AUTOMATIC = _BufferAutomatic()
+_BSENDING: "weakref.WeakSet[Comm]" = weakref.WeakSet()  # communicators with buffered sends maybe under way
+
+
+def attach_buffer(current: Any, buf: Any, opname: str, rank: Optional[int] = None) -> Any:
+    """What an Attach_buffer call keeps: ``buf`` checked (writable memory, None or BUFFER_AUTOMATIC, which
+    None becomes), when nothing (``current`` None) is attached yet."""
+    if current is not None:
+        raise InvalidArgumentError("a buffer is attached already; Detach_buffer it first", op=opname, rank=rank)
+    if buf is None or buf is BUFFER_AUTOMATIC:
+        return BUFFER_AUTOMATIC
+    try:
+        readonly = memoryview(buf).readonly
+    except TypeError:  # not the buffer protocol: an array exporter (NumPy, DLPack, CUDA) also serves
+        if not any(hasattr(buf, a) for a in ("__array_interface__", "__cuda_array_interface__", "__dlpack__")):
+            raise InvalidArgumentError(f"expected writable memory (e.g. MPI.Alloc_mem), None or MPI.BUFFER_AUTOMATIC, "
+                                       f"got {type(buf).__name__}", op=opname, rank=rank) from None
+        readonly = False
+    if readonly:
+        raise InvalidArgumentError(f"the {type(buf).__name__} to attach is read-only", op=opname, rank=rank)
+    return buf
+
+
+def flush_all_bsends() -> None:
+    """Wait for the buffered sends of every communicator (MPI.Flush_buffer, MPI.Detach_buffer)."""
+    for comm in list(_BSENDING):
+        comm._flush_bsends()
+
+
+def _info_items(info: Any, opname: str, rank: Optional[int] = None) -> dict[str, str]:
+    """The (key, value) items of an MPI.Info, as a dict ({} for INFO_NULL); anything else is refused."""
+    from .info import Info
+
+    if not isinstance(info, Info):
+        raise InvalidArgumentError(f"info must be an MPI.Info, not {type(info).__name__}", op=opname, rank=rank)
+    return dict(info.items())
+
+
+def _predefined(name: str) -> Comm:
+    """``MPI.COMM_WORLD`` or ``MPI.COMM_SELF`` (how they unpickle)."""
+    from . import MPI
+
+    return getattr(MPI, name)
+
+
+def _is_predefined(comm: Comm) -> bool:
+    from . import MPI
+
+    return any(c == comm for c in MPI._comms.values())
 
 
 def world_comm(runtime: Runtime) -> Comm:

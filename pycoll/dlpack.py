@@ -102,15 +102,18 @@ def _export(obj: Any, what: str, op: str) -> Any:
 
 
 def _numpy_dtype(dt: _DataType, what: str, op: str) -> np.dtype:
-    if dt.lanes != 1:
-        raise InvalidArgumentError(f"{what}: DLPack vector dtype ({dt.lanes} lanes) is not supported", op=op)
-    if dt.code == _BFLOAT and dt.bits == 16 and datatypes.BFLOAT16 is not None:
+    kind, bits = _KINDS.get(dt.code), dt.bits
+    if dt.lanes == 2 and kind == "f":  # a pair of floats: a complex number (how some export complex long double)
+        kind, bits = "c", 2 * bits
+    elif dt.lanes != 1:
+        raise InvalidArgumentError(f"{what}: DLPack vector dtype ({dt.lanes} lanes of code {dt.code}) is not supported",
+                                   op=op)
+    if dt.code == _BFLOAT and bits == 16 and datatypes.BFLOAT16 is not None:
         return datatypes.BFLOAT16
-    kind = _KINDS.get(dt.code)
-    if kind is None or dt.bits % 8:
+    if kind is None or bits % 8:
         raise InvalidArgumentError(f"{what}: DLPack dtype (code {dt.code}, {dt.bits} bits) is not supported", op=op)
     try:
-        return np.dtype(f"{kind}{dt.bits // 8}")
+        return np.dtype(f"{kind}{bits // 8}")
     except TypeError:
         raise InvalidArgumentError(f"{what}: DLPack dtype (code {dt.code}, {dt.bits} bits) has no NumPy type", op=op) from None
 

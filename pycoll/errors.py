@@ -102,3 +102,42 @@ class PeerMismatchError(RemoteError, MismatchError):
 
 class AbortedError(CommunicatorBrokenError):
     """``Comm.Abort`` tore the communicator down (on this rank, from any thread) while this call waited."""
+
+
+class NotProvidedError(PycollError, NotImplementedError):
+    """An MPI feature pycoll does not provide (intercommunicators, one-sided windows, MPI-IO, dynamic processes).
+
+    A NotImplementedError, as mpi4py raises for a call its MPI lacks: mpi4py's tests, and programs written
+    like them, catch that to skip the feature.
+    """
+
+    def Get_error_class(self) -> int:  # noqa: N802 - mpi4py name
+        return 44  # MPI_ERR_UNSUPPORTED_OPERATION (MPICH's value)
+
+
+class InfoError(InvalidArgumentError):
+    """A call on an ``MPI.Info`` was refused: the Info is null or freed, or predefined and read-only."""
+
+    ERROR_CLASS = 28  # MPI_ERR_INFO (MPICH's value)
+
+    def Get_error_class(self) -> int:  # noqa: N802 - mpi4py name
+        return self.ERROR_CLASS
+
+
+class InfoKeyError(InfoError):
+    """An Info key that is not a non-empty string of at most ``MPI.MAX_INFO_KEY`` characters, or an index
+    past the last key (``Get_nthkey``)."""
+
+    ERROR_CLASS = 29  # MPI_ERR_INFO_KEY
+
+
+class InfoValueError(InfoError):
+    """An Info value that is not a string of at most ``MPI.MAX_INFO_VAL`` characters."""
+
+    ERROR_CLASS = 30  # MPI_ERR_INFO_VALUE
+
+
+class InfoNoKeyError(InfoError):
+    """``Info.Delete`` of a key the Info does not hold."""
+
+    ERROR_CLASS = 31  # MPI_ERR_INFO_NOKEY

@@ -318,14 +318,19 @@ class Executor:
                  ) -> tuple[Call, Sig, Any]:
         """Check the arguments; if they are wrong here, tell the peers so that they do not wait for us.
 
-        A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it (else None).
+        A call on device buffers comes back as its host twin, with the ``Staged`` copy that holds it; a call whose
+        receive buffer is a packed copy (a derived datatype's elements) with the ``Unpacking`` that writes it back
+        (else None).
         """
         c = self.comm
         c._live(label)
         self.chosen = None
         try:
-            call, sig = build(*args)
+            with buffers.collecting_packed() as unpacking:  # derived datatypes' packed receive buffers
+                call, sig = build(*args)
             call, stage = self._stage(call, stream, label)
+            if unpacking.packed and stage is None:
+                stage = unpacking  # written back into the user's buffers when the call completes
             return call, sig, stage
         except InvalidArgumentError as err:
             c._seq += 1  # every rank consumes this call's number, so the next call still lines up

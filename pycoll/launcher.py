@@ -174,6 +174,15 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+MPI4PY_ALIAS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi4py_alias")
+
+
+def mpi4py_path_first(pythonpath: str) -> str:
+    """``pythonpath`` with pycoll's stand-in mpi4py package (pycoll/mpi4py_alias) first, ahead of an installed mpi4py."""
+    rest = [p for p in pythonpath.split(os.pathsep) if p and p != MPI4PY_ALIAS_DIR]
+    return os.pathsep.join([MPI4PY_ALIAS_DIR] + rest)
+
+
 def _start_store(host: str, token: str) -> tuple[TCPStoreServer, tuple[str, int]]:
     server = TCPStoreServer(host, 0, token=token)
     return server, server.start()
@@ -189,12 +198,14 @@ def launch(
     hosts: Optional[int] = None,
     ranks_per_host: Optional[Sequence[int]] = None,
     link_rate: Optional[str] = None,
+    mpi4py: bool = False,
 ) -> int:
     """Run ``cmd`` as ``n`` ranks; return 0, the first failed rank's code, or 124 on timeout.
 
     With ``hosts`` or ``ranks_per_host`` the ranks run on virtual hosts (pycoll.netns), in contiguous
     blocks, each rank inside its host's network namespace; the store listens in host 0's namespace.
     ``link_rate`` (e.g. "1gbit") shapes every virtual link. Raises NetnsError if namespaces can't be made.
+    With ``mpi4py`` the ranks' ``import mpi4py`` and ``from mpi4py import MPI`` load pycoll (see mpi4py_path_first).
     """
     if n < 1:
         raise ValueError(f"-n must be at least 1, got {n}")
@@ -235,6 +246,8 @@ def launch(
             where = [(h, i, c) for h, c in enumerate(placement) for i in range(c)]
         base = dict(os.environ)
         base.update(env or {})
+        if mpi4py:
+            base["PYTHONPATH"] = mpi4py_path_first(base.get("PYTHONPATH", ""))
         torch_port = _free_port(host) if vhosts is None else vhosts.call(0, _free_port, host)
         for rank in range(n):
             h, local_rank, local_size = where[rank]
@@ -356,6 +369,10 @@ def add_run_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argumen
                    help="ranks on each virtual host, e.g. 2,1,2 (implies --hosts 3)")
     p.add_argument("--link-rate", default=None, metavar="RATE",
                    help="shape every virtual link, both ways, to RATE (tc units: 100mbit, 1gbit, 10gbit)")
+    p.add_argument("--mpi4py", action="store_true",
+                   help="run an unchanged mpi4py program on pycoll: the ranks' `from mpi4py import MPI` (and "
+                   "`import mpi4py`, `mpi4py.rc`, `mpi4py.get_config()`) load pycoll's stand-in package, put first "
+                   "on their PYTHONPATH, instead of an installed mpi4py")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD", help="the command and its arguments")
     p.set_defaults(func=run_command)
     return p
@@ -367,7 +384,7 @@ def run_command(args: argparse.Namespace) -> int:
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
-        _say("no command given (usage: pycoll run -n N [--hosts H] [--tag-output] [--timeout S] [--] CMD ...)")
+        _say("no command given (usage: pycoll run -n N [--hosts H] [--tag-output] [--timeout S] [--mpi4py] [--] CMD ...)")
         return 2
     if args.n < 1:
         _say(f"-n must be at least 1, got {args.n}")
@@ -387,7 +404,7 @@ def run_command(args: argparse.Namespace) -> int:
         _say(str(exc))
         return 2
     if not virtual:
-        return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output)
+        return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output, mpi4py=args.mpi4py)
     from pycoll import netns
 
     reason = netns.unavailable(need_tc=bool(rate))
@@ -396,7 +413,7 @@ def run_command(args: argparse.Namespace) -> int:
         return 1
     try:
         return launch(args.n, cmd, timeout=args.timeout, tag_output=args.tag_output,
-                      hosts=hosts, ranks_per_host=per_host, link_rate=rate)
+                      hosts=hosts, ranks_per_host=per_host, link_rate=rate, mpi4py=args.mpi4py)
     except netns.NetnsError as exc:  # the virtual hosts could not be set up
         _say(str(exc))
         return 1

@@ -610,7 +610,7 @@ class Engine:
             self.kernel_source = None
         elif k is not None:
             self._lanes = {p: ch.kernel_lane() + (ch,) for p, ch in self.channels.items()
-                           if hasattr(ch, "kernel_lane") and p in self._has_input}
+                           if hasattr(ch, "kernel_lane") and p in self._has_input and p not in self._closed}
             self._kernels = k
             self._eager_kernel_polls = self._polls_in(k, SPIN_US.get() * 1e-6)
         return None

@@ -41,6 +41,7 @@ pytestmark = pytest.mark.ranks
 def test_forced_sets_cover_every_flat_algorithm() -> None:
     named = {item for spec in (*FORCED.values(), *MOVEMENT.values()) for item in spec.split(",")}
     named |= {"scan:linear", "scan:doubling", "exscan:linear", "exscan:doubling"}  # forced by tests/cases/scan.py
+    named |= {"reduce:ordered", "allreduce:ordered", "reduce_scatter:ordered"}  # forced by tests/cases/user_ops.py
     for coll in ALGORITHMS:
         for name in ALGORITHMS[coll]:
             # hierarchical needs several hosts (tests/test_multihost.py); device algorithms: tests/test_cuda_ipc.py

@@ -16,3 +16,12 @@ def test_p2p(n, transport, tmp_path):
     res = harness.run_cases(n, ["p2p.*"], transport=transport, out_dir=str(tmp_path), job_timeout=140)
     res.assert_ok()
     print(f"{res.label}: {res.proc.wall_s:.1f} s; slowest: {res.slowest()}; notes: {res.notes()}")
+
+
+@pytest.mark.parametrize("n", [3, 4])
+def test_p2p_compiled_eager(n, tmp_path):
+    """The same cases with the kernels loaded before the first call, so eager sends and receives run compiled
+    (3 and 4 ranks on 2 cores: the oversubscribed spin)."""
+    res = harness.run_cases(n, ["p2p.*"], transport="shm", out_dir=str(tmp_path), job_timeout=140,
+                            env={"PYCOLL_ARENA_JIT_LOAD": "now"})
+    res.assert_ok()

@@ -63,8 +63,9 @@ _LOAD_AFTER_CALLS = 8  # calls that could run compiled before one starts the bac
 
 def covers(op: _ops.Op, dtype: np.dtype) -> bool:
     """Whether the kernels give NumPy's exact bits for ``op`` on ``dtype``; complex PROD is left to NumPy,
-    whose vector loops may fuse its multiply-adds."""
-    return dtype in DTYPES and not (dtype.kind == "c" and op is _ops.PROD)
+    whose vector loops may fuse its multiply-adds. Ops the kernels do not know (MAXLOC, user-defined) never run
+    there, nor do the value-index pairs."""
+    return op.kernel and dtype in DTYPES and not (dtype.kind == "c" and op is _ops.PROD)
 
 
 _kernels: Any = None  # the compiled functions, once loaded

@@ -11,6 +11,7 @@ from typing import Callable, Optional, Union
 from ..buffers import DeviceArray
 from ..config import str_param
 from ..errors import InvalidArgumentError
+from ..ops import ORDERED
 from . import cost as cost_model
 from .base import Call, Layout, Schedule, Steps
 from .cost import CostModel
@@ -56,8 +57,16 @@ class Algorithm:
     # "host": runs on host arrays (a device call is staged through pinned host memory for it); "cuda": runs on
     # device buffers only (its refusal declines host calls)
     memory: str = "host"
+    # combines the ranks' values in rank order, lower ranks on the left: it may serve a non-commutative op
+    ordered: bool = False
 
     def refusal(self, call: Call, layout: Layout) -> Optional[str]:
+        op = call.op
+        if op is not None and op.order:  # an op the kernels do not know (MAXLOC, user-defined, ...)
+            if self.memory == "cuda":
+                return f"the device kernels have no {op.name}"
+            if op.order == ORDERED and not self.ordered:
+                return f"{op.name} is not commutative, and this algorithm does not combine the ranks in rank order"
         return self.refuse(call, layout) if self.refuse else None
 
     @property
@@ -93,12 +102,14 @@ def register(
     refuse: Optional[Refusal] = None,
     cost: Optional[Cost] = None,
     memory: str = "host",
+    ordered: bool = False,
 ) -> Callable[[Callable[[Steps, Call], Schedule]], Callable[[Steps, Call], Schedule]]:
     """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered.
 
     ``refuse(call, layout)`` returns why the algorithm cannot serve a call, from the call's size, its memory
-    (host or device) and the layout only; ``cost(model, nbytes, layout)`` predicts its time in seconds.
-    ``memory`` is "host" or "cuda" (see ``Algorithm.memory``).
+    (host or device), its op's kind (``Op.order``) and the layout only; ``cost(model, nbytes, layout)`` predicts its
+    time in seconds. ``memory`` is "host" or "cuda" (see ``Algorithm.memory``). ``ordered`` says that it combines
+    the ranks' values in rank order (lower ranks on the left), so non-commutative ops may use it.
     """
     if memory not in ("host", "cuda"):
         raise ValueError(f"memory must be 'host' or 'cuda', not {memory!r}")
@@ -108,7 +119,7 @@ def register(
         table = ALGORITHMS[collective]
         if name in table:
             raise ValueError(f"algorithm {collective}:{name} registered twice")
-        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost, memory)
+        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost, memory, ordered)
         return fn
 
     return wrap
@@ -183,12 +194,13 @@ def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, cal
     """``ranked`` memoised per (collective, size, layout, memory) for the model in force: repeated calls skip the model.
 
     The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
-    than the lookup saves. Refusals may depend only on these and on ``call.vector`` (nothing else in the call) for the cache to hold.
+    than the lookup saves. Refusals may depend only on these, on ``call.vector`` and on the op's kind (``Op.order``)
+    (nothing else in the call) for the cache to hold.
     """
     if _cache_model[0] is not model:
         _cache.clear()
         _cache_model[0] = model
-    key = (coll, nbytes, layout, on_device(call), call.vector)
+    key = (coll, nbytes, layout, on_device(call), call.vector, call.op.order if call.op is not None else 0)
     hit = _cache.get(key)
     if hit is None:
         if len(_cache) > 4096:

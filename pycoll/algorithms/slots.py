@@ -22,7 +22,9 @@ from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, offsets
 from .chain import broadcast_chain, reduce_chain
 from .cost import CostModel
+from ..ops import ORDERED
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
+from .ordered import reduce_ordered, reduce_scatter_ordered
 from .registry import register
 from .ring import allgather_ring_algo, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
@@ -275,13 +277,16 @@ _FALLBACK = {
     "allgather": allgather_ring_algo, "reduce_scatter": reduce_scatter_ring_algo, "alltoall": alltoall_pairwise,
     "scan": scan_linear, "exscan": exscan_linear,
 }
+# a non-commutative op keeps rank order in the fallback too (the folds here are in rank order)
+_ORDERED_FALLBACK = {**_FALLBACK, "reduce": reduce_ordered, "reduce_scatter": reduce_scatter_ordered}
 
 
 def _slots(st: Steps, call: Call) -> Schedule:
     number = _number(st)
     arena = yield from _ready(st)
     if arena is None:
-        yield from _FALLBACK[call.coll](st, call)
+        ordered = call.op is not None and call.op.order == ORDERED
+        yield from (_ORDERED_FALLBACK if ordered else _FALLBACK)[call.coll](st, call)
         return
     op = yield from _begin(st, arena, number)
     prog = Program(call, st.size, st.rank)
@@ -302,7 +307,7 @@ def _register(coll: str, what: str) -> Any:
     run.__name__ = run.__qualname__ = f"{coll}_slots"
     register(coll, "slots", f"Each rank copies {what} into its arena slot, meets the others once, then reads what it needs "
              "from their slots. Small messages on one host.", steps="1 meeting", bytes="n copied in, n copied out",
-             refuse=_refuse, cost=_cost)(run)
+             refuse=_refuse, cost=_cost, ordered=coll in _REDUCING)(run)
     return run
 
 

@@ -37,12 +37,14 @@ MODULES = (
     "objects",
     "p2p",
     "comm_mgmt",
+    "comm_groups",
     "errors",
     "topology",
     "device",
     "cuda_ipc",
     "scan",
     "shapes",
+    "user_ops",
 )
 
 

@@ -1,0 +1,25 @@
+"""MAXLOC/MINLOC, user-defined ops and derived datatypes on 1..4 ranks (tests/cases/user_ops.py), shm and tcp."""
+
+from __future__ import annotations
+
+import pytest
+
+import harness
+
+pytestmark = pytest.mark.ranks
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n,transport", [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (2, "tcp"), (3, "tcp")])
+def test_user_ops_cases(n: int, transport: str, tmp_path) -> None:
+    res = harness.run_cases(n, ["user_ops.*"], transport=transport, out_dir=str(tmp_path), job_timeout=90)
+    res.assert_ok()
+    print(f"{res.label}: {res.proc.wall_s:.1f} s; slowest: {res.slowest()}")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(not harness.have_mpi4py() or harness.find_mpiexec() is None, reason="needs mpi4py and mpiexec")
+def test_user_ops_cases_agree_with_mpich(tmp_path) -> None:
+    """The same expectations hold for mpi4py on MPICH (the pycoll-only parts skip themselves there)."""
+    res = harness.run_cases(3, ["user_ops.*"], launcher="mpiexec", impl="mpi4py", out_dir=str(tmp_path), job_timeout=90)
+    res.assert_ok()
