@@ -24,7 +24,16 @@ from .request import REQUEST_NULL, Request, Status
 Intracomm = Comm
 BOTTOM = None
 SUCCESS = 0
-ERR_OTHER = 1
+# MPICH's error classes (what Exception.Get_error_class returns)
+ERR_BUFFER, ERR_COUNT, ERR_TYPE, ERR_TAG, ERR_COMM, ERR_RANK, ERR_ROOT, ERR_GROUP, ERR_OP = 1, 2, 3, 4, 5, 6, 7, 8, 9
+ERR_TOPOLOGY, ERR_DIMS, ERR_ARG, ERR_UNKNOWN, ERR_TRUNCATE, ERR_OTHER, ERR_INTERN = 10, 11, 12, 13, 14, 15, 16
+ERR_IN_STATUS, ERR_PENDING, ERR_REQUEST, ERR_ACCESS, ERR_AMODE, ERR_BAD_FILE = 17, 18, 19, 20, 21, 22
+ERR_CONVERSION, ERR_DUP_DATAREP, ERR_FILE_EXISTS, ERR_FILE_IN_USE, ERR_FILE = 23, 24, 25, 26, 27
+ERR_IO, ERR_NAME, ERR_NO_MEM, ERR_NOT_SAME, ERR_NO_SPACE, ERR_NO_SUCH_FILE, ERR_PORT = 32, 33, 34, 35, 36, 37, 38
+ERR_QUOTA, ERR_READ_ONLY, ERR_SERVICE, ERR_SPAWN, ERR_UNSUPPORTED_DATAREP = 39, 40, 41, 42, 43
+ERR_UNSUPPORTED_OPERATION, ERR_WIN, ERR_BASE, ERR_LOCKTYPE, ERR_KEYVAL, ERR_RMA_CONFLICT = 44, 45, 46, 47, 48, 49
+ERR_RMA_SYNC, ERR_SIZE, ERR_DISP, ERR_ASSERT = 50, 51, 52, 53
+ERR_LASTCODE = 0x3FFFFFFF
 
 SUM, PROD, MIN, MAX, AVG = _ops.SUM, _ops.PROD, _ops.MIN, _ops.MAX, _ops.AVG
 BAND, BOR, BXOR, LAND, LOR, LXOR = _ops.BAND, _ops.BOR, _ops.BXOR, _ops.LAND, _ops.LOR, _ops.LXOR
@@ -152,6 +161,16 @@ from .comm import BUFFER_AUTOMATIC  # noqa: E402
 BSEND_OVERHEAD = 96  # MPICH's; pycoll's Bsend copies the message itself and needs no attached space
 globals().setdefault("ERR_ARG", 12)  # MPICH's error classes, as Status.error values
 _attached: Any = None
+
+
+def _comm_lock(comm: Comm, key: Any = None) -> Any:
+    """mpi4py's internal per-communicator lock named ``key`` (created on first use)."""
+    return comm._obj_lock(key)
+
+
+def _comm_lock_table(comm: Comm) -> dict:
+    """mpi4py's internal table of a communicator's locks, by name: its object methods take theirs."""
+    return comm._lock_table()
 
 
 def Attach_buffer(buf: Any) -> None:  # noqa: N802

@@ -533,8 +533,9 @@ def parse_vector(spec: Any, what: str, op: str, size: int, *, writable: bool = F
     obj = items[0]
     counts_spec: Any = items[1] if len(items) > 1 else None
     displs_spec: Any = items[2] if len(items) > 2 else None
-    if isinstance(counts_spec, tuple) and len(counts_spec) == 2 and displs_spec is None and not np.isscalar(counts_spec[0]):
-        counts_spec, displs_spec = counts_spec  # mpi4py's (counts, displs)
+    if isinstance(counts_spec, tuple) and len(counts_spec) == 2 and displs_spec is None:
+        # mpi4py reads a 2-tuple here as (counts, displs), always: (3, 4) is count 3 with displacement stride 4.
+        counts_spec, displs_spec = counts_spec
     if len(items) > 3:
         raise InvalidArgumentError(f"{what}: could not read vector spec", op=op)
     if derived is not None:

@@ -7,6 +7,7 @@ import os
 import pickle
 import struct
 import sys
+import threading
 import warnings
 import weakref
 from math import prod
@@ -14,13 +15,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from . import buffers, datatypes, not_provided
+from . import buffers, datatypes, errors, not_provided, typemap
 from . import ops as _ops
 from .algorithms import Call, Layout
 from .algorithms.cuda_ipc import IpcState
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
-from .errors import AbortedError, InvalidArgumentError
+from .errors import AbortedError, InvalidArgumentError, InvalidRootError
 from .executor import Executor
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Sig
@@ -82,6 +83,7 @@ def _child_ctx(parent: int, counter: int, tag: Any) -> int:
 
 _NO_BYTES = np.empty(0, np.uint8)
 _TAG_MAX = (1 << 63) - 1  # a tag travels as a signed 64-bit header word
+_LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table entries
 
 
 def _no_data(buf: Any) -> Optional[np.ndarray]:
@@ -93,6 +95,82 @@ def _no_data(buf: Any) -> Optional[np.ndarray]:
         if all(x == 0 for x in buf[1:] if isinstance(x, (int, np.integer)) and not isinstance(x, bool)):
             return _NO_BYTES
     return None
+
+
+class _WSide:
+    """One side of an Alltoallw: the user's buffer as bytes and each rank's block in it (byte displacement, the
+    datatype elements' ``Access`` or None for an empty block, bytes)."""
+
+    __slots__ = ("raw", "blocks")
+
+    def __init__(self, raw: np.ndarray, blocks: list[tuple[int, Any, int]]) -> None:
+        self.raw, self.blocks = raw, blocks
+
+    @property
+    def nbytes(self) -> list[int]:
+        return [n for _, _, n in self.blocks]
+
+    def _direct(self) -> Optional[tuple[np.ndarray, list[int], list[int]]]:
+        """The buffer itself with byte counts and displacements, where every block is one contiguous run."""
+        if not all(a is None or a.contiguous for _, a, _ in self.blocks):
+            return None
+        return self.raw, self.nbytes, [d + (a.offset if a is not None else 0) for d, a, _ in self.blocks]
+
+    def gathered(self) -> tuple[np.ndarray, list[int], list[int]]:
+        """The blocks to send: the buffer itself where it can be, else a packed copy of them in rank order."""
+        direct = self._direct()
+        if direct is not None:
+            return direct
+        pieces = [a.read(self.raw[d:])[0].view(np.uint8) for d, a, _ in self.blocks if a is not None]
+        packed = np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+        counts = self.nbytes
+        return packed, counts, [int(x) for x in np.cumsum([0] + counts[:-1])]
+
+    def target(self, fill: bool) -> tuple[np.ndarray, list[int], list[int]]:
+        """Where the blocks are received: the buffer itself where it can be, else a staging copy (holding the
+        blocks now if ``fill``: in place, they are sent from there too) that the call's ``Unpacking`` writes back
+        into the user's buffer when the call completes."""
+        direct = self._direct()
+        if direct is not None:
+            return direct
+        counts = self.nbytes
+        stage = self.gathered()[0].copy() if fill else np.empty(sum(counts), np.uint8)
+        back = _WriteBack(self.raw, self.blocks, stage)
+        current = getattr(buffers._collecting, "current", None)  # the executor's collector of packed receive buffers
+        if current is None:
+            raise InvalidArgumentError("recvbuf: derived datatypes with gaps need the executor's write-back")
+        current.packed.append(back)
+        return back.stage, counts, [int(x) for x in np.cumsum([0] + counts[:-1])]
+
+
+class _WriteBack:
+    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``buffers.Packed``)."""
+
+    __slots__ = ("raw", "blocks", "stage")
+
+    def __init__(self, raw: np.ndarray, blocks: list[tuple[int, Any, int]], stage: np.ndarray) -> None:
+        self.raw, self.blocks, self.stage = raw, blocks, stage
+
+    def unpack(self) -> None:
+        off = 0
+        for d, a, n in self.blocks:
+            if a is None:
+                continue
+            piece, sub = self.stage[off:off + n], self.raw[d:]
+            if a.contiguous:
+                sub[a.offset:a.offset + n] = piece
+            else:
+                a.write(sub, piece.view(a.base))
+            off += n
+
+
+class _WPlan:
+    """A checked Alltoallw: both sides (the same one in place) and whether the call is in place."""
+
+    __slots__ = ("send", "recv", "in_place")
+
+    def __init__(self, send: _WSide, recv: _WSide, in_place: bool) -> None:
+        self.send, self.recv, self.in_place = send, recv, in_place
 
 
 class Comm:
@@ -190,7 +268,7 @@ class Comm:
 
     def _check_root(self, root: int, opname: str) -> int:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self._size:
-            raise InvalidArgumentError(f"root {root!r} is not a rank of this {self._size}-rank communicator", op=opname, rank=self._rank)
+            raise InvalidRootError(f"root {root!r} is not a rank of this {self._size}-rank communicator", op=opname, rank=self._rank)
         return int(root)
 
     def _check_op(self, op: Any, dtype: np.dtype, opname: str) -> Op:
@@ -256,6 +334,8 @@ class Comm:
         """An elementwise reduction of one vector per rank: Allreduce, and Scan and Exscan (``coll``)."""
         name = _ELEMENTWISE[coll]
         recv = self._recv(recvbuf, name)
+        if sendbuf is None:  # mpi4py reads None as IN_PLACE here
+            sendbuf = IN_PLACE
         if sendbuf is IN_PLACE:
             send = recv
         else:
@@ -280,6 +360,8 @@ class Comm:
         name = "Reduce"
         root = self._check_root(root, name)
         at_root = self._rank == root
+        if sendbuf is None and at_root:  # mpi4py reads the root's None sendbuf as IN_PLACE
+            sendbuf = IN_PLACE
         if sendbuf is IN_PLACE:
             if not at_root:
                 raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
@@ -432,6 +514,8 @@ class Comm:
         rv = self._per_rank(recvbuf, "recvbuf", name, vector, writable=True)
         mine = rv.counts[self._rank]
         send_arr = None
+        if sendbuf is None:  # mpi4py reads None as IN_PLACE here
+            sendbuf = IN_PLACE
         if sendbuf is not IN_PLACE:
             s = self._send(sendbuf, name)
             self._same_type(s.dtype, rv.dtype, name)
@@ -458,6 +542,8 @@ class Comm:
         name = "Gatherv" if vector else "Gather"
         root = self._check_root(root, name)
         at_root = self._rank == root
+        if sendbuf is None and at_root:  # mpi4py reads the root's None sendbuf as IN_PLACE
+            sendbuf = IN_PLACE
         if sendbuf is IN_PLACE and not at_root:
             raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
         send = None if sendbuf is IN_PLACE else self._send(sendbuf, name)
@@ -495,6 +581,8 @@ class Comm:
         name = "Scatterv" if vector else "Scatter"
         root = self._check_root(root, name)
         at_root = self._rank == root
+        if recvbuf is None and at_root:  # mpi4py reads the root's None recvbuf as IN_PLACE
+            recvbuf = IN_PLACE
         if recvbuf is IN_PLACE and not at_root:
             raise InvalidArgumentError("MPI.IN_PLACE is only allowed at the root", op=name, rank=self._rank)
         recv = None if recvbuf is IN_PLACE else buffers.parse(recvbuf, "recvbuf", name, writable=True)
@@ -564,6 +652,136 @@ class Comm:
 
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
         return self._start("Ialltoallv", self._alltoall_call, sendbuf, recvbuf, True, stream=stream)
+
+    # ---- Alltoallw: per-peer datatypes and byte displacements, moved as bytes by the Alltoallv machinery ------
+    def _w_side(self, spec: Any, what: str, name: str, writable: bool) -> "_WSide":
+        """Resolve ``[buf, counts, displs, datatypes]``, ``[buf, (counts, displs), datatypes]`` or
+        ``[buf, datatypes]`` (one element of each rank's datatype at byte 0): displacements in bytes."""
+        size = self._size
+        if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
+            raise InvalidArgumentError(
+                f"{what} must be [buf, counts, displs, datatypes], [buf, (counts, displs), datatypes] or [buf, datatypes]",
+                op=name, rank=self._rank)
+        counts: Any = None
+        displs: Any = None
+        if len(spec) == 2:
+            obj, types = spec
+        elif len(spec) == 3:
+            obj, pair, types = spec
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise InvalidArgumentError(f"{what}: the middle item must be (counts, displs)", op=name, rank=self._rank)
+            counts, displs = pair
+        else:
+            obj, counts, displs, types = spec
+        if obj is None:  # MPI.BOTTOM: absolute addresses
+            if counts is None or displs is None:
+                raise InvalidArgumentError(f"{what}: MPI.BOTTOM needs counts and displacements", op=name, rank=self._rank)
+            raise errors.NotProvidedError(f"{what}: MPI.BOTTOM (absolute addresses) is not supported", op=name,
+                                          rank=self._rank)
+        if (counts is None) != (displs is None):
+            raise InvalidArgumentError(f"{what}: give both counts and displacements, or neither", op=name, rank=self._rank)
+        try:
+            if counts is None:
+                counts, displs = [1] * size, [0] * size
+            else:
+                counts = buffers._int_list(counts, size, "counts", what, name)
+                displs = buffers._int_list(displs, size, "displs", what, name)
+            if isinstance(types, (list, tuple)):
+                if len(types) != size:
+                    raise InvalidArgumentError(f"{what}: datatypes has {len(types)} entries for {size} ranks", op=name)
+            else:
+                types = [types] * size
+            layouts = [t._live(what) if isinstance(t, datatypes.Datatype) else
+                       typemap.Layout.basic(buffers._dtype_of(t, what, name)) for t in types]
+            flat = buffers._as_flat_array(obj, what, name)
+            device = isinstance(flat, buffers.DeviceArray)
+            raw = flat.view(np.uint8) if device else buffers._raw_bytes(obj, what, name)
+        except InvalidArgumentError as err:
+            raise InvalidArgumentError(err.cause, op=name, rank=self._rank) from None
+        if writable and not buffers._writable(raw):
+            raise InvalidArgumentError(f"{what} is read-only", op=name, rank=self._rank)
+        nbytes = int(raw.shape[0])
+        blocks: list[tuple[int, Any, int]] = []  # per rank: (byte displacement, Access or None, bytes)
+        for i, (c, d, layout) in enumerate(zip(counts, displs, layouts)):
+            if c < 0 or d < 0:
+                raise InvalidArgumentError(f"{what}: rank {i}'s count {c} or displacement {d} is negative", op=name,
+                                           rank=self._rank)
+            if c == 0 or layout.elements == 0:
+                blocks.append((d, None, 0))
+                continue
+            try:
+                if d > nbytes:
+                    raise ValueError(f"displacement {d} is past the end")
+                access = layout.access(c, nbytes - d)
+            except ValueError as exc:
+                raise InvalidArgumentError(
+                    f"{what}: rank {i}'s block ({c} elements at byte {d}) does not fit the {nbytes}-byte buffer ({exc})",
+                    op=name, rank=self._rank) from None
+            if device and not access.contiguous:
+                raise InvalidArgumentError(f"{what}: rank {i}'s datatype has gaps; derived datatypes with gaps take host "
+                                           "buffers", op=name, rank=self._rank)
+            blocks.append((d, access, access.count * layout.base.itemsize))
+        if writable:  # contiguous blocks written twice: MPI forbids it
+            spans = [(d + a.offset, n) for d, a, n in blocks if a is not None and a.contiguous]
+            try:
+                buffers._check_disjoint([n for _, n in spans], [s for s, _ in spans], what, name)
+            except InvalidArgumentError as err:
+                raise InvalidArgumentError(err.cause.replace("elements", "bytes"), op=name, rank=self._rank) from None
+        return _WSide(raw, blocks)
+
+    def _alltoallw_plan(self, sendbuf: Any, recvbuf: Any, name: str) -> "_WPlan":
+        """Check both sides here, then agree with every rank on the byte counts (one small Allgather), so that a
+        mismatch, or a rank whose arguments were wrong, makes every rank raise before any data moves."""
+        size = self._size
+        plan: Optional[_WPlan] = None
+        failure: Optional[BaseException] = None
+        try:
+            recv = self._w_side(recvbuf, "recvbuf", name, writable=True)
+            if sendbuf is IN_PLACE:
+                send = recv
+            else:
+                send = self._w_side(sendbuf, "sendbuf", name, writable=False)
+                if buffers.overlaps(send.raw, recv.raw):
+                    raise InvalidArgumentError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE instead", op=name,
+                                               rank=self._rank)
+            plan = _WPlan(send, recv, sendbuf is IN_PLACE)
+            mine = np.array(send.nbytes + recv.nbytes, np.int64)
+        except (InvalidArgumentError, errors.NotProvidedError) as err:
+            failure = err
+            mine = np.full(2 * size, -1, np.int64)
+        table = np.empty((size, 2 * size), np.int64)
+        self.Allgather(mine, table)
+        if failure is not None:
+            raise failure
+        assert plan is not None
+        bad = [j for j in range(size) if table[j, 0] < 0]
+        if bad:
+            raise errors.RemoteError(f"rank {bad[0]} rejected its own arguments to this call", op=name, rank=self._rank,
+                                     peers=bad)
+        for j in range(size):  # j sends table[j, i] bytes to i, which expects table[i, size + j]
+            for i in range(size):
+                sent, expected = int(table[j, i]), int(table[i, size + j])
+                if sent != expected:
+                    raise errors.MismatchError(
+                        f"rank {j} sends {sent} bytes to rank {i}, which expects {expected} bytes from it", op=name,
+                        rank=self._rank, peers=sorted({i, j} - {self._rank}))
+        return plan
+
+    def _alltoallw_call(self, plan: "_WPlan") -> tuple[Call, Sig]:
+        recv_arr, rcounts, rdispls = plan.recv.target(fill=plan.in_place)
+        if plan.in_place:  # each block is sent from where the block from that rank is received
+            send_arr, scounts, sdispls = recv_arr, rcounts, rdispls
+        else:
+            send_arr, scounts, sdispls = plan.send.gathered()
+        call = Call("alltoall", np.dtype(np.uint8), send_arr, recv_arr, counts=rcounts, displs=rdispls,
+                    send_counts=scounts, send_displs=sdispls, in_place=plan.in_place, vector=True)
+        return call, self._sig(call, 0)
+
+    def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        self._run("Alltoallw", self._alltoallw_call, self._alltoallw_plan(sendbuf, recvbuf, "Alltoallw"))
+
+    def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
+        return self._start("Ialltoallw", self._alltoallw_call, self._alltoallw_plan(sendbuf, recvbuf, "Ialltoallw"))
 
     def _barrier_call(self) -> tuple[Call, Sig]:
         call = Call("barrier", np.dtype(np.uint8))
@@ -933,14 +1151,31 @@ class Comm:
         self.Allgatherv(data, [out, counts, displs])
         return [out[d : d + c] for c, d in zip(counts, displs)]
 
+    def _lock_table(self) -> dict:
+        """mpi4py's per-communicator locks of the object methods, by name (``MPI._comm_lock_table``)."""
+        table = self.__dict__.get("_locks")
+        if table is None:
+            with _LOCK_TABLES_LOCK:
+                table = self.__dict__.setdefault("_locks", {})
+        return table
+
+    def _obj_lock(self, key: Any) -> Any:
+        table = self._lock_table()
+        lock = table.get(key)
+        if lock is None:
+            with _LOCK_TABLES_LOCK:
+                lock = table.setdefault(key, threading.Lock())
+        return lock
+
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         root = self._check_root(root, "bcast")
-        data = self._dumps(obj) if self._rank == root else None
-        size = np.array([data.size if data is not None else 0], np.int64)
-        self.Bcast(size, root)
-        if data is None:
-            data = np.empty(int(size[0]), np.uint8)
-        self.Bcast(data, root)
+        with self._obj_lock("bcast"):  # as mpi4py: one thread at a time in this communicator's bcast
+            data = self._dumps(obj) if self._rank == root else None
+            size = np.array([data.size if data is not None else 0], np.int64)
+            self.Bcast(size, root)
+            if data is None:
+                data = np.empty(int(size[0]), np.uint8)
+            self.Bcast(data, root)
         return obj if self._rank == root else self._loads(data)
 
     def allgather(self, sendobj: Any) -> list[Any]:

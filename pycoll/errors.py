@@ -45,8 +45,10 @@ class PycollError(Exception):
     def __reduce__(self):  # keep the keyword fields across pickling
         return (_rebuild, (type(self), self.cause, self.op, self.rank, self.peers))
 
+    ERROR_CLASS = 15  # MPI_ERR_OTHER (MPICH's value); subclasses that map to a narrower MPI error class override it
+
     def Get_error_class(self) -> int:  # noqa: N802 - mpi4py name
-        return 1
+        return self.ERROR_CLASS
 
     def Get_error_string(self) -> str:  # noqa: N802 - mpi4py name
         return str(self)
@@ -58,6 +60,14 @@ def _rebuild(cls, cause, op, rank, peers):
 
 class InvalidArgumentError(PycollError, ValueError):
     """A call's arguments are wrong on this rank: dtype, count, buffer, root, op. Nothing was sent."""
+
+    ERROR_CLASS = 12  # MPI_ERR_ARG
+
+
+class InvalidRootError(InvalidArgumentError):
+    """A root that is not a rank of the communicator."""
+
+    ERROR_CLASS = 7  # MPI_ERR_ROOT
 
 
 class MismatchError(InvalidArgumentError):

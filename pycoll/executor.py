@@ -336,7 +336,7 @@ class Executor:
             c._seq += 1  # every rank consumes this call's number, so the next call still lines up
             owner = c._owner(f"{label} #{c._seq}", c._ctx | 1, c._seq)
             self.engine.notify_skip(owner, err)
-            raise InvalidArgumentError(err.cause, op=owner.op, rank=c._rank, peers=err.peers) from None
+            raise type(err)(err.cause, op=owner.op, rank=c._rank, peers=err.peers) from None  # keeps its error class
 
     def _stage(self, call: Call, stream: Any, label: str) -> tuple[Call, Any]:
         """(the call to schedule, its Staged device copy or None): device buffers are copied to pinned host memory."""

@@ -10,6 +10,8 @@ import harness
 GROUPS = {
     "reduce": (["reduce.*"], 240),
     "movement": (["movement.*"], 240),
+    # a one-element, then a zero-count Gatherv/Scatterv/Alltoallv, many times (issue 24)
+    "vector_zero": (["vector_zero.*"], 180),
     "nonblocking": (["nonblocking.*"], 180),
     "specs_objects": (["specs.*", "objects.*"], 180),
     # 2**20+3 elements: all ops on float32 and all dtypes with SUM (see tests/cases/large.py)

@@ -394,3 +394,28 @@ def test_ordered_algorithms_keep_rank_order(coll: str, name: str) -> None:
                             np.testing.assert_array_equal(got, want, err_msg=f"{coll}:{name} p={p} n={n} r={r} root={root}")
     finally:
         op.Free()
+
+
+def test_vector_spec_two_tuple_is_count_and_displacement():
+    """mpi4py reads ``[buf, (a, b), TYPE]`` and ``[buf, (a, b)]`` as (counts, displs): with integers, count ``a``
+    for every rank and a displacement stride ``b``, even where the ranks number two (issue 24)."""
+    buf = np.arange(8.0)
+    for spec in ([buf, (2, 4), MPI.DOUBLE], [buf, (2, 4)]):
+        v = buffers.parse_vector(spec, "recvbuf", "Test", 2)
+        assert (v.counts, v.displs) == ([2, 2], [0, 4])
+    v = buffers.parse_vector([buf, ([1, 3], [4, 0])], "recvbuf", "Test", 2)
+    assert (v.counts, v.displs) == ([1, 3], [4, 0])
+    v = buffers.parse_vector([buf, [3, 5]], "recvbuf", "Test", 2)  # a list is counts
+    assert (v.counts, v.displs) == ([3, 5], [0, 3])
+
+
+def test_error_classes_are_mpich_values():
+    from pycoll.errors import InvalidRootError, PycollError
+
+    assert (MPI.ERR_ROOT, MPI.ERR_ARG, MPI.ERR_OTHER, MPI.ERR_TRUNCATE, MPI.ERR_LASTCODE) == (7, 12, 15, 14, 0x3FFFFFFF)
+    assert InvalidRootError("x").Get_error_class() == MPI.ERR_ROOT
+    assert InvalidArgumentError("x").Get_error_class() == MPI.ERR_ARG
+    assert PycollError("x").Get_error_class() == MPI.ERR_OTHER
+    with pytest.raises(MPI.Exception) as exc:
+        MPI.COMM_SELF.Bcast(np.zeros(1), root=1)
+    assert exc.value.Get_error_class() == MPI.ERR_ROOT

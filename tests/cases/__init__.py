@@ -31,6 +31,7 @@ MODULES = (
     "reduce",
     "repeated",
     "movement",
+    "vector_zero",
     "nonblocking",
     "large",
     "specs",
@@ -45,6 +46,7 @@ MODULES = (
     "scan",
     "shapes",
     "user_ops",
+    "alltoallw",
 )
 
 
