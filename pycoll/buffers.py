@@ -637,7 +637,7 @@ def _contiguous_bytes(arr: np.ndarray, count: Any, datatype: Any, writable: bool
     global _NAMED
     if not _NAMED:
         _NAMED = frozenset(datatypes.DATATYPES.values())
-    if datatype not in _NAMED or arr.dtype != datatype.dtype or not arr.flags.c_contiguous:
+    if not isinstance(datatype, Datatype) or datatype not in _NAMED or arr.dtype != datatype.dtype or not arr.flags.c_contiguous:
         return None
     if writable and not arr.flags.writeable:
         return None

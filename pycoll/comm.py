@@ -676,8 +676,6 @@ class Comm:
         if obj is None:  # MPI.BOTTOM: absolute addresses
             if counts is None or displs is None:
                 raise InvalidArgumentError(f"{what}: MPI.BOTTOM needs counts and displacements", op=name, rank=self._rank)
-            raise errors.NotProvidedError(f"{what}: MPI.BOTTOM (absolute addresses) is not supported", op=name,
-                                          rank=self._rank)
         if (counts is None) != (displs is None):
             raise InvalidArgumentError(f"{what}: give both counts and displacements, or neither", op=name, rank=self._rank)
         try:
@@ -693,6 +691,8 @@ class Comm:
                 types = [types] * size
             layouts = [t._live(what) if isinstance(t, datatypes.Datatype) else
                        typemap.Layout.basic(buffers._dtype_of(t, what, name)) for t in types]
+            if obj is None:  # MPI.BOTTOM: the datatypes' displacements are absolute addresses
+                return self._w_bottom(counts, displs, layouts, what, name)
             flat = buffers._as_flat_array(obj, what, name)
             device = isinstance(flat, buffers.DeviceArray)
             raw = flat.view(np.uint8) if device else buffers._raw_bytes(obj, what, name)
@@ -727,6 +727,44 @@ class Comm:
                 buffers._check_disjoint([n for _, n in spans], [s for s, _ in spans], what, name)
             except InvalidArgumentError as err:
                 raise InvalidArgumentError(err.cause.replace("elements", "bytes"), op=name, rank=self._rank) from None
+        return _WSide(raw, blocks)
+
+    def _w_bottom(self, counts: list, displs: list, layouts: list, what: str, name: str) -> "_WSide":
+        """An Alltoallw side at MPI.BOTTOM: each block's bytes lie at absolute host addresses (its datatype's
+        displacements from ``MPI.Get_address``, plus its byte displacement). The side's buffer is a byte array
+        made over the span from the lowest to the highest address touched, kept only for the call."""
+        runs: list = []  # per rank: (absolute starts, lengths, layout) or None
+        lo, hi = None, None
+        for i, (c, d, layout) in enumerate(zip(counts, displs, layouts)):
+            if c < 0 or d < 0:
+                raise InvalidArgumentError(f"{what}: rank {i}'s count {c} or displacement {d} is negative", op=name,
+                                           rank=self._rank)
+            if c == 0 or layout.elements == 0:
+                runs.append(None)
+                continue
+            starts, lengths = layout._runs(np.arange(c, dtype=np.int64))
+            starts = starts + d
+            first, last = int(starts.min()), int((starts + lengths * layout.base.itemsize).max())
+            if first <= 0:
+                raise InvalidArgumentError(f"{what}: rank {i}'s block starts at address {first}; with MPI.BOTTOM the "
+                                           "datatype's displacements must be absolute addresses (MPI.Get_address)",
+                                           op=name, rank=self._rank)
+            lo = first if lo is None else min(lo, first)
+            hi = last if hi is None else max(hi, last)
+            runs.append((starts, lengths, layout))
+        if lo is None:
+            return _WSide(np.empty(0, np.uint8), [(0, None, 0) for _ in runs])
+        import ctypes
+        span = hi - lo
+        raw = np.ctypeslib.as_array((ctypes.c_uint8 * span).from_address(lo))
+        blocks: list[tuple[int, Any, int]] = []
+        for r in runs:
+            if r is None:
+                blocks.append((0, None, 0))
+                continue
+            starts, lengths, layout = r
+            access = typemap.Access(layout.base, *typemap._merge(starts - lo, lengths, layout.base.itemsize), span)
+            blocks.append((0, access, access.count * layout.base.itemsize))
         return _WSide(raw, blocks)
 
     def _alltoallw_plan(self, sendbuf: Any, recvbuf: Any, name: str) -> "_WPlan":

@@ -6,7 +6,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, NotProvidedError
 from .typemap import Layout
 
 try:  # NumPy has no bfloat16; ml_dtypes supplies one that ufuncs understand.
@@ -229,6 +229,9 @@ class Datatype:
             ints = [len(p["sizes"]), *p["sizes"], *p["subsizes"], *p["starts"], p["order"]]
         elif kind == "RESIZED":
             ints, addrs = [], [p["lb"], p["extent"]]
+        elif kind == "STRUCT":
+            ints, addrs = [len(p["blocklengths"]), *p["blocklengths"]], list(p["displacements"])
+            return ints, addrs, [], [t._handle() if handles else t for t in p["datatypes"]]
         else:  # DUP
             ints = []
         assert self._old is not None
@@ -352,6 +355,49 @@ class Datatype:
         return Datatype._derived(self, lay.resized(int(lb), int(extent)), "RESIZED", {"lb": int(lb), "extent": int(extent)})
 
     @classmethod
+    def Create_struct(cls, blocklengths: Sequence[int], displacements: Sequence[int],  # noqa: N802
+                      datatypes: Sequence["Datatype"]) -> "Datatype":
+        """Blocks of ``blocklengths[i]`` elements of ``datatypes[i]`` at byte ``displacements[i]`` (absolute
+        addresses from ``MPI.Get_address`` when the type is used with ``MPI.BOTTOM``). pycoll's typemaps hold one
+        element type, so every block's type must be made of the same named type."""
+        what = "Create_struct"
+        lens = [_count(b, "blocklengths", what) for b in blocklengths]
+        displs = [int(d) for d in displacements]
+        types = list(datatypes)
+        if not (len(lens) == len(displs) == len(types)):
+            raise InvalidArgumentError(f"{what}: {len(lens)} block lengths, {len(displs)} displacements and "
+                                       f"{len(types)} datatypes; give one of each per block")
+        if not types:
+            raise InvalidArgumentError(f"{what}: needs at least one block")
+        for t in types:
+            if not isinstance(t, Datatype):
+                raise InvalidArgumentError(f"{what}: datatypes must be Datatype objects, got {type(t).__name__}")
+        layouts = [t._live(what) for t in types]
+        bases = {t._base().code for t in types}
+        if len(bases) > 1:
+            raise NotProvidedError(f"{what}: blocks of different element types "
+                                   f"({', '.join(sorted({t._base().name for t in types}))}) are not supported; "
+                                   "pycoll's typemaps hold one element type")
+        parts = [lay.replicate(d + np.arange(n, dtype=np.int64) * lay.extent)
+                 for n, d, lay in zip(lens, displs, layouts) if n > 0]
+        base = layouts[0].base
+        if not parts:
+            lay = Layout(base, [], [], 0, 0, 0, 0)
+        else:
+            lb = min(p.lb for p in parts)
+            ub = max(p.lb + p.extent for p in parts)
+            if all(t._combiner == "NAMED" for t in types):  # MPI pads a struct's extent to its alignment
+                align = max(1, base.alignment)
+                ub = lb + -(-(ub - lb) // align) * align
+            live = [p for p in parts if p.elements]
+            tlb = min((p.true_lb for p in live), default=0)
+            tub = max((p.true_ub for p in live), default=0)
+            lay = Layout(base, np.concatenate([p.starts for p in parts]), np.concatenate([p.lengths for p in parts]),
+                         lb, ub - lb, tlb, tub)
+        return Datatype._derived(types[0], lay, "STRUCT",
+                                 {"blocklengths": lens, "displacements": displs, "datatypes": types})
+
+    @classmethod
     def Get_value_index(cls, value: "Datatype", index: "Datatype") -> "Datatype":  # noqa: N802
         """The value-index pair type of ``value`` and ``index`` (MPI.INT): DOUBLE_INT for DOUBLE, ...; else DATATYPE_NULL."""
         for dt in (value, index):
@@ -416,6 +462,8 @@ def _rebuild(old: Datatype, combiner: str, params: dict) -> Datatype:
     """A derived datatype made again from its parts (how derived types unpickle)."""
     if combiner == "DUP":
         return old.Dup()
+    if combiner == "STRUCT":
+        return Datatype.Create_struct(**params)
     maker = {"CONTIGUOUS": "Create_contiguous", "VECTOR": "Create_vector", "HVECTOR": "Create_hvector",
              "INDEXED": "Create_indexed", "HINDEXED": "Create_hindexed", "INDEXED_BLOCK": "Create_indexed_block",
              "HINDEXED_BLOCK": "Create_hindexed_block", "SUBARRAY": "Create_subarray", "RESIZED": "Create_resized"}

@@ -136,7 +136,10 @@ def host_array(obj: Any, what: str, op: str) -> np.ndarray:
 
     The capsule is not renamed: it stays the owner of the exported tensor, and the returned array keeps it alive.
     """
-    device_type = int(obj.__dlpack_device__()[0]) if hasattr(obj, "__dlpack_device__") else CPU_DEVICE
+    try:
+        device_type = int(obj.__dlpack_device__()[0]) if hasattr(obj, "__dlpack_device__") else CPU_DEVICE
+    except Exception as exc:  # noqa: BLE001 - a producer's own failure, whatever its type
+        raise InvalidArgumentError(f"{what}: __dlpack_device__ failed ({type(exc).__name__}: {exc})", op=op) from None
     if device_type != CPU_DEVICE:
         raise InvalidArgumentError(f"{what}: DLPack device type {device_type} is not CPU memory", op=op)
     capsule = _export(obj, what, op)

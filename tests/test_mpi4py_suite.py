@@ -34,21 +34,11 @@ SMALL_FILES = ["test_cco_obj", "test_p2p_obj", "test_request", "test_status", "t
 RANKS_ENV = "PYCOLL_MPI4PY_RANKS"
 
 # Reasons shared by several entries below.
-_NO_CREATE_STRUCT = "Datatype.Create_struct is not implemented"
 _ZERO_COUNT_RACE = "a zero-count Gatherv/Scatterv after a one-element one sometimes meets that call's message"
 
 # mpi4py test id (module.Class.method) -> why it fails on pycoll today. "id@2,3": expected to fail at those rank
 # counts only. Strict: a listed test that passes fails its case, so this list only shrinks.
-EXPECTED_FAILURES: dict[str, str] = {
-    "test_cco_nb_vec.TestCCOVecSelf.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_nb_vec.TestCCOVecSelfDup.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_nb_vec.TestCCOVecWorld.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_nb_vec.TestCCOVecWorldDup.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_vec.TestCCOVecSelf.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_vec.TestCCOVecSelfDup.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_vec.TestCCOVecWorld.testAlltoallwBottom": _NO_CREATE_STRUCT,
-    "test_cco_vec.TestCCOVecWorldDup.testAlltoallwBottom": _NO_CREATE_STRUCT,
-}
+EXPECTED_FAILURES: dict[str, str] = {}
 
 # Same form: tests that fail in some runs and pass in others today; either outcome is accepted.
 FLAKY: dict[str, str] = {

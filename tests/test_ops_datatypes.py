@@ -419,3 +419,51 @@ def test_error_classes_are_mpich_values():
     with pytest.raises(MPI.Exception) as exc:
         MPI.COMM_SELF.Bcast(np.zeros(1), root=1)
     assert exc.value.Get_error_class() == MPI.ERR_ROOT
+
+
+def test_create_struct_bounds_sizes_and_contents() -> None:
+    from pycoll.errors import NotProvidedError
+
+    d = MPI.DOUBLE
+    t = MPI.Datatype.Create_struct([2, 1, 3], [40, 0, 8], [d, d, d.Create_contiguous(1)])
+    # blocks at bytes 40..56, 0..8 and 8..32: data 6 doubles, bounds 0..56
+    assert (t.size, t.lb, t.extent, t.true_lb, t.true_extent) == (48, 0, 56, 0, 56)
+    assert t.combiner == MPI.COMBINER_STRUCT and t.Get_envelope()[:4] == (4, 3, 0, 3)
+    ints, addrs, _, types = t.Get_contents()
+    assert ints == [3, 2, 1, 3] and addrs == [40, 0, 8] and len(types) == 3
+    again = pickle.loads(pickle.dumps(t))
+    assert (again.size, again.lb, again.extent) == (48, 0, 56)
+    # MPI pads a struct of named types to their alignment (bytes: none; a double at 4: none needed)
+    pad = MPI.Datatype.Create_struct([1, 1], [0, 9], [MPI.BYTE, MPI.BYTE])
+    assert (pad.size, pad.extent) == (2, 10)
+    odd = MPI.Datatype.Create_struct([1], [4], [d])
+    assert (odd.lb, odd.extent, odd.true_lb) == (4, 8, 4)
+    # the typemap's order: the [2, 1, 3] struct above packs bytes 40.., 0.., 8.. in that order
+    out = np.zeros(6)
+    MPI.COMM_SELF.Alltoallw([np.arange(7.0), [1], [0], [t]], [out, [6], [0], [MPI.DOUBLE]])
+    assert out.tolist() == [5.0, 6.0, 0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(NotProvidedError):
+        MPI.Datatype.Create_struct([1, 1], [0, 8], [d, MPI.INT])
+    with pytest.raises(InvalidArgumentError):
+        MPI.Datatype.Create_struct([1, 1], [0], [d, d])
+    with pytest.raises(InvalidArgumentError):
+        MPI.Datatype.Create_struct([-1], [0], [d])
+
+
+def test_bottom_specs_read_and_write_absolute_addresses() -> None:
+    assert MPI.Get_address(MPI.BOTTOM) == 0 and MPI.BOTTOM is not MPI.IN_PLACE
+    send = np.arange(6.0)
+    recv = np.full(8, -1.0)
+    sa, ra = MPI.Get_address(send), MPI.Get_address(recv)
+    # send send[5], send[0], send[1:5] (typemap order); receive into recv[6:8], recv[0], recv[2:5]
+    st = MPI.Datatype.Create_struct([1, 1, 4], [sa + 40, sa, sa + 8], [MPI.DOUBLE] * 3).Commit()
+    rt = MPI.Datatype.Create_struct([2, 1, 3], [ra + 48, ra, ra + 16], [MPI.DOUBLE] * 3).Commit()
+    MPI.COMM_SELF.Alltoallw([MPI.BOTTOM, [1], [0], [st]], [MPI.BOTTOM, ([1], [0]), [rt]])
+    assert recv.tolist() == [1.0, -1.0, 2.0, 3.0, 4.0, -1.0, 5.0, 0.0]
+    # a byte displacement is added to the addresses; an address that is not one is refused
+    recv[:] = 0
+    one = MPI.Datatype.Create_struct([1], [ra], [MPI.DOUBLE]).Commit()
+    MPI.COMM_SELF.Alltoallw([send, [1], [16], [MPI.DOUBLE]], [MPI.BOTTOM, [1], [8], [one]])
+    assert recv.tolist() == [0.0, 2.0] + [0.0] * 6
+    with pytest.raises(InvalidArgumentError):
+        MPI.COMM_SELF.Alltoallw([send, [1], [0], [MPI.DOUBLE]], [MPI.BOTTOM, [1], [0], [MPI.DOUBLE]])
