@@ -332,9 +332,12 @@ class Executor:
             if unpacking.packed and stage is None:
                 stage = unpacking  # written back into the user's buffers when the call completes
             return call, sig, stage
-        except InvalidArgumentError as err:
+        except Exception as err:  # noqa: BLE001 - any refusal: the call's number is consumed and the peers told
             c._seq += 1  # every rank consumes this call's number, so the next call still lines up
             owner = c._owner(f"{label} #{c._seq}", c._ctx | 1, c._seq)
+            if not isinstance(err, InvalidArgumentError):  # TypeError, ValueError, NotImplementedError...: kept as is
+                self.engine.notify_skip(owner, InvalidArgumentError(f"{type(err).__name__}: {err}", op=owner.op, rank=c._rank))
+                raise
             self.engine.notify_skip(owner, err)
             raise type(err)(err.cause, op=owner.op, rank=c._rank, peers=err.peers) from None  # keeps its error class
 

@@ -62,6 +62,22 @@ def test_bad_argument_on_one_rank_does_not_hang(tmp_path):
             _fail(res, f"rank {r} did not raise a PycollError: {got[r]}")
 
 
+def test_foreign_error_on_one_rank_keeps_later_calls_in_line(tmp_path):
+    """A non-pycoll exception while one rank reads its arguments (here a TypeError) still consumes the call's number
+    on that rank and tells the others, so they neither hang nor meet the next call's messages (the case checks
+    the later calls' data)."""
+    res = harness.run_cases(3, ["errors.foreign_error_on_one_rank_keeps_calls_in_line"], out_dir=str(tmp_path), job_timeout=60)
+    res.assert_ok()
+    got = _outcomes(res, "foreign_error_on_one_rank_keeps_calls_in_line")
+    if set(got) != {0, 1, 2}:
+        _fail(res, f"not every rank recorded an outcome: {got}")
+    if not _is(got[0], "TypeError"):
+        _fail(res, f"rank 0 raised {got[0]}, expected its own TypeError")
+    for r in (1, 2):  # a non-root may finish its send before the root's refusal reaches it
+        if got[r].get("class") is not None and not _is(got[r], "PycollError"):
+            _fail(res, f"rank {r} raised something other than a PycollError: {got[r]}")
+
+
 # --------------------------------------------------------------------------------------------
 # mismatches. With PYCOLL_CHECK_CALLS=1: every rank raises MismatchError, naming its own call,
 # no buffer changes and the communicator still works. By default: never a hang, inputs intact,

@@ -415,6 +415,32 @@ def case_asymmetric_bad_arg(ctx):
     _outcome(ctx, lambda: comm.Allreduce(s, o, op=op), [s, o], "asymmetric")
 
 
+class _InspectionFails:
+    """A buffer whose inspection raises a plain TypeError (not a pycoll error)."""
+
+    @property
+    def __array_interface__(self):
+        raise TypeError("this object cannot be read")
+
+
+@case
+def case_foreign_error_on_one_rank_keeps_calls_in_line(ctx):
+    """Rank 0's buffer raises a TypeError while its arguments are read: it gets that TypeError, the others a
+    PycollError, and every later call (1-element then 0-count Gatherv, as mpi4py's tests do) still lines up."""
+    _errors(ctx)
+    comm, MPI, n, r = ctx.comm, ctx.MPI, ctx.size, ctx.rank
+    comm.timeout = 10.0
+    recv = np.zeros(n, np.float32) if r == 0 else None
+    send = _InspectionFails() if r == 0 else np.ones(1, np.float32)
+    _outcome(ctx, lambda: comm.Gatherv([send, MPI.FLOAT], [recv, MPI.FLOAT] if r == 0 else None, 0), [], "foreign")
+    out = np.zeros(n, np.float32)
+    for _ in range(10):
+        comm.Gatherv([np.full(1, r, np.float32), MPI.FLOAT], [out, [1] * n, MPI.FLOAT] if r == 0 else None, 0)
+        if r == 0:
+            ctx.expect(bool((out == np.arange(n)).all()), "1-element Gatherv after the refusal", "wrong data", got=out.tolist())
+        comm.Gatherv([np.zeros(0, np.float32), MPI.FLOAT], [out, [0] * n, MPI.FLOAT] if r == 0 else None, 0)
+
+
 @case
 def case_recv_truncation(ctx):
     """A message larger than the receive buffer raises (MPI_ERR_TRUNCATE); the next message still arrives."""
