@@ -30,27 +30,16 @@ from mpi4py_rank import DEFAULT_BACKENDS
 from pycoll.launcher import MPI4PY_ALIAS_DIR, mpi4py_path_first
 
 BIG_FILES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_p2p_buf"]
-SMALL_FILES = ["test_cco_obj", "test_p2p_obj", "test_request", "test_status", "test_op"]
+SMALL_FILES = ["test_cco_obj", "test_p2p_obj", "test_request", "test_status", "test_op",
+               "test_comm", "test_comm_topo", "test_group", "test_info"]
 RANKS_ENV = "PYCOLL_MPI4PY_RANKS"
-
-# Reasons shared by several entries below.
-_ZERO_COUNT_RACE = "a zero-count Gatherv/Scatterv after a one-element one sometimes meets that call's message"
 
 # mpi4py test id (module.Class.method) -> why it fails on pycoll today. "id@2,3": expected to fail at those rank
 # counts only. Strict: a listed test that passes fails its case, so this list only shrinks.
 EXPECTED_FAILURES: dict[str, str] = {}
 
 # Same form: tests that fail in some runs and pass in others today; either outcome is accepted.
-FLAKY: dict[str, str] = {
-    "test_cco_nb_vec.TestCCOVecWorld.testGatherv3": _ZERO_COUNT_RACE,
-    "test_cco_nb_vec.TestCCOVecWorld.testScatterv": _ZERO_COUNT_RACE,
-    "test_cco_nb_vec.TestCCOVecWorldDup.testGatherv3": _ZERO_COUNT_RACE,
-    "test_cco_nb_vec.TestCCOVecWorldDup.testScatterv": _ZERO_COUNT_RACE,
-    "test_cco_vec.TestCCOVecWorld.testGatherv3": _ZERO_COUNT_RACE,
-    "test_cco_vec.TestCCOVecWorld.testScatterv": _ZERO_COUNT_RACE,
-    "test_cco_vec.TestCCOVecWorldDup.testGatherv3": _ZERO_COUNT_RACE,
-    "test_cco_vec.TestCCOVecWorldDup.testScatterv": _ZERO_COUNT_RACE,
-}
+FLAKY: dict[str, str] = {}  # none since a refused call on one rank stopped shifting the ranks' call numbers
 
 
 def _rank_counts(module: str) -> list[int]:
