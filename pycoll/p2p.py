@@ -404,9 +404,7 @@ class Engine:
                 self._rdv_sends[(peer, self._rdv_seq)] = req
                 self._rdv_data[(peer, self._rdv_seq)] = payload  # kept for a fallback through the stream
                 req.segments = [memoryview(_HEADER.pack(ctx, tag, nbytes, _RTS | (_MAGIC << 24), 0, addr, self._rdv_seq).ljust(HEADER_SIZE, b"\0"))]
-                q.append(req)
-                if len(q) == 1:
-                    self._push_now(peer, q)
+                self._enqueue(peer, req)
                 return req
         pad = -nbytes % ALIGN
         total = HEADER_SIZE + nbytes + pad
@@ -425,9 +423,7 @@ class Engine:
             req.segments = [memoryview(b"".join((header, payload, _ZEROS[:pad])))]
         else:
             req.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[:pad])] if pad else [])
-        q.append(req)
-        if len(q) == 1:  # start at once: small messages usually leave right here
-            self._push_now(peer, q)
+        self._enqueue(peer, req)
         return req
 
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
@@ -465,7 +461,7 @@ class Engine:
                 try:
                     status, nbytes, got_tag, head = self._kernels.eager_take(
                         lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META, _RTS_META,
-                        self._eager_kernel_polls if not self.oversubscribed else 4)
+                        self._kernel_spin_polls)
                 except TypeError:  # a buffer of a kind the kernel was not built for
                     status = -1
                 if status == 0:
@@ -544,7 +540,7 @@ class Engine:
         try:
             ch = lane[6]
             head = self._kernels.take_header(lane[3], lane[4], lane[5], ch.head, req.ctx, req.tag, _ACK_META, req.rdv,
-                                             self._eager_kernel_polls if not self.oversubscribed else 4)
+                                             self._kernel_spin_polls)
             if head < 0:
                 return False
             ch.consumed(head)
@@ -554,6 +550,11 @@ class Engine:
             return True
         finally:
             self.lock.release()
+
+    @property
+    def _kernel_spin_polls(self) -> int:
+        """Polls an eager kernel spins for its frame: about the engine's spin, a few where ranks share cores."""
+        return self._eager_kernel_polls if not self.oversubscribed else 4
 
     def _can_take(self, peer: int) -> bool:
         """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
@@ -578,7 +579,7 @@ class Engine:
                     tail, status, nbytes, got_tag, head = self._kernels.eager_exchange(
                         out[0], out[1], out[2], out[6].tail, payload, send_tag, ctx, inp[3], inp[4], inp[5],
                         inp[6].head, dst, recv_tag, _P2P_META, _RTS_META,
-                        self._eager_kernel_polls if not self.oversubscribed else 4)
+                        self._kernel_spin_polls)
                 except TypeError:  # a buffer of a kind the kernel was not built for: the separate steps below
                     tail = 0
                 if tail < 0:
@@ -625,6 +626,13 @@ class Engine:
         k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 0, polls)
         per_poll = max((time.perf_counter() - t0) / polls, 1e-10)
         return max(int(seconds / per_poll), 1)
+
+    def _enqueue(self, peer: int, req: SendRequest) -> None:
+        """Queue a send behind ``peer``'s others; alone in the queue, it starts at once (small ones leave here)."""
+        q = self._sendq[peer]
+        q.append(req)
+        if len(q) == 1:
+            self._push_now(peer, q)
 
     def _push_now(self, peer: int, q: deque) -> None:
         try:
@@ -900,10 +908,7 @@ class Engine:
             header = _HEADER.pack(ctx, tag, n, _RDATA | (_MAGIC << 24), 0, 0, rid).ljust(HEADER_SIZE, b"\0")
             send.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[: -n % ALIGN])] if n % ALIGN else [])
             send.index = send.offset = send.rdv = 0
-            q = self._sendq[src]
-            q.append(send)
-            if len(q) == 1:
-                self._push_now(src, q)
+            self._enqueue(src, send)
         return True
 
     def _rdv_pull(self, req: RecvRequest, src: int, tag: int, rid: int, addr: int, nbytes: int) -> None:
@@ -943,11 +948,7 @@ class Engine:
         if peer in self._dead:
             return
         header = memoryview(_HEADER.pack(ctx, tag, 0, kind | (_MAGIC << 24), 0, 0, rid).ljust(HEADER_SIZE, b"\0"))
-        req = SendRequest(self._ctl_owner, peer, ctx, tag, [header])
-        q = self._sendq[peer]
-        q.append(req)
-        if len(q) == 1:
-            self._push_now(peer, q)
+        self._enqueue(peer, SendRequest(self._ctl_owner, peer, ctx, tag, [header]))
 
     def _match(self, src: int, ctx: int, tag: int) -> Optional[RecvRequest]:
         for i, req in enumerate(self._posted):
@@ -1035,10 +1036,7 @@ class Engine:
             req.segments = [memoryview(b"".join((header, payload, _ZEROS[:pad])))]
         else:
             req.segments = [memoryview(header), payload] + ([memoryview(_ZEROS[:pad])] if pad else [])
-        q = self._sendq[peer]
-        q.append(req)
-        if len(q) == 1:
-            self._push_now(peer, q)
+        self._enqueue(peer, req)
         return req
 
     def _on_sync(self, src: int, st: _Inbound, ctx: int, tag: int, nbytes: int, sid: int) -> None:

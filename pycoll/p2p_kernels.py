@@ -28,6 +28,17 @@ _PUT_HEADER = [types.int64(_BYTES, _WORDS, _WORDS, _I64, _I64, _I64, _I64, _I64,
 _TAKE_HEADER = [types.int64(_BYTES, _WORDS, _WORDS, _I64, _I64, _I64, _I64, _I64, _I64)]
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _write_header(data64, w, ctx, tag, nbytes, meta, count, vhash):
+    """The six header words of a frame starting at word ``w``."""
+    data64[w] = ctx
+    data64[w + 1] = tag
+    data64[w + 2] = nbytes
+    data64[w + 3] = meta
+    data64[w + 4] = count
+    data64[w + 5] = vhash
+
+
 @njit(_PUT, cache=True, nogil=True)
 def eager_put(data, data64, words, tail, payload, ctx, tag, meta):
     """Write one frame at the ring's ``tail`` (its payload wrapping round the ring's end if it must) and publish it;
@@ -38,13 +49,7 @@ def eager_put(data, data64, words, tail, payload, ctx, tag, meta):
     pos = tail % cap
     if cap - (tail - types.int64(load_acquire(words, 8))) < total:
         return -1
-    w = pos // 8
-    data64[w] = ctx
-    data64[w + 1] = tag
-    data64[w + 2] = n
-    data64[w + 3] = meta
-    data64[w + 4] = 0
-    data64[w + 5] = 0
+    _write_header(data64, pos // 8, ctx, tag, n, meta, 0, 0)
     at = (pos + HEADER_BYTES) % cap  # the header never wraps (64-byte frames, capacity a multiple of 64)
     first = min(n, cap - at)  # the payload may: its rest starts the ring again
     if first:
@@ -108,13 +113,7 @@ def put_header(data, data64, words, tail, ctx, tag, nbytes, meta, count, vhash):
     pos = tail % cap
     if cap - (tail - types.int64(load_acquire(words, 8))) < HEADER_BYTES:
         return -1
-    w = pos // 8
-    data64[w] = ctx
-    data64[w + 1] = tag
-    data64[w + 2] = nbytes
-    data64[w + 3] = meta
-    data64[w + 4] = count
-    data64[w + 5] = vhash
+    _write_header(data64, pos // 8, ctx, tag, nbytes, meta, count, vhash)
     tail += HEADER_BYTES
     store_seq_cst(words, 0, tail)
     return tail
