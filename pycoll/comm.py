@@ -921,7 +921,10 @@ class Comm:
             status.source, status.tag, status.nbytes = self._to_comm[req.source], req.recv_tag, req.nbytes
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
-        return self._p2p_request(self._isend_array(self._p2p_buf(buf, "Isend"), dest, tag, "Isend"))
+        arr = self._p2p_buf(buf, "Isend")
+        if self._eager_ok(dest, tag) and self._engine.send_eager(self._world[dest], arr, self._ctx, tag):
+            return Request._finished(None)  # an eager send: the frame is in the peer's ring, the buffer free again
+        return self._p2p_request(self._isend_array(arr, dest, tag, "Isend"))
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
         arr = self._p2p_buf(buf, "Send")
@@ -1009,7 +1012,12 @@ class Comm:
         return self._p2p_request(self._bsend_array(self._p2p_buf(buf, "Ibsend"), dest, tag, "Ibsend"))
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
-        return self._p2p_request(self._irecv_array(self._p2p_buf(buf, "Irecv", writable=True), source, tag, "Irecv"), True)
+        arr = self._p2p_buf(buf, "Irecv", writable=True)
+        if self._eager_ok(source, tag, True):  # a matching message already at the head of the peer's ring: taken now
+            got = self._engine.take_now(self._world[source], arr, self._ctx, tag)
+            if got is not None:
+                return Request._received(source, got[1], got[0])
+        return self._p2p_request(self._irecv_array(arr, source, tag, "Irecv"), True)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
         arr = self._p2p_buf(buf, "Recv", writable=True)
@@ -1033,16 +1041,28 @@ class Comm:
     ) -> None:
         rarr = self._p2p_buf(recvbuf, "Sendrecv", writable=True)
         sarr = self._p2p_buf(sendbuf, "Sendrecv")
+        sreq = None
         if self._eager_ok(dest, sendtag) and self._eager_ok(source, recvtag, True):
-            got = self._engine.sendrecv_eager(self._world[dest], sarr, sendtag, self._world[source], rarr, recvtag, self._ctx)
-            if got is not False:  # the send left whole, so receiving after it cannot deadlock
-                if got is True:
-                    self._p2p_wait(self._irecv_array(rarr, source, recvtag, "Sendrecv"), status)
-                elif status is not None:
-                    status.source, status.tag, status.nbytes = source, got[1], got[0]
-                return
+            engine = self._engine
+            if sarr.nbytes <= engine.eager_max:
+                got = engine.sendrecv_eager(self._world[dest], sarr, sendtag, self._world[source], rarr, recvtag, self._ctx)
+                if got is not False:  # the send left whole, so receiving after it cannot deadlock
+                    if got is True:
+                        self._p2p_wait(self._irecv_array(rarr, source, recvtag, "Sendrecv"), status)
+                    elif status is not None:
+                        status.source, status.tag, status.nbytes = source, got[1], got[0]
+                    return
+            else:  # announce (or queue) the send, take the peer's message straight from its ring, then the ack
+                sreq = self._isend_array(sarr, dest, sendtag, "Sendrecv")
+                got = engine.recv_eager(self._world[source], rarr, self._ctx, recvtag)
+                if got is not None:
+                    if status is not None:
+                        status.source, status.tag, status.nbytes = source, got[1], got[0]
+                    self._p2p_wait(sreq)
+                    return
         rreq = self._irecv_array(rarr, source, recvtag, "Sendrecv")
-        sreq = self._isend_array(sarr, dest, sendtag, "Sendrecv")
+        if sreq is None:
+            sreq = self._isend_array(sarr, dest, sendtag, "Sendrecv")
         pending = [r for r in (rreq, sreq) if r is not None and not r.done]
         if pending:
             self._engine.wait_requests(pending, self.timeout, pending[0].owner)

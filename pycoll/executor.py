@@ -18,7 +18,7 @@ import numpy as np
 
 from . import buffers
 from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
-from .algorithms import arena_jit, shared, slots, staged
+from .algorithms import arena_jit, direct_cma, shared, slots, staged
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
 from .datatypes import Datatype
@@ -43,37 +43,70 @@ _SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
 def shape_key(args: tuple) -> Optional[tuple]:
     """What a call's arguments are, apart from buffer addresses: None where an argument is of a kind not planned.
 
-    Flat, with a marker and a length before each list or tuple, so no two different argument lists share a key.
+    One entry per argument; a list or tuple becomes a tuple of its type and its items' entries, so no two different
+    argument lists share a key. (Built without recursion or per-item calls: it runs on every call.)
     """
-    key: list = []
-    if _describe_into(args, key.append):
-        return tuple(key)
-    return None
-
-
-def _describe_into(args: Any, put: Callable[[Any], None]) -> bool:
+    key = []
     for a in args:
         t = type(a)
         if t is np.ndarray:
-            put(a.shape)
-            put(a.strides)
-            put(a.dtype)
-            put(a.flags.writeable)
+            key.append((a.shape, a.strides, a.dtype, a.flags.writeable))
         elif t is int or a is IN_PLACE:
-            put(a)
-        elif t in _SCALARS:  # with its type: True == 1 == 1.0, but only the int is a valid count or root
-            put(t)
-            put(a)
-        elif t is list or t is tuple:
-            put(t)
-            put(len(a))
-            if not _describe_into(a, put):
-                return False
-        elif isinstance(a, np.integer):
-            put(int(a))
-        else:  # other buffer kinds (memoryview, bytearray, device arrays, ...) are checked on every call
-            return False
-    return True
+            key.append(a)
+        elif t is list or t is tuple:  # a buffer spec (its common items inline), counts, displacements
+            item: Any = [t]
+            for e in a:
+                te = type(e)
+                if te is np.ndarray:
+                    item.append((e.shape, e.strides, e.dtype, e.flags.writeable))
+                elif te is int:
+                    item.append(e)
+                elif te is Datatype:
+                    item.append((te, e))
+                else:
+                    item = _describe_items(t, a)
+                    if item is None:
+                        return None
+                    break
+            key.append(tuple(item))
+        else:
+            item = _describe_scalar(t, a)
+            if item is None:
+                return None
+            key.append(item)
+    return tuple(key)
+
+
+def _describe_items(t: type, items: Any) -> Optional[tuple]:
+    """The key entry of a list or tuple argument (a buffer spec, counts, displacements), None if not planned."""
+    out: list = [t]
+    for a in items:
+        ta = type(a)
+        if ta is np.ndarray:
+            out.append((a.shape, a.strides, a.dtype, a.flags.writeable))
+        elif ta is int or a is IN_PLACE:
+            out.append(a)
+        elif ta is list or ta is tuple:
+            inner = _describe_items(ta, a)
+            if inner is None:
+                return None
+            out.append(inner)
+        else:
+            inner = _describe_scalar(ta, a)
+            if inner is None:
+                return None
+            out.append(inner)
+    return tuple(out)
+
+
+def _describe_scalar(t: type, a: Any) -> Any:
+    """A scalar's entry, with its type (True == 1 == 1.0, but only the int is a valid count or root); None for other
+    buffer kinds (memoryview, bytearray, device arrays, ...), which are checked on every call."""
+    if t in _SCALARS:
+        return (t, a)
+    if isinstance(a, np.integer):
+        return int(a)
+    return None
 
 
 def _arrays(args: tuple):
@@ -189,15 +222,20 @@ class Executor:
     # ---- the path every call takes ------------------------------------------------------------
     def run(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> None:
         """A blocking collective: inline on the arena where its plan allows, else as a schedule waited for here."""
-        plan = self._plan(label, args) if stream is None else None
-        if plan is not None:
-            views = plan.views(args)
-            if views is not None:
-                runner = plan.inline
-                if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
+        key = shape_key(args) if stream is None else None
+        if key is not None:
+            try:
+                plan = self.plans.get((label, key))
+            except TypeError:  # an unhashable argument (the checks name it)
+                plan = None
+            if plan is not None:
+                views = plan.views(args)
+                if views is not None:
+                    runner = plan.inline
+                    if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
+                        return
+                    self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan))
                     return
-                self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan))
-                return
         call, sig, stage = self._resolve(label, build, args, stream)
         plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
         if stage is None:
@@ -382,7 +420,8 @@ class Executor:
         arena = state.arena
         if arena is None or arena.finished != state.ops:
             return None
-        c._live(label)
+        if c._freed or c._aborted is not None or c._engine.broken_ctxs:
+            c._live(label)  # raises
         c._seq += 1
         state.ops += 1
         opno = arena.ops = state.ops
@@ -591,11 +630,84 @@ class _Slots(Runner):
             return False
         a, opno = taken
         status = slots.run_kernel(kern, prep, a, opno, send, recv, x.gate)
-        status = x.retry(a, status, lambda: slots.run_kernel(kern, prep, a, opno, send, recv, x.gate))
+        if x.retry_s:
+            status = x.retry(a, status, lambda: slots.run_kernel(kern, prep, a, opno, send, recv, x.gate))
         if arena_jit.finished(a, opno, status, x.gate):
             return True
         call = plan.make_call(send, recv)
         x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, a, opno, call, prep.words))
+        return True
+
+
+def _reached(x: Executor, arena: Any, what: str, opno: int, ranks: list[int], extra_s: float = 0.0) -> bool:
+    """Whether ``ranks`` reach ``what`` for ``opno`` while this rank spins (``extra_s`` longer); where ranks share the
+    cores it spins only briefly, then yields the core between polls for ``retry_s`` (and ``extra_s``)."""
+    waiting = arena.waiting_for
+    if not waiting(what, opno, ranks):
+        return True
+    clock = time.perf_counter
+    spin_end = clock() + x.spin_s + (0.0 if x.retry_s else extra_s)
+    end = spin_end + (x.retry_s + extra_s if x.retry_s else 0.0)
+    while waiting(what, opno, ranks):
+        now = clock()
+        if now > spin_end:
+            if now > end:
+                return False
+            os.sched_yield()
+    return True
+
+
+class _Cma(Runner):
+    """A ``cma`` Gather, Scatter or Alltoall (``direct_cma``): post, spin for the peers, copy by cross-memory attach,
+    copy the local block, spin until the ranks that copy from or into this rank's memory are done. What the peers are
+    late for runs on as a schedule (``direct_cma.cma_rest``/``cma_wait_rest``), as does a call whose posts do not
+    match (it reports the mismatch)."""
+
+    host = backend("host")
+    spin_s_per_byte = 1e-9  # the "done" spin also waits out the peers' copies: at least 1 GB/s
+
+    def __init__(self, x: Executor, plan: Plan) -> None:
+        super().__init__(x, plan)
+        self.moves = direct_cma.MOVES[plan.template.coll]
+        self.expect: Optional[list[tuple[int, int]]] = None  # (peer, bytes) it must post: the same for every call
+
+    def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
+        if CHECK_CALLS.get():
+            return False
+        state = x.comm._arena
+        if state is None or state.arena is None or not state.arena.cma_ok:
+            return False
+        taken = x.begin(self.label)
+        if taken is None:
+            return False
+        a, opno = taken
+        call = plan.make_call(send, recv)
+        moves, mine, others = self.moves, self.words, x.others
+        scratch = direct_cma.cma_post(a, opno, call, moves, mine, self.host)
+        if self.expect is None:
+            self.expect = moves.expect(a, call)
+        posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
+        if not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, self.expect):
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, call, moves, mine, scratch))
+            return True
+        try:
+            moves.copy(a, opno, call, scratch)
+        except BaseException as exc:
+            a.set_done(opno)
+            if not isinstance(exc, OSError):
+                raise
+            verb = moves.verb(a, call)
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, exc, verb))
+            return True
+        a.set_done(opno)
+        moves.local(a, call, scratch)
+        waits = moves.waits(a, opno, call)
+        if waits and not _reached(x, a, "done", opno, waits, call.nbytes * self.spin_s_per_byte):
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_wait_rest(st, a, opno, waits, scratch))
+            return True
+        if scratch is not None:
+            self.host.release(scratch)
+        x.gate.inline += 1
         return True
 
 
@@ -607,4 +719,7 @@ _INLINE: dict[Callable, type] = {
     shared.broadcast_staged: _Broadcast,
     shared.barrier_arena: _Barrier,
     **{run: _Slots for run in slots.RUNS},
+    direct_cma.gather_cma: _Cma,
+    direct_cma.scatter_cma: _Cma,
+    direct_cma.alltoall_cma: _Cma,
 }

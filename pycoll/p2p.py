@@ -75,6 +75,7 @@ _U8 = np.dtype(np.uint8)
 _P2P_META = _MAGIC << 24  # a plain point-to-point frame: no kind, dtype or op
 _RTS_META, _ACK_META = _RTS | _P2P_META, _ACK | _P2P_META
 _NO_SEGMENTS: list = []
+_NO_DST = np.zeros(0, np.uint8)  # take_next's receive buffer when only acknowledgements are taken
 
 CONTROL_CTX = (1 << 64) - 1
 _ABORT_TAG = 1  # a rank failed inside an operation: the communicator is broken
@@ -371,15 +372,16 @@ class Engine:
         # Eager receives poll one shared-memory ring directly, for about the engine's spin before they post.
         self._has_input = {p: getattr(ch, "has_input", None) for p, ch in channels.items() if ch.kind == "shm"}
         self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
-        # The largest eager message: below the rendezvous threshold, and a quarter of a ring at most.
+        # The largest eager message (callers read it): below the rendezvous threshold, a quarter of a ring at most.
         rings = [ch.capacity for ch in channels.values() if hasattr(ch, "put_frame")]
-        self._eager_max = min([self._rdv_bytes - 1] + [c // 4 - HEADER_SIZE - ALIGN for c in rings])
+        self.eager_max = min([self._rdv_bytes - 1] + [c // 4 - HEADER_SIZE - ALIGN for c in rings])
         self._eager_polls = 600
         # The compiled eager path: ``kernel_source(start)`` (set by the runtime) gives the kernel module once loaded,
         # None while loading (or not started: ``start`` starts it), False where it cannot run.
         self.kernel_source: Optional[Callable[[bool], Any]] = None
         self._kernels: Any = None
-        self._lanes: dict[int, tuple] = {}
+        self._lanes: dict[int, tuple] = {}  # peer -> its rings as the kernels take them, its channel, its pid
+        self._readv = 0  # libc's process_vm_readv for the kernels (0: none)
         self._eager_calls = 0
         self._eager_kernel_polls = 20000
 
@@ -398,12 +400,21 @@ class Engine:
         if nbytes >= self._rdv_bytes and not ctx & 1 and ctx != CONTROL_CTX and self._cma_to(peer):
             # rendezvous: announce (address, length); the peer pulls the bytes itself and acks
             self._rdv_seq += 1
-            addr = data.ctypes.data if data.flags.c_contiguous else 0
-            if addr:
-                req.rdv = self._rdv_seq
-                self._rdv_sends[(peer, self._rdv_seq)] = req
-                self._rdv_data[(peer, self._rdv_seq)] = payload  # kept for a fallback through the stream
-                req.segments = [memoryview(_HEADER.pack(ctx, tag, nbytes, _RTS | (_MAGIC << 24), 0, addr, self._rdv_seq).ljust(HEADER_SIZE, b"\0"))]
+            if data.flags.c_contiguous:
+                req.rdv = rid = self._rdv_seq
+                self._rdv_sends[(peer, rid)] = req
+                self._rdv_data[(peer, rid)] = payload  # kept for a fallback through the stream
+                lane = self._lanes.get(peer)
+                if lane is not None and not q:  # compiled: the announcement goes straight into the ring
+                    try:
+                        tail = self._kernels.announce(lane[0], lane[1], lane[2], lane[6].tail, data, ctx, tag, _RTS_META, rid)
+                    except TypeError:  # not flat bytes: the header below
+                        tail = -1
+                    if tail > 0:
+                        lane[6].published(tail)
+                        return req
+                addr = data.ctypes.data
+                req.segments = [memoryview(_HEADER.pack(ctx, tag, nbytes, _RTS | (_MAGIC << 24), 0, addr, rid).ljust(HEADER_SIZE, b"\0"))]
                 self._enqueue(peer, req)
                 return req
         pad = -nbytes % ALIGN
@@ -431,12 +442,12 @@ class Engine:
         unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
         nbytes = payload.nbytes
         put = self._put_frame.get(peer)
-        if put is None or nbytes > self._eager_max or self._sendq[peer] or peer in self._dead:
+        if put is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
             return False
         lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
         if lane is not None:
             try:
-                tail = self._kernels.eager_put(lane[0], lane[1], lane[2], lane[6].tail, payload, ctx, tag, _P2P_META)
+                tail = self._kernels.put_plain(lane[0], lane[2], payload, ctx, tag, _P2P_META)
             except TypeError:  # a buffer of a kind the kernel was not built for (strided, another dtype)
                 tail = 0
             if tail > 0:
@@ -447,34 +458,28 @@ class Engine:
         return put(_HEADER.pack_into, (ctx, tag, nbytes, _P2P_META, 0, 0, 0), payload, HEADER_SIZE,
                    HEADER_SIZE + nbytes + (-nbytes % ALIGN))
 
-    def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int) -> Optional[tuple[int, int]]:
+    def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool = True) -> Optional[tuple[int, int]]:
         """Receive one small point-to-point message from ``peer`` straight out of its ring into ``dst`` (flat bytes),
-        polling only that ring for a short spin: ``(nbytes, tag)``, or None with nothing consumed, and the caller
-        posts a receive. Taken only while no receive is posted, nothing unexpected is buffered, no schedule runs
-        and the stream sits at a frame boundary, so MPI's matching order holds."""
+        polling only that ring for a short spin (none unless ``spin``: a frame already there or nothing):
+        ``(nbytes, tag)``, or None with nothing consumed, and the caller posts a receive. Taken only while no receive
+        is posted, nothing unexpected is buffered, no schedule runs and the stream sits at a frame boundary, so MPI's
+        matching order holds."""
         if not self._can_take(peer) or not self.lock.acquire(blocking=False):
             return None
         try:
             lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
             if lane is not None:
-                ch = lane[6]
-                try:
-                    status, nbytes, got_tag, head = self._kernels.eager_take(
-                        lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META, _RTS_META,
-                        self._kernel_spin_polls)
-                except TypeError:  # a buffer of a kind the kernel was not built for
-                    status = -1
+                polls = self._kernel_spin_polls if spin else 0
+                status = 4
+                while status == 4:  # acknowledgements ahead of the message are handled on the way
+                    status, nbytes, got_tag = self._next_frame(peer, lane, dst, ctx, tag, polls)
                 if status == 0:
-                    ch.consumed(head)
-                    self._seen[peer] = (ctx, got_tag)
                     return nbytes, got_tag
-                if status == 3:
-                    return self._pull_announced(peer, lane, dst, ctx, nbytes, got_tag, head)
                 if status > 0:
                     return None
             has_input = self._has_input[peer]
             if not has_input():
-                polls = self._eager_polls if not self.oversubscribed else 4
+                polls = (self._eager_polls if not self.oversubscribed else 4) if spin else 0
                 while polls and not has_input():
                     polls -= 1
                 if not polls:
@@ -493,6 +498,78 @@ class Engine:
             ch.consume(total)
             self._seen[peer] = (ctx, got_tag)
             return nbytes, got_tag
+        finally:
+            self.lock.release()
+
+    def _next_frame(self, peer: int, lane: tuple, dst: np.ndarray, ctx: int, tag: int, polls: int) -> tuple[int, int, int]:
+        """One compiled step on ``peer``'s ring, its stream at a frame boundary, waiting up to ``polls`` polls for a
+        frame: an acknowledgement of this rank's rendezvous is handled (ACKED); a plain message for a receive of
+        (``ctx``, ``tag``; ``tag`` < -1: none) into ``dst`` is taken, or a rendezvous announcement for it pulled
+        and acknowledged: (TAKEN, nbytes, tag). Otherwise (EMPTY or OTHER, 0, 0) with the frame left for the
+        engine's path, or (-1, 0, 0) for a buffer the kernel does not take."""
+        ch = lane[6]
+        try:
+            status, nbytes, got_tag, head, tail, rid = self._kernels.take_next(
+                lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, _P2P_META, _RTS_META, _ACK_META,
+                lane[0], lane[1], lane[2], -1 if self._sendq[peer] else ch.tail, self._readv, lane[7], polls)
+        except TypeError:  # a buffer of a kind the kernel was not built for
+            return -1, 0, 0
+        if status == 0:  # TAKEN
+            ch.consumed(head)
+        elif status == 4:  # ACKED
+            ch.consumed(head)
+            self._acked(peer, rid)
+            return 4, 0, 0
+        elif status == 5:  # PULLED: copied from the sender, the announcement consumed
+            ch.consumed(head)
+            self.rdv_pulls += 1
+            self.rdv_eager_pulls += 1
+            if tail > 0:
+                ch.published(tail)
+            else:  # behind queued frames (or a full ring): in order, through the queue
+                self._send_ctl(peer, _ACK, ctx, got_tag, rid)
+        elif status == 3:  # ANNOUNCED, not pulled here: the Python copy (which finds out why), or the engine's path
+            if self._pull_announced(peer, lane, dst, ctx, nbytes, got_tag, head) is None:
+                return 2, 0, 0
+            return 0, nbytes, got_tag
+        else:
+            return status, 0, 0
+        self._seen[peer] = (ctx, got_tag)
+        return 0, nbytes, got_tag
+
+    def take_now(self, peer: int, dst: np.ndarray, ctx: int, tag: int) -> Optional[tuple[int, int]]:
+        """An Irecv's eager step, without waiting: first the frames already in the rings complete the receives posted
+        before (compiled, in order), then, once none is left posted, the message for this receive is taken if it is
+        at the head of ``peer``'s ring: ``(nbytes, tag)``, or None and the caller posts the receive."""
+        lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
+        if lane is None:  # the kernels are not in yet (or no ring to that peer): the Python step
+            return None if self._posted else self.recv_eager(peer, dst, ctx, tag, spin=False)
+        if self._unexpected or self._schedules or self._abort_requests or peer in self._dead:
+            return None
+        st = self._inbound[peer]
+        if st.have or st.target is not None or not self.lock.acquire(False):
+            return None
+        try:
+            if self._posted:
+                if not lane[6].has_input():
+                    return None
+                self._drain()
+                if self._posted or peer in self._dead:
+                    return None
+            try:
+                status, nbytes, got_tag, head = self._kernels.take_plain(lane[3], lane[5], dst, ctx, tag, _P2P_META, _RTS_META)
+            except TypeError:  # a buffer of a kind the kernel was not built for
+                return None
+            if status == 0:
+                lane[6].consumed(head)
+                self._seen[peer] = (ctx, got_tag)
+                return nbytes, got_tag
+            if status == 1:
+                return None
+            status = 4  # an announcement, or an acknowledgement ahead: the full step
+            while status == 4:
+                status, nbytes, got_tag = self._next_frame(peer, lane, dst, ctx, tag, 0)
+            return (nbytes, got_tag) if status == 0 else None
         finally:
             self.lock.release()
 
@@ -564,21 +641,74 @@ class Engine:
         st = self._inbound.get(peer)
         return peer in self._has_input and peer not in self._dead and not st.have and st.target is None  # type: ignore[union-attr]
 
+    def _candidate(self, peer: int) -> tuple[int, Optional[RecvRequest]]:
+        """The first posted receive that a message from ``peer`` could match (its index), if it is a plain
+        point-to-point receive into a buffer; (-1, None) when there is none or it is not plain."""
+        for i, req in enumerate(self._posted):
+            if req.peer == peer or req.peer == ANY_SOURCE:
+                if req.sig is None and req.ufunc is None and req.dst is not None:
+                    return i, req
+                return -1, None
+        return -1, None
+
+    def _drain(self) -> bool:
+        """The compiled part of ``progress`` while only point-to-point traffic is pending: from each shared-memory
+        ring at a frame boundary, take the frames that the first posted receive able to match them takes (a plain
+        message, or a rendezvous announcement pulled at once) and the acknowledgements of this rank's rendezvous
+        sends, in stream order, without spinning. The first frame it cannot place (another tag, a truncation, a
+        collective's message) stops it: the generic path reads that one, so MPI's matching holds."""
+        moved = False
+        posted = self._posted
+        dead = self._dead
+        for peer, lane in self._lanes.items():
+            if peer in dead or peer in self._pulling:
+                continue
+            st = self._inbound[peer]
+            if st.have or st.target is not None:
+                continue
+            take_plain = self._kernels.take_plain
+            while peer not in dead:
+                i, req = self._candidate(peer) if posted else (-1, None)
+                if req is not None:
+                    try:  # a plain message first: the cheapest call
+                        status, nbytes, got_tag, head = take_plain(lane[3], lane[5], req.dst, req.ctx, req.tag, _P2P_META, _RTS_META)
+                    except TypeError:  # a buffer of a kind the kernel was not built for
+                        break
+                    if status == 0:
+                        lane[6].consumed(head)
+                        self._seen[peer] = (req.ctx, got_tag)
+                    elif status == 1:
+                        break
+                    else:  # an acknowledgement, an announcement, or the engine's path
+                        status, nbytes, got_tag = self._next_frame(peer, lane, req.dst, req.ctx, req.tag, 0)  # type: ignore[arg-type]
+                elif self._rdv_sends:  # acknowledgements only
+                    status, nbytes, got_tag = self._next_frame(peer, lane, _NO_DST, 0, -2, 0)
+                else:
+                    break
+                if status == 4:
+                    moved = True
+                    continue
+                if status != 0 or req is None:
+                    break
+                del posted[i]
+                req.source, req.recv_tag, req.nbytes = peer, got_tag, nbytes
+                req.done = True
+                moved = True
+        return moved
+
     def sendrecv_eager(self, dest: int, payload: np.ndarray, send_tag: int, source: int, dst: np.ndarray,
                        recv_tag: int, ctx: int) -> Union[bool, tuple[int, int]]:
         """A Sendrecv's eager half-steps: False if the send did not leave whole (nothing done), True if it did but
         the receive was not taken (the caller posts it), ``(nbytes, tag)`` when both were done. Compiled, the two
         are one kernel call."""
         lanes = self._lanes
-        if (self._kernels is not None and dest in lanes and source in lanes and payload.nbytes <= self._eager_max
-                and not self._sendq[dest] and dest not in self._dead
-                and self._can_take(source) and self.lock.acquire(blocking=False)):
+        out, inp = lanes.get(dest), lanes.get(source)
+        if (out is not None and inp is not None and payload.nbytes <= self.eager_max and not self._sendq[dest]
+                and dest not in self._dead and self._can_take(source) and self.lock.acquire(False)):
             try:
-                out, inp = lanes[dest], lanes[source]
                 try:
-                    tail, status, nbytes, got_tag, head = self._kernels.eager_exchange(
-                        out[0], out[1], out[2], out[6].tail, payload, send_tag, ctx, inp[3], inp[4], inp[5],
-                        inp[6].head, dst, recv_tag, _P2P_META, _RTS_META,
+                    tail, status, nbytes, got_tag, head = self._kernels.exchange_plain(
+                        out[0], out[2], payload, send_tag, ctx, inp[3], inp[5], dst, recv_tag, _P2P_META, _RTS_META,
                         self._kernel_spin_polls)
                 except TypeError:  # a buffer of a kind the kernel was not built for: the separate steps below
                     tail = 0
@@ -610,11 +740,28 @@ class Engine:
         if k is False:
             self.kernel_source = None
         elif k is not None:
-            self._lanes = {p: ch.kernel_lane() + (ch,) for p, ch in self.channels.items()
+            self._lanes = {p: ch.kernel_lane() + (ch, ch.peer_pid) for p, ch in self.channels.items()
                            if hasattr(ch, "kernel_lane") and p in self._has_input and p not in self._closed}
+            self._readv = self._readv_address()
             self._kernels = k
             self._eager_kernel_polls = self._polls_in(k, SPIN_US.get() * 1e-6)
         return None
+
+    def _readv_address(self) -> int:
+        """The address of libc's process_vm_readv for the compiled rendezvous pull; 0 where cross-memory attach is
+        off or unavailable (announcements then go through the Python copy, which says why)."""
+        if self._cma is None:
+            from .transport.cma import CrossMemory
+
+            self._cma = CrossMemory()
+        if not self._cma.loaded:
+            return 0
+        import ctypes
+
+        try:
+            return int(ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            return 0
 
     @staticmethod
     def _polls_in(k: Any, seconds: float) -> int:
@@ -685,6 +832,8 @@ class Engine:
     def progress(self) -> bool:
         """Move every channel and every running schedule as far as possible, without blocking."""
         moved = False
+        if self._lanes and (self._posted or self._rdv_sends) and not self._schedules:
+            moved = self._drain()
         dead = self._dead
         for peer, ch, q, st, has_input in self._peers:
             if peer in dead:  # its channel is closed (a peer failed while this loop ran): nothing to read or ask
@@ -893,16 +1042,12 @@ class Engine:
             else:
                 self._rdv_pull(req, src, tag, rid, addr, nbytes)
             return True
+        if kind == _ACK:
+            self._acked(src, rid)
+            return True
         send = self._rdv_sends.pop((src, rid), None)
         payload = self._rdv_data.pop((src, rid), None)
-        if send is None or payload is None:
-            return True
-        if kind == _ACK:
-            if send.index < len(send.segments):  # a synchronous send still streaming its payload: its push completes it
-                send.rdv = 0
-            else:
-                send.done = True
-        else:  # _NAK: that peer cannot read this process; stream the payload, tagged with the rendezvous id
+        if send is not None and payload is not None:  # _NAK: that peer cannot read this process; stream the payload
             self._cma_ok[src] = False
             n = payload.nbytes
             header = _HEADER.pack(ctx, tag, n, _RDATA | (_MAGIC << 24), 0, 0, rid).ljust(HEADER_SIZE, b"\0")
@@ -910,6 +1055,16 @@ class Engine:
             send.index = send.offset = send.rdv = 0
             self._enqueue(src, send)
         return True
+
+    def _acked(self, src: int, rid: int) -> None:
+        """``src`` acknowledged this rank's rendezvous (or synchronous send) ``rid``: the send is done."""
+        send = self._rdv_sends.pop((src, rid), None)
+        if self._rdv_data.pop((src, rid), None) is None or send is None:
+            return
+        if send.index < len(send.segments):  # a synchronous send still streaming its payload: its push completes it
+            send.rdv = 0
+        else:
+            send.done = True
 
     def _rdv_pull(self, req: RecvRequest, src: int, tag: int, rid: int, addr: int, nbytes: int) -> None:
         """Copy an announced message straight out of the sender's buffer into the receive, then ack it."""
@@ -1367,7 +1522,35 @@ class Engine:
             self._schedules.remove(sched)
 
     def wait_requests(self, reqs: Sequence[Request], timeout: float, owner: Owner) -> None:
-        self._wait(lambda: all(r.done for r in reqs), lambda: sum(r.done for r in reqs), timeout, owner, lambda: reqs)
+        """Wait for all of ``reqs``; each one that completes earns a fresh timeout. Their completions are counted from
+        a pointer past the done prefix (requests mostly complete in order), the rest looked at only when the prefix
+        did not move, so a long window costs no pass over all of it per message."""
+        n = len(reqs)
+        front = 0  # reqs[:front] are done
+        beyond: set[int] = set()  # indices past the front seen done
+        last_front = 0
+        observed = 0  # changes whenever a completion was seen
+
+        def finished() -> bool:
+            nonlocal front
+            while front < n and reqs[front].done:
+                front += 1
+            return front == n
+
+        def completed() -> int:
+            nonlocal last_front, observed
+            finished()
+            if front != last_front:  # the request at the last front completed: that alone tells a change
+                last_front = front
+                observed += 1
+            else:
+                new = [i for i in range(front + 1, n) if reqs[i].done and i not in beyond]
+                if new:
+                    beyond.update(new)
+                    observed += 1
+            return observed
+
+        self._wait(finished, completed, timeout, owner, lambda: reqs)
 
     def wait_one(self, req: Request, timeout: float) -> None:
         """Wait for one point-to-point request: a short tight poll of the channels, then the general wait."""

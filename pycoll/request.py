@@ -206,6 +206,26 @@ class Request:
         req._active, req._completed, req._status = True, False, status
         return req
 
+    @classmethod
+    def _finished(cls, status: Optional[Status]) -> "Request":
+        """``completed(status)`` made without the constructor's checks: an eager send or receive that is done."""
+        req = cls.__new__(cls)
+        req._engine = req._comm = req._schedule = req._p2p = req._finish = req._after = None
+        req._result = req._more = req._origin = None
+        req._status, req._active, req._completed = status, True, False
+        return req
+
+    @staticmethod
+    def _received(source: int, tag: int, nbytes: int) -> "Request":
+        """``_finished`` for an eager receive, with its status."""
+        st = Status.__new__(Status)
+        st.source, st.tag, st.nbytes, st.error, st.cancelled = source, tag, nbytes, 0, False
+        req = Request.__new__(Request)
+        req._engine = req._comm = req._schedule = req._p2p = req._finish = req._after = None
+        req._result = req._more = req._origin = None
+        req._status, req._active, req._completed = st, True, False
+        return req
+
     # ---- identity (mpi4py's handle semantics) -------------------------------------------------
     def _identity(self) -> "Request":
         return self._origin if self._origin is not None else self
@@ -477,8 +497,13 @@ class Request:
         objs: list[Any] = []
         errors: list[PycollError] = []
         for k, i in enumerate(indices):
+            r = requests[i]
+            if k >= n_st and r._p2p is None and r._schedule is None and type(r) is Request and not r._completed:
+                r._completed, r._active = True, False  # done when it started (an eager transfer): nothing to report
+                objs.append(r._result)
+                continue
             try:
-                objs.append(requests[i].wait(statuses[k] if k < n_st else None))  # type: ignore[index]
+                objs.append(r.wait(statuses[k] if k < n_st else None))  # type: ignore[index]
             except PycollError as err:
                 errors.append(err)
                 objs.append(None)
