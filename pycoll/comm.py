@@ -294,12 +294,6 @@ class Comm:
         """A nonblocking call failed (its request found it): tell the peers (see ``Executor.failed``)."""
         self._x.failed(sched)
 
-    def _run(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> None:
-        self._x.run(label, build, args, stream)
-
-    def _start(self, label: str, build: Callable[..., tuple[Call, Sig]], *args: Any, stream: Any = None) -> Request:
-        return self._x.start(label, build, args, stream)
-
     # ---- argument resolution -----------------------------------------------------------------
     def _recv(self, spec: Any, opname: str, blocks: int = 1) -> Buf:
         if spec is IN_PLACE:
@@ -351,10 +345,10 @@ class Comm:
         return call, self._sig(call, recv_arr.shape[0], op=o)
 
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Allreduce", self._allreduce_call, sendbuf, recvbuf, op, stream=stream)
+        self._x.run("Allreduce", self._allreduce_call, (sendbuf, recvbuf, op), stream)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iallreduce", self._allreduce_call, sendbuf, recvbuf, op, stream=stream)
+        return self._x.start("Iallreduce", self._allreduce_call, (sendbuf, recvbuf, op), stream)
 
     def _reduce_call(self, sendbuf: Any, recvbuf: Any, op: Any, root: int) -> tuple[Call, Sig]:
         name = "Reduce"
@@ -382,25 +376,25 @@ class Comm:
         return call, self._sig(call, send_arr.shape[0], op=o)
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Reduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
+        self._x.run("Reduce", self._reduce_call, (sendbuf, recvbuf, op, root), stream)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Ireduce", self._reduce_call, sendbuf, recvbuf, op, root, stream=stream)
+        return self._x.start("Ireduce", self._reduce_call, (sendbuf, recvbuf, op, root), stream)
 
     # ---- prefix reductions (Scan, Exscan) ------------------------------------------------------
     def Scan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         """Inclusive prefix reduction: rank r gets op(x_0, ..., x_r), combined in rank order."""
-        self._run("Scan", self._allreduce_call, sendbuf, recvbuf, op, "scan", stream=stream)
+        self._x.run("Scan", self._allreduce_call, (sendbuf, recvbuf, op, "scan"), stream)
 
     def Iscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iscan", self._allreduce_call, sendbuf, recvbuf, op, "scan", stream=stream)
+        return self._x.start("Iscan", self._allreduce_call, (sendbuf, recvbuf, op, "scan"), stream)
 
     def Exscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         """Exclusive prefix reduction: rank r > 0 gets op(x_0, ..., x_{r-1}); rank 0's recvbuf is left untouched."""
-        self._run("Exscan", self._allreduce_call, sendbuf, recvbuf, op, "exscan", stream=stream)
+        self._x.run("Exscan", self._allreduce_call, (sendbuf, recvbuf, op, "exscan"), stream)
 
     def Iexscan(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iexscan", self._allreduce_call, sendbuf, recvbuf, op, "exscan", stream=stream)
+        return self._x.start("Iexscan", self._allreduce_call, (sendbuf, recvbuf, op, "exscan"), stream)
 
     def scan(self, sendobj: Any, op: Any = _ops.SUM) -> Any:
         """Objects: the reduction of ranks 0..r's objects, in rank order (AVG divides by r+1)."""
@@ -464,26 +458,24 @@ class Comm:
         return call, self._sig(call, total, _vhash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Reduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Reduce_scatter_block",
-                  stream=stream)
+        self._x.run("Reduce_scatter_block", self._reduce_scatter_call, (sendbuf, recvbuf, None, op, "Reduce_scatter_block"), stream)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Ireduce_scatter_block", self._reduce_scatter_call, sendbuf, recvbuf, None, op, "Ireduce_scatter_block", stream=stream)
+        return self._x.start("Ireduce_scatter_block", self._reduce_scatter_call, (sendbuf, recvbuf, None, op, "Ireduce_scatter_block"), stream)
 
     def Reduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
     , *, stream: Any = None) -> None:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Reduce_scatter")
-        self._run("Reduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Reduce_scatter",
-                  stream=stream)
+        self._x.run("Reduce_scatter", self._reduce_scatter_call, (sendbuf, recvbuf, recvcounts, op, "Reduce_scatter"), stream)
 
     def Ireduce_scatter(  # noqa: N802
         self, sendbuf: Any, recvbuf: Any, recvcounts: Optional[Sequence[int]] = None, op: Any = _ops.SUM
     , *, stream: Any = None) -> Request:
         if recvcounts is None:
             recvcounts = self._gather_counts(recvbuf, "Ireduce_scatter")
-        return self._start("Ireduce_scatter", self._reduce_scatter_call, sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter", stream=stream)
+        return self._x.start("Ireduce_scatter", self._reduce_scatter_call, (sendbuf, recvbuf, recvcounts, op, "Ireduce_scatter"), stream)
 
     def _gather_counts(self, recvbuf: Any, name: str) -> list[int]:
         """Without recvcounts, each rank's recvbuf size is its count (one extra allgather)."""
@@ -504,10 +496,10 @@ class Comm:
         return call, self._sig(call, b.count)
 
     def Bcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Bcast", self._bcast_call, buf, root, stream=stream)
+        self._x.run("Bcast", self._bcast_call, (buf, root), stream)
 
     def Ibcast(self, buf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Ibcast", self._bcast_call, buf, root, stream=stream)
+        return self._x.start("Ibcast", self._bcast_call, (buf, root), stream)
 
     def _allgather_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Allgatherv" if vector else "Allgather"
@@ -527,16 +519,16 @@ class Comm:
         return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Allgather", self._allgather_call, sendbuf, recvbuf, False, stream=stream)
+        self._x.run("Allgather", self._allgather_call, (sendbuf, recvbuf, False), stream)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iallgather", self._allgather_call, sendbuf, recvbuf, False, stream=stream)
+        return self._x.start("Iallgather", self._allgather_call, (sendbuf, recvbuf, False), stream)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Allgatherv", self._allgather_call, sendbuf, recvbuf, True, stream=stream)
+        self._x.run("Allgatherv", self._allgather_call, (sendbuf, recvbuf, True), stream)
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iallgatherv", self._allgather_call, sendbuf, recvbuf, True, stream=stream)
+        return self._x.start("Iallgatherv", self._allgather_call, (sendbuf, recvbuf, True), stream)
 
     def _gather_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Gatherv" if vector else "Gather"
@@ -566,16 +558,16 @@ class Comm:
         return call, self._sig(call)
 
     def Gather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Gather", self._gather_call, sendbuf, recvbuf, root, False, stream=stream)
+        self._x.run("Gather", self._gather_call, (sendbuf, recvbuf, root, False), stream)
 
     def Igather(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Igather", self._gather_call, sendbuf, recvbuf, root, False, stream=stream)
+        return self._x.start("Igather", self._gather_call, (sendbuf, recvbuf, root, False), stream)
 
     def Gatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Gatherv", self._gather_call, sendbuf, recvbuf, root, True, stream=stream)
+        self._x.run("Gatherv", self._gather_call, (sendbuf, recvbuf, root, True), stream)
 
     def Igatherv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Igatherv", self._gather_call, sendbuf, recvbuf, root, True, stream=stream)
+        return self._x.start("Igatherv", self._gather_call, (sendbuf, recvbuf, root, True), stream)
 
     def _scatter_call(self, sendbuf: Any, recvbuf: Any, root: int, vector: bool) -> tuple[Call, Sig]:
         name = "Scatterv" if vector else "Scatter"
@@ -605,16 +597,16 @@ class Comm:
         return call, self._sig(call)
 
     def Scatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Scatter", self._scatter_call, sendbuf, recvbuf, root, False, stream=stream)
+        self._x.run("Scatter", self._scatter_call, (sendbuf, recvbuf, root, False), stream)
 
     def Iscatter(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iscatter", self._scatter_call, sendbuf, recvbuf, root, False, stream=stream)
+        return self._x.start("Iscatter", self._scatter_call, (sendbuf, recvbuf, root, False), stream)
 
     def Scatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Scatterv", self._scatter_call, sendbuf, recvbuf, root, True, stream=stream)
+        self._x.run("Scatterv", self._scatter_call, (sendbuf, recvbuf, root, True), stream)
 
     def Iscatterv(self, sendbuf: Any, recvbuf: Any, root: int = 0, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Iscatterv", self._scatter_call, sendbuf, recvbuf, root, True, stream=stream)
+        return self._x.start("Iscatterv", self._scatter_call, (sendbuf, recvbuf, root, True), stream)
 
     def _alltoall_call(self, sendbuf: Any, recvbuf: Any, vector: bool) -> tuple[Call, Sig]:
         name = "Alltoallv" if vector else "Alltoall"
@@ -642,16 +634,16 @@ class Comm:
         return call, self._sig(call, 0 if vector else rv.counts[0])
 
     def Alltoall(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Alltoall", self._alltoall_call, sendbuf, recvbuf, False, stream=stream)
+        self._x.run("Alltoall", self._alltoall_call, (sendbuf, recvbuf, False), stream)
 
     def Ialltoall(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Ialltoall", self._alltoall_call, sendbuf, recvbuf, False, stream=stream)
+        return self._x.start("Ialltoall", self._alltoall_call, (sendbuf, recvbuf, False), stream)
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
-        self._run("Alltoallv", self._alltoall_call, sendbuf, recvbuf, True, stream=stream)
+        self._x.run("Alltoallv", self._alltoall_call, (sendbuf, recvbuf, True), stream)
 
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> Request:  # noqa: N802
-        return self._start("Ialltoallv", self._alltoall_call, sendbuf, recvbuf, True, stream=stream)
+        return self._x.start("Ialltoallv", self._alltoall_call, (sendbuf, recvbuf, True), stream)
 
     # ---- Alltoallw: per-peer datatypes and byte displacements, moved as bytes by the Alltoallv machinery ------
     def _w_side(self, spec: Any, what: str, name: str, writable: bool) -> "_WSide":
@@ -816,20 +808,20 @@ class Comm:
         return call, self._sig(call, 0)
 
     def Alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
-        self._run("Alltoallw", self._alltoallw_call, self._alltoallw_plan(sendbuf, recvbuf, "Alltoallw"))
+        self._x.run("Alltoallw", self._alltoallw_call, (self._alltoallw_plan(sendbuf, recvbuf, "Alltoallw"),))
 
     def Ialltoallw(self, sendbuf: Any, recvbuf: Any) -> Request:  # noqa: N802
-        return self._start("Ialltoallw", self._alltoallw_call, self._alltoallw_plan(sendbuf, recvbuf, "Ialltoallw"))
+        return self._x.start("Ialltoallw", self._alltoallw_call, (self._alltoallw_plan(sendbuf, recvbuf, "Ialltoallw"),))
 
     def _barrier_call(self) -> tuple[Call, Sig]:
         call = Call("barrier", np.dtype(np.uint8))
         return call, self._sig(call)
 
     def Barrier(self) -> None:  # noqa: N802
-        self._run("Barrier", self._barrier_call)
+        self._x.run("Barrier", self._barrier_call, ())
 
     def Ibarrier(self) -> Request:  # noqa: N802
-        return self._start("Ibarrier", self._barrier_call)
+        return self._x.start("Ibarrier", self._barrier_call, ())
 
     # ---- point-to-point ------------------------------------------------------------------------
     def _peer(self, peer: int, opname: str, allow_any: bool) -> int:

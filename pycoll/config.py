@@ -22,6 +22,11 @@ class Param(Generic[T]):
     parse: Callable[[str], T]
     doc: str
 
+    @property
+    def env_key(self) -> bytes:
+        """The knob's key in ``os.environ``'s own bytes dict (``_ENV_BYTES``), for callers that watch the raw value."""
+        return self._key  # type: ignore[attr-defined]
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "_key", os.fsencode(self.name))
         object.__setattr__(self, "_memo", [None, self.default])  # the last raw value seen and its parse

@@ -21,6 +21,7 @@ from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
 from .algorithms import arena_jit, direct_cma, shared, slots, staged
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
+from .config import _ENV_BYTES
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
 from .memory import backend
@@ -49,8 +50,9 @@ def shape_key(args: tuple) -> Optional[tuple]:
     key = []
     for a in args:
         t = type(a)
-        if t is np.ndarray:
-            key.append((a.shape, a.strides, a.dtype, a.flags.writeable))
+        if t is np.ndarray:  # C order says the strides (a plan never takes an array in another order)
+            f = a.flags
+            key.append((a.shape, a.dtype, f.c_contiguous, f.writeable))
         elif t is int or a is IN_PLACE:
             key.append(a)
         elif t is list or t is tuple:  # a buffer spec (its common items inline), counts, displacements
@@ -58,7 +60,8 @@ def shape_key(args: tuple) -> Optional[tuple]:
             for e in a:
                 te = type(e)
                 if te is np.ndarray:
-                    item.append((e.shape, e.strides, e.dtype, e.flags.writeable))
+                    f = e.flags
+                    item.append((e.shape, e.dtype, f.c_contiguous, f.writeable))
                 elif te is int:
                     item.append(e)
                 elif te is Datatype:
@@ -83,7 +86,8 @@ def _describe_items(t: type, items: Any) -> Optional[tuple]:
     for a in items:
         ta = type(a)
         if ta is np.ndarray:
-            out.append((a.shape, a.strides, a.dtype, a.flags.writeable))
+            f = a.flags
+            out.append((a.shape, a.dtype, f.c_contiguous, f.writeable))
         elif ta is int or a is IN_PLACE:
             out.append(a)
         elif ta is list or ta is tuple:
@@ -123,12 +127,19 @@ def _address(a: np.ndarray) -> int:
 
 
 class _Rebind:
-    """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range."""
+    """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range.
 
-    __slots__ = ("index", "item", "dtype", "start", "stop", "whole")
+    ``view`` is made for the shape: a whole one-dimensional array is fetched from the arguments and nothing more."""
 
-    def __init__(self, index: int, item: int, dtype: np.dtype, start: int, stop: int, whole: bool) -> None:
+    __slots__ = ("index", "item", "dtype", "start", "stop", "whole", "view")
+
+    def __init__(self, index: int, item: int, dtype: np.dtype, start: int, stop: int, whole: bool, ndim: int = 1) -> None:
         self.index, self.item, self.dtype, self.start, self.stop, self.whole = index, item, dtype, start, stop, whole
+        if whole and ndim == 1:
+            i, j = index, item
+            self.view = (lambda args: args[i]) if j < 0 else (lambda args: args[i][j])
+        else:
+            self.view = self._view
 
     @staticmethod
     def find(view: Optional[np.ndarray], args: tuple) -> Any:
@@ -150,10 +161,10 @@ class _Rebind:
             if base <= addr and addr + view.nbytes <= base + a.nbytes and (addr - base) % isz == 0 and a.nbytes % isz == 0:
                 start = (addr - base) // isz
                 whole = start == 0 and view.nbytes == a.nbytes and view.dtype == a.dtype
-                return _Rebind(i, j, view.dtype, start, start + view.size, whole)
+                return _Rebind(i, j, view.dtype, start, start + view.size, whole, a.ndim)
         return False
 
-    def view(self, args: tuple) -> np.ndarray:
+    def _view(self, args: tuple) -> np.ndarray:
         a = args[self.index] if self.item < 0 else args[self.index][self.item]
         if a.ndim != 1:
             a = a.reshape(-1)
@@ -167,7 +178,7 @@ class _Rebind:
 class Plan:
     """A checked call shape: its call template and signature, how to rebind its views, and its algorithm choice."""
 
-    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline")
+    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline", "fast")
 
     def __init__(self, label: str, call: Call, sig: Sig, send: Any, recv: Any) -> None:
         self.label = label
@@ -177,6 +188,8 @@ class Plan:
         self.algo: Any = None  # the Algorithm selected for it, valid while ``algo_for`` holds
         self.algo_for: tuple = ()
         self.inline: Any = None  # the algorithm's inline runner on the arena (see ``Runner``), or False: none
+        # the runner's whole call for these arguments (``Runner.fast_path``): False where it has none, None untried
+        self.fast: Any = None
 
     def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
         """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""
@@ -229,10 +242,17 @@ class Executor:
             except TypeError:  # an unhashable argument (the checks name it)
                 plan = None
             if plan is not None:
+                fast = plan.fast
+                if fast:
+                    if fast(args):
+                        return
+                    plan.fast = None  # it declined (a new arena, algorithm or spin, a busy arena): made again later
                 views = plan.views(args)
                 if views is not None:
                     runner = plan.inline
                     if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
+                        if fast is None:
+                            plan.fast = runner.fast_path(self, plan)
                         return
                     self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan))
                     return
@@ -469,6 +489,50 @@ class Executor:
 
 # ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------
 
+def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int]) -> Any:
+    """A plan's whole inline call as one closure (see ``Runner.fast_path``): what the plan, the arena and the choice
+    of algorithm settled is bound once; a call rebinds its views, numbers itself and runs ``kernel(send, recv,
+    opno, seq)``, whose status it acts on. The choice is rechecked from the raw environment words it depends on."""
+    c = x.comm
+    state, env, model = c._arena, _ENV_BYTES, cost_model.current()
+    if env is None or state is None or state.arena is None or state.status != "ready":
+        return False
+    a, gate, engine = state.arena, x.gate, c._engine
+    ka, kc = ALGO.env_key, CHECK_CALLS.env_key
+    va, vc, polls = env.get(ka), env.get(kc), gate.polls
+    send_view = plan.send.view if plan.send is not None else None
+    recv_view = plan.recv.view if plan.recv is not None else None
+    overlap = not plan.template.in_place and send_view is not None and recv_view is not None
+    overlaps = buffers.overlaps
+
+    def fast(args: tuple) -> bool:
+        if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model or gate.polls != polls:
+            return False
+        send = send_view(args) if send_view is not None else None
+        recv = recv_view(args) if recv_view is not None else None
+        if overlap and (send is recv or send.base is not None or recv.base is not None) and send.size and recv.size \
+                and overlaps(send, recv):
+            return False  # the checks name it
+        if (state.arena is not a or a.finished != state.ops or state.status != "ready" or c._freed
+                or c._aborted is not None or engine.broken_ctxs):
+            return False
+        seq = c._seq + 1
+        c._seq = a.seq = seq
+        opno = state.ops + 1
+        state.ops = a.ops = opno
+        state.last = (seq, opno)
+        status = kernel(send, recv, opno, seq)
+        if status == 0:  # DONE, and nobody to wake
+            a.finished = opno
+            gate.inline += 1
+            return True
+        runner.tail(x, plan, a, opno, status, send, recv)
+        return True
+
+    return fast
+
+
+
 class Runner:
     """An algorithm's inline form for one plan: ``run`` posts, spins briefly for the peers and finishes the whole call
     (one kernel call once the kernels are loaded); if the peers are late, the rest runs as a schedule. ``run`` returns
@@ -479,9 +543,20 @@ class Runner:
         self.words = shared.sig_words(plan.sig)
         self.sig_array = arena_jit.sig_array(self.words)
         self.arena: Any = None  # the arena the prepared arguments are for
+        self.kernel: Any = None  # the fast path's kernel step (send, recv, opno, seq) -> status, for its retries
 
     def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:  # pragma: no cover - each runner has one
         raise NotImplementedError
+
+    def fast_path(self, x: Executor, plan: Plan) -> Any:
+        """The whole call as one function of the call's arguments, for a plan that just ran inline: it rebinds the
+        views, numbers the call and runs the kernel, and returns False (having done nothing) where anything it was
+        made for changed (the arena, the algorithm choice, the spin, an unfinished nonblocking call). False: none."""
+        return False
+
+    def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
+        """After a kernel status other than DONE: retry while ranks share the cores, else finish as a schedule."""
+        raise NotImplementedError  # pragma: no cover - runners with a fast path have one
 
 
 class _Oneshot(Runner):
@@ -499,14 +574,14 @@ class _Oneshot(Runner):
             return False
         a, opno = taken
         if kern is not None and (self.prep is None or self.prep.arena is not a):
-            self.prep = arena_jit.Prepared(a, self.sig, plan.template.op, plan.template.dtype, recv.size)
+            self.prep = arena_jit.Prepared(a, self.sig, plan.template.op, plan.template.dtype, recv.size, kern)
         if kern is not None and self.prep.ok:
             prep, gate = self.prep, x.gate
             slots_, bases = prep.views[opno & 1]
-            prep.sig[3] = fold_seq(prep.words[3], a.seq)
-            status = kern.allreduce(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls)
-            status = x.retry(a, status, lambda: kern.allreduce(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno,
-                                                               prep.code, gate.polls))
+            fn, seq = prep.kernel, a.seq
+            status = fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls, seq)
+            status = x.retry(a, status, lambda: fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code,
+                                                   gate.polls, seq))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = prep.words
@@ -518,6 +593,31 @@ class _Oneshot(Runner):
                 return True
         x.rest(self.label, self.sig, lambda st: shared.oneshot_rest(st, a, opno, call, mine))
         return True
+
+    def fast_path(self, x: Executor, plan: Plan) -> Any:
+        prep = self.prep
+        if prep is None or prep.raw is None:
+            return False
+        a, fn, sig, code, polls = prep.arena, prep.raw, prep.sig, prep.code, x.gate.polls
+        u64, me, (s0, b0), (s1, b1) = a.u64, a.rank, prep.views[0], prep.views[1]
+
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:  # the plan's size fits the slot
+            if opno & 1:
+                return fn(u64, s1, send, recv, me, b1, sig, opno, code, polls, seq)
+            return fn(u64, s0, send, recv, me, b0, sig, opno, code, polls, seq)
+
+        self.kernel = kernel
+        return _fast_call(x, plan, self, kernel)
+
+    def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
+        if x.retry_s:
+            seq = arena.seq
+            status = x.retry(arena, status, lambda: self.kernel(send, recv, opno, seq))
+        if arena_jit.finished(arena, opno, status, x.gate):
+            return
+        call = plan.make_call(send, recv)
+        mine = self.prep.words
+        x.rest(self.label, self.sig, lambda st: shared.oneshot_rest(st, arena, opno, call, mine))
 
 
 class _Pipe(Runner):
@@ -593,10 +693,9 @@ class _Barrier(Runner):
         a, opno = taken
         if kern is not None:
             gate = x.gate
-            self.sig_array[3] = fold_seq(self.words[3], a.seq)
-            bases = gate.bases(a, opno)
-            status = kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls)
-            status = x.retry(a, status, lambda: kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls))
+            bases, seq = gate.bases(a, opno), a.seq
+            status = kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq)
+            status = x.retry(a, status, lambda: kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = self.words
@@ -606,6 +705,30 @@ class _Barrier(Runner):
                 return True
         x.rest(self.label, self.sig, lambda st: shared.barrier_rest(st, a, opno, mine))
         return True
+
+    def fast_path(self, x: Executor, plan: Plan) -> Any:
+        kern = x.gate.kernels
+        state = x.comm._arena
+        if not kern or state is None or state.arena is None:
+            return False
+        a, gate, sig = state.arena, x.gate, self.sig_array
+        fn, u64, me, polls = arena_jit.pick(kern, "barrier"), a.u64, a.rank, gate.polls
+        b0, b1 = gate.bases(a, 0), gate.bases(a, 1)
+
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+            return fn(u64, me, b1 if opno & 1 else b0, sig, opno, polls, seq)
+
+        self.kernel = kernel
+        return _fast_call(x, plan, self, kernel)
+
+    def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
+        if x.retry_s:
+            seq = arena.seq
+            status = x.retry(arena, status, lambda: self.kernel(None, None, opno, seq))
+        if arena_jit.finished(arena, opno, status, x.gate):
+            return
+        mine = self.words
+        x.rest(self.label, self.sig, lambda st: shared.barrier_rest(st, arena, opno, mine))
 
 
 class _Slots(Runner):
@@ -621,7 +744,7 @@ class _Slots(Runner):
         if self.prep is None or self.prep.arena is not arena:
             if arena is None:
                 return False
-            self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank)
+            self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank, kern)
         prep = self.prep
         if not prep.ok:
             return False
@@ -637,6 +760,31 @@ class _Slots(Runner):
         call = plan.make_call(send, recv)
         x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, a, opno, call, prep.words))
         return True
+
+    def fast_path(self, x: Executor, plan: Plan) -> Any:
+        prep = self.prep
+        if prep is None or prep.raw is None or prep.as_bytes or prep.polls != x.gate.polls:
+            return False
+        fn, a, sl, (m0, m1), sig, empty = prep.raw, prep.arena, prep.slots, prep.metas, prep.sig, prep.empty
+        u64 = a.u64
+        if prep.prog.pack_from_recv:  # the root's Bcast, an in-place Allgather: packed from the receive buffer
+            def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+                return fn(u64, sl, recv, recv, m1 if opno & 1 else m0, sig, opno, seq)
+        else:
+            def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+                return fn(u64, sl, empty if send is None else send, empty if recv is None else recv,
+                          m1 if opno & 1 else m0, sig, opno, seq)
+
+        return _fast_call(x, plan, self, kernel)
+
+    def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
+        prep = self.prep
+        if x.retry_s:
+            status = x.retry(arena, status, lambda: slots.run_kernel(None, prep, arena, opno, send, recv, x.gate))
+        if arena_jit.finished(arena, opno, status, x.gate):
+            return
+        call = plan.make_call(send, recv)
+        x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, arena, opno, call, prep.words))
 
 
 def _reached(x: Executor, arena: Any, what: str, opno: int, ranks: list[int], extra_s: float = 0.0) -> bool:
@@ -696,8 +844,8 @@ class _Cma(Runner):
             a.set_done(opno)
             if not isinstance(exc, OSError):
                 raise
-            verb = moves.verb(a, call)
-            x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, exc, verb))
+            verb, err = moves.verb(a, call), exc  # ``exc`` is unbound once this block ends; the schedule runs later
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, err, verb))
             return True
         a.set_done(opno)
         moves.local(a, call, scratch)

@@ -27,11 +27,24 @@ def pytest_configure(config):
 
 
 def pytest_sessionstart(session):
-    """Fill Numba's disk cache with every arena kernel once, before ranks start: each rank then loads them in the
-    background in about a second instead of compiling them (as `pycoll warmup` does after an install)."""
+    """Build the ahead-of-time kernels if the install did not (or the sources changed since), as `pycoll warmup`
+    does, so every rank runs them from its first call."""
+    from pycoll import native_build
     from pycoll.algorithms import arena_jit
 
+    native_build.build(quiet=True)
     arena_jit.warm_up()
+
+
+@pytest.fixture(scope="session")
+def jit_cache() -> None:
+    """Numba's disk cache filled with every kernel signature, for tests of the JIT path (PYCOLL_KERNELS=jit): their
+    ranks then load the kernels in about a second instead of compiling them for minutes."""
+    import subprocess
+
+    env = dict(os.environ, PYCOLL_KERNELS="jit")
+    subprocess.run([sys.executable, "-c", "from pycoll.algorithms import arena_jit; arena_jit.warm_up()"],
+                   env=env, check=True, timeout=900)
 
 
 def pytest_collection_modifyitems(config, items):

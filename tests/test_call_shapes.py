@@ -33,11 +33,24 @@ def test_fresh_arrays_plan_once_and_run_inline(n: int, tmp_path) -> None:
         assert all(v > 0 for v in inline.values()), inline
 
 
-@pytest.mark.timeout(200)
-def test_kernels_load_in_the_background(tmp_path) -> None:
-    """With no warm-up, a rank starts without the kernels (a Barrier-only job never loads them: tests/test_startup.py);
-    repeated calls load them in the background, right all along, and then run compiled."""
-    res = harness.run_cases(2, ["shapes.shapes_background_load"], transport="shm", out_dir=str(tmp_path), job_timeout=160)
+def test_prebuilt_kernels_run_from_the_first_call(tmp_path) -> None:
+    """With the ahead-of-time build (made by the test session's start, as by an install), a rank has its kernels
+    before its first call: the first calls run compiled, and Numba is never imported."""
+    res = harness.run_cases(2, ["shapes.shapes_prebuilt_kernels"], transport="shm", out_dir=str(tmp_path), job_timeout=120)
+    res.assert_ok()
+    assert res.records("shapes.shapes_prebuilt_kernels", "ready_at_start") == {0: True, 1: True}
+    assert res.records("shapes.shapes_prebuilt_kernels", "numba_imported") == {0: False, 1: False}
+    inline = res.records("shapes.shapes_prebuilt_kernels", "inline_of_first_20")
+    assert all(v > 0 for v in inline.values()), inline
+
+
+@pytest.mark.timeout(400)
+def test_kernels_load_in_the_background(tmp_path, jit_cache) -> None:
+    """Without a build (PYCOLL_KERNELS=jit), a rank starts without the kernels (a Barrier-only job never loads them:
+    tests/test_startup.py); repeated calls load them from Numba's cache in the background, right all along, and
+    then run compiled."""
+    res = harness.run_cases(2, ["shapes.shapes_background_load"], transport="shm", out_dir=str(tmp_path),
+                            job_timeout=160, env={"PYCOLL_KERNELS": "jit"})
     res.assert_ok()
     assert res.records("shapes.shapes_background_load", "loaded_at_start") == {0: False, 1: False}
     assert res.records("shapes.shapes_background_load", "loaded") == {0: True, 1: True}

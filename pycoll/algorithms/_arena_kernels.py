@@ -19,6 +19,8 @@ _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _o
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
 _LAND, _LOR = _ops.LAND.code, _ops.LOR.code
 _DONE, _WAITING, _MISMATCH, _WAKE = 0, 1, 2, 4
+_SEQ_WORD = _arena.SEQ
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # as ``arena.fold_seq``
 
 
 @njit(cache=True, nogil=True)
@@ -187,8 +189,19 @@ def _finish(words, me, size, opno):
 
 
 @njit(cache=True, nogil=True)
-def barrier(words, me, bases, sig, opno, polls):
+def _fold(words, base, sig, seq):
+    """For call number ``seq``: post word 3 is the unfolded word (kept in ``sig[4]``) mixed with it, as
+    ``arena.fold_seq`` does, and the post line at ``base`` gets the number in clear (before the post flag); a
+    negative ``seq`` leaves both as the caller wrote them."""
+    if seq >= 0:
+        sig[3] = sig[4] ^ (np.uint64(seq) * _GOLDEN)
+        words[base + _SEQ_WORD] = seq
+
+
+@njit(cache=True, nogil=True)
+def barrier(words, me, bases, sig, opno, polls, seq):
     """A whole arena barrier when every peer arrives within the spin; else it returns posted, not done."""
+    _fold(words, bases[me], sig, seq)
     status = _meet(words, me, bases, sig, opno, polls)
     if status & 3 != _DONE:
         return status
@@ -196,7 +209,7 @@ def barrier(words, me, bases, sig, opno, polls):
 
 
 @njit(cache=True, nogil=True)
-def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls):
+def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls, seq):
     """A whole one-shot Allreduce when every peer arrives within the spin; else it returns posted, not done.
 
     ``slots`` is (ranks, count) over the slots of ``opno``'s parity; ``recv`` gets the ranks' slots
@@ -207,6 +220,7 @@ def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls):
     mine = slots[me]
     for i in range(n):
         mine[i] = send[i]
+    _fold(words, bases[me], sig, seq)
     status = _meet(words, me, bases, sig, opno, polls)
     if status & 3 != _DONE:
         return status
@@ -452,8 +466,6 @@ _NBYTES_WORD = _arena.NBYTES
 (M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
  M_VHASH) = range(16)
 M_BASES = 16  # then: bases[size], expect[size], head[nhead], pack[npack][3], unpack[nunpack][4]
-_SEQ_WORD = _arena.SEQ
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # as ``arena.fold_seq``
 
 
 @njit(cache=True, nogil=True)
@@ -530,8 +542,13 @@ def slots_unpack(slots, recv, meta):
 
 
 @njit(cache=True, nogil=True)
-def slots_move(words, slots, send, recv, meta, sig):
-    """A whole data-movement collective through the slots (bytes): pack, meet, unpack, finish; else posted, not done."""
+def slots_move(words, slots, send, recv, meta, sig, opno, seq):
+    """A whole data-movement collective through the slots, call ``opno`` numbered ``seq`` (``send`` and ``recv``
+    of any one dtype, moved as bytes): pack, meet, unpack, finish; else posted, not done."""
+    meta[M_OPNO] = opno
+    meta[M_SEQ] = seq
+    send = send.view(np.uint8)
+    recv = recv.view(np.uint8)
     slots_pack(slots, send, meta)
     status = _meet_slots(words, meta, sig)
     if status & 3 != _DONE:
@@ -562,8 +579,11 @@ def slots_fold(slots, recv, meta):
 
 
 @njit(cache=True, nogil=True)
-def slots_reduce(words, slots, send, recv, meta, sig):
-    """A whole reduction collective through the slots (elements of one dtype): copy in, meet, fold, finish."""
+def slots_reduce(words, slots, send, recv, meta, sig, opno, seq):
+    """A whole reduction collective through the slots (elements of one dtype), call ``opno`` numbered ``seq``:
+    copy in, meet, fold, finish."""
+    meta[M_OPNO] = opno
+    meta[M_SEQ] = seq
     mine = slots[meta[M_ME], meta[M_OPNO] & 1]
     for i in range(len(send)):
         mine[i] = send[i]

@@ -1,9 +1,10 @@
-"""Compiled arena calls: small collectives, Barrier, and the staged algorithms' chunk loops, each one Numba call.
+"""Compiled arena calls: small collectives, Barrier, and the staged algorithms' chunk loops, each one kernel call.
 
-The kernels load in a background thread of lowered priority (from Numba's disk cache; ``pycoll warmup`` fills it
-after an install), started by a communicator's 8th repeated call that could run compiled or by point-to-point traffic; calls
-run on the Python path until their signatures are in. The eager point-to-point kernels (``pycoll.p2p_kernels``)
-load first.
+The kernels are the ahead-of-time build (``pycoll.native``, made at install or by ``pycoll warmup``), ready at a
+job's first call. Without a build that matches the sources (or with ``PYCOLL_KERNELS=jit``) they are Numba's JIT:
+they load in a background thread of lowered priority from Numba's disk cache, started by a communicator's 8th
+repeated call that could run compiled or by point-to-point traffic, and calls run on the Python path until their
+signatures are in. The eager point-to-point kernels (``pycoll.p2p_kernels``) load first.
 
 The kernels speak the Python paths' protocols word for word (``shared.oneshot_post``/``oneshot_rest``,
 the staged pipes), so a rank on the compiled path meets a rank on the Python path. Flags are read with acquire loads and written with release stores,
@@ -21,6 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import native
 from .. import ops as _ops
 from ..config import bool_param, param
 from ..transport import arena as _arena
@@ -81,13 +83,34 @@ def unavailable() -> Optional[str]:
     """None if the compiled path can run here, else why not (Numba missing or disabled)."""
     if not ARENA_JIT.get():
         return "PYCOLL_ARENA_JIT=0"
+    if native.load("arena") is not None:
+        return None
     _load()
     return _unavailable
 
 
 def kernels() -> Any:
+    """The arena kernels: the ahead-of-time build where one matches, else Numba's (possibly still loading)."""
+    built = native.load("arena")
+    if built is not None:
+        return built
     _load()
     return _kernels
+
+
+def pick(kern: Any, name: str, dtype: Any = None, checked: bool = False) -> Any:
+    """Kernel ``name`` of ``kern`` (the ahead-of-time set or Numba's module) for buffers of ``dtype``: unless
+    ``checked``, the bare compiled export, for callers whose buffers were checked when their plan was made (the
+    right dtype, one dimension, C order); ``checked``, one that refuses others (TypeError), as Numba's dispatcher
+    does."""
+    if isinstance(kern, native.KernelSet):
+        return kern.fast(name, dtype) if checked else kern.raw(name, dtype)
+    return getattr(kern, name)
+
+
+def prebuilt() -> bool:
+    """Whether both kernel families run from the ahead-of-time build (nothing to load in the background)."""
+    return ARENA_JIT.get() and native.load("arena") is not None and native.load("p2p") is not None
 
 
 def _load() -> None:
@@ -115,7 +138,13 @@ def _warm_up_locked() -> Optional[str]:
         return _unavailable
     _check_stop()
     why = unavailable() if ARENA_JIT.get() else "PYCOLL_ARENA_JIT=0"
-    if why is None:
+    if why is None and prebuilt():
+        polls_for(0.0)
+    elif why is None:
+        _load()
+        if _unavailable is not None:
+            _warm.set()
+            return _unavailable
         import warnings
 
         from . import _arena_signatures
@@ -185,6 +214,8 @@ def _load_quietly() -> None:
 
 def ready() -> bool:
     """Whether the kernels are loaded (never waits)."""
+    if prebuilt():
+        return True
     return _warm.is_set() and _kernels is not None and _unavailable is None
 
 
@@ -194,6 +225,9 @@ def p2p_kernels(start: bool = True) -> Any:
     run. Never waits."""
     if not ARENA_JIT.get():
         return False
+    built = native.load("p2p")
+    if built is not None:
+        return built
     if _p2p_warm.is_set():
         from .. import p2p_kernels
 
@@ -221,8 +255,9 @@ def polls_for(seconds: float) -> int:
 
 
 def sig_array(words: tuple[int, int, int, int]) -> np.ndarray:
-    """A call's four posted signature words, as the kernels take them."""
-    return np.array(words, np.uint64)
+    """A call's four posted signature words, as the kernels take them, and the fourth again (word 4): the kernels
+    that take a call number fold it into word 3 from there."""
+    return np.array(list(words) + [words[3]], np.uint64)
 
 
 class Prepared:
@@ -231,9 +266,10 @@ class Prepared:
     ``ok`` is False when the compiled path cannot reduce the dtype. Kept by the plan, so repeated calls skip lookups.
     """
 
-    __slots__ = ("arena", "sig", "words", "code", "views", "ok")
+    __slots__ = ("arena", "sig", "words", "code", "views", "ok", "kernel", "raw")
 
-    def __init__(self, arena: _arena.HostArena, sig: Any, op: _ops.Op, dtype: np.dtype, count: int) -> None:
+    def __init__(self, arena: _arena.HostArena, sig: Any, op: _ops.Op, dtype: np.dtype, count: int,
+                 kern: Any = None) -> None:
         from .shared import sig_words
 
         self.arena = arena
@@ -242,6 +278,9 @@ class Prepared:
         self.code = op.code
         self.ok = covers(op, dtype)
         self.views = [(slot_matrix(arena, k, count, dtype), line_bases(arena, k)) for k in (0, 1)] if self.ok else []
+        ok = self.ok and kern is not None
+        self.kernel = pick(kern, "allreduce", dtype, checked=True) if ok else None  # checks the user buffers
+        self.raw = pick(kern, "allreduce", dtype) if ok else None  # trusts them (the plan checked them)
 
 
 
@@ -302,6 +341,11 @@ class Gate:
         if not ARENA_JIT.get():
             self.kernels = False
             return None
+        built = native.load("arena")
+        if built is not None:
+            self.polls = polls_for(self.spin_s)
+            self.kernels = built
+            return built
         if not _warm.is_set():  # the 8th call that could run compiled starts the load (a short job never does)
             if self.calls >= _LOAD_AFTER_CALLS:
                 load_in_background()
@@ -315,11 +359,18 @@ class Gate:
 
 
 def add_warmup_parser(subparsers: Any) -> Any:
-    """`pycoll warmup`: compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
-    p = subparsers.add_parser("warmup", help="compile the arena kernels into Numba's disk cache now (run once after install)")
+    """`pycoll warmup`: build the ahead-of-time kernels for the current sources (``pycoll.native_build``), else
+    compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
+    p = subparsers.add_parser("warmup", help="build the compiled kernels now (pip install does it; run after editing them)")
 
     def run(args: Any) -> int:
         t0 = time.perf_counter()
+        try:
+            from .. import native_build
+
+            native_build.build()
+        except Exception as exc:  # noqa: BLE001 - no compiler, no pycc: the JIT's cache instead
+            print(f"pycoll warmup: no ahead-of-time build ({type(exc).__name__}: {exc}); filling Numba's cache")
         why = warm_up()
         if why is not None:
             print(f"pycoll warmup: the compiled path is off here: {why}")

@@ -55,7 +55,7 @@ def address(arr: Optional[np.ndarray]) -> int:
         return 0
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(arr))
-    except TypeError:  # read-only
+    except (TypeError, ValueError):  # read-only, or a dtype the buffer protocol cannot name (bfloat16)
         return int(arr.ctypes.data)
 
 

@@ -160,11 +160,13 @@ def slot_array(arena: HostArena, dtype: np.dtype) -> np.ndarray:
 
 
 class Prepared:
-    """One plan's kernel arguments on one arena: its program (``meta``, one per slot parity), signature words and slots."""
+    """One plan's kernel arguments on one arena: its program (``meta``, one per slot parity), signature words, slots,
+    and the kernel for its dtype (``kernel``: checks the user buffers; ``raw``: trusts them)."""
 
-    __slots__ = ("arena", "prog", "words", "sig", "metas", "slots", "ok", "polls")
+    __slots__ = ("arena", "prog", "words", "sig", "metas", "slots", "ok", "polls", "dtype", "as_bytes", "empty",
+                 "kernel", "raw")
 
-    def __init__(self, arena: HostArena, call: Call, sig: Sig, rank: int) -> None:
+    def __init__(self, arena: HostArena, call: Call, sig: Sig, rank: int, kern: Any = None) -> None:
         p = arena.size
         self.arena = arena
         self.prog = Program(call, p, rank)
@@ -178,28 +180,39 @@ class Prepared:
         self.ok = (self.prog.nbytes <= arena.slot_bytes and writable
                    and (not self.prog.typed or arena_jit.covers(call.op, call.dtype)))
         self.slots = slot_array(arena, call.dtype if self.prog.typed else np.dtype(np.uint8))
+        # the kernels take the buffers in their own dtype where compiled for it, else (moves only) as bytes
+        self.as_bytes = call.dtype not in arena_jit.DTYPES
+        self.dtype = np.dtype(np.uint8) if self.as_bytes else call.dtype
+        self.empty = np.zeros(0, self.dtype)  # stands for an absent buffer
+        name = "slots_reduce" if self.prog.typed else "slots_move"
+        self.kernel = self.raw = None
+        if kern is not None and self.ok:
+            self.kernel = arena_jit.pick(kern, name, self.dtype, checked=True)
+            self.raw = arena_jit.pick(kern, name, self.dtype)
+
+    def set_polls(self, polls: int) -> None:
+        """The spin every later call's kernel makes for its peers (in meta, for both slot parities)."""
+        self.polls = polls
+        for m in self.metas:
+            m[_M_POLLS] = polls
 
 
-_M_OPNO, _M_POLLS, _M_SEQ = 1, 3, 14  # as _arena_kernels.M_OPNO, M_POLLS, M_SEQ
+_M_POLLS = 3  # as _arena_kernels.M_POLLS
 
 
 def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optional[np.ndarray], recv: Optional[np.ndarray],
                gate: Any) -> int:
     """One whole ``slots`` call as a kernel call (it posts the call number itself); the status as
     ``arena_jit.finished`` reads it."""
-    meta = st.metas[opno & 1]
-    meta[_M_OPNO] = opno
-    meta[_M_SEQ] = arena.seq
     if st.polls != gate.polls:
-        st.polls = gate.polls
-        for m in st.metas:
-            m[_M_POLLS] = gate.polls
-    if st.prog.typed:
-        return kern.slots_reduce(arena.u64, st.slots, send, recv if recv is not None else send[:0], meta, st.sig)
+        st.set_polls(gate.polls)
+    fn = st.kernel if st.kernel is not None else getattr(kern, "slots_reduce" if st.prog.typed else "slots_move")
     if st.prog.pack_from_recv:
         send = recv
-    return kern.slots_move(arena.u64, st.slots, send.view(np.uint8) if send is not None else _NO_BYTES,
-                           recv.view(np.uint8) if recv is not None else _NO_BYTES, meta, st.sig)
+    if st.as_bytes:
+        send, recv = _bytes(send), _bytes(recv)
+    return fn(arena.u64, st.slots, send if send is not None else st.empty, recv if recv is not None else st.empty,
+              st.metas[opno & 1], st.sig, opno, arena.seq)
 
 
 _NO_BYTES = np.zeros(0, np.uint8)

@@ -163,6 +163,28 @@ def case_shapes_planned_once(ctx):
 
 
 @case
+def case_shapes_prebuilt_kernels(ctx):
+    """With the ahead-of-time build, the kernels are there before the first call: the first calls already run
+    compiled (inline), right, and Numba is never imported."""
+    import sys
+
+    from pycoll.algorithms import arena_jit
+
+    comm = ctx.comm.Dup()
+    MPI = ctx.MPI
+    ctx.record("ready_at_start", arena_jit.ready())
+    x, y = np.ones(4, np.float64), np.zeros(4, np.float64)
+    before = comm._x.gate.inline
+    for k in range(1, 21):
+        x[...] = ctx.rank + k
+        comm.Allreduce([x, MPI.DOUBLE], [y, MPI.DOUBLE], op=MPI.SUM)
+        ctx.check(f"Allreduce call {k}", y, np.full(4, sum(range(ctx.size)) + ctx.size * k, np.float64))
+    ctx.record("inline_of_first_20", comm._x.gate.inline - before)
+    ctx.record("numba_imported", "numba" in sys.modules)
+    comm.Free()
+
+
+@case
 def case_shapes_background_load(ctx):
     """Without any warm-up call, a repeated call starts the kernels loading in the background while calls go on in
     NumPy (checked each time); once loaded, later calls run compiled."""

@@ -1,0 +1,32 @@
+"""Build hook: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).resolve().parent
+
+
+class BuildPyWithKernels(build_py):
+    """build_py, then the kernels: into the source tree for an editable install, else beside the built package.
+    Without a compiler the install goes on, and pycoll runs Numba's JIT instead (`pycoll warmup` builds later)."""
+
+    def run(self) -> None:
+        super().run()
+        if os.environ.get("PYCOLL_SKIP_KERNEL_BUILD"):
+            return
+        editable = getattr(self, "editable_mode", False)
+        out = ROOT / "pycoll" / "_native" if editable else Path(self.build_lib) / "pycoll" / "_native"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+        cmd = [sys.executable, "-m", "pycoll.native_build", "--out", str(out)]
+        if subprocess.run(cmd, env=env, cwd=ROOT).returncode != 0:
+            print("pycoll: the ahead-of-time kernels did not build; pycoll will use Numba's JIT", file=sys.stderr)
+
+
+setup(cmdclass={"build_py": BuildPyWithKernels})
