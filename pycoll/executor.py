@@ -430,9 +430,10 @@ class Executor:
         return staged_call.call, staged_call
 
     # ---- inline arena runs ----------------------------------------------------------------------
-    def begin(self, label: str, posts_seq: bool = False) -> Optional[tuple[Any, int]]:
+    def begin(self, label: str, posts_seq: bool = False, handles_lag: bool = False) -> Optional[tuple[Any, int]]:
         """Number an inline arena call and take its arena operation: (arena, op number), or None (nothing done) while
-        the arena is not ready or an earlier nonblocking arena call is unfinished."""
+        the arena is not ready, an earlier nonblocking arena call is unfinished, or (unless the kernel ``handles_lag``
+        itself) the last call did not wait for every peer and some peer has not finished the call two back."""
         c = self.comm
         state = c._arena
         if state is None or state.status != "ready":
@@ -440,6 +441,10 @@ class Executor:
         arena = state.arena
         if arena is None or arena.finished != state.ops:
             return None
+        if arena.lagging and not handles_lag:
+            if arena.waiting_for("done", state.ops - 1, self.others):
+                return None  # the schedule's ``lag_wait`` waits for them
+            arena.lagging = False
         if c._freed or c._aborted is not None or c._engine.broken_ctxs:
             c._live(label)  # raises
         c._seq += 1
@@ -489,10 +494,14 @@ class Executor:
 
 # ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------
 
-def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int]) -> Any:
+def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int],
+               lags: bool = False) -> Any:
     """A plan's whole inline call as one closure (see ``Runner.fast_path``): what the plan, the arena and the choice
     of algorithm settled is bound once; a call rebinds its views, numbers itself and runs ``kernel(send, recv,
-    opno, seq)``, whose status it acts on. The choice is rechecked from the raw environment words it depends on."""
+    opno, seq)``, whose status it acts on. The choice is rechecked from the raw environment words it depends on.
+
+    ``lags``: the kernel waits for the peers' last calls itself when the arena is ``lagging``, and may return without
+    waiting for every peer (the arena is then ``lagging``); other kernels never start on a lagging arena."""
     c = x.comm
     state, env, model = c._arena, _ENV_BYTES, cost_model.current()
     if env is None or state is None or state.arena is None or state.status != "ready":
@@ -504,6 +513,7 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
     recv_view = plan.recv.view if plan.recv is not None else None
     overlap = not plan.template.in_place and send_view is not None and recv_view is not None
     overlaps = buffers.overlaps
+    one_sided = lags and runner.one_sided
 
     def fast(args: tuple) -> bool:
         if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model or gate.polls != polls:
@@ -514,7 +524,7 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
                 and overlaps(send, recv):
             return False  # the checks name it
         if (state.arena is not a or a.finished != state.ops or state.status != "ready" or c._freed
-                or c._aborted is not None or engine.broken_ctxs):
+                or c._aborted is not None or engine.broken_ctxs or (a.lagging and not lags)):
             return False
         seq = c._seq + 1
         c._seq = a.seq = seq
@@ -524,6 +534,7 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
         status = kernel(send, recv, opno, seq)
         if status == 0:  # DONE, and nobody to wake
             a.finished = opno
+            a.lagging = lags and one_sided
             gate.inline += 1
             return True
         runner.tail(x, plan, a, opno, status, send, recv)
@@ -544,6 +555,7 @@ class Runner:
         self.sig_array = arena_jit.sig_array(self.words)
         self.arena: Any = None  # the arena the prepared arguments are for
         self.kernel: Any = None  # the fast path's kernel step (send, recv, opno, seq) -> status, for its retries
+        self.one_sided = False  # its calls may return before every peer read what they posted (``HostArena.lagging``)
 
     def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:  # pragma: no cover - each runner has one
         raise NotImplementedError
@@ -732,7 +744,9 @@ class _Barrier(Runner):
 
 
 class _Slots(Runner):
-    """A small collective through the slots (the ``slots`` algorithms), one kernel call when the peers keep up."""
+    """A small collective through the slots (the ``slots`` algorithms), one kernel call when the peers keep up. A
+    rank waits only for the peers whose slots it reads, so a Bcast root, a Gather or Reduce leaf returns once it
+    posted (``Program.one_sided``)."""
 
     prep: Any = None
 
@@ -745,20 +759,21 @@ class _Slots(Runner):
             if arena is None:
                 return False
             self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank, kern)
+            self.one_sided = self.prep.prog.one_sided
         prep = self.prep
         if not prep.ok:
             return False
-        taken = x.begin(self.label, posts_seq=True)
+        taken = x.begin(self.label, posts_seq=True, handles_lag=True)
         if taken is None:
             return False
         a, opno = taken
         status = slots.run_kernel(kern, prep, a, opno, send, recv, x.gate)
-        if x.retry_s:
-            status = x.retry(a, status, lambda: slots.run_kernel(kern, prep, a, opno, send, recv, x.gate))
-        if arena_jit.finished(a, opno, status, x.gate):
-            return True
-        call = plan.make_call(send, recv)
-        x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, a, opno, call, prep.words))
+        if status == arena_jit.DONE:
+            a.finished = opno
+            a.lagging = self.one_sided
+            x.gate.inline += 1
+        else:
+            self.tail(x, plan, a, opno, status, send, recv)
         return True
 
     def fast_path(self, x: Executor, plan: Plan) -> Any:
@@ -769,21 +784,26 @@ class _Slots(Runner):
         u64 = a.u64
         if prep.prog.pack_from_recv:  # the root's Bcast, an in-place Allgather: packed from the receive buffer
             def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-                return fn(u64, sl, recv, recv, m1 if opno & 1 else m0, sig, opno, seq)
+                return fn(u64, sl, recv, recv, m1 if opno & 1 else m0, sig, opno, seq, a.lagging)
         else:
             def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
                 return fn(u64, sl, empty if send is None else send, empty if recv is None else recv,
-                          m1 if opno & 1 else m0, sig, opno, seq)
+                          m1 if opno & 1 else m0, sig, opno, seq, a.lagging)
 
-        return _fast_call(x, plan, self, kernel)
+        return _fast_call(x, plan, self, kernel, lags=True)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         prep = self.prep
         if x.retry_s:
             status = x.retry(arena, status, lambda: slots.run_kernel(None, prep, arena, opno, send, recv, x.gate))
         if arena_jit.finished(arena, opno, status, x.gate):
+            arena.lagging = self.one_sided
             return
         call = plan.make_call(send, recv)
+        if status & arena_jit.UNPOSTED:  # nothing posted: wait for the peers' last calls, then the whole call
+            x.rest(self.label, self.sig, lambda st: slots.slots_unposted(st, arena, opno, call))
+            return
+        arena.lagging = False  # the rest meets every peer
         x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, arena, opno, call, prep.words))
 
 

@@ -465,7 +465,8 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
 _NBYTES_WORD = _arena.NBYTES
 (M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
  M_VHASH) = range(16)
-M_BASES = 16  # then: bases[size], expect[size], head[nhead], pack[npack][3], unpack[nunpack][4]
+M_BASES = 16  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
+_UNPOSTED = 8  # or'ed into WAITING: nothing was packed or posted (peers had not finished the call two back)
 
 
 @njit(cache=True, nogil=True)
@@ -480,21 +481,50 @@ def _post_n(words, base, sig, opno, nbytes, seq):
 
 
 @njit(cache=True, nogil=True)
+def _peers_done(words, me, size, target, polls):
+    """Spin until every peer finished arena call ``target`` (its DONE word); False if ``polls`` rounds pass first."""
+    for _ in range(polls + 1):
+        left = 0
+        for r in range(size):
+            if r != me and np.int64(load_acquire(words, _HEADER + r * _CTRL + _DONE_WORD)) < target:
+                left += 1
+        if left == 0:
+            return True
+        cpu_relax()
+    return False
+
+
+@njit(cache=True, nogil=True)
 def _meet_slots(words, meta, sig):
-    """Post (with this rank's contribution size and call number), spin for the peers, compare their calls and
-    contribution sizes. The posted vhash word is the call's, folded with its number (``arena.fold_seq``)."""
+    """Post (with this rank's contribution size and call number), spin for the peers whose slots this rank reads
+    (``reads``; none: it returns at once), compare their calls and contribution sizes. The posted vhash word is the
+    call's, folded with its number (``arena.fold_seq``)."""
     me, opno, size, polls = meta[M_ME], meta[M_OPNO], meta[M_SIZE], meta[M_POLLS]
     seq = np.uint64(meta[M_SEQ])
     sig[3] = np.uint64(meta[M_VHASH]) ^ (seq * _GOLDEN)
     bases = meta[M_BASES:M_BASES + size]
     expect = meta[M_BASES + size:M_BASES + 2 * size]
+    reads = meta[M_BASES + 2 * size:M_BASES + 3 * size]
     _post_n(words, bases[me], sig, opno, meta[M_NBYTES], seq)
-    status = _await_posts(words, me, bases, sig, opno, polls)
-    if status & 3 == _DONE:
+    wake = _ring(words, me, size)
+    for _ in range(polls + 1):
+        left = 0
         for r in range(size):
+            if reads[r] and load_acquire(words, bases[r] + _POST) != opno:
+                left += 1
+        if left == 0:
+            break
+        cpu_relax()
+    if left:
+        return _WAITING | wake
+    for r in range(size):
+        if reads[r]:
+            for k in range(4):
+                if words[bases[r] + _KIND + k] != sig[k]:
+                    return _MISMATCH | wake
             if expect[r] >= 0 and np.int64(words[bases[r] + _NBYTES_WORD]) != expect[r]:
-                return _MISMATCH | (status & _WAKE)
-    return status
+                return _MISMATCH | wake
+    return _DONE | wake
 
 
 @njit(cache=True, nogil=True)
@@ -503,7 +533,7 @@ def slots_pack(slots, send, meta):
     me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
     nhead, npack = meta[M_NHEAD], meta[M_NPACK]
     mine = slots[me, par]
-    at = M_BASES + 2 * size
+    at = M_BASES + 3 * size
     for i in range(nhead):
         v = meta[at + i]
         for b in range(8):
@@ -529,7 +559,7 @@ def slots_unpack(slots, recv, meta):
     """Copy the unpack rows (rank, slot offset, offset in ``recv``, bytes) out of the slots; a slot offset of -1 reads
     (offset, bytes) from that rank's table entry for this rank. False if a table entry disagrees."""
     me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
-    at = M_BASES + 2 * size + meta[M_NHEAD] + 3 * meta[M_NPACK]
+    at = M_BASES + 3 * size + meta[M_NHEAD] + 3 * meta[M_NPACK]
     for k in range(meta[M_NUNPACK]):
         r, s_off, d_off, n = meta[at + 4 * k], meta[at + 4 * k + 1], meta[at + 4 * k + 2], meta[at + 4 * k + 3]
         row = slots[r, par]
@@ -542,11 +572,15 @@ def slots_unpack(slots, recv, meta):
 
 
 @njit(cache=True, nogil=True)
-def slots_move(words, slots, send, recv, meta, sig, opno, seq):
+def slots_move(words, slots, send, recv, meta, sig, opno, seq, lag):
     """A whole data-movement collective through the slots, call ``opno`` numbered ``seq`` (``send`` and ``recv``
-    of any one dtype, moved as bytes): pack, meet, unpack, finish; else posted, not done."""
+    of any one dtype, moved as bytes): pack, meet, unpack, finish; else posted, not done. With ``lag`` (the last call
+    did not wait for every peer) it first waits for the peers to finish call ``opno - 2``, whose slots it reuses;
+    if they do not within the spin, it returns WAITING | UNPOSTED, having done nothing."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
+    if lag and not _peers_done(words, meta[M_ME], meta[M_SIZE], opno - 2, meta[M_POLLS]):
+        return _WAITING | _UNPOSTED
     send = send.view(np.uint8)
     recv = recv.view(np.uint8)
     slots_pack(slots, send, meta)
@@ -579,11 +613,13 @@ def slots_fold(slots, recv, meta):
 
 
 @njit(cache=True, nogil=True)
-def slots_reduce(words, slots, send, recv, meta, sig, opno, seq):
+def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
     """A whole reduction collective through the slots (elements of one dtype), call ``opno`` numbered ``seq``:
-    copy in, meet, fold, finish."""
+    copy in, meet, fold, finish (``lag``: as ``slots_move``)."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
+    if lag and not _peers_done(words, meta[M_ME], meta[M_SIZE], opno - 2, meta[M_POLLS]):
+        return _WAITING | _UNPOSTED
     mine = slots[meta[M_ME], meta[M_OPNO] & 1]
     for i in range(len(send)):
         mine[i] = send[i]

@@ -52,6 +52,7 @@ ARENA_JIT_LOAD = param(
 
 # Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake.
 DONE, WAITING, MISMATCH, WAKE = 0, 1, 2, 4
+UNPOSTED = 8  # with WAITING, from the slots kernels: nothing packed or posted (peers not done with the call two back)
 # Dtypes the compiled reduction covers: the rest stay on the Python path.
 DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,

@@ -287,12 +287,24 @@ def _number(st: Steps) -> int:
 
 
 def _begin(st: Steps, arena: HostArena, op: int) -> Generator[tuple, None, int]:
-    """Wait until this rank finished its previous arena operation (they run one at a time, in call order)."""
+    """Wait until this rank finished its previous arena operation (they run one at a time, in call order), and,
+    after one that did not wait for every peer, until the peers finished the operation two back (``lag_wait``)."""
     arena.ops = max(arena.ops, op)
     while arena.finished < op - 1:
         yield (_LocalTurn(arena, op - 1),)
+    yield from lag_wait(st, arena, op)
     arena.seq = st.seq  # its posts carry this call's number
     return op
+
+
+def lag_wait(st: Steps, arena: HostArena, op: int) -> Schedule:
+    """If the last operation returned without waiting for every peer (``HostArena.lagging``), wait for each to
+    finish operation ``op - 2``, whose parity's slots and lines ``op`` reuses. Every operation of a schedule then
+    meets all peers, so the next one needs no such wait."""
+    if arena.lagging:
+        others = [q for q in range(st.size) if q != st.rank]
+        yield from _meet(st, arena, op - 2, others, "done")
+        arena.lagging = False
 
 
 class _LocalTurn:

@@ -28,7 +28,7 @@ from .ordered import reduce_ordered, reduce_scatter_ordered
 from .registry import register
 from .ring import allgather_ring_algo, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
-from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, sig_words
+from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, lag_wait, sig_words
 
 _REDUCING = ("reduce", "reduce_scatter", "scan", "exscan")
 _TABLED = ("scatter", "alltoall")  # readers cannot know their block's place: the writer's slot starts with a table
@@ -58,7 +58,7 @@ def _cost(m: CostModel, n: float, lay: Layout) -> float:
 class Program:
     """What one rank does in a ``slots`` call, in bytes (or elements, for the folds)."""
 
-    __slots__ = ("head", "pack", "nbytes", "expect", "unpack", "fold", "pack_from_recv", "typed")
+    __slots__ = ("head", "pack", "nbytes", "expect", "unpack", "fold", "pack_from_recv", "typed", "reads", "one_sided")
 
     def __init__(self, call: Call, p: int, me: int) -> None:
         isz = call.dtype.itemsize
@@ -137,6 +137,13 @@ class Program:
             elif coll == "exscan":
                 self.fold = (0, me, 0, 0, n)
         self.nbytes = nbytes  # the bytes this rank's contribution takes in its slot
+        # the peers whose slots this rank reads: the only ones it waits for (a Bcast root, a Gather or Reduce leaf
+        # and Scan's rank 0 wait for nobody), and whose calls and sizes it checks
+        lo, hi = self.fold[0], self.fold[1]
+        peers = {int(q) for q in self.unpack[:, 0]} | set(range(lo, hi))
+        peers.discard(me)
+        self.reads = np.array([1 if q in peers else 0 for q in range(p)], np.int64)
+        self.one_sided = len(peers) < p - 1  # some peer may still be reading this call's slots when it returns
 
 
 def _bytes(a: Optional[np.ndarray]) -> np.ndarray:
@@ -144,12 +151,13 @@ def _bytes(a: Optional[np.ndarray]) -> np.ndarray:
 
 
 def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, words: tuple) -> np.ndarray:
-    """The program as the kernels read it (``_arena_kernels.M_*``): scalars, then bases, expect, head, pack, unpack."""
+    """The program as the kernels read it (``_arena_kernels.M_*``): scalars, then bases, expect, reads, head, pack,
+    unpack."""
     lo, hi, s_off, d_off, n = prog.fold
     vhash = np.array([words[3]], np.uint64).view(np.int64)[0]  # the unfolded word, its bits as an int64
     head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
             prog.unpack.shape[0], 0, vhash]
-    return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.head,
+    return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.reads, prog.head,
                            prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
 
 
@@ -212,7 +220,7 @@ def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optio
     if st.as_bytes:
         send, recv = _bytes(send), _bytes(recv)
     return fn(arena.u64, st.slots, send if send is not None else st.empty, recv if recv is not None else st.empty,
-              st.metas[opno & 1], st.sig, opno, arena.seq)
+              st.metas[opno & 1], st.sig, opno, arena.seq, arena.lagging)
 
 
 _NO_BYTES = np.zeros(0, np.uint8)
@@ -302,6 +310,11 @@ def _slots(st: Steps, call: Call) -> Schedule:
         yield from (_ORDERED_FALLBACK if ordered else _FALLBACK)[call.coll](st, call)
         return
     op = yield from _begin(st, arena, number)
+    yield from _slots_from_pack(st, arena, op, call)
+
+
+def _slots_from_pack(st: Steps, arena: HostArena, op: int, call: Call) -> Schedule:
+    """Pack and post in NumPy, then ``slots_rest``."""
     prog = Program(call, st.size, st.rank)
     mine = sig_words(st.sig)
     try:
@@ -311,6 +324,13 @@ def _slots(st: Steps, call: Call) -> Schedule:
         arena.set_done(op)
         raise
     yield from slots_rest(st, arena, op, call, mine)
+
+
+def slots_unposted(st: Steps, arena: HostArena, op: int, call: Call) -> Schedule:
+    """An inline call whose kernel found the peers not done with the call two back (UNPOSTED): wait for them (with
+    timeouts), then the whole call in NumPy."""
+    yield from lag_wait(st, arena, op)
+    yield from _slots_from_pack(st, arena, op, call)
 
 
 def _register(coll: str, what: str) -> Any:

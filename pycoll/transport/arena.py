@@ -144,6 +144,9 @@ class HostArena:
         self.rounds = 0  # staged rounds started on this rank (likewise)
         self.finished = 0  # arena operations this rank has completed
         self.seq = 0  # the communicator's call number of the operation being posted (see fold_seq)
+        # True after an operation that did not wait for every peer (a Bcast root, a Gather leaf): the next one
+        # must see every peer finish the operation two back before it reuses that parity's slots and lines
+        self.lagging = False
         self._slots = [
             [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self.slot_offset(r, k)) for k in (0, 1)] for r in range(size)
         ]
