@@ -45,39 +45,46 @@ def shape_key(args: tuple) -> Optional[tuple]:
     """What a call's arguments are, apart from buffer addresses: None where an argument is of a kind not planned.
 
     One entry per argument; a list or tuple becomes a tuple of its type and its items' entries, so no two different
-    argument lists share a key. (Built without recursion or per-item calls: it runs on every call.)
+    argument lists share a key. The usual buffer specs, ``[buf, count, type]`` and ``[buf, type]``, get one flat
+    entry each (an array's entry is its shape, dtype and C-order and writable flags, a Datatype stands bare), which
+    no other argument list can produce. Built without recursion or per-item calls: it runs on every call.
     """
     key = []
+    add = key.append
     for a in args:
         t = type(a)
-        if t is np.ndarray:  # C order says the strides (a plan never takes an array in another order)
+        if t is list or t is tuple:
+            n = len(a)
+            if n == 3:
+                b, c, d = a
+                if type(b) is _NDARRAY and type(c) is int and type(d) is Datatype:
+                    f = b.flags
+                    add((t, b.shape, b.dtype, f.c_contiguous, f.writeable, c, d))
+                    continue
+            elif n == 2:
+                b, d = a
+                if type(b) is _NDARRAY and type(d) is Datatype:
+                    f = b.flags
+                    add((t, b.shape, b.dtype, f.c_contiguous, f.writeable, d))
+                    continue
+            item = _describe_items(t, a)
+            if item is None:
+                return None
+            add(item)
+        elif t is _NDARRAY:  # C order says the strides (a plan never takes an array in another order)
             f = a.flags
-            key.append((a.shape, a.dtype, f.c_contiguous, f.writeable))
-        elif t is int or a is IN_PLACE:
-            key.append(a)
-        elif t is list or t is tuple:  # a buffer spec (its common items inline), counts, displacements
-            item: Any = [t]
-            for e in a:
-                te = type(e)
-                if te is np.ndarray:
-                    f = e.flags
-                    item.append((e.shape, e.dtype, f.c_contiguous, f.writeable))
-                elif te is int:
-                    item.append(e)
-                elif te is Datatype:
-                    item.append((te, e))
-                else:
-                    item = _describe_items(t, a)
-                    if item is None:
-                        return None
-                    break
-            key.append(tuple(item))
+            add((a.shape, a.dtype, f.c_contiguous, f.writeable))
+        elif t is int or t is Op or t is str or a is IN_PLACE:  # no other entry equals an int, an Op or a str
+            add(a)
         else:
             item = _describe_scalar(t, a)
             if item is None:
                 return None
-            key.append(item)
+            add(item)
     return tuple(key)
+
+
+_NDARRAY = np.ndarray
 
 
 def _describe_items(t: type, items: Any) -> Optional[tuple]:
@@ -88,6 +95,8 @@ def _describe_items(t: type, items: Any) -> Optional[tuple]:
         if ta is np.ndarray:
             f = a.flags
             out.append((a.shape, a.dtype, f.c_contiguous, f.writeable))
+        elif ta is Datatype:
+            out.append((ta, a))
         elif ta is int or a is IN_PLACE:
             out.append(a)
         elif ta is list or ta is tuple:
@@ -226,7 +235,7 @@ class Executor:
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
         self.spin_s = _FAST_SPIN_S / 25 if self.engine.oversubscribed else _FAST_SPIN_S
         self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
-        self.gate = arena_jit.Gate(self.spin_s)
+        self.gate = arena_jit.Gate(self.spin_s, arena_jit.YIELDS if self.engine.oversubscribed else 0)
         if comm._arena is not None:
             comm._arena.gate = self.gate
             if arena_jit.ARENA_JIT_LOAD.get() == "now":
@@ -591,9 +600,10 @@ class _Oneshot(Runner):
             prep, gate = self.prep, x.gate
             slots_, bases = prep.views[opno & 1]
             fn, seq = prep.kernel, a.seq
-            status = fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls, seq)
+            y, yf = gate.yields, gate.yield_fn
+            status = fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls, seq, y, yf)
             status = x.retry(a, status, lambda: fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code,
-                                                   gate.polls, seq))
+                                                   gate.polls, seq, y, yf))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = prep.words
@@ -612,11 +622,12 @@ class _Oneshot(Runner):
             return False
         a, fn, sig, code, polls = prep.arena, prep.raw, prep.sig, prep.code, x.gate.polls
         u64, me, (s0, b0), (s1, b1) = a.u64, a.rank, prep.views[0], prep.views[1]
+        y, yf = x.gate.yields, x.gate.yield_fn
 
         def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:  # the plan's size fits the slot
             if opno & 1:
-                return fn(u64, s1, send, recv, me, b1, sig, opno, code, polls, seq)
-            return fn(u64, s0, send, recv, me, b0, sig, opno, code, polls, seq)
+                return fn(u64, s1, send, recv, me, b1, sig, opno, code, polls, seq, y, yf)
+            return fn(u64, s0, send, recv, me, b0, sig, opno, code, polls, seq, y, yf)
 
         self.kernel = kernel
         return _fast_call(x, plan, self, kernel)
@@ -706,8 +717,10 @@ class _Barrier(Runner):
         if kern is not None:
             gate = x.gate
             bases, seq = gate.bases(a, opno), a.seq
-            status = kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq)
-            status = x.retry(a, status, lambda: kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq))
+            y, yf = gate.yields, gate.yield_fn
+            status = kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq, y, yf)
+            status = x.retry(a, status, lambda: kern.barrier(a.u64, a.rank, bases, self.sig_array, opno, gate.polls, seq,
+                                                             y, yf))
             if arena_jit.finished(a, opno, status, gate):
                 return True
             mine = self.words
@@ -725,10 +738,10 @@ class _Barrier(Runner):
             return False
         a, gate, sig = state.arena, x.gate, self.sig_array
         fn, u64, me, polls = arena_jit.pick(kern, "barrier"), a.u64, a.rank, gate.polls
-        b0, b1 = gate.bases(a, 0), gate.bases(a, 1)
+        b0, b1, y, yf = gate.bases(a, 0), gate.bases(a, 1), gate.yields, gate.yield_fn
 
         def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-            return fn(u64, me, b1 if opno & 1 else b0, sig, opno, polls, seq)
+            return fn(u64, me, b1 if opno & 1 else b0, sig, opno, polls, seq, y, yf)
 
         self.kernel = kernel
         return _fast_call(x, plan, self, kernel)

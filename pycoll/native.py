@@ -1,7 +1,7 @@
 """Loads the kernels compiled ahead of time (at install, or by `pycoll warmup`): ready at the first call, no Numba.
 
-Each kernel family (``arena``: the arena's collectives; ``p2p``: the eager point-to-point steps) is one extension
-module built by ``pycoll.native_build`` with Numba's ahead-of-time compiler, beside a JSON file that lists its
+Each kernel family (``arena``: the arena's small collectives; ``staged``: its pipelined ones; ``p2p``: the eager
+point-to-point steps) is one extension module built by ``pycoll.native_build`` with Numba's ahead-of-time compiler, beside a JSON file that lists its
 exports: every kernel signature, its parameters and the dtype that selects it. The module's name carries a hash of
 the kernel sources it was built from (``SOURCES``), so a build older than the sources is never loaded: the caller
 then takes Numba's just-in-time path (``arena_jit``), as it does where no build exists or ``PYCOLL_KERNELS=jit``.
@@ -45,9 +45,11 @@ NATIVE_DIR = str_param(
 
 PACKAGE = Path(__file__).resolve().parent
 # The files each family's compiled code depends on (constants, layouts, intrinsics), relative to the package.
+_ARENA_SOURCES = ("algorithms/_arena_kernels.py", "algorithms/_arena_signatures.py", "transport/atomics.py",
+                  "transport/arena.py", "ops.py", "native_build.py")
 SOURCES: dict[str, tuple[str, ...]] = {
-    "arena": ("algorithms/_arena_kernels.py", "algorithms/_arena_signatures.py", "transport/atomics.py",
-              "transport/arena.py", "ops.py", "native_build.py"),
+    "arena": _ARENA_SOURCES,  # the small collectives and Barrier
+    "staged": _ARENA_SOURCES,  # the staged pipes' chunk loops (apart, so the two build in parallel)
     "p2p": ("p2p_kernels.py", "transport/atomics.py", "native_build.py"),
 }
 # Parameters that carry a user's buffer (or a view of one): the only ones ``fast`` checks.
@@ -89,9 +91,26 @@ def load(kind: str) -> Optional["KernelSet"]:
     return _loaded[kind]
 
 
+def load_together(kinds: tuple[str, ...]) -> Optional["KernelSet"]:
+    """Several families' kernels as one set (the arena's small and staged collectives), or None unless all load."""
+    key = "+".join(kinds)
+    got = _loaded.get(key, False)
+    if got is not False:
+        return got  # type: ignore[return-value]
+    sets = [load(k) for k in kinds]
+    merged = None
+    if all(ks is not None for ks in sets):
+        merged = KernelSet(key, None, {"kernels": {}})
+        for ks in sets:
+            merged.absorb(ks)  # type: ignore[union-attr]
+    with _lock:
+        _loaded[key] = merged
+    return merged
+
+
 def why(kind: str) -> str:
-    """Why ``load(kind)`` gave None ('' if it did not)."""
-    return _why.get(kind, "")
+    """Why ``load(kind)`` gave None ('' if it did not; several kinds: the first reason)."""
+    return next((_why[k] for k in kind.split("+") if _why.get(k)), "")
 
 
 def forget() -> None:
@@ -156,6 +175,11 @@ class KernelSet:
             if len(variants) == 1:
                 self._raw[(name, None)] = variants[0][1]
             self._variants[name] = (entry["params"], variants)
+
+    def absorb(self, other: "KernelSet") -> None:
+        """Take ``other``'s kernels into this set."""
+        self._raw.update(other._raw)
+        self._variants.update(other._variants)
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         """The checked kernel ``name`` (made at its first use, then kept as an attribute)."""

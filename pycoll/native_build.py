@@ -1,9 +1,9 @@
 """Builds the ahead-of-time kernels (``pycoll.native``) with Numba's compiler: at install, or by `pycoll warmup`.
 
-Each family is one extension module exporting every signature of its kernels: the arena kernels' from the table
-in ``algorithms._arena_signatures``, the point-to-point kernels' from their decorators. Beside it goes a JSON file
-with each export's parameters and the dtype that selects it, which ``pycoll.native`` reads without Numba. The two
-families build in parallel processes (about a minute each on one core).
+Each family is one extension module exporting every signature of its kernels: the arena and staged kernels' from
+the table in ``algorithms._arena_signatures``, the point-to-point kernels' from their decorators. Beside it goes a
+JSON file with each export's parameters and the dtype that selects it, which ``pycoll.native`` reads without Numba.
+The families build in parallel processes (one to two minutes each on one core).
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ from typing import Any, Optional
 
 from . import native
 
-FAMILIES = ("arena", "p2p")
+FAMILIES = ("arena", "staged", "p2p")
+_STAGED = ("broadcast", "pipe_broadcast", "blocks", "pipe_blocks")  # the arena kernels of the ``staged`` family
 
 
 def _kernel_table(kind: str) -> dict[str, tuple[Any, list[Any]]]:
     """Kernel name -> (its Numba dispatcher, its signatures with return types), for ``kind``."""
     from numba.core.registry import CPUDispatcher
 
-    if kind == "arena":
+    if kind in ("arena", "staged"):
         from .algorithms import _arena_kernels as module
         from .algorithms._arena_signatures import signatures
 
-        return {name: (getattr(module, name), sigs) for name, sigs in signatures().items()}
+        return {name: (getattr(module, name), sigs) for name, sigs in signatures().items()
+                if (name in _STAGED) == (kind == "staged")}
     from . import p2p_kernels as module  # explicit signatures: compiled (or loaded) by the import
 
     table = {}

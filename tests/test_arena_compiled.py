@@ -82,7 +82,7 @@ def test_allreduce_kernel_is_bit_exact(dt: np.dtype) -> None:
                         slots[r] = rows[r]
                 send, recv = rows[me].copy(), np.zeros(count, dt)
                 with np.errstate(all="ignore"):
-                    status = K.allreduce(fake.words, slots, send, recv, me, fake.bases, SIG, 1, op.code, 1000, -1)
+                    status = K.allreduce(fake.words, slots, send, recv, me, fake.bases, SIG, 1, op.code, 1000, -1, 0, 0)
                     expect = _numpy_reference(op, rows)
                 assert status & 3 == arena_jit.DONE, (ranks, count, op)
                 assert recv.tobytes() == expect.tobytes(), f"{op.name} {dt} ranks={ranks} count={count}"
@@ -99,7 +99,7 @@ def test_allreduce_kernel_in_place() -> None:
     slots = np.zeros((3, 4), np.float64)
     slots[0], slots[2] = [1, 2, 3, 4], [10, 20, 30, 40]
     buf = np.array([100, 200, 300, 400], np.float64)
-    assert K.allreduce(fake.words, slots, buf, buf, 1, fake.bases, SIG, 1, ops.SUM.code, 1000, -1) & 3 == arena_jit.DONE
+    assert K.allreduce(fake.words, slots, buf, buf, 1, fake.bases, SIG, 1, ops.SUM.code, 1000, -1, 0, 0) & 3 == arena_jit.DONE
     assert buf.tolist() == [111, 222, 333, 444]
 
 
@@ -108,16 +108,16 @@ def test_kernel_waits_and_refuses_without_finishing() -> None:
     # a peer that has not posted: posted here, not done, result untouched
     fake = FakeArena(3, me=0, posted=2)
     slots, recv = np.zeros((3, 2), np.int32), np.full(2, -1, np.int32)
-    status = K.allreduce(fake.words, slots, np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50, -1)
+    status = K.allreduce(fake.words, slots, np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50, -1, 0, 0)
     assert status & 3 == arena_jit.WAITING and fake.done(0) == 0 and recv.tolist() == [-1, -1]
     assert int(fake.words[fake.bases[0] + A.POST]) == 1  # the Python schedule picks up from here
     # a peer that posted another call: MISMATCH, nothing reduced
     other = SIG.copy()
     other[2] = 8
     fake = FakeArena(2, me=0, sig=other)
-    status = K.allreduce(fake.words, slots[:2], np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50, -1)
+    status = K.allreduce(fake.words, slots[:2], np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50, -1, 0, 0)
     assert status & 3 == arena_jit.MISMATCH and fake.done(0) == 0 and recv.tolist() == [-1, -1]
-    assert K.barrier(fake.words, 0, fake.bases, SIG, 1, 50, -1) & 3 == arena_jit.MISMATCH
+    assert K.barrier(fake.words, 0, fake.bases, SIG, 1, 50, -1, 0, 0) & 3 == arena_jit.MISMATCH
 
 
 @need_numba
@@ -125,11 +125,11 @@ def test_barrier_kernel_and_doorbell() -> None:
     fake = FakeArena(4, me=2)
     bell = A._BELL_BYTE // 8
     before = int(fake.words[bell])
-    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1) == arena_jit.DONE  # nobody asleep: no wake asked
+    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE  # nobody asleep: no wake asked
     assert fake.done(2) == 1 and int(fake.words[bell]) == before + 2  # rung after posting and after finishing
     fake = FakeArena(4, me=2)
     fake.words[A.HostArena.ctrl(3) + A.SLEEPING] = 1
-    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1) == arena_jit.DONE | arena_jit.WAKE
+    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE | arena_jit.WAKE
 
 
 @need_numba

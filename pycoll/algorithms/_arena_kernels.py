@@ -8,7 +8,7 @@ from numba.extending import overload
 
 from .. import ops as _ops
 from ..transport import arena as _arena
-from ..transport.atomics import byte_pointer as _byte_pointer, cpu_relax, load_acquire, store_seq_cst
+from ..transport.atomics import byte_pointer as _byte_pointer, call_c0, cpu_relax, load_acquire, store_seq_cst
 
 _HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
@@ -147,6 +147,20 @@ def _ring(words, me, size):
     return 0
 
 
+@njit(inline="always", cache=True, nogil=True)
+def _pause(i, polls, yields, yield_fn):
+    """After the ``i``-th fruitless poll round (from 0): the spin hint for the first ``polls`` rounds, then, where
+    ranks outnumber cores, ``yields`` rounds that give the core away (``yield_fn``: libc's sched_yield) so the peer
+    being waited for can run; False once both are spent."""
+    if i < polls:
+        cpu_relax()
+        return True
+    if i < polls + yields:
+        call_c0(yield_fn)
+        return True
+    return False
+
+
 @njit(cache=True, nogil=True)
 def spin(words, bases, opno, polls):
     """Poll until every rank in ``bases`` posted ``opno`` or ``polls`` rounds pass; how many have not."""
@@ -163,11 +177,21 @@ def spin(words, bases, opno, polls):
 
 
 @njit(cache=True, nogil=True)
-def _await_posts(words, me, bases, sig, opno, polls):
-    """After this rank posted: ring, spin for the peers, compare their calls: DONE, WAITING or MISMATCH, or'ed with WAKE."""
+def _await_posts(words, me, bases, sig, opno, polls, yields, yield_fn):
+    """After this rank posted: ring, spin for the peers (``_pause``), compare their calls: DONE, WAITING or MISMATCH,
+    or'ed with WAKE."""
     wake = _ring(words, me, len(bases))
-    if spin(words, bases, opno, polls) != 0:
-        return _WAITING | wake
+    i = 0
+    while True:
+        left = 0
+        for r in range(len(bases)):
+            if load_acquire(words, bases[r] + _POST) != opno:
+                left += 1
+        if left == 0:
+            break
+        if not _pause(i, polls, yields, yield_fn):
+            return _WAITING | wake
+        i += 1
     for r in range(len(bases)):
         for k in range(4):
             if words[bases[r] + _KIND + k] != sig[k]:
@@ -176,10 +200,10 @@ def _await_posts(words, me, bases, sig, opno, polls):
 
 
 @njit(cache=True, nogil=True)
-def _meet(words, me, bases, sig, opno, polls):
+def _meet(words, me, bases, sig, opno, polls, yields, yield_fn):
     """Post, spin for the peers, compare their calls (see ``_await_posts``)."""
     _post(words, me, bases, sig, opno)
-    return _await_posts(words, me, bases, sig, opno, polls)
+    return _await_posts(words, me, bases, sig, opno, polls, yields, yield_fn)
 
 
 @njit(cache=True, nogil=True)
@@ -199,17 +223,17 @@ def _fold(words, base, sig, seq):
 
 
 @njit(cache=True, nogil=True)
-def barrier(words, me, bases, sig, opno, polls, seq):
-    """A whole arena barrier when every peer arrives within the spin; else it returns posted, not done."""
+def barrier(words, me, bases, sig, opno, polls, seq, yields, yield_fn):
+    """A whole arena barrier when every peer arrives within the spin (``_pause``); else it returns posted, not done."""
     _fold(words, bases[me], sig, seq)
-    status = _meet(words, me, bases, sig, opno, polls)
+    status = _meet(words, me, bases, sig, opno, polls, yields, yield_fn)
     if status & 3 != _DONE:
         return status
     return _finish(words, me, len(bases), opno) | (status & _WAKE)
 
 
 @njit(cache=True, nogil=True)
-def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls, seq):
+def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls, seq, yields, yield_fn):
     """A whole one-shot Allreduce when every peer arrives within the spin; else it returns posted, not done.
 
     ``slots`` is (ranks, count) over the slots of ``opno``'s parity; ``recv`` gets the ranks' slots
@@ -221,7 +245,7 @@ def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls, seq):
     for i in range(n):
         mine[i] = send[i]
     _fold(words, bases[me], sig, seq)
-    status = _meet(words, me, bases, sig, opno, polls)
+    status = _meet(words, me, bases, sig, opno, polls, yields, yield_fn)
     if status & 3 != _DONE:
         return status
     for i in range(n):
@@ -292,7 +316,7 @@ def broadcast(words, stage, buf, me, bases, sig, opno, root, base, chunk, nslots
     whether the meeting completed, so the caller's schedule resumes at chunk ``next`` (or at the meeting).
     """
     size = len(bases)
-    status = _meet(words, me, bases, sig, opno, polls)
+    status = _meet(words, me, bases, sig, opno, polls, 0, 0)
     if status & 3 != _DONE:
         return status, 0, False
     wake = status & _WAKE
@@ -443,7 +467,7 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
     Returns (status, next chunk, met), as ``broadcast`` does.
     """
     size = len(bases)
-    status = _meet(words, me, bases, sig, opno, polls)
+    status = _meet(words, me, bases, sig, opno, polls, 0, 0)
     if status & 3 != _DONE:
         return status, 0, False
     wake = status & _WAKE
@@ -464,8 +488,8 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
 
 _NBYTES_WORD = _arena.NBYTES
 (M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
- M_VHASH) = range(16)
-M_BASES = 16  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
+ M_VHASH, M_YIELDS, M_YIELD_FN) = range(18)
+M_BASES = 18  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
 _UNPOSTED = 8  # or'ed into WAITING: nothing was packed or posted (peers had not finished the call two back)
 
 
@@ -481,17 +505,21 @@ def _post_n(words, base, sig, opno, nbytes, seq):
 
 
 @njit(cache=True, nogil=True)
-def _peers_done(words, me, size, target, polls):
-    """Spin until every peer finished arena call ``target`` (its DONE word); False if ``polls`` rounds pass first."""
-    for _ in range(polls + 1):
+def _peers_done(words, meta, target):
+    """Spin (``_pause``, with the spin in ``meta``) until every peer finished arena call ``target`` (its DONE word);
+    False if the spin ends first."""
+    me, size = meta[M_ME], meta[M_SIZE]
+    i = 0
+    while True:
         left = 0
         for r in range(size):
             if r != me and np.int64(load_acquire(words, _HEADER + r * _CTRL + _DONE_WORD)) < target:
                 left += 1
         if left == 0:
             return True
-        cpu_relax()
-    return False
+        if not _pause(i, meta[M_POLLS], meta[M_YIELDS], meta[M_YIELD_FN]):
+            return False
+        i += 1
 
 
 @njit(cache=True, nogil=True)
@@ -507,16 +535,17 @@ def _meet_slots(words, meta, sig):
     reads = meta[M_BASES + 2 * size:M_BASES + 3 * size]
     _post_n(words, bases[me], sig, opno, meta[M_NBYTES], seq)
     wake = _ring(words, me, size)
-    for _ in range(polls + 1):
+    i = 0
+    while True:
         left = 0
         for r in range(size):
             if reads[r] and load_acquire(words, bases[r] + _POST) != opno:
                 left += 1
         if left == 0:
             break
-        cpu_relax()
-    if left:
-        return _WAITING | wake
+        if not _pause(i, polls, meta[M_YIELDS], meta[M_YIELD_FN]):
+            return _WAITING | wake
+        i += 1
     for r in range(size):
         if reads[r]:
             for k in range(4):
@@ -579,7 +608,7 @@ def slots_move(words, slots, send, recv, meta, sig, opno, seq, lag):
     if they do not within the spin, it returns WAITING | UNPOSTED, having done nothing."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
-    if lag and not _peers_done(words, meta[M_ME], meta[M_SIZE], opno - 2, meta[M_POLLS]):
+    if lag and not _peers_done(words, meta, opno - 2):
         return _WAITING | _UNPOSTED
     send = send.view(np.uint8)
     recv = recv.view(np.uint8)
@@ -618,7 +647,7 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
     copy in, meet, fold, finish (``lag``: as ``slots_move``)."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
-    if lag and not _peers_done(words, meta[M_ME], meta[M_SIZE], opno - 2, meta[M_POLLS]):
+    if lag and not _peers_done(words, meta, opno - 2):
         return _WAITING | _UNPOSTED
     mine = slots[meta[M_ME], meta[M_OPNO] & 1]
     for i in range(len(send)):

@@ -53,6 +53,21 @@ ARENA_JIT_LOAD = param(
 # Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake.
 DONE, WAITING, MISMATCH, WAKE = 0, 1, 2, 4
 UNPOSTED = 8  # with WAITING, from the slots kernels: nothing packed or posted (peers not done with the call two back)
+
+
+def _sched_yield_address() -> int:
+    """libc's sched_yield, which the kernels call by address while ranks outnumber cores (0: none here)."""
+    import ctypes
+
+    try:
+        return int(ctypes.cast(ctypes.CDLL(None).sched_yield, ctypes.c_void_p).value or 0)
+    except (AttributeError, OSError):
+        return 0
+
+
+SCHED_YIELD = _sched_yield_address()
+ARENA_FAMILIES = ("arena", "staged")  # the ahead-of-time families of this module's kernels
+YIELDS = 200  # sched_yield rounds a kernel spends waiting for late peers while ranks outnumber cores
 # Dtypes the compiled reduction covers: the rest stay on the Python path.
 DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
@@ -84,7 +99,7 @@ def unavailable() -> Optional[str]:
     """None if the compiled path can run here, else why not (Numba missing or disabled)."""
     if not ARENA_JIT.get():
         return "PYCOLL_ARENA_JIT=0"
-    if native.load("arena") is not None:
+    if native.load_together(ARENA_FAMILIES) is not None:
         return None
     _load()
     return _unavailable
@@ -92,7 +107,7 @@ def unavailable() -> Optional[str]:
 
 def kernels() -> Any:
     """The arena kernels: the ahead-of-time build where one matches, else Numba's (possibly still loading)."""
-    built = native.load("arena")
+    built = native.load_together(ARENA_FAMILIES)
     if built is not None:
         return built
     _load()
@@ -111,7 +126,7 @@ def pick(kern: Any, name: str, dtype: Any = None, checked: bool = False) -> Any:
 
 def prebuilt() -> bool:
     """Whether both kernel families run from the ahead-of-time build (nothing to load in the background)."""
-    return ARENA_JIT.get() and native.load("arena") is not None and native.load("p2p") is not None
+    return ARENA_JIT.get() and native.load_together(ARENA_FAMILIES) is not None and native.load("p2p") is not None
 
 
 def _load() -> None:
@@ -313,10 +328,13 @@ def finished(arena: _arena.HostArena, op: int, status: int, gate: Optional["Gate
 class Gate:
     """Whether one communicator's small arena calls run compiled: after ``PYCOLL_ARENA_JIT_AFTER`` calls, if Numba loads."""
 
-    __slots__ = ("calls", "kernels", "spin_s", "polls", "inline", "_arena", "_bases")
+    __slots__ = ("calls", "kernels", "spin_s", "polls", "yields", "yield_fn", "inline", "_arena", "_bases")
 
-    def __init__(self, spin_s: float) -> None:
+    def __init__(self, spin_s: float, yields: int = 0) -> None:
         self.spin_s = spin_s  # how long an inline call spins for its peers before it waits as a schedule
+        # then, where ranks outnumber cores, how many times it gives the core away (sched_yield) before it does
+        self.yields = yields if SCHED_YIELD else 0
+        self.yield_fn = SCHED_YIELD
         self.calls = 0
         self.inline = 0  # calls a kernel finished on its own (no schedule), for tests and debugging
         self.kernels: Any = None  # the kernel module once open, False once refused
@@ -342,7 +360,7 @@ class Gate:
         if not ARENA_JIT.get():
             self.kernels = False
             return None
-        built = native.load("arena")
+        built = native.load_together(ARENA_FAMILIES)
         if built is not None:
             self.polls = polls_for(self.spin_s)
             self.kernels = built

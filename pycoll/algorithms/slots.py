@@ -156,7 +156,7 @@ def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, wor
     lo, hi, s_off, d_off, n = prog.fold
     vhash = np.array([words[3]], np.uint64).view(np.int64)[0]  # the unfolded word, its bits as an int64
     head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
-            prog.unpack.shape[0], 0, vhash]
+            prog.unpack.shape[0], 0, vhash, 0, 0]
     return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.reads, prog.head,
                            prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
 
@@ -198,14 +198,14 @@ class Prepared:
             self.kernel = arena_jit.pick(kern, name, self.dtype, checked=True)
             self.raw = arena_jit.pick(kern, name, self.dtype)
 
-    def set_polls(self, polls: int) -> None:
-        """The spin every later call's kernel makes for its peers (in meta, for both slot parities)."""
-        self.polls = polls
+    def set_spin(self, gate: Any) -> None:
+        """The gate's spin for every later call's kernel (polls, then yields; in meta, for both slot parities)."""
+        self.polls = gate.polls
         for m in self.metas:
-            m[_M_POLLS] = polls
+            m[_M_POLLS], m[_M_YIELDS], m[_M_YIELD_FN] = gate.polls, gate.yields, gate.yield_fn
 
 
-_M_POLLS = 3  # as _arena_kernels.M_POLLS
+_M_POLLS, _M_YIELDS, _M_YIELD_FN = 3, 16, 17  # as _arena_kernels.M_POLLS, M_YIELDS, M_YIELD_FN
 
 
 def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optional[np.ndarray], recv: Optional[np.ndarray],
@@ -213,7 +213,7 @@ def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optio
     """One whole ``slots`` call as a kernel call (it posts the call number itself); the status as
     ``arena_jit.finished`` reads it."""
     if st.polls != gate.polls:
-        st.set_polls(gate.polls)
+        st.set_spin(gate)
     fn = st.kernel if st.kernel is not None else getattr(kern, "slots_reduce" if st.prog.typed else "slots_move")
     if st.prog.pack_from_recv:
         send = recv

@@ -1,5 +1,5 @@
 """Numba intrinsics for compiled code that shares memory with other processes: ordered loads and stores, the spin
-hint, raw byte pointers. Importing this module needs Numba."""
+hint, raw byte pointers, calls into libc by address. Importing this module needs Numba."""
 
 from __future__ import annotations
 
@@ -63,3 +63,16 @@ def byte_pointer(typingctx, arr, offset):
         return builder.gep(builder.bitcast(a.data, ir.IntType(8).as_pointer()), [args[1]])
 
     return types.CPointer(types.uint8)(arr, types.intp), codegen
+
+
+@intrinsic
+def call_c0(typingctx, fn):
+    """Call the C function at address ``fn`` (no arguments; its int result, as int64), such as libc's sched_yield.
+    The address is an argument, never a constant, so the compiled code stays valid in every process."""
+
+    def codegen(context, builder, sig, args):
+        fnty = ir.FunctionType(ir.IntType(32), [])
+        ptr = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), fnty.as_pointer())
+        return builder.sext(builder.call(ptr, []), ir.IntType(64))
+
+    return types.int64(fn), codegen
