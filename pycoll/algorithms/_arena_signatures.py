@@ -64,6 +64,9 @@ def load_all(k: Any, check: Callable[[], None] = lambda: None) -> None:
             prep = slots.Prepared(arena, call, sig_from(sig), 0)
             slots.run_kernel(k, prep, arena, 1, call.send, call.recv, _Polls)
         _pipe(k, arena, Call("allgather", np.dtype(np.uint8), data[:32], data, counts=[32, 32], displs=[0, 32]), sig)
+        prog = np.zeros(k.C_POSTED + 4 + 2 * 2, np.int64)
+        prog[k.C_SIZE], prog[k.C_POLLS] = 2, 1
+        k.cma_moves(u64, bases, sig, prog, 1, 0, 0, 0)
         move = Call("broadcast", np.dtype(np.uint8), recv=data, root=0)
         slots.run_kernel(k, slots.Prepared(arena, move, sig_from(sig), 0), arena, 1, move.send, move.recv, _Polls)
     finally:

@@ -48,8 +48,9 @@ ARENA_JIT_LOAD = param(
     "communicator's creation waits for them).",
 )
 
-# Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake.
-DONE, WAITING, MISMATCH, WAKE = 0, 1, 2, 4
+# Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake. The cma kernel
+# besides: LEFT (this rank is done, peers still use its memory), FAILED (or'ed in: a cross-memory copy failed).
+DONE, WAITING, MISMATCH, LEFT, WAKE, FAILED = 0, 1, 2, 3, 4, 8
 # Dtypes the compiled reduction covers: the rest stay on the Python path.
 DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
