@@ -399,7 +399,8 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1,
+                                     inline=True),
 )
 def gather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, GATHER, gather_linear)
@@ -412,7 +413,7 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True),
 )
 def scatter_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, SCATTER, scatter_linear)
@@ -425,7 +426,8 @@ def scatter_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                     inline=True),
 )
 def alltoall_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLTOALL, alltoall_pairwise)
@@ -439,7 +441,7 @@ def alltoall_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n read from the root (large buffers: the root writes a share)",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True),
 )
 def broadcast_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, BROADCAST, broadcast_chain)
@@ -453,7 +455,8 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                     inline=True),
 )
 def allgather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLGATHER, allgather_ring_algo)

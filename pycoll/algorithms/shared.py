@@ -367,7 +367,7 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
 
 
 def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float = 0.0, copied: float = 0.0,
-              local: float = 0.0, readers: Optional[int] = None) -> float:
+              local: float = 0.0, readers: Optional[int] = None, inline: bool = False) -> float:
     """A cma call of one rank: its meetings and chunk steps, then the slower of its own core's copying and the host's
     memory carrying what all ``readers`` ranks (default: every rank) move at once.
 
@@ -377,7 +377,8 @@ def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float 
     """
     readers = lay.size if readers is None else readers
     chunks = max(1.0, pulled / m.arena_chunk)
-    fixed = (m.cma_call_us + syncs * m.cma_sync_us + chunks * m.arena_step_us) * 1e-6
+    call = m.cma_inline_us if inline else m.cma_call_us + syncs * m.cma_sync_us
+    fixed = (call + chunks * m.arena_step_us) * 1e-6
     hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
     gain = lambda speedup: 1.0 - hit + hit / speedup  # noqa: E731 - time in cache / time from memory
     # In cache, a whole buffer read in one kernel copy gains cma_copy_cache_speedup; chunks pulled one system call
