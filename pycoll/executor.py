@@ -644,7 +644,8 @@ class _Oneshot(Runner):
 
 
 class _Pipe(Runner):
-    """A pipelined ``staged`` allreduce, reduce-scatter or allgather in one kernel call (meeting, every chunk, close)."""
+    """A pipelined ``staged`` allreduce, reduce-scatter, allgather, reduce or (ex)scan in one kernel call (meeting, every
+    chunk, close)."""
 
     pipe: Any = None
 
@@ -839,10 +840,11 @@ def _reached(x: Executor, arena: Any, what: str, opno: int, ranks: list[int], ex
 
 
 class _Cma(Runner):
-    """A ``cma`` Gather, Scatter or Alltoall (``direct_cma``): post, spin for the peers, copy by cross-memory attach,
-    copy the local block, spin until the ranks that copy from or into this rank's memory are done. What the peers are
-    late for runs on as a schedule (``direct_cma.cma_rest``/``cma_wait_rest``), as does a call whose posts do not
-    match (it reports the mismatch)."""
+    """A ``cma`` Gather, Scatter, Alltoall, Broadcast or Allgather (``direct_cma``): the rank's program in one kernel
+    call (post, meet, copy by cross-memory attach, copy the local block, wait until the ranks that copy from or into
+    this rank's memory are done), or in Python while the kernels load. What the peers are late for runs on as a
+    schedule (``direct_cma.cma_rest``/``cma_wait_rest``), as does a call whose posts do not match (it reports the
+    mismatch)."""
 
     host = backend("host")
     spin_s_per_byte = 1e-9  # the "done" spin also waits out the peers' copies: at least 1 GB/s
@@ -850,46 +852,106 @@ class _Cma(Runner):
     def __init__(self, x: Executor, plan: Plan) -> None:
         super().__init__(x, plan)
         self.moves = direct_cma.MOVES[plan.template.coll]
-        self.expect: Optional[list[tuple[int, int]]] = None  # (peer, bytes) it must post: the same for every call
+        self.checked = CHECK_CALLS.get()  # part of the plan's choice: a change makes a new runner
+        self.prog: Any = None  # the rank's direct_cma.Program: the same for every call of the plan
+        self.packed: Any = None  # ... as the kernel takes it, for ``arena``
+        self.scratch: Optional[bool] = None  # whether the call posts a scratch copy (the in-place Alltoall)
 
     def run(self, x: Executor, plan: Plan, send: Any, recv: Any) -> bool:
-        if CHECK_CALLS.get():
+        if self.checked:
             return False
         state = x.comm._arena
-        if state is None or state.arena is None or not state.arena.cma_ok:
+        a = state.arena if state is not None else None
+        if a is None or not a.cma_ok:
             return False
-        taken = x.begin(self.label)
+        kern = x.gate.open()
+        taken = x.begin(self.label, posts_seq=True)
         if taken is None:
             return False
         a, opno = taken
-        call = plan.make_call(send, recv)
-        moves, mine, others = self.moves, self.words, x.others
-        scratch = direct_cma.cma_post(a, opno, call, moves, mine, self.host)
-        if self.expect is None:
-            self.expect = moves.expect(a, call)
+        prog, mine, gate = self.prog, self.words, x.gate
+        call = None
+        if prog is None:
+            call = plan.make_call(send, recv)
+            prog = self.prog = self.moves.program(a.rank, a.size, call)
+            self.scratch = self.moves.scratch(call)
+        if self.scratch:
+            call = call or plan.make_call(send, recv)
+            try:
+                s, r, scratch = self.moves.buffers(call, self.host)
+            except BaseException:
+                a.set_done(opno)
+                raise
+        else:
+            s, r, scratch = direct_cma.address(send), direct_cma.address(recv), None
+        if kern is not None:
+            if self.arena is not a:
+                readv, writev = a.cma.function_address("read"), a.cma.function_address("write")
+                self.arena, self.packed = a, prog.packed(a.rank, gate.polls, readv, writev, a.pids) if readv and writev else None
+        if kern is not None and self.packed is not None:
+            sig, packed = self.sig_array, self.packed
+            sig[3] = fold_seq(mine[3], a.seq)
+            bases, seq = gate.bases(a, opno), a.seq
+            status = kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r)
+            if x.retry_s:
+                status = x.retry(a, status, lambda: kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r))
+            if status & arena_jit.WAKE:
+                a.bell.wake()
+            code = status & 3
+            if code == arena_jit.DONE and not status & arena_jit.FAILED:
+                a.finished = opno
+                gate.inline += 1
+                if scratch is not None:
+                    self.host.release(scratch)
+                return True
+            call = call or plan.make_call(send, recv)
+            if status & arena_jit.FAILED:
+                return self.failed(x, a, opno, prog, call, s, r, scratch)
+            if code == arena_jit.LEFT:
+                a.finished = opno
+                gate.inline += 1
+                return self.wait(x, a, opno, prog, call, scratch)
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
+            return True
+        call = call or plan.make_call(send, recv)
+        direct_cma.post(a, opno, prog, mine, s, r)
         posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
-        if not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, self.expect):
-            x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, call, moves, mine, scratch))
+        others = x.others
+        if not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, prog.expects()):
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
             return True
         try:
-            moves.copy(a, opno, call, scratch)
-        except BaseException as exc:
-            a.set_done(opno)
-            if not isinstance(exc, OSError):
-                raise
-            verb, err = moves.verb(a, call), exc  # ``exc`` is unbound once this block ends; the schedule runs later
-            x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, err, verb))
-            return True
+            direct_cma.copy(a, opno, prog, s, r)
+        except OSError:
+            return self.failed(x, a, opno, prog, call, s, r, scratch)
         a.set_done(opno)
-        moves.local(a, call, scratch)
-        waits = moves.waits(a, opno, call)
+        direct_cma.local(prog, s, r)
+        gate.inline += 1
+        return self.wait(x, a, opno, prog, call, scratch)
+
+    def wait(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, scratch: Any) -> bool:
+        """This rank is done: wait (inline, then as a schedule) until the ranks that use its memory are."""
+        waits = prog.waits.tolist()
         if waits and not _reached(x, a, "done", opno, waits, call.nbytes * self.spin_s_per_byte):
             x.rest(self.label, self.sig, lambda st: direct_cma.cma_wait_rest(st, a, opno, waits, scratch))
             return True
         if scratch is not None:
             self.host.release(scratch)
-        x.gate.inline += 1
         return True
+
+    def failed(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, s: int, r: int, scratch: Any) -> bool:
+        """A cross-memory copy failed: copy again in Python, for the error (a peer probably exited), and report it as a
+        schedule does; this rank is done."""
+        try:
+            direct_cma.copy(a, opno, prog, s, r)
+        except OSError as exc:
+            a.set_done(opno)
+            err = exc  # ``exc`` is unbound once this block ends; the schedule runs later
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, err, prog.verb))
+            return True
+        a.set_done(opno)
+        direct_cma.local(prog, s, r)
+        return self.wait(x, a, opno, prog, call, scratch)
 
 
 _INLINE: dict[Callable, type] = {
@@ -897,10 +959,15 @@ _INLINE: dict[Callable, type] = {
     staged.allreduce_staged: _Pipe,
     staged.reduce_scatter_staged: _Pipe,
     staged.allgather_staged: _Pipe,
+    staged.reduce_staged: _Pipe,
+    staged.scan_staged: _Pipe,
+    staged.exscan_staged: _Pipe,
     shared.broadcast_staged: _Broadcast,
     shared.barrier_arena: _Barrier,
     **{run: _Slots for run in slots.RUNS},
     direct_cma.gather_cma: _Cma,
     direct_cma.scatter_cma: _Cma,
     direct_cma.alltoall_cma: _Cma,
+    direct_cma.broadcast_cma: _Cma,
+    direct_cma.allgather_cma: _Cma,
 }

@@ -15,9 +15,9 @@ FORCED = {
     "doubling": "allreduce:doubling",
     "arena-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma,reduce:chain",
     "arena-oneshot": "allreduce:oneshot",
-    "arena-staged": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged",
+    "arena-staged": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged,reduce:staged",
     "arena-no-cma": "allreduce:cma,reduce_scatter:cma,allgather:cma,broadcast:cma",
-    "arena-staged-python": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged",
+    "arena-staged-python": "allreduce:staged,reduce_scatter:staged,allgather:staged,broadcast:staged,reduce:staged",
 }
 # Extra settings per set: small arena chunks pull in many steps; a larger slot sends more sizes one-shot;
 # without cross-memory attach the cma algorithms must agree to fall back to streams.
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.ranks
 
 def test_forced_sets_cover_every_flat_algorithm() -> None:
     named = {item for spec in (*FORCED.values(), *MOVEMENT.values()) for item in spec.split(",")}
-    named |= {"scan:linear", "scan:doubling", "exscan:linear", "exscan:doubling"}  # forced by tests/cases/scan.py
+    named |= {"scan:linear", "scan:doubling", "exscan:linear", "exscan:doubling", "scan:staged", "exscan:staged"}  # forced by tests/cases/scan.py
     named |= {"reduce:ordered", "allreduce:ordered", "reduce_scatter:ordered"}  # forced by tests/cases/user_ops.py
     for coll in ALGORITHMS:
         for name in ALGORITHMS[coll]:
@@ -83,17 +83,24 @@ MOVEMENT = {
                    "alltoall:slots,scan:slots,exscan:slots",
     "arena-slots-python": "broadcast:slots,reduce:slots,gather:slots,scatter:slots,allgather:slots,reduce_scatter:slots,"
                           "alltoall:slots,scan:slots,exscan:slots",
-    "arena-cma-movement": "gather:cma,scatter:cma,alltoall:cma,barrier:arena",
+    "arena-cma-movement": "gather:cma,scatter:cma,alltoall:cma,broadcast:cma,allgather:cma,barrier:arena",
+    "arena-staged-movement": "reduce:staged,scan:staged,exscan:staged",
     "direct": "gather:linear,scatter:linear,alltoall:pairwise,barrier:dissemination",
 }
-MOVEMENT_ENV = {"arena-slots-python": {"PYCOLL_ARENA_JIT": "0"}, "arena-slots": {"PYCOLL_ARENA_JIT_LOAD": "now"}}
+MOVEMENT_ENV = {"arena-slots-python": {"PYCOLL_ARENA_JIT": "0"}, "arena-slots": {"PYCOLL_ARENA_JIT_LOAD": "now"},
+                "arena-cma-movement": {"PYCOLL_ARENA_JIT_LOAD": "now"},  # the compiled cma program from the first call
+                "arena-staged-movement": {"PYCOLL_ARENA_JIT_LOAD": "now", "PYCOLL_ARENA_STAGE": "64K",
+                                          "PYCOLL_ARENA_PIPE_CHUNK": "4K"}}  # many chunks, a wrapping ring
 MOVEMENT_CASES = ["movement.*", "reduce.reduce", "reduce.reduce_scatter*", "scan.scan", "scan.exscan"]
+# Blocks from 256 KiB split the copies between the root and its peer (cma); long vectors take many chunks (staged).
+MOVEMENT_LARGE = {"arena-cma-movement": ["large.movement"], "arena-staged-movement": ["large.reduce_family"]}
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("label,n", [(k, n) for k in MOVEMENT for n in (2, 3)])
 def test_forced_movement(label: str, n: int, tmp_path) -> None:
     env = {"PYCOLL_ALGO": MOVEMENT[label], **MOVEMENT_ENV.get(label, {})}
-    res = harness.run_cases(n, MOVEMENT_CASES, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
+    cases = MOVEMENT_CASES + MOVEMENT_LARGE.get(label, [])
+    res = harness.run_cases(n, cases, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     print(f"{label} n={n}: {res.proc.wall_s:.1f} s")

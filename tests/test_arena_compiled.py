@@ -188,3 +188,123 @@ def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
         inline = res.records("repeated.staged_repeated", "inline")
         if n == 2:
             assert sum(inline.values()) > 0, inline
+
+
+# ---- cross-memory attach programs (direct_cma), every rank of one arena stepped in this process ----------------------
+
+def _cma_calls(coll: str, p: int, count: int, in_place: bool, rng) -> tuple[list, list]:
+    """(each rank's Call, each rank's expected result) for a cma collective of ``count`` float32 per block."""
+    from pycoll.algorithms.base import Call
+
+    f = np.dtype(np.float32)
+    counts, displs = [count] * p, [q * count for q in range(p)]
+    data = [rng.standard_normal(p * count).astype(f) for _ in range(p)]
+    calls, want = [], []
+    root = p - 1
+    for r in range(p):
+        if coll == "broadcast":
+            buf = data[root][:count].copy() if r == root else np.zeros(count, f)
+            calls.append(Call(coll, f, None, buf, root=root))
+            want.append(data[root][:count])
+        elif coll == "gather":
+            recv = None
+            if r == root:
+                recv = np.zeros(p * count, f)
+                if in_place:
+                    recv[r * count:(r + 1) * count] = data[r][:count]
+            send = recv[r * count:(r + 1) * count] if in_place and r == root else data[r][:count].copy()
+            calls.append(Call(coll, f, send, recv, root=root, counts=counts, displs=displs, in_place=in_place and r == root))
+            want.append(np.concatenate([d[:count] for d in data]) if r == root else None)
+        elif coll == "scatter":
+            send = data[root].copy() if r == root else None
+            recv = send[r * count:(r + 1) * count] if in_place and r == root else np.zeros(count, f)
+            calls.append(Call(coll, f, send, recv, root=root, counts=counts, displs=displs, in_place=in_place and r == root))
+            want.append(data[root][r * count:(r + 1) * count])
+        elif coll == "allgather":
+            recv = np.zeros(p * count, f)
+            if in_place:
+                recv[r * count:(r + 1) * count] = data[r][:count]
+            send = recv[r * count:(r + 1) * count] if in_place else data[r][:count].copy()
+            calls.append(Call(coll, f, send, recv, counts=counts, displs=displs, in_place=in_place))
+            want.append(np.concatenate([d[:count] for d in data]))
+        else:  # alltoall: block q of rank r's send goes to rank q
+            recv = data[r].copy() if in_place else np.zeros(p * count, f)
+            send = recv if in_place else data[r].copy()
+            calls.append(Call(coll, f, send, recv, counts=counts, displs=displs, send_counts=counts, send_displs=displs,
+                              in_place=in_place))
+            want.append(np.concatenate([data[q][r * count:(r + 1) * count] for q in range(p)]))
+    return calls, want
+
+
+@need_numba
+@pytest.mark.parametrize("p", [2, 3])
+@pytest.mark.parametrize("coll", ["broadcast", "gather", "scatter", "allgather", "alltoall"])
+def test_cma_programs(tmp_path, coll: str, p: int) -> None:
+    """Each rank's ``direct_cma.Program`` run by the compiled kernel (ranks stepped in turn; process_vm_readv on this
+    process), or by the Python path for odd ranks: every block lands, blocks from 256 KiB split with the root, in and
+    out of place. A rank the peers keep waiting returns WAITING or LEFT and is called again."""
+    import os
+
+    from pycoll.algorithms import direct_cma
+    from pycoll.memory import backend
+    from pycoll.transport.cma import CrossMemory
+
+    cma = CrossMemory()
+    if cma.probe(os.getpid(), np.zeros(1).ctypes.data, b"\0" * 8) is not None:
+        pytest.skip("cross-memory attach is unavailable here")
+    rng = np.random.default_rng(p)
+    path = str(tmp_path / f"cma-{coll}-{p}")
+    arenas = [A.HostArena(path, 0, p, 4096, create=True)] + [A.HostArena(path, r, p, 4096, create=False) for r in range(1, p)]
+    pids = [os.getpid()] * p
+    for a in arenas:
+        a.pids = pids
+    readv, writev = cma.function_address("read"), cma.function_address("write")
+    moves, host = direct_cma.MOVES[coll], backend("host")
+    for opno, (count, in_place) in enumerate([(c, ip) for c in (0, 5, 100_000) for ip in ((False, True) if coll != "broadcast" else (False,))], 1):
+        calls, want = _cma_calls(coll, p, count, in_place, rng)
+        progs = [moves.program(r, p, c) for r, c in enumerate(calls)]
+        packed = [prog.packed(r, 20, readv, writev, pids) for r, prog in enumerate(progs)]
+        bufs = [moves.buffers(c, host) for c in calls]
+        words = (0x1234, 0, count, 99)  # the Python path posts the vhash word folded with the call number, as the kernel's
+        sig = np.array([*words[:3], A.fold_seq(words[3], opno)], np.uint64)
+        bases = arena_jit.line_bases(arenas[0], opno)
+        state = [None] * p
+        for a in arenas:
+            a.seq = opno
+        for _ in range(10_000):
+            for r in range(p):
+                if state[r] == "done":
+                    continue
+                a, prog, (s, rv, _) = arenas[r], progs[r], bufs[r]
+                if r % 2 and state[r] is None:  # the Python path: post, then copy once all posted
+                    direct_cma.post(a, opno, prog, words, s, rv)
+                    state[r] = "posted"
+                if r % 2:
+                    if state[r] == "posted" and not a.waiting_for("post", opno, range(p)):
+                        direct_cma.copy(a, opno, prog, s, rv)
+                        a.set_done(opno)
+                        direct_cma.local(prog, s, rv)
+                        state[r] = "copied"
+                    if state[r] == "copied" and not a.waiting_for("done", opno, prog.waits.tolist()):
+                        state[r] = "done"
+                    continue
+                if state[r] == "left":
+                    if not a.waiting_for("done", opno, prog.waits.tolist()):
+                        state[r] = "done"
+                    continue
+                status = K.cma_moves(a.u64, bases, sig, packed[r], opno, opno, s, rv)
+                assert status & 3 != arena_jit.MISMATCH and not status & arena_jit.FAILED, status
+                if status & 3 == arena_jit.DONE:
+                    state[r] = "done"
+                elif status & 3 == arena_jit.LEFT:
+                    state[r] = "left"
+            if all(x == "done" for x in state):
+                break
+        else:
+            pytest.fail(f"{coll} stalled: {state}")
+        for r in range(p):
+            got = calls[r].recv
+            if want[r] is not None:
+                assert np.array_equal(got, want[r]), f"{coll} p={p} count={count} in_place={in_place} rank {r}"
+    for a in arenas:
+        a.close()

@@ -1,4 +1,5 @@
-"""The pipelined staged allreduce, reduce-scatter and allgather, stepped rank by rank on one real arena in this process.
+"""The pipelined staged allreduce, reduce-scatter, allgather, reduce and (ex)scan, stepped rank by rank on one real arena
+in this process.
 
 Each rank runs the compiled chunk loop or its NumPy twin (mixed ranks speak the same protocol); a rank that
 must wait hands back, as in a job, and the driver steps the next. Results are checked bit for bit against
@@ -7,6 +8,7 @@ chained NumPy ufuncs in the documented order (own block first, then the peers in
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -163,6 +165,70 @@ def test_allgather_pipe(tmp_path, p: int, who: str) -> None:
             for q in range(p):
                 holes[displs[q] : displs[q] + counts[q]] = False
             assert not recvs[r][holes].any()  # nothing written between or after the blocks
+
+
+@pytest.mark.parametrize("who", WHO)
+@pytest.mark.parametrize("p", [2, 3, 5])
+def test_reduce_pipe(tmp_path, p: int, who: str) -> None:
+    """The root ends with every block reduced by its owner, as the allreduce's; the others' buffers stay as they were
+    (they reduce into their stage); the root in the middle and at either end, in and out of place."""
+    arenas = _arenas(tmp_path, p, 4096)
+    rng = np.random.default_rng(30 + p)
+    tried = 0
+    for dt, n, in_place, root in itertools.product(DTYPES, (0, 1, 7, 1000), (False, True), sorted({0, p // 2, p - 1})):
+        for op in _ops_for(dt):
+            rows = _inputs(rng, dt, p, n)
+            sends = [r.copy() for r in rows]
+            recv = sends[root] if in_place else np.full(n, 3, dt)
+            calls = [Call("reduce", np.dtype(dt), sends[r], recv if r == root else None, op, root=root,
+                          in_place=in_place and r == root) for r in range(p)]
+            _drive(arenas, calls, who)
+            d, counts = offsets(even_counts(n, p)), even_counts(n, p)
+            want = np.concatenate([_reduced(op, [row[d[q] : d[q] + counts[q]] for row in rows], q) for q in range(p)]) if n else rows[0]
+            if np.dtype(dt).kind == "c" and op is ops.PROD:
+                np.testing.assert_allclose(recv, want, rtol=1e-5)
+            else:
+                assert recv.tobytes() == want.tobytes(), f"{op.name} {np.dtype(dt)} n={n} root {root} in_place={in_place}"
+            for r in range(p):
+                if r != root or not in_place:
+                    assert np.array_equal(sends[r], rows[r], equal_nan=sends[r].dtype.kind in "fc")
+            tried += 1
+    assert tried > 50
+
+
+@pytest.mark.parametrize("who", WHO)
+@pytest.mark.parametrize("p", [2, 3, 5])
+@pytest.mark.parametrize("coll", ["scan", "exscan"])
+def test_scan_pipe(tmp_path, p: int, who: str, coll: str) -> None:
+    """Rank r ends with the left fold of ranks 0..r's inputs (Exscan: 0..r-1; rank 0 untouched), bit for bit, in and
+    out of place; the inputs stay as they were."""
+    arenas = _arenas(tmp_path, p, 4096)
+    rng = np.random.default_rng(40 + p)
+    tried = 0
+    for dt, n, in_place in itertools.product(DTYPES, (0, 1, 7, 1000), (False, True)):
+        for op in _ops_for(dt):
+            rows = _inputs(rng, dt, p, n)
+            sends = [r.copy() for r in rows]
+            recvs = sends if in_place else [np.full(n, 3, dt) for _ in range(p)]
+            calls = [Call(coll, np.dtype(dt), sends[r], recvs[r], op, in_place=in_place) for r in range(p)]
+            _drive(arenas, calls, who)
+            for r in range(p):
+                k = r + 1 if coll == "scan" else r
+                if k == 0:
+                    want = rows[r] if in_place else np.full(n, 3, dt)
+                else:
+                    with np.errstate(all="ignore"):
+                        want = functools.reduce(lambda a, b: op.ufunc(a, b), rows[:k]).astype(dt, copy=True)
+                        if op.averages and n:
+                            want = np.divide(want, want.dtype.type(k)).astype(dt)
+                if np.dtype(dt).kind == "c" and op is ops.PROD:
+                    np.testing.assert_allclose(recvs[r], want, rtol=1e-5)
+                else:
+                    assert recvs[r].tobytes() == want.tobytes(), f"{coll} {op.name} {np.dtype(dt)} n={n} rank {r} in_place={in_place}"
+                if not in_place:
+                    assert np.array_equal(sends[r], rows[r], equal_nan=sends[r].dtype.kind in "fc")
+            tried += 1
+    assert tried > 50
 
 
 @pytest.mark.skipif(not KERNELS, reason=f"compiled arena path unavailable: {arena_jit.unavailable()}")

@@ -8,7 +8,8 @@ from numba.extending import overload
 
 from .. import ops as _ops
 from ..transport import arena as _arena
-from ..transport.atomics import byte_pointer as _byte_pointer, call_c0, cpu_relax, load_acquire, store_seq_cst
+from ..transport.atomics import address_pointer as _address_pointer, byte_pointer as _byte_pointer, call6 as _call6
+from ..transport.atomics import call_c0, cpu_relax, load_acquire, store_seq_cst
 
 _HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
@@ -18,7 +19,7 @@ _BELL_WORD = _arena._BELL_BYTE // 8
 _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _ops.MAX.code, _ops.AVG.code
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
 _LAND, _LOR = _ops.LAND.code, _ops.LOR.code
-_DONE, _WAITING, _MISMATCH, _WAKE = 0, 1, 2, 4
+_DONE, _WAITING, _MISMATCH, _LEFT, _WAKE, _FAILED = 0, 1, 2, 3, 4, 8
 _SEQ_WORD = _arena.SEQ
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # as ``arena.fold_seq``
 
@@ -346,25 +347,26 @@ def _wait_counter(words, me, size, which, target, budget):
 
 
 # Modes of ``pipe_blocks``, and the phases it reports when a peer is late.
-ALLREDUCE, REDUCE_SCATTER, ALLGATHER = 0, 1, 2
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, REDUCE_ROOT, REDUCE_LEAF, SCAN, EXSCAN = 0, 1, 2, 3, 4, 5, 6
 WAIT_SLOT, WAIT_STAGED, WAIT_REDUCED = 0, 1, 2
 
 
 @njit(cache=True, nogil=True)
 def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, base, c, nslots, start, polls):
-    """Chunks ``start``.. of a pipelined staged allreduce, reduce-scatter or allgather (``mode``).
+    """Chunks ``start``.. of a pipelined staged allreduce, reduce-scatter, allgather, reduce or (ex)scan (``mode``).
 
     The vector is ``size`` blocks (``counts``; block q sits at ``sd[q]`` in ``send``, ``rd[q]`` in
     ``recv``); chunk j is elements [j*c, j*c + c) of every block. Ring slot (base + j) % nslots of each
     rank's stage row holds ``size`` sub-slots of c elements. Per chunk, rank ``me``:
       1. once every peer consumed the chunk that used the slot before, stages the parts it contributes
-         (its send's block q into sub-slot q for each peer q; in allgather its own block into sub-slot
-         ``me``, and into ``recv`` if ``local``) and raises STAGED (allgather: and REDUCED);
+         (its send's block q into sub-slot q for each peer q; in allgather and the scans its own block into
+         sub-slot ``me``, and in allgather into ``recv`` if ``local``) and raises STAGED (allgather: and REDUCED);
       2. (reductions) once every peer staged, combines its own block of ``send`` with every peer's
          sub-slot ``me`` (own first, then the peers in rank order) into ``recv`` (allreduce: and into its
-         own sub-slot ``me``), raises REDUCED;
-      3. (not reduce-scatter) once every peer reduced, copies the peers' sub-slots into their blocks of
-         ``recv``; then raises CONSUMED.
+         own sub-slot ``me``; a reduce's other ranks: into that sub-slot only), raises REDUCED; the scans fold
+         the sub-slots of ranks 0..me (exscan: 0..me-1), in rank order, into ``recv``;
+      3. (allreduce, allgather, a reduce's root) once every peer reduced, copies the peers' sub-slots into
+         their blocks of ``recv``; then raises CONSUMED.
     Every step is skipped if this rank's counter shows it done, so a call resumes where it stopped. After
     each raised counter it rings the doorbell, and returns at once if a peer sleeps on it.
     Returns (next chunk, the phase it waits in or -1, WAKE or 0).
@@ -376,6 +378,7 @@ def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, 
         nchunks = max(nchunks, (counts[q] + c - 1) // c)
     mine = _HEADER + me * _CTRL
     width = size * c
+    scan = mode == SCAN or mode == EXSCAN
     j = start
     while j < nchunks:
         budget = polls
@@ -387,14 +390,15 @@ def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, 
             if budget <= 0:
                 return j, WAIT_SLOT, 0
             row = stages[me]
-            if mode == ALLGATHER:
+            if mode == ALLGATHER or scan:
                 m = min(c, counts[me] - lo)
                 if m > 0 and local:  # the own block into the stage and into recv, reading it once
                     copy_bytes_twice(row, (slot + me * c) * isz, recv, (rd[me] + lo) * isz, send, (sd[me] + lo) * isz, m * isz)
                 elif m > 0:
                     copy_bytes(row, (slot + me * c) * isz, send, (sd[me] + lo) * isz, m * isz)
                 store_seq_cst(words, mine + _STAGED, done)
-                store_seq_cst(words, mine + _arena.REDUCED, done)
+                if mode == ALLGATHER:
+                    store_seq_cst(words, mine + _arena.REDUCED, done)
             else:
                 for q in range(size):
                     m = min(c, counts[q] - lo)
@@ -407,37 +411,14 @@ def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, 
             budget = _wait_counter(words, me, size, _STAGED, done, budget)
             if budget <= 0:
                 return j, WAIT_STAGED, 0
-            m = min(c, counts[me] - lo)
-            own = slot + me * c
-            src, dst = sd[me] + lo, rd[me] + lo
-            out = recv[dst : dst + m]  # slices, not offset indexing: loops over them vectorize
-            mine_out = stages[me][own : own + m]
-            last = size - 1 if me != size - 1 else size - 2
-            both = mode == ALLREDUCE and op != _AVG  # the last pass writes the stage too (one pass fewer)
-            first = True
-            for q in range(size):
-                if q == me:
-                    continue
-                theirs = stages[q][own : own + m]
-                ours = send[src : src + m] if first else out  # own block first: in place, read before written
-                if both and q == last:
-                    for i in range(m):
-                        x = _combine(op, ours[i], theirs[i])
-                        out[i] = x
-                        mine_out[i] = x
-                else:
-                    for i in range(m):
-                        out[i] = _combine(op, ours[i], theirs[i])
-                first = False
-            if op == _AVG:
-                for i in range(m):
-                    out[i] = _mean(out[i], size)
-            if mode == ALLREDUCE and not both and m > 0:
-                copy_bytes(stages[me], own * isz, recv, dst * isz, m * isz)
+            if scan:
+                _fold_scan(stages, recv, rd[me] + lo, min(c, counts[me] - lo), slot, c, me + 1 if mode == SCAN else me, op)
+            else:
+                _reduce_block(stages, send, recv, sd, rd, counts, me, mode, op, slot, c, lo)
             store_seq_cst(words, mine + _arena.REDUCED, done)
             if _ring(words, me, size):
                 return j, -1, _WAKE
-        if mode != REDUCE_SCATTER:
+        if mode == ALLREDUCE or mode == ALLGATHER or mode == REDUCE_ROOT:
             budget = _wait_counter(words, me, size, _arena.REDUCED, done, budget)
             if budget <= 0:
                 return j, WAIT_REDUCED, 0
@@ -450,6 +431,66 @@ def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, 
         if _ring(words, me, size):
             return j, -1, _WAKE
     return j, -1, 0
+
+
+@njit(cache=True, nogil=True)
+def _reduce_block(stages, send, recv, sd, rd, counts, me, mode, op, slot, c, lo):
+    """Step 2 of ``pipe_blocks`` for the reductions: this rank's block of chunk ``lo`` combined from its input and the
+    peers' sub-slots ``me`` (own first, then the peers in rank order), into ``recv`` or its own sub-slot."""
+    size = stages.shape[0]
+    isz = send.itemsize
+    m = min(c, counts[me] - lo)
+    own = slot + me * c
+    src, dst = sd[me] + lo, rd[me] + lo
+    mine_out = stages[me][own : own + m]
+    # slices, not offset indexing: loops over them vectorize; a reduce's other ranks reduce into their stage
+    out = mine_out if mode == REDUCE_LEAF else recv[dst : dst + m]
+    last = size - 1 if me != size - 1 else size - 2
+    both = mode == ALLREDUCE and op != _AVG  # the last pass writes the stage too (one pass fewer)
+    first = True
+    for q in range(size):
+        if q == me:
+            continue
+        theirs = stages[q][own : own + m]
+        ours = send[src : src + m] if first else out  # own block first: in place, read before written
+        if both and q == last:
+            for i in range(m):
+                x = _combine(op, ours[i], theirs[i])
+                out[i] = x
+                mine_out[i] = x
+        else:
+            for i in range(m):
+                out[i] = _combine(op, ours[i], theirs[i])
+        first = False
+    if op == _AVG:
+        for i in range(m):
+            out[i] = _mean(out[i], size)
+    if mode == ALLREDUCE and not both and m > 0:
+        copy_bytes(stages[me], own * isz, recv, dst * isz, m * isz)
+
+
+@njit(cache=True, nogil=True)
+def _fold_scan(stages, recv, dst, m, slot, c, hi, op):
+    """``recv[dst:dst + m]`` = op over ranks 0..hi-1 of their staged sub-slots (rank q's is sub-slot q), in rank order
+    (each rank's own input is read from its stage too, so an in-place call reads it before writing)."""
+    if hi <= 0 or m <= 0:
+        return
+    out = recv[dst : dst + m]
+    first = stages[0][slot : slot + m]
+    if hi == 1:
+        for i in range(m):
+            out[i] = first[i]
+    else:
+        second = stages[1][slot + c : slot + c + m]
+        for i in range(m):
+            out[i] = _combine(op, first[i], second[i])
+    for q in range(2, hi):
+        row = stages[q][slot + q * c : slot + q * c + m]
+        for i in range(m):
+            out[i] = _combine(op, out[i], row[i])
+    if op == _AVG:
+        for i in range(m):
+            out[i] = _mean(out[i], hi)
 
 
 @njit(cache=True, nogil=True)
@@ -490,7 +531,7 @@ _NBYTES_WORD = _arena.NBYTES
 (M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
  M_VHASH, M_YIELDS, M_YIELD_FN) = range(18)
 M_BASES = 18  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
-_UNPOSTED = 8  # or'ed into WAITING: nothing was packed or posted (peers had not finished the call two back)
+_UNPOSTED = 16  # or'ed into WAITING: nothing was packed or posted (peers had not finished the call two back)
 
 
 @njit(cache=True, nogil=True)
@@ -657,3 +698,98 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
         return status
     slots_fold(slots, recv, meta)
     return _finish(words, meta[M_ME], meta[M_SIZE], meta[M_OPNO]) | (status & _WAKE)
+
+
+# ---- cross-memory attach: Gather, Scatter, Alltoall, Broadcast, Allgather (see ``direct_cma``) ---------------------
+# A call's program is one int64 array (``direct_cma.Program.packed``): the C_* scalars, then the two posted addresses
+# as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
+# rank's process id, rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write into the
+# peer or 0 to read from it), own copies (which, offset, which, offset, bytes: source first), and the ranks waited for.
+C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED = range(10)
+C_POSTED = 10
+
+
+@njit(cache=True, nogil=True)
+def _local(send, recv, which, offset):
+    return (send if which == 1 else recv) + offset
+
+
+@njit(cache=True, nogil=True)
+def _cross(fn, pid, local, remote, n, iov):
+    """``n`` bytes between ``local`` here and ``remote`` in process ``pid`` by ``fn`` (process_vm_readv or _writev);
+    False if a call failed."""
+    done = 0
+    while done < n:
+        iov[0] = local + done
+        iov[1] = n - done
+        iov[2] = remote + done
+        iov[3] = n - done
+        at = iov.ctypes.data
+        got = _call6(fn, pid, at, 1, at + 16, 1, 0)
+        if got <= 0:
+            return False
+        done += got
+    return True
+
+
+@njit(cache=True, nogil=True)
+def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
+    """A whole cross-memory-attach call when the peers keep up: post this rank's addresses (``send``, ``recv``: 0 for
+    none) and byte count, make its own copies (they depend on no peer; once per call: ``prog[C_COPIED]`` keeps the
+    call's number), meet, check the peers' calls and byte counts, copy every row with one system call, mark this rank
+    done, then spin until the ranks waited for are done with its memory.
+
+    ``sig[3]`` is the posted vhash word (the call number ``seq`` folded in). Returns DONE; WAITING (posted, nothing
+    copied from or to a peer: call again, or go on as a schedule), MISMATCH, FAILED (a copy failed, nothing marked) or LEFT (done here,
+    some ranks waited for are not), or'ed with WAKE.
+    """
+    me, size, polls = prog[C_ME], prog[C_SIZE], prog[C_POLLS]
+    expect = C_POSTED + 4
+    pids = expect + size
+    rows = pids + size
+    copies = rows + 7 * prog[C_NROWS]
+    waits = copies + 5 * prog[C_NCOPIES]
+    base = bases[me]
+    for k in range(4):
+        words[base + _KIND + k] = sig[k]
+    at = C_POSTED
+    words[base + _SEND] = _local(send, recv, prog[at], prog[at + 1]) if prog[at] else 0
+    words[base + _RECV] = _local(send, recv, prog[at + 2], prog[at + 3]) if prog[at + 2] else 0
+    words[base + _NBYTES] = prog[C_NBYTES]
+    words[base + _SEQ_WORD] = seq
+    store_seq_cst(words, base + _POST, opno)
+    if prog[C_COPIED] != opno:
+        for k in range(prog[C_NCOPIES]):
+            row = copies + 5 * k
+            n = prog[row + 4]
+            src = carray(_address_pointer(_local(send, recv, prog[row], prog[row + 1])), n)
+            dst = carray(_address_pointer(_local(send, recv, prog[row + 2], prog[row + 3])), n)
+            for i in range(n):
+                dst[i] = src[i]
+        prog[C_COPIED] = opno
+    status = _await_posts(words, me, bases, sig, opno, polls, 0, 0)
+    if status & 3 != _DONE:
+        return status
+    wake = status & _WAKE
+    for r in range(size):
+        if prog[expect + r] >= 0 and np.int64(words[bases[r] + _NBYTES_WORD]) != prog[expect + r]:
+            return _MISMATCH | wake
+    iov = np.empty(4, np.int64)
+    for k in range(prog[C_NROWS]):
+        row = rows + 7 * k
+        q = prog[row]
+        remote = np.int64(words[bases[q] + prog[row + 1]]) + prog[row + 2]
+        local = _local(send, recv, prog[row + 3], prog[row + 4])
+        fn = prog[C_WRITEV] if prog[row + 6] else prog[C_READV]
+        if not _cross(fn, prog[pids + q], local, remote, prog[row + 5], iov):
+            return _FAILED | wake
+    wake |= _finish(words, me, size, opno)
+    budget = polls
+    for k in range(prog[C_NWAITS]):
+        q = prog[waits + k]
+        while np.int64(load_acquire(words, _HEADER + q * _CTRL + _DONE_WORD)) < opno:
+            budget -= 1
+            if budget <= 0:
+                return _LEFT | wake
+            cpu_relax()
+    return _DONE | wake

@@ -52,7 +52,7 @@ ARENA_JIT_LOAD = param(
 
 # Return codes of ``meet``; WAKE is or'ed in when a peer sleeps on the doorbell and needs a futex wake.
 DONE, WAITING, MISMATCH, WAKE = 0, 1, 2, 4
-UNPOSTED = 8  # with WAITING, from the slots kernels: nothing packed or posted (peers not done with the call two back)
+UNPOSTED = 16  # with WAITING, from the slots kernels: nothing packed or posted (peers not done with the call two back)
 
 
 def _sched_yield_address() -> int:
@@ -68,6 +68,9 @@ def _sched_yield_address() -> int:
 SCHED_YIELD = _sched_yield_address()
 ARENA_FAMILIES = ("arena", "staged")  # the ahead-of-time families of this module's kernels
 YIELDS = 200  # sched_yield rounds a kernel spends waiting for late peers while ranks outnumber cores
+# The cma kernel besides: LEFT (this rank is done, peers still use its memory), FAILED (or'ed in: a
+# cross-memory copy failed).
+LEFT, FAILED = 3, 8
 # Dtypes the compiled reduction covers: the rest stay on the Python path.
 DTYPES = frozenset(np.dtype(t) for t in (
     np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,

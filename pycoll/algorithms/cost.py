@@ -85,6 +85,9 @@ class CostModel:
     # meetings, 119 with 3, against 13-18 staged).
     cma_call_us: float = 25.0
     cma_sync_us: float = 25.0
+    # ... and the whole fixed cost of a cma call that runs inline, as one compiled kernel call (post, meet, copies,
+    # wait: direct_cma's programs; 2 ranks, 16 KiB Bcast: 9 us a call, against 5 for a Barrier).
+    cma_inline_us: float = 6.0
     # ... and in cache its chunked pulls and their reductions run this much faster, and its whole-buffer kernel
     # copies this much (2 ranks, 1-4 MiB against 16-64 MiB, buffers on huge pages as `pycoll perf` allocates them;
     # from 4 KiB pages the kernel pins 512 times as many pages and the copies gain about what the pulls do).

@@ -1,22 +1,21 @@
-"""Gather, scatter and alltoall on one host by cross-memory attach: each block crosses memory once, in one kernel copy.
+"""Gather, scatter, alltoall, broadcast and allgather on one host by cross-memory attach: each block crosses memory once.
 
 Every rank posts its buffer's address in the arena; then each block crosses with one kernel copy straight between
-two ranks' memories, and a rank whose memory others copy from or into stays in the call until they are done. Scatter
-and Alltoall receivers read their blocks from the owners' buffers (process_vm_readv); Gather senders write theirs
-into the root's buffer (process_vm_writev) while the root copies its own, and the root reads the head of a large
-block meanwhile, so more cores copy at once. The v-forms are refused (not every rank knows the others' block
-sizes, so ranks could choose differently); a communicator whose arena or cross-memory attach is unavailable runs the
-stream algorithm instead.
+two ranks' memories, and a rank whose memory others copy from or into stays in the call until they are done. Scatter,
+Alltoall, Broadcast and Allgather receivers read their blocks from the owners' buffers (process_vm_readv); Gather
+senders write theirs into the root's buffer (process_vm_writev) while the root copies its own. For large blocks the
+root of a Gather, Scatter or Broadcast copies a share of each block itself meanwhile, so more cores copy at once.
+Gatherv, Scatterv and Alltoallv are refused (not every rank knows the others' block sizes, so ranks could choose
+differently); a communicator whose arena or cross-memory attach is unavailable runs the stream algorithm instead.
 
-Each collective's posts, checks and copies are a ``Moves``, shared by the scheduled form here and the executor's
-inline runner, which runs a repeated call without the progress engine while the peers keep up and hands the rest to
-``cma_rest`` or ``cma_wait_rest`` (as a schedule, with timeouts and reports) when they do not.
+What one rank does in a call shape is a ``Program`` (posts, checks, copies, waits), run by the scheduled form here
+and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
+the rest handed to ``cma_rest`` or ``cma_wait_rest`` (as a schedule, with timeouts and reports) when they do not.
 
 (Blocks passed through the arena's shared stage instead, two memory copies, measured slower here: a rank writing
 stage lines that a peer's core has just read waits for their invalidation, 8-30 µs per 64 KiB on this VM against
 9 µs for one process_vm_readv.)
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -26,10 +25,12 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..memory import MemoryBackend
-from ..transport.arena import COUNT, KIND, NBYTES, ROOT, SEQ, VHASH
+from ..transport.arena import COUNT, KIND, NBYTES, RECV, ROOT, SEND, SEQ, VHASH
 from .base import Call, Layout, Schedule, Steps
+from .chain import broadcast_chain
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
 from .registry import register
+from .ring import allgather_ring_algo
 from .shared import _begin, _check_posts, _cma_cost, _cma_or_none, _meet, _refuse_single_host, _transfer_error, sig_words
 
 _PAGE = 4096
@@ -41,6 +42,7 @@ SPLIT_BYTES = 256 << 10
 # about 3.5x faster than a cross-memory copy; a Scatter root's writes ran slower than a Gather root's reads).
 GATHER_ROOT_SHARE = 0.35
 SCATTER_ROOT_SHARE = 0.2
+BROADCAST_ROOT_SHARE = 0.45  # the Broadcast root has no block of its own to copy
 
 
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
@@ -55,7 +57,7 @@ def address(arr: Optional[np.ndarray]) -> int:
         return 0
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(arr))
-    except (TypeError, ValueError):  # read-only, or a dtype the buffer protocol cannot name (bfloat16)
+    except (TypeError, ValueError):  # read-only, or a dtype the buffer protocol cannot export (float16)
         return int(arr.ctypes.data)
 
 
@@ -72,49 +74,75 @@ def root_share(nbytes: int, size: int, share: float) -> int:
     return int(nbytes * share / (size - 1)) // _PAGE * _PAGE
 
 
-class Moves:
-    """One cma collective's steps on a posted arena operation, for the arena's rank (``arena.rank``, ``arena.size``).
+class Program:
+    """What one rank does in one cma call shape (never a buffer address: those are passed per call, ``send`` and
+    ``recv``): the addresses it posts, as (which, offset) for the SEND and RECV words (which: 0 none, 1 send, 2 recv);
+    the byte count it posts and the counts it checks the peers posted (-1: unchecked); its copies between its memory
+    and a peer's, as rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write or 0 to
+    read); its own copies (which, offset, which, offset, bytes: source first); and the ranks it waits for (their
+    "done") before it leaves, because they copy from or into its memory. The compiled kernel
+    (``_arena_kernels.cma_moves``) and the Python path below run the same program."""
 
-    ``post`` publishes this rank's addresses; once the peers' posts match (``expect`` gives the byte counts they must
-    post), ``copy`` moves bytes between this rank's memory and its peers', then this rank is "done", copies its own
-    block (``local``) and waits for ``waits``, the ranks that copy from or into its memory. A call that goes on as a
-    schedule may repeat ``copy``: the same bytes land in the same places.
-    """
+    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb")
+
+    def __init__(self, size: int, nbytes: int, posted: tuple[int, int, int, int]) -> None:
+        self.posted = np.array(posted, np.int64)
+        self.nbytes = nbytes
+        self.expect = np.full(size, -1, np.int64)
+        self.rows: Any = []
+        self.copies: Any = []
+        self.waits: Any = []
+        self.verb = "read"
+
+    def done(self) -> "Program":
+        """Freeze the lists into the arrays the kernel takes."""
+        self.rows = np.array(self.rows, np.int64).reshape(-1, 7)
+        self.copies = np.array(self.copies, np.int64).reshape(-1, 5)
+        self.waits = np.array(self.waits, np.int64)
+        if len(self.rows) and all(self.rows[:, 6]):
+            self.verb = "write"
+        return self
+
+    def packed(self, rank: int, polls: int, readv: int, writev: int, pids: list[int]) -> np.ndarray:
+        """The program as the kernel takes it (``_arena_kernels.C_*``), with the spin length, libc's
+        process_vm_readv and _writev and the ranks' process ids."""
+        size = len(self.expect)
+        head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0]
+        return np.concatenate([np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64),
+                               self.rows.reshape(-1), self.copies.reshape(-1), self.waits]).astype(np.int64)
+
+    def expects(self) -> list[tuple[int, int]]:
+        """(peer, bytes) for each peer whose posted byte count is checked."""
+        return [(q, int(n)) for q, n in enumerate(self.expect) if n >= 0]
+
+
+def _at(send: int, recv: int, which: int, offset: int) -> int:
+    return (send if which == 1 else recv) + offset
+
+
+class Moves:
+    """One cma collective: its ``Program`` for a call shape on this rank (``program``), and where a call's buffers
+    are (``buffers``: the in-place Alltoall posts a scratch copy of its input)."""
 
     coll = ""
 
-    def post(self, arena: Any, op: int, call: Call, words: tuple, mem: MemoryBackend) -> Optional[np.ndarray]:
-        """Post this rank's call and addresses for ``op``; returns the scratch copy the peers read (in place), or None."""
+    def program(self, r: int, p: int, call: Call) -> Program:
         raise NotImplementedError
 
-    def expect(self, arena: Any, call: Call) -> list[tuple[int, int]]:
-        """(peer, bytes) for each peer whose posted byte count this rank checks before copying."""
-        raise NotImplementedError
+    def buffers(self, call: Call, mem: MemoryBackend) -> tuple[int, int, Optional[np.ndarray]]:
+        """(send address, recv address, scratch to release after the call, or None)."""
+        return address(call.send), address(call.recv), None
 
-    def copy(self, arena: Any, op: int, call: Call, scratch: Optional[np.ndarray]) -> None:
-        """This rank's copies from or into its peers' memory; raises OSError where a cross-memory copy fails."""
-        raise NotImplementedError
-
-    def local(self, arena: Any, call: Call, scratch: Optional[np.ndarray]) -> None:
-        """Copy this rank's own block, where it has one to copy."""
-
-    def waits(self, arena: Any, op: int, call: Call) -> list[int]:
-        """The ranks this rank waits for (their "done") before it leaves: they copy from or into its memory."""
-        raise NotImplementedError
-
-    def verb(self, arena: Any, call: Call) -> str:
-        """What this rank's cross-memory copies do, in error reports."""
-        return "read"
+    def scratch(self, call: Call) -> bool:
+        """Whether ``buffers`` makes a scratch copy for this call shape."""
+        return False
 
 
-def _others(arena: Any) -> list[int]:
-    return [q for q in range(arena.size) if q != arena.rank]
-
-
-def _same_bytes(arena: Any, mine: int) -> list[tuple[int, int]]:
-    """Every peer must post this rank's block size (not a v-form: all blocks are alike). Every rank checks every
-    peer, so a wrong size stops every rank before any copy: none writes into a rank that already left."""
-    return [(q, mine) for q in _others(arena)]
+def _same(prog: Program, r: int, nbytes: int) -> None:
+    """Every peer must post this rank's byte count (not a v-form: all blocks are alike). Every rank checks every peer,
+    so a wrong size stops every rank before any copy: none writes into a rank that already left."""
+    prog.expect[:] = nbytes
+    prog.expect[r] = -1
 
 
 class _Gather(Moves):
@@ -123,52 +151,31 @@ class _Gather(Moves):
 
     coll = "gather"
 
-    def post(self, arena: Any, op: int, call: Call, words: tuple, mem: MemoryBackend) -> Optional[np.ndarray]:
-        if arena.rank == call.root:
-            arena.post(op, words, 0, address(call.recv), _block_bytes(call, arena.rank))
-        else:
-            assert call.send is not None
-            arena.post(op, words, address(call.send), 0, call.send.nbytes)
-        return None
-
-    def expect(self, arena: Any, call: Call) -> list[tuple[int, int]]:
-        if arena.rank == call.root:
-            return _same_bytes(arena, _block_bytes(call, arena.rank))
-        assert call.send is not None
-        return _same_bytes(arena, call.send.nbytes)
-
-    def copy(self, arena: Any, op: int, call: Call, scratch: Optional[np.ndarray]) -> None:
-        r, p, root = arena.rank, arena.size, call.root
-        cma = arena.cma
+    def program(self, r: int, p: int, call: Call) -> Program:
+        root, isz = call.root, call.dtype.itemsize
         if r != root:
             assert call.send is not None
             n = call.send.nbytes
             head = root_share(n, p, GATHER_ROOT_SHARE)
+            prog = Program(p, n, (1, 0, 0, 0))
+            _same(prog, r, n)
             if n > head:
-                recv_addr = arena.peer_addrs(root, op)[1]
-                cma.write_addr(arena.pids[root], address(call.send) + head, recv_addr + r * n + head, n - head)
-            return
-        isz, base = call.dtype.itemsize, 0
+                prog.rows.append((root, RECV, r * n + head, 1, head, n - head, 1))
+            if head:
+                prog.waits.append(root)  # the root reads the head
+            return prog.done()
+        mine = _block_bytes(call, r)
+        prog = Program(p, mine, (0, 0, 2, 0))
+        _same(prog, r, mine)
         for q in range(p):
             head = root_share(_block_bytes(call, q), p, GATHER_ROOT_SHARE)
             if q != r and head:
-                base = base or address(call.recv)
-                cma.read_addr(arena.pids[q], base + call.displs[q] * isz, arena.peer_addrs(q, op)[0], head)
-
-    def local(self, arena: Any, call: Call, scratch: Optional[np.ndarray]) -> None:
-        if call.recv is not None and call.send is not None:  # the root, out of place
-            r = arena.rank
-            np.copyto(call.recv[call.displs[r]:call.displs[r] + call.counts[r]], call.send)
-
-    def waits(self, arena: Any, op: int, call: Call) -> list[int]:
-        r, p, root = arena.rank, arena.size, call.root
-        if r == root:  # the owners write into its buffer
-            return [q for q in range(p) if q != r and call.counts[q]]
-        assert call.send is not None
-        return [root] if root_share(call.send.nbytes, p, GATHER_ROOT_SHARE) else []  # the root reads its head
-
-    def verb(self, arena: Any, call: Call) -> str:
-        return "read" if arena.rank == call.root else "write"
+                prog.rows.append((q, SEND, 0, 2, call.displs[q] * isz, head, 0))
+            if q != r and call.counts[q]:
+                prog.waits.append(q)  # the owners write into its buffer
+        if call.send is not None and not call.in_place and mine:
+            prog.copies.append((1, 0, 2, call.displs[r] * isz, mine))
+        return prog.done()
 
 
 class _Scatter(Moves):
@@ -177,101 +184,147 @@ class _Scatter(Moves):
 
     coll = "scatter"
 
-    def post(self, arena: Any, op: int, call: Call, words: tuple, mem: MemoryBackend) -> Optional[np.ndarray]:
-        if arena.rank == call.root:
-            arena.post(op, words, address(call.send), 0, _block_bytes(call, arena.rank))
-        else:
-            recv = call.recv
-            assert recv is not None
-            arena.post(op, words, 0, address(recv) if root_share(recv.nbytes, arena.size, SCATTER_ROOT_SHARE) else 0, recv.nbytes)
-        return None
-
-    def expect(self, arena: Any, call: Call) -> list[tuple[int, int]]:
-        if arena.rank == call.root:
-            return _same_bytes(arena, _block_bytes(call, arena.rank))
-        assert call.recv is not None
-        return _same_bytes(arena, call.recv.nbytes)
-
-    def copy(self, arena: Any, op: int, call: Call, scratch: Optional[np.ndarray]) -> None:
-        r, p, root, cma = arena.rank, arena.size, call.root, arena.cma
+    def program(self, r: int, p: int, call: Call) -> Program:
+        root, isz = call.root, call.dtype.itemsize
         if r != root:
             assert call.recv is not None
             n = call.recv.nbytes
-            head = n - root_share(n, p, SCATTER_ROOT_SHARE)
-            if head:
-                cma.read_addr(arena.pids[root], address(call.recv), arena.peer_addrs(root, op)[0] + r * n, head)
-            return
-        isz, base = call.dtype.itemsize, 0
+            tail = root_share(n, p, SCATTER_ROOT_SHARE)
+            prog = Program(p, n, (0, 0, 2, 0))
+            _same(prog, r, n)
+            if n > tail:
+                prog.rows.append((root, SEND, r * n, 2, 0, n - tail, 0))
+            if tail:
+                prog.waits.append(root)  # the root writes the tail into its buffer
+            return prog.done()
+        mine = _block_bytes(call, r)
+        prog = Program(p, mine, (1, 0, 0, 0))
+        _same(prog, r, mine)
         for q in range(p):
             n = _block_bytes(call, q)
             tail = root_share(n, p, SCATTER_ROOT_SHARE)
             if q != r and tail:
-                base = base or address(call.send)
-                cma.write_addr(arena.pids[q], base + call.displs[q] * isz + n - tail, arena.peer_addrs(q, op)[1] + n - tail, tail)
-
-    def local(self, arena: Any, call: Call, scratch: Optional[np.ndarray]) -> None:
-        if call.send is not None and call.recv is not None:  # the root, out of place
-            r = arena.rank
-            np.copyto(call.recv, call.send[call.displs[r]:call.displs[r] + call.counts[r]])
-
-    def waits(self, arena: Any, op: int, call: Call) -> list[int]:
-        if arena.rank == call.root:  # the others read its buffer
-            return [q for q in _others(arena) if call.counts[q]]
-        assert call.recv is not None
-        return [call.root] if root_share(call.recv.nbytes, arena.size, SCATTER_ROOT_SHARE) else []  # the root writes into its buffer
-
-    def verb(self, arena: Any, call: Call) -> str:
-        return "write" if arena.rank == call.root else "read"
+                prog.rows.append((q, RECV, n - tail, 1, call.displs[q] * isz + n - tail, tail, 1))
+            if q != r and n:
+                prog.waits.append(q)  # the others read its buffer
+        if call.recv is not None and not call.in_place and mine:
+            prog.copies.append((1, call.displs[r] * isz, 2, 0, mine))
+        prog.done()
+        prog.verb = "write"
+        return prog
 
 
 class _Alltoall(Moves):
-    """Every rank reads its block from each peer's send buffer (in place: from a copy the peer made first)."""
+    """Every rank reads its block from each peer's send buffer (in place: from a copy the rank made first)."""
 
     coll = "alltoall"
 
-    def post(self, arena: Any, op: int, call: Call, words: tuple, mem: MemoryBackend) -> Optional[np.ndarray]:
+    def program(self, r: int, p: int, call: Call) -> Program:
         assert call.send is not None
-        source, scratch = call.send, None
-        if call.in_place:  # peers read this rank's blocks while it overwrites them: they read a copy
-            source = scratch = mem.scratch(call.send.shape[0], call.dtype)
-            np.copyto(scratch, call.send)
-        arena.post(op, words, address(source), 0, source.nbytes)
-        return scratch
-
-    def expect(self, arena: Any, call: Call) -> list[tuple[int, int]]:
-        assert call.send is not None
-        return [(q, call.send.nbytes) for q in _others(arena)]
-
-    def copy(self, arena: Any, op: int, call: Call, scratch: Optional[np.ndarray]) -> None:
-        r, cma = arena.rank, arena.cma
-        isz, base = call.dtype.itemsize, 0
-        for q in range(arena.size):  # block r of q's send buffer, at q's displacement for r (uniform: r blocks in)
+        isz = call.dtype.itemsize
+        prog = Program(p, call.send.nbytes, (1, 0, 0, 0))
+        _same(prog, r, call.send.nbytes)
+        for q in range(p):  # block r of q's send buffer, at q's displacement for r (uniform: r blocks in)
             if q != r and call.counts[q]:
-                base = base or address(call.recv)
-                cma.read_addr(arena.pids[q], base + call.displs[q] * isz, arena.peer_addrs(q, op)[0] + call.send_displs[r] * isz,
-                              call.counts[q] * isz)
+                prog.rows.append((q, SEND, call.send_displs[r] * isz, 2, call.displs[q] * isz, call.counts[q] * isz, 0))
+            if q != r and call.send_counts[q]:
+                prog.waits.append(q)  # the peers read their blocks of this rank's buffer
+        if call.counts[r]:
+            prog.copies.append((1, call.send_displs[r] * isz, 2, call.displs[r] * isz, call.counts[r] * isz))
+        return prog.done()
 
-    def local(self, arena: Any, call: Call, scratch: Optional[np.ndarray]) -> None:
-        assert call.send is not None and call.recv is not None
-        r, source = arena.rank, call.send if scratch is None else scratch
-        np.copyto(call.recv[call.displs[r]:call.displs[r] + call.counts[r]],
-                  source[call.send_displs[r]:call.send_displs[r] + call.send_counts[r]])
+    def scratch(self, call: Call) -> bool:
+        return call.in_place
 
-    def waits(self, arena: Any, op: int, call: Call) -> list[int]:
-        return [q for q in _others(arena) if call.send_counts[q]]  # the peers read their blocks of this rank's buffer
-
-
-GATHER, SCATTER, ALLTOALL = _Gather(), _Scatter(), _Alltoall()
-MOVES = {m.coll: m for m in (GATHER, SCATTER, ALLTOALL)}
+    def buffers(self, call: Call, mem: MemoryBackend) -> tuple[int, int, Optional[np.ndarray]]:
+        if not call.in_place:
+            return address(call.send), address(call.recv), None
+        assert call.send is not None  # peers read this rank's blocks while it overwrites them: they read a copy
+        scratch = mem.scratch(call.send.shape[0], call.dtype)
+        np.copyto(scratch, call.send)
+        return address(scratch), address(call.recv), scratch
 
 
-def cma_post(arena: Any, op: int, call: Call, moves: Moves, words: tuple, mem: MemoryBackend) -> Optional[np.ndarray]:
-    """``moves.post``; if posting fails, this rank's arena operation ends with it."""
+class _Broadcast(Moves):
+    """Every rank reads the root's buffer; the root writes the tail of a large one into each reader meanwhile."""
+
+    coll = "broadcast"
+
+    def program(self, r: int, p: int, call: Call) -> Program:
+        assert call.recv is not None
+        root, n = call.root, call.recv.nbytes
+        tail = root_share(n, p, BROADCAST_ROOT_SHARE)
+        if r != root:
+            prog = Program(p, n, (0, 0, 2, 0))
+            _same(prog, r, n)
+            if n > tail:
+                prog.rows.append((root, SEND, 0, 2, 0, n - tail, 0))
+            if tail:
+                prog.waits.append(root)
+            return prog.done()
+        prog = Program(p, n, (2, 0, 0, 0))
+        _same(prog, r, n)
+        for q in range(p):
+            if q != r and tail:
+                prog.rows.append((q, RECV, n - tail, 2, n - tail, tail, 1))
+            if q != r and n:
+                prog.waits.append(q)
+        prog.done()
+        prog.verb = "write"
+        return prog
+
+
+class _Allgather(Moves):
+    """Every rank reads each peer's block straight from the peer's buffer (its input, or in place its block of the
+    result), then copies its own block, out of place."""
+
+    coll = "allgather"
+
+    def program(self, r: int, p: int, call: Call) -> Program:
+        isz = call.dtype.itemsize
+        mine = call.counts[r] * isz
+        own = (2, call.displs[r] * isz) if call.in_place or call.send is None else (1, 0)
+        prog = Program(p, mine, (*own, 0, 0))
+        for q in range(p):
+            if q != r:
+                prog.expect[q] = call.counts[q] * isz
+            if q != r and call.counts[q]:
+                prog.rows.append((q, SEND, 0, 2, call.displs[q] * isz, call.counts[q] * isz, 0))
+            if q != r and mine:
+                prog.waits.append(q)
+        if own[0] == 1 and mine:
+            prog.copies.append((1, 0, 2, call.displs[r] * isz, mine))
+        return prog.done()
+
+
+GATHER, SCATTER, ALLTOALL, BROADCAST, ALLGATHER = _Gather(), _Scatter(), _Alltoall(), _Broadcast(), _Allgather()
+MOVES = {m.coll: m for m in (GATHER, SCATTER, ALLTOALL, BROADCAST, ALLGATHER)}
+
+
+def post(arena: Any, op: int, prog: Program, words: tuple, send: int, recv: int) -> None:
+    """Post this rank's call, addresses and byte count for ``op``; if posting fails, its arena operation ends."""
     try:
-        return moves.post(arena, op, call, words, mem)
+        s_which, s_off, r_which, r_off = (int(v) for v in prog.posted)
+        arena.post(op, words, _at(send, recv, s_which, s_off) if s_which else 0,
+                   _at(send, recv, r_which, r_off) if r_which else 0, prog.nbytes)
     except BaseException:
         arena.set_done(op)
         raise
+
+
+def copy(arena: Any, op: int, prog: Program, send: int, recv: int) -> None:
+    """The program's copies between this rank's memory and its peers'; raises OSError where one fails. A call that goes
+    on as a schedule may repeat them: the same bytes land in the same places."""
+    cma, w = arena.cma, arena.words
+    for q, word, off, which, local_off, n, write in prog.rows.tolist():
+        remote = int(w[arena.line(q, op) + word]) + off
+        (cma.write_addr if write else cma.read_addr)(arena.pids[q], _at(send, recv, which, local_off), remote, n)
+
+
+def local(prog: Program, send: int, recv: int) -> None:
+    """The program's copies within this rank's memory."""
+    for s_which, s_off, d_which, d_off, n in prog.copies.tolist():
+        ctypes.memmove(_at(send, recv, d_which, d_off), _at(send, recv, s_which, s_off), n)
 
 
 def posts_agree(arena: Any, op: int, others: list[int], posted: tuple, expect: list[tuple[int, int]]) -> bool:
@@ -285,7 +338,7 @@ def posts_agree(arena: Any, op: int, others: list[int], posted: tuple, expect: l
     return all(w[arena.line(q, op) + NBYTES] == n for q, n in expect)
 
 
-def cma_rest(st: Steps, arena: Any, op: int, call: Call, moves: Moves, mine: tuple,
+def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: int, recv: int,
              scratch: Optional[np.ndarray]) -> Schedule:
     """A posted cma call from its meeting on: meet the peers, check their calls, copy, then wait for the ranks that
     copy from or into this rank's memory."""
@@ -293,18 +346,18 @@ def cma_rest(st: Steps, arena: Any, op: int, call: Call, moves: Moves, mine: tup
     try:
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
-        for q, want in moves.expect(arena, call):
+        for q, want in prog.expects():
             got = arena.peer_addrs(q, op)[2]
             if got != want:
                 raise st.owner.error(MismatchError, f"rank {q} passed {got} bytes, this rank expects {want}", [st.world_rank(q)])
         try:
-            moves.copy(arena, op, call, scratch)
+            copy(arena, op, prog, send, recv)
         except OSError as exc:
-            raise _transfer_error(st, exc, moves.verb(arena, call), arena) from None
+            raise _transfer_error(st, exc, prog.verb, arena) from None
     finally:
         arena.set_done(op)
-    moves.local(arena, call, scratch)
-    yield from cma_wait_rest(st, arena, op, moves.waits(arena, op, call), scratch)
+    local(prog, send, recv)
+    yield from cma_wait_rest(st, arena, op, prog.waits.tolist(), scratch)
 
 
 def cma_wait_rest(st: Steps, arena: Any, op: int, ranks: list[int], scratch: Optional[np.ndarray]) -> Schedule:
@@ -328,8 +381,14 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
         return
     op = yield from _begin(st, arena, number)
     mine = sig_words(st.sig)
-    scratch = cma_post(arena, op, call, moves, mine, st.mem)
-    yield from cma_rest(st, arena, op, call, moves, mine, scratch)
+    prog = moves.program(st.rank, st.size, call)
+    try:
+        send, recv, scratch = moves.buffers(call, st.mem)
+    except BaseException:
+        arena.set_done(op)
+        raise
+    post(arena, op, prog, mine, send, recv)
+    yield from cma_rest(st, arena, op, prog, mine, send, recv, scratch)
 
 
 @register(
@@ -340,7 +399,8 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1,
+                                     inline=True),
 )
 def gather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, GATHER, gather_linear)
@@ -353,7 +413,7 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True),
 )
 def scatter_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, SCATTER, scatter_linear)
@@ -366,7 +426,37 @@ def scatter_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size),
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                     inline=True),
 )
 def alltoall_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLTOALL, alltoall_pairwise)
+
+
+@register(
+    "broadcast",
+    "cma",
+    "Every rank reads the root's buffer straight from the root's memory with one kernel copy (cross-memory attach) "
+    "while the root writes the tail of a large buffer into each reader; single host.",
+    steps="2 meetings",
+    bytes="n read from the root (large buffers: the root writes a share)",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True),
+)
+def broadcast_cma(st: Steps, call: Call) -> Schedule:
+    yield from _cma(st, call, BROADCAST, broadcast_chain)
+
+
+@register(
+    "allgather",
+    "cma",
+    "Each rank reads every peer's block straight from the peer's buffer with one kernel copy (cross-memory attach); "
+    "single host.",
+    steps="2 meetings",
+    bytes="(p-1)/p · n read from peers",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                     inline=True),
+)
+def allgather_cma(st: Steps, call: Call) -> Schedule:
+    yield from _cma(st, call, ALLGATHER, allgather_ring_algo)

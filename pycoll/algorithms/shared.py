@@ -31,7 +31,7 @@ from .cost import CostModel
 from .direct import barrier_dissemination
 from .halving_doubling import allreduce_doubling
 from .registry import register
-from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
+from .ring import allreduce_ring, reduce_scatter_ring_algo
 
 log = logging.getLogger("pycoll")
 
@@ -379,7 +379,7 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
 
 
 def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float = 0.0, copied: float = 0.0,
-              local: float = 0.0, readers: Optional[int] = None) -> float:
+              local: float = 0.0, readers: Optional[int] = None, inline: bool = False) -> float:
     """A cma call of one rank: its meetings and chunk steps, then the slower of its own core's copying and the host's
     memory carrying what all ``readers`` ranks (default: every rank) move at once.
 
@@ -389,7 +389,8 @@ def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float 
     """
     readers = lay.size if readers is None else readers
     chunks = max(1.0, pulled / m.arena_chunk)
-    fixed = (m.cma_call_us + syncs * m.cma_sync_us + chunks * m.arena_step_us) * 1e-6
+    call = m.cma_inline_us if inline else m.cma_call_us + syncs * m.cma_sync_us
+    fixed = (call + chunks * m.arena_step_us) * 1e-6
     hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
     gain = lambda speedup: 1.0 - hit + hit / speedup  # noqa: E731 - time in cache / time from memory
     # In cache, a whole buffer read in one kernel copy gains cma_copy_cache_speedup; chunks pulled one system call
@@ -641,78 +642,6 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     if call.in_place:
         st.mem.copy(call.recv[:c], out)
         st.mem.release(out)
-
-
-@register(
-    "allgather",
-    "cma",
-    "Each rank reads every peer's block straight from the peer's buffer with one kernel copy (cross-memory attach); single host.",
-    steps="2 meetings",
-    bytes="(p-1)/p · n read from peers",
-    refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size),
-)
-def allgather_cma(st: Steps, call: Call) -> Schedule:
-    assert call.recv is not None
-    arena, number = yield from _cma_or_none(st)
-    if arena is None:
-        yield from allgather_ring_algo(st, call)
-        return
-    p, r = st.size, st.rank
-    others = [q for q in range(p) if q != r]
-    op = yield from _begin(st, arena, number)
-    block = lambda q: call.recv[call.displs[q] : call.displs[q] + call.counts[q]]  # noqa: E731
-    own = block(r) if call.in_place or call.send is None else call.send
-    try:
-        mine = sig_words(st.sig)
-        arena.post(op, mine, _addr(own), 0, own.nbytes)
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
-        try:
-            for q in others:
-                arena.cma.read(arena.pids[q], block(q), arena.peer_addrs(q, op)[0])
-        except OSError as exc:
-            raise _transfer_error(st, exc, "read", arena) from None
-        if own is not block(r):
-            st.mem.copy(block(r), own)
-    finally:
-        arena.set_done(op)
-    yield from _meet(st, arena, op, others, "done")
-
-
-@register(
-    "broadcast",
-    "cma",
-    "Every rank reads the root's buffer straight from the root's memory with one kernel copy (cross-memory attach); single host.",
-    steps="2 meetings",
-    bytes="n read from the root",
-    refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1),  # the root only waits
-)
-def broadcast_cma(st: Steps, call: Call) -> Schedule:
-    assert call.recv is not None
-    arena, number = yield from _cma_or_none(st)
-    if arena is None:
-        yield from broadcast_chain(st, call)
-        return
-    p, r, root = st.size, st.rank, call.root
-    others = [q for q in range(p) if q != r]
-    op = yield from _begin(st, arena, number)
-    try:
-        mine = sig_words(st.sig)
-        arena.post(op, mine, _addr(call.recv), 0, call.recv.nbytes)
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
-        if r != root:
-            try:
-                arena.cma.read(arena.pids[root], call.recv, arena.peer_addrs(root, op)[0])
-            except OSError as exc:
-                raise _transfer_error(st, exc, "read", arena) from None
-    finally:
-        arena.set_done(op)
-    if r == root:  # the others read the root's buffer: it stays untouched until they are done
-        yield from _meet(st, arena, op, others, "done")
-
 
 
 def _pipe_cost(m: CostModel, n: float, lay: Layout) -> float:

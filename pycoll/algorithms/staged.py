@@ -24,15 +24,19 @@ from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
 from .cost import CostModel
 from .registry import register
+from .chain import reduce_chain
 from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
+from .scan import exscan_linear, scan_linear
 from .shared import (
     ARENA_PIPE_CHUNK, _PIPE_SPIN_S, _begin, _check_posts, _close_rounds, _meet, _number, _ready, _refuse_single_host, compiled_loops,
     post_call,
 )
 
-ALLREDUCE, REDUCE_SCATTER, ALLGATHER = 0, 1, 2  # as in _arena_kernels
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, REDUCE_ROOT, REDUCE_LEAF, SCAN, EXSCAN = 0, 1, 2, 3, 4, 5, 6  # as in _arena_kernels
 _OVERSUBSCRIBED_SPIN_S = 2e-6
-_MODES = {"allreduce": ALLREDUCE, "reduce_scatter": REDUCE_SCATTER, "allgather": ALLGATHER}
+_MODES = {"allreduce": ALLREDUCE, "reduce_scatter": REDUCE_SCATTER, "allgather": ALLGATHER, "scan": SCAN, "exscan": EXSCAN}
+_REDUCING = (ALLREDUCE, REDUCE_SCATTER, REDUCE_ROOT, REDUCE_LEAF)  # a block per rank, reduced by its owner
+_SCANS = (SCAN, EXSCAN)
 # The peers' counter a late call waits on, by the phase ``pipe_blocks`` stopped in (its WAIT_* codes).
 _WAITS = ("consumed", "staged", "reduced")
 
@@ -55,7 +59,10 @@ class Pipe:
     def __init__(self, arena: HostArena, call: Call, rank: int, compiled: bool = True) -> None:
         p = arena.size
         self.rank = rank
-        self.mode = _MODES[call.coll]
+        if call.coll == "reduce":
+            self.mode = REDUCE_ROOT if rank == call.root else REDUCE_LEAF
+        else:
+            self.mode = _MODES[call.coll]
         self.op = call.op
         self.code = call.op.code if call.op is not None else 0
         if self.mode == ALLGATHER:  # plain bytes: any dtype
@@ -67,9 +74,13 @@ class Pipe:
             self.local = not call.in_place
         else:
             self.dtype = call.dtype
-            if self.mode == ALLREDUCE:
-                assert call.recv is not None
-                counts = even_counts(call.recv.shape[0], p)
+            if self.mode in _SCANS:  # the whole vector is every rank's block
+                assert call.send is not None
+                counts = [call.send.shape[0]] * p
+                self.sd = self.rd = np.zeros(p, np.int64)
+            elif self.mode != REDUCE_SCATTER:
+                n = call.send.shape[0] if call.send is not None else call.recv.shape[0]  # type: ignore[union-attr]
+                counts = even_counts(n, p)
                 self.sd = self.rd = np.array(offsets(counts), np.int64)
             else:
                 counts = list(call.counts)
@@ -92,11 +103,12 @@ class Pipe:
         self.polls = arena_jit.polls_for(_OVERSUBSCRIBED_SPIN_S if oversubscribed(p) else _PIPE_SPIN_S) if self.kernel else 0
 
     def views(self, call: Call) -> tuple[np.ndarray, np.ndarray]:
-        """(send, recv) as the kernel takes them: flat, and bytes for allgather (in place, send is recv's own block)."""
-        assert call.recv is not None
+        """(send, recv) as the kernel takes them: flat, and bytes for allgather (in place, send is recv's own block); a
+        reduce's other ranks have no recv and pass their send (never written)."""
         if self.mode != ALLGATHER:
             assert call.send is not None
-            return call.send, call.recv
+            return call.send, call.recv if call.recv is not None else call.send
+        assert call.recv is not None
         recv = call.recv.view(np.uint8)
         if call.in_place:
             lo = int(self.rd[self.rank])
@@ -122,7 +134,7 @@ class Pipe:
 def _pipe_py(pipe: Pipe, arena: HostArena, send: np.ndarray, recv: np.ndarray, base: int, j: int) -> tuple[int, int]:
     """``pipe_blocks`` in NumPy, without spinning: (the chunk it could not finish, the phase it waits in) or (nchunks, -1)."""
     w, me, p, c = arena.words, pipe.rank, arena.size, pipe.c
-    counts, sd, rd, rows = pipe.counts, pipe.sd, pipe.rd, pipe.stages
+    counts, sd, rd, rows, mode = pipe.counts, pipe.sd, pipe.rd, pipe.stages, pipe.mode
     others = [q for q in range(p) if q != me]
     mine = arena.ctrl(me)
     while j < pipe.nchunks:
@@ -133,34 +145,38 @@ def _pipe_py(pipe: Pipe, arena: HostArena, send: np.ndarray, recv: np.ndarray, b
         if w[mine + STAGED] < done:
             if any(w[arena.ctrl(q) + CONSUMED] < done - pipe.nslots for q in others):
                 return j, 0
-            if pipe.mode == ALLGATHER:
+            if mode == ALLGATHER or mode in _SCANS:
                 m = size[me]
                 rows[me, slot + me * c : slot + me * c + m] = send[sd[me] + lo : sd[me] + lo + m]
                 if pipe.local:
                     recv[rd[me] + lo : rd[me] + lo + m] = send[sd[me] + lo : sd[me] + lo + m]
-                w[mine + REDUCED] = done
+                if mode == ALLGATHER:
+                    w[mine + REDUCED] = done
             else:
                 for q in others:
                     rows[me, slot + q * c : slot + q * c + size[q]] = send[sd[q] + lo : sd[q] + lo + size[q]]
             w[mine + STAGED] = done
             arena.bell.ring()
-        if pipe.mode != ALLGATHER and w[mine + REDUCED] < done:
+        if mode != ALLGATHER and w[mine + REDUCED] < done:
             if any(w[arena.ctrl(q) + STAGED] < done for q in others):
                 return j, 1
-            m, own = size[me], slot + me * c
             assert pipe.op is not None
-            out = recv[rd[me] + lo : rd[me] + lo + m]
-            acc = send[sd[me] + lo : sd[me] + lo + m]  # own block first: in place, read before it is written
-            for q in others:
-                pipe.op.ufunc(acc, rows[q, own : own + m], out=out)
-                acc = out
-            if pipe.op.averages and m:
-                np.divide(out, out.dtype.type(p), out=out)
-            if pipe.mode == ALLREDUCE:
-                rows[me, own : own + m] = out
+            if mode in _SCANS:
+                _fold_scan_py(pipe, recv, rd[me] + lo, size[me], slot, me + 1 if mode == SCAN else me)
+            else:
+                m, own = size[me], slot + me * c
+                out = rows[me, own : own + m] if mode == REDUCE_LEAF else recv[rd[me] + lo : rd[me] + lo + m]
+                acc = send[sd[me] + lo : sd[me] + lo + m]  # own block first: in place, read before it is written
+                for q in others:
+                    pipe.op.ufunc(acc, rows[q, own : own + m], out=out)
+                    acc = out
+                if pipe.op.averages and m:
+                    np.divide(out, out.dtype.type(p), out=out)
+                if mode == ALLREDUCE:
+                    rows[me, own : own + m] = out
             w[mine + REDUCED] = done
             arena.bell.ring()
-        if pipe.mode != REDUCE_SCATTER:
+        if mode in (ALLREDUCE, ALLGATHER, REDUCE_ROOT):
             if any(w[arena.ctrl(q) + REDUCED] < done for q in others):
                 return j, 2
             for q in others:
@@ -169,6 +185,28 @@ def _pipe_py(pipe: Pipe, arena: HostArena, send: np.ndarray, recv: np.ndarray, b
         arena.bell.ring()
         j += 1
     return j, -1
+
+
+def _fold_scan_py(pipe: Pipe, recv: np.ndarray, dst: int, m: int, slot: int, hi: int) -> None:
+    """``_arena_kernels._fold_scan`` in NumPy: ranks 0..hi-1's staged sub-slots folded in rank order into ``recv``. No
+    ufunc call writes over one of its operands (NumPy's complex multiply rounds differently when it does): the
+    partial results alternate between ``recv`` and a scratch, the last landing in ``recv``."""
+    if hi <= 0 or m <= 0:
+        return
+    assert pipe.op is not None
+    rows, c, out = pipe.stages, pipe.c, recv[dst : dst + m]
+    part = [rows[q, slot + q * c : slot + q * c + m] for q in range(hi)]
+    if hi == 1:
+        out[...] = part[0]
+    else:
+        spare = np.empty_like(out) if hi > 2 else out
+        acc = part[0]
+        for q in range(1, hi):
+            target = out if (hi - 1 - q) % 2 == 0 else spare
+            pipe.op.ufunc(acc, part[q], out=target)
+            acc = target
+    if pipe.op.averages:
+        np.divide(out, out.dtype.type(hi), out=out)
 
 
 def pipe_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int, int, int, int], pipe: Pipe, call: Call,
@@ -269,6 +307,54 @@ def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
 )
 def allgather_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, allgather_ring_algo)
+
+
+@register(
+    "reduce",
+    "staged",
+    "Pipelined through the arena's chunk rings as the staged allreduce, but only the root copies the reduced blocks "
+    "out: the other ranks reduce their block into their stage; single host.",
+    steps="1 meeting, then flags per chunk",
+    bytes="(p-1)/p · n copied in, (p-1)/p · n reduced, (p-1)/p · n copied out by the root",
+    refuse=_refuse_single_host,
+    cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3),
+)
+def reduce_staged(st: Steps, call: Call) -> Schedule:
+    yield from _pipelined(st, call, reduce_chain)
+
+
+def _scan_cost(m: CostModel, n: float, lay: Layout) -> float:
+    """The last rank's work: its input staged, then the p inputs folded (p-1 passes)."""
+    return _pipe_cost(m, n, lay, 1.0, lay.size - 1.0, 2.0, 2)
+
+
+@register(
+    "scan",
+    "staged",
+    "Pipelined through the arena's chunk rings: each rank stages its input chunk by chunk and folds the staged chunks "
+    "of ranks 0..r in rank order into its result; single host.",
+    steps="1 meeting, then flags per chunk",
+    bytes="n copied in, r · n reduced by rank r",
+    refuse=_refuse_single_host,
+    cost=_scan_cost,
+    ordered=True,
+)
+def scan_staged(st: Steps, call: Call) -> Schedule:
+    yield from _pipelined(st, call, scan_linear)
+
+
+@register(
+    "exscan",
+    "staged",
+    "As the staged scan, folding the staged chunks of ranks 0..r-1; rank 0's result is left untouched; single host.",
+    steps="1 meeting, then flags per chunk",
+    bytes="n copied in, (r-1) · n reduced by rank r",
+    refuse=_refuse_single_host,
+    cost=_scan_cost,
+    ordered=True,
+)
+def exscan_staged(st: Steps, call: Call) -> Schedule:
+    yield from _pipelined(st, call, exscan_linear)
 
 
 def pipe_for(arena: Optional[HostArena], call: Call, rank: int) -> Optional[Pipe]:

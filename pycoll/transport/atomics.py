@@ -76,3 +76,28 @@ def call_c0(typingctx, fn):
         return builder.sext(builder.call(ptr, []), ir.IntType(64))
 
     return types.int64(fn), codegen
+
+
+@intrinsic
+def address_pointer(typingctx, address):
+    """A uint8 pointer to the integer ``address`` (memory of this process, for ``carray``)."""
+
+    def codegen(context, builder, sig, args):
+        value = context.cast(builder, args[0], sig.args[0], types.int64)
+        return builder.inttoptr(value, ir.IntType(8).as_pointer())
+
+    return types.CPointer(types.uint8)(address), codegen
+
+
+@intrinsic
+def call6(typingctx, fn, a, b, c, d, e, f):
+    """Call the C function at address ``fn`` with six 64-bit integer arguments; its 64-bit result. The address is an
+    argument, never a constant, so the compiled code stays cacheable across processes."""
+
+    def codegen(context, builder, sig, args):
+        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], sig.args[1:])]
+        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6)
+        ptr = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), fnty.as_pointer())
+        return builder.call(ptr, vals)
+
+    return types.int64(fn, a, b, c, d, e, f), codegen

@@ -52,6 +52,11 @@ class CrossMemory:
         self._local, self._remote = _IoVec(), _IoVec()
         self._local_p, self._remote_p = ctypes.addressof(self._local), ctypes.addressof(self._remote)
 
+    def function_address(self, kind: str) -> int:
+        """The address of libc's process_vm_readv (``read``) or _writev (``write``), for compiled callers; 0: none."""
+        fn = self._readv if kind == "read" else self._writev
+        return int(ctypes.cast(fn, ctypes.c_void_p).value or 0) if fn is not None else 0
+
     @property
     def loaded(self) -> bool:
         return self._readv is not None

@@ -13,7 +13,7 @@ DTYPES = [np.dtype(t) for t in ("float32", "float64", "int32", "int64", "uint8",
 OPS = ("SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
 UFUNCS = {"SUM": np.add, "PROD": np.multiply, "MIN": np.minimum, "MAX": np.maximum, "AVG": np.add,
           "BAND": np.bitwise_and, "BOR": np.bitwise_or, "BXOR": np.bitwise_xor}
-ALGOS = ("linear", "doubling")
+ALGOS = ("linear", "doubling", "staged")
 
 
 def _inputs(ctx, op, dt, count):
@@ -58,7 +58,8 @@ class _Forced:
 
     def __init__(self, algo, chunk="1K"):
         self.values = {"PYCOLL_ALGO": f"scan:{algo},exscan:{algo}" if algo else None,
-                       "PYCOLL_CHUNK_SIZE": chunk if algo else None}
+                       "PYCOLL_CHUNK_SIZE": chunk if algo else None,
+                       "PYCOLL_ARENA_PIPE_CHUNK": chunk if algo == "staged" else None}
 
     def __enter__(self):
         self.saved = {k: os.environ.get(k) for k in self.values}
@@ -146,10 +147,21 @@ def case_forced_doubling(ctx):
 
 
 @case
+def case_forced_staged(ctx):
+    """The whole matrix through the arena's chunk rings, in 1 KiB chunks per rank (PYCOLL_ARENA_PIPE_CHUNK: up to 16
+    per call), compiled once the kernels are in, in NumPy before."""
+    if ctx.size < 2 or os.environ.get("PYCOLL_SHM_DISABLE") == "1":
+        ctx.skip("the staged algorithms need the arena of 2+ ranks")
+    _forced(ctx, "staged")
+
+
+@case
 def case_nonblocking(ctx):
     """Iscan and Iexscan: several outstanding at once, completed out of order, under each algorithm."""
     comm, MPI, r = ctx.comm, ctx.MPI, ctx.rank
     algos = (None,) + (ALGOS if ctx.impl == "pycoll" else ())
+    if ctx.size < 2 or os.environ.get("PYCOLL_SHM_DISABLE") == "1":
+        algos = tuple(a for a in algos if a != "staged")  # no arena: it declines, with a warning
     for algo in algos:
         with _Forced(algo):
             for op, dt in (("SUM", np.dtype(np.float64)), ("PROD", np.dtype(np.complex128)), ("MAX", np.dtype(np.int32))):
