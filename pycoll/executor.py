@@ -28,13 +28,15 @@ from .memory import backend
 from .ops import Op
 from .p2p import Schedule, Sig
 from .request import Request
-from .transport.arena import fold_seq
+from .transport.arena import DEPTH, fold_seq
 
 if TYPE_CHECKING:
     from .comm import Comm
 
 _PLANS = 64  # plans kept per communicator (oldest dropped first)
 _FAST_SPIN_S = 50e-6  # how long an inline arena call spins for its peers before it waits as a schedule
+# where ranks outnumber cores: a fifth of a microsecond, then the kernel gives the core away (arena_jit.YIELDS)
+_OVERSUBSCRIBED_SPIN_S = 0.2e-6
 # Ranks that outnumber the cores spin only briefly (the peer they wait for may need the core), then yield the core and
 # call the kernel again for this long before the call waits as a schedule: a schedule costs tens of microseconds.
 _YIELD_RETRY_S = 1e-3
@@ -233,7 +235,7 @@ class Executor:
         self.chosen: Any = None  # the algorithm ``stage`` selected for a device call (run as is, or on its staged twin)
         self.others = [q for q in range(comm.size) if q != comm.rank]
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
-        self.spin_s = _FAST_SPIN_S / 25 if self.engine.oversubscribed else _FAST_SPIN_S
+        self.spin_s = _OVERSUBSCRIBED_SPIN_S if self.engine.oversubscribed else _FAST_SPIN_S
         self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
         self.gate = arena_jit.Gate(self.spin_s, arena_jit.YIELDS if self.engine.oversubscribed else 0)
         if comm._arena is not None:
@@ -598,7 +600,7 @@ class _Oneshot(Runner):
             self.prep = arena_jit.Prepared(a, self.sig, plan.template.op, plan.template.dtype, recv.size, kern)
         if kern is not None and self.prep.ok:
             prep, gate = self.prep, x.gate
-            slots_, bases = prep.views[opno & 1]
+            slots_, bases = prep.views[opno % DEPTH]
             fn, seq = prep.kernel, a.seq
             y, yf = gate.yields, gate.yield_fn
             status = fn(a.u64, slots_, send, recv, a.rank, bases, prep.sig, opno, prep.code, gate.polls, seq, y, yf)
@@ -621,13 +623,11 @@ class _Oneshot(Runner):
         if prep is None or prep.raw is None:
             return False
         a, fn, sig, code, polls = prep.arena, prep.raw, prep.sig, prep.code, x.gate.polls
-        u64, me, (s0, b0), (s1, b1) = a.u64, a.rank, prep.views[0], prep.views[1]
-        y, yf = x.gate.yields, x.gate.yield_fn
+        u64, me, rows, y, yf = a.u64, a.rank, prep.views[0][0], x.gate.yields, x.gate.yield_fn
+        bases = [b for _, b in prep.views]
 
         def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:  # the plan's size fits the slot
-            if opno & 1:
-                return fn(u64, s1, send, recv, me, b1, sig, opno, code, polls, seq, y, yf)
-            return fn(u64, s0, send, recv, me, b0, sig, opno, code, polls, seq, y, yf)
+            return fn(u64, rows, send, recv, me, bases[opno % DEPTH], sig, opno, code, polls, seq, y, yf)
 
         self.kernel = kernel
         return _fast_call(x, plan, self, kernel)
@@ -739,10 +739,10 @@ class _Barrier(Runner):
             return False
         a, gate, sig = state.arena, x.gate, self.sig_array
         fn, u64, me, polls = arena_jit.pick(kern, "barrier"), a.u64, a.rank, gate.polls
-        b0, b1, y, yf = gate.bases(a, 0), gate.bases(a, 1), gate.yields, gate.yield_fn
+        bases, y, yf = [gate.bases(a, k) for k in range(DEPTH)], gate.yields, gate.yield_fn
 
         def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-            return fn(u64, me, b1 if opno & 1 else b0, sig, opno, polls, seq, y, yf)
+            return fn(u64, me, bases[opno % DEPTH], sig, opno, polls, seq, y, yf)
 
         self.kernel = kernel
         return _fast_call(x, plan, self, kernel)
@@ -794,15 +794,15 @@ class _Slots(Runner):
         prep = self.prep
         if prep is None or prep.raw is None or prep.as_bytes or prep.polls != x.gate.polls:
             return False
-        fn, a, sl, (m0, m1), sig, empty = prep.raw, prep.arena, prep.slots, prep.metas, prep.sig, prep.empty
+        fn, a, sl, metas, sig, empty = prep.raw, prep.arena, prep.slots, prep.metas, prep.sig, prep.empty
         u64 = a.u64
         if prep.prog.pack_from_recv:  # the root's Bcast, an in-place Allgather: packed from the receive buffer
             def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-                return fn(u64, sl, recv, recv, m1 if opno & 1 else m0, sig, opno, seq, a.lagging)
+                return fn(u64, sl, recv, recv, metas[opno % DEPTH], sig, opno, seq, a.lagging)
         else:
             def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
                 return fn(u64, sl, empty if send is None else send, empty if recv is None else recv,
-                          m1 if opno & 1 else m0, sig, opno, seq, a.lagging)
+                          metas[opno % DEPTH], sig, opno, seq, a.lagging)
 
         return _fast_call(x, plan, self, kernel, lags=True)
 

@@ -26,7 +26,7 @@ class FakeArena:
 
     def __init__(self, ranks: int, me: int = 0, opno: int = 1, sig: np.ndarray = SIG, posted: int | None = None) -> None:
         self.words = np.zeros(A.HostArena.ctrl(ranks) + 8, np.uint64)
-        self.bases = np.array([A.HostArena.ctrl(r) + 16 + 24 * (opno & 1) for r in range(ranks)], np.int64)
+        self.bases = np.array([A.HostArena.ctrl(r) + 16 + 24 * (opno % A.DEPTH) for r in range(ranks)], np.int64)
         self.me = me
         for r in range(ranks if posted is None else posted):
             if r != me:
@@ -76,17 +76,17 @@ def test_allreduce_kernel_is_bit_exact(dt: np.dtype) -> None:
                 me = ranks - 1
                 rows = _inputs(dt, ranks, count, seed=ranks * 1000 + count + op.code)
                 fake = FakeArena(ranks, me)
-                slots = np.zeros((ranks, count), dt)
+                slots = np.zeros((ranks, A.DEPTH, count), dt)  # call 1: slot 1
                 for r in range(ranks):
                     if r != me:
-                        slots[r] = rows[r]
+                        slots[r, 1] = rows[r]
                 send, recv = rows[me].copy(), np.zeros(count, dt)
                 with np.errstate(all="ignore"):
                     status = K.allreduce(fake.words, slots, send, recv, me, fake.bases, SIG, 1, op.code, 1000, -1, 0, 0)
                     expect = _numpy_reference(op, rows)
                 assert status & 3 == arena_jit.DONE, (ranks, count, op)
                 assert recv.tobytes() == expect.tobytes(), f"{op.name} {dt} ranks={ranks} count={count}"
-                assert np.array_equal(slots[me], rows[me]) and np.array_equal(send, rows[me])  # posted, input kept
+                assert np.array_equal(slots[me, 1], rows[me]) and np.array_equal(send, rows[me])  # posted, input kept
                 assert fake.done(me) == 1 and int(fake.words[fake.bases[me] + A.POST]) == 1
                 assert np.array_equal(fake.words[fake.bases[me] : fake.bases[me] + 4], SIG[:4])
                 tried += 1
@@ -96,8 +96,8 @@ def test_allreduce_kernel_is_bit_exact(dt: np.dtype) -> None:
 @need_numba
 def test_allreduce_kernel_in_place() -> None:
     fake = FakeArena(3, me=1)
-    slots = np.zeros((3, 4), np.float64)
-    slots[0], slots[2] = [1, 2, 3, 4], [10, 20, 30, 40]
+    slots = np.zeros((3, A.DEPTH, 4), np.float64)
+    slots[0, 1], slots[2, 1] = [1, 2, 3, 4], [10, 20, 30, 40]
     buf = np.array([100, 200, 300, 400], np.float64)
     assert K.allreduce(fake.words, slots, buf, buf, 1, fake.bases, SIG, 1, ops.SUM.code, 1000, -1, 0, 0) & 3 == arena_jit.DONE
     assert buf.tolist() == [111, 222, 333, 444]
@@ -107,7 +107,7 @@ def test_allreduce_kernel_in_place() -> None:
 def test_kernel_waits_and_refuses_without_finishing() -> None:
     # a peer that has not posted: posted here, not done, result untouched
     fake = FakeArena(3, me=0, posted=2)
-    slots, recv = np.zeros((3, 2), np.int32), np.full(2, -1, np.int32)
+    slots, recv = np.zeros((3, A.DEPTH, 2), np.int32), np.full(2, -1, np.int32)
     status = K.allreduce(fake.words, slots, np.ones(2, np.int32), recv, 0, fake.bases, SIG, 1, ops.SUM.code, 50, -1, 0, 0)
     assert status & 3 == arena_jit.WAITING and fake.done(0) == 0 and recv.tolist() == [-1, -1]
     assert int(fake.words[fake.bases[0] + A.POST]) == 1  # the Python schedule picks up from here

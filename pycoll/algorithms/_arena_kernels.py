@@ -22,6 +22,7 @@ _LAND, _LOR = _ops.LAND.code, _ops.LOR.code
 _DONE, _WAITING, _MISMATCH, _LEFT, _WAKE, _FAILED = 0, 1, 2, 3, 4, 8
 _SEQ_WORD = _arena.SEQ
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # as ``arena.fold_seq``
+_DEPTH = _arena.DEPTH  # slots and post lines in turn: call ``opno`` uses index ``opno % _DEPTH``
 
 
 @njit(cache=True, nogil=True)
@@ -237,22 +238,25 @@ def barrier(words, me, bases, sig, opno, polls, seq, yields, yield_fn):
 def allreduce(words, slots, send, recv, me, bases, sig, opno, op, polls, seq, yields, yield_fn):
     """A whole one-shot Allreduce when every peer arrives within the spin; else it returns posted, not done.
 
-    ``slots`` is (ranks, count) over the slots of ``opno``'s parity; ``recv`` gets the ranks' slots
-    combined in rank order and rounded to the dtype after each step, as chained ufunc calls do.
+    ``slots`` is every rank's slots as one C-contiguous (ranks, DEPTH, slot) array of the dtype (so each row is
+    contiguous and the loops vectorize); the call uses slot ``opno % DEPTH``. ``recv`` gets the ranks' slots combined in
+    rank order and rounded to the dtype after each step, as chained ufunc calls do.
     """
     size = len(bases)
     n = len(send)
-    mine = slots[me]
+    par = opno % _DEPTH
+    mine = slots[me, par]
     for i in range(n):
         mine[i] = send[i]
     _fold(words, bases[me], sig, seq)
     status = _meet(words, me, bases, sig, opno, polls, yields, yield_fn)
     if status & 3 != _DONE:
         return status
+    first = slots[0, par]
     for i in range(n):
-        recv[i] = slots[0, i]
+        recv[i] = first[i]
     for q in range(1, size):
-        row = slots[q]
+        row = slots[q, par]
         for i in range(n):
             recv[i] = _combine(op, recv[i], row[i])
     if op == _AVG:
@@ -524,7 +528,7 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
 
 
 # ---- slots: every small collective through the ranks' arena slots (see ``slots``) ----------------------------
-# ``slots`` is every rank's slots as one C-contiguous (ranks, 2, slot) array (bytes, or elements of the call's dtype);
+# ``slots`` is every rank's slots as one C-contiguous (ranks, DEPTH, slot) array (bytes, or elements of the call's dtype);
 # ``meta`` is the call's program, laid out as ``slots.Program.meta`` writes it (the M_* offsets below).
 
 _NBYTES_WORD = _arena.NBYTES
@@ -600,7 +604,7 @@ def _meet_slots(words, meta, sig):
 @njit(cache=True, nogil=True)
 def slots_pack(slots, send, meta):
     """Write this rank's contribution into its slot: the head words (a table), then the pack rows."""
-    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
+    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] % _DEPTH
     nhead, npack = meta[M_NHEAD], meta[M_NPACK]
     mine = slots[me, par]
     at = M_BASES + 3 * size
@@ -628,7 +632,7 @@ def _table_entry(row, entry):
 def slots_unpack(slots, recv, meta):
     """Copy the unpack rows (rank, slot offset, offset in ``recv``, bytes) out of the slots; a slot offset of -1 reads
     (offset, bytes) from that rank's table entry for this rank. False if a table entry disagrees."""
-    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] & 1
+    me, size, par = meta[M_ME], meta[M_SIZE], meta[M_OPNO] % _DEPTH
     at = M_BASES + 3 * size + meta[M_NHEAD] + 3 * meta[M_NPACK]
     for k in range(meta[M_NUNPACK]):
         r, s_off, d_off, n = meta[at + 4 * k], meta[at + 4 * k + 1], meta[at + 4 * k + 2], meta[at + 4 * k + 3]
@@ -645,11 +649,11 @@ def slots_unpack(slots, recv, meta):
 def slots_move(words, slots, send, recv, meta, sig, opno, seq, lag):
     """A whole data-movement collective through the slots, call ``opno`` numbered ``seq`` (``send`` and ``recv``
     of any one dtype, moved as bytes): pack, meet, unpack, finish; else posted, not done. With ``lag`` (the last call
-    did not wait for every peer) it first waits for the peers to finish call ``opno - 2``, whose slots it reuses;
+    did not wait for every peer) it first waits for the peers to finish call ``opno - DEPTH``, whose slots it reuses;
     if they do not within the spin, it returns WAITING | UNPOSTED, having done nothing."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
-    if lag and not _peers_done(words, meta, opno - 2):
+    if lag and not _peers_done(words, meta, opno - _DEPTH):
         return _WAITING | _UNPOSTED
     send = send.view(np.uint8)
     recv = recv.view(np.uint8)
@@ -665,7 +669,7 @@ def slots_move(words, slots, send, recv, meta, sig, opno, seq, lag):
 @njit(cache=True, nogil=True)
 def slots_fold(slots, recv, meta):
     """recv[d_off:+n] = op over ranks lo..hi-1 of their slots' elements [s_off, +n), in rank order."""
-    par, op = meta[M_OPNO] & 1, meta[M_OP]
+    par, op = meta[M_OPNO] % _DEPTH, meta[M_OP]
     lo, hi, s_off, d_off, n = meta[M_LO], meta[M_HI], meta[M_SOFF], meta[M_DOFF], meta[M_N]
     if hi <= lo:
         return
@@ -688,9 +692,9 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
     copy in, meet, fold, finish (``lag``: as ``slots_move``)."""
     meta[M_OPNO] = opno
     meta[M_SEQ] = seq
-    if lag and not _peers_done(words, meta, opno - 2):
+    if lag and not _peers_done(words, meta, opno - _DEPTH):
         return _WAITING | _UNPOSTED
-    mine = slots[meta[M_ME], meta[M_OPNO] & 1]
+    mine = slots[meta[M_ME], meta[M_OPNO] % _DEPTH]
     for i in range(len(send)):
         mine[i] = send[i]
     status = _meet_slots(words, meta, sig)

@@ -296,7 +296,8 @@ class Prepared:
         self.sig = sig_array(self.words)
         self.code = op.code
         self.ok = covers(op, dtype)
-        self.views = [(slot_matrix(arena, k, count, dtype), line_bases(arena, k)) for k in (0, 1)] if self.ok else []
+        rows = slot_array(arena, dtype) if self.ok else None  # every slot index: the kernel picks the call's
+        self.views = [(rows, line_bases(arena, k)) for k in range(_arena.DEPTH)] if self.ok else []
         ok = self.ok and kern is not None
         self.kernel = pick(kern, "allreduce", dtype, checked=True) if ok else None  # checks the user buffers
         self.raw = pick(kern, "allreduce", dtype) if ok else None  # trusts them (the plan checked them)
@@ -308,12 +309,10 @@ def line_bases(arena: _arena.HostArena, op: int) -> np.ndarray:
     return np.array([arena.line(r, op) for r in range(arena.size)], np.int64)
 
 
-def slot_matrix(arena: _arena.HostArena, op: int, count: int, dtype: np.dtype) -> np.ndarray:
-    """All ranks' slots for ``op`` as one (ranks, count) array of ``dtype``: row r is rank r's slot."""
-    return np.ndarray(
-        (arena.size, count), dtype, buffer=arena.mapping, offset=arena.slot_offset(0, op),
-        strides=(2 * arena.slot_bytes, dtype.itemsize),
-    )
+def slot_array(arena: _arena.HostArena, dtype: np.dtype) -> np.ndarray:
+    """Every rank's slots as one C-contiguous (ranks, DEPTH, slot) array of ``dtype``."""
+    return np.ndarray((arena.size, _arena.DEPTH, arena.slot_bytes // dtype.itemsize), dtype, buffer=arena.mapping,
+                      offset=arena.slot_offset(0, 0))
 
 
 def finished(arena: _arena.HostArena, op: int, status: int, gate: Optional["Gate"] = None) -> bool:
@@ -348,8 +347,8 @@ class Gate:
     def bases(self, arena: _arena.HostArena, op: int) -> np.ndarray:
         """``line_bases`` for ``op``, cached for the communicator's arena."""
         if self._arena is not arena:
-            self._arena, self._bases = arena, [line_bases(arena, 0), line_bases(arena, 1)]
-        return self._bases[op & 1]
+            self._arena, self._bases = arena, [line_bases(arena, k) for k in range(_arena.DEPTH)]
+        return self._bases[op % _arena.DEPTH]
 
     def open(self) -> Any:
         """The kernel module, or None while it is still loading (in the background: never waited for here), while

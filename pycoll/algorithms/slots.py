@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..p2p import Sig
-from ..transport.arena import ARENA_SLOT, HostArena
+from ..transport.arena import ARENA_SLOT, DEPTH, HostArena
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, offsets
 from .chain import broadcast_chain, reduce_chain
@@ -161,12 +161,6 @@ def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, wor
                            prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
 
 
-def slot_array(arena: HostArena, dtype: np.dtype) -> np.ndarray:
-    """Every rank's two slots as one C-contiguous (ranks, 2, slot) array of ``dtype``."""
-    return np.ndarray((arena.size, 2, arena.slot_bytes // dtype.itemsize), dtype, buffer=arena.mapping,
-                      offset=arena.slot_offset(0, 0))
-
-
 class Prepared:
     """One plan's kernel arguments on one arena: its program (``meta``, one per slot parity), signature words, slots,
     and the kernel for its dtype (``kernel``: checks the user buffers; ``raw``: trusts them)."""
@@ -181,13 +175,13 @@ class Prepared:
         self.words = sig_words(sig)
         self.sig = arena_jit.sig_array(self.words)
         code = call.op.code if call.op is not None else 0
-        self.metas = [_meta(self.prog, rank, p, arena_jit.line_bases(arena, k), code, self.words) for k in (0, 1)]
+        self.metas = [_meta(self.prog, rank, p, arena_jit.line_bases(arena, k), code, self.words) for k in range(DEPTH)]
         self.polls = -1  # the spin the metas carry (set at the first run)
         # a read-only input would need a signature of its own (compiled inside the call): those run in NumPy
         writable = call.send is None or call.send.flags.writeable
         self.ok = (self.prog.nbytes <= arena.slot_bytes and writable
                    and (not self.prog.typed or arena_jit.covers(call.op, call.dtype)))
-        self.slots = slot_array(arena, call.dtype if self.prog.typed else np.dtype(np.uint8))
+        self.slots = arena_jit.slot_array(arena, call.dtype if self.prog.typed else np.dtype(np.uint8))
         # the kernels take the buffers in their own dtype where compiled for it, else (moves only) as bytes
         self.as_bytes = call.dtype not in arena_jit.DTYPES
         self.dtype = np.dtype(np.uint8) if self.as_bytes else call.dtype
@@ -199,7 +193,7 @@ class Prepared:
             self.raw = arena_jit.pick(kern, name, self.dtype)
 
     def set_spin(self, gate: Any) -> None:
-        """The gate's spin for every later call's kernel (polls, then yields; in meta, for both slot parities)."""
+        """The gate's spin for every later call's kernel (polls, then yields; in meta, for every slot index)."""
         self.polls = gate.polls
         for m in self.metas:
             m[_M_POLLS], m[_M_YIELDS], m[_M_YIELD_FN] = gate.polls, gate.yields, gate.yield_fn
@@ -220,7 +214,7 @@ def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optio
     if st.as_bytes:
         send, recv = _bytes(send), _bytes(recv)
     return fn(arena.u64, st.slots, send if send is not None else st.empty, recv if recv is not None else st.empty,
-              st.metas[opno & 1], st.sig, opno, arena.seq, arena.lagging)
+              st.metas[opno % DEPTH], st.sig, opno, arena.seq, arena.lagging)
 
 
 _NO_BYTES = np.zeros(0, np.uint8)

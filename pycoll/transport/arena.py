@@ -30,7 +30,7 @@ _MAGIC = 0x70C0A1E4A
 _PAGE = 4096
 _HEADER_WORDS = _PAGE // 8
 _BELL_BYTE = 128  # u32 futex word in the header's third cache line
-_CTRL_WORDS = 128  # 1 KiB of control lines per rank
+_CTRL_WORDS = 256  # 2 KiB of control lines per rank
 # Words of a rank's control block: line 0 identity, line 1 progress, then one 128-byte line per slot parity.
 PID, PROBE, PROBE_VALUE, ATTACHED = 0, 1, 2, 3
 DONE, SLEEPING = 8, 9
@@ -45,8 +45,12 @@ def fold_seq(word: int, seq: int) -> int:
     from another call of the same arguments never matches (SEQ holds the number in clear for waits)."""
     return (int(word) ^ (int(seq) * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
 POST, READY = 8, 16
+# Operations whose slots and post lines are in use at once: a call that waits for no peer (a Bcast root) may run
+# DEPTH - 1 calls ahead of the slowest, so ranks that share cores move several calls per time slice.
+DEPTH = 4
 # Chunk counters of the staged (pipelined) algorithms, one line each (monotonic over the arena's life).
-STAGED, REDUCED, CONSUMED = 64, 72, 80
+STAGED = 16 + _SLOT_LINE * DEPTH
+REDUCED, CONSUMED = STAGED + 8, STAGED + 16
 _COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
 
 class Doorbell:
@@ -106,7 +110,7 @@ class HostArena:
         self.slot_bytes = (max(slot_bytes, 64) + 63) // 64 * 64
         self.stage_bytes = (max(stage_bytes, 64 * size) + 4095) // 4096 * 4096 if stage_bytes else 0
         self._data_base = _PAGE + size * _CTRL_WORDS * 8
-        self._stage_base = self._data_base + size * 2 * self.slot_bytes
+        self._stage_base = self._data_base + size * DEPTH * self.slot_bytes
         total = self._stage_base + size * self.stage_bytes
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
         try:
@@ -144,11 +148,13 @@ class HostArena:
         self.rounds = 0  # staged rounds started on this rank (likewise)
         self.finished = 0  # arena operations this rank has completed
         self.seq = 0  # the communicator's call number of the operation being posted (see fold_seq)
-        # True after an operation that did not wait for every peer (a Bcast root, a Gather leaf): the next one
-        # must see every peer finish the operation two back before it reuses that parity's slots and lines
+        # True after an operation that did not wait for every peer (a Bcast root, a Gather leaf): the next one must
+        # see every peer finish an earlier operation before it reuses that one's slots and lines (the slots kernels:
+        # DEPTH back; anything else: two back, as the algorithms that alternate two buffers of their own expect)
         self.lagging = False
         self._slots = [
-            [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self.slot_offset(r, k)) for k in (0, 1)] for r in range(size)
+            [np.frombuffer(self.mapping, np.uint8, self.slot_bytes, self.slot_offset(r, k)) for k in range(DEPTH)]
+            for r in range(size)
         ]
         self._views: dict[tuple, list[np.ndarray]] = {}
         self.u64 = np.frombuffer(self.mapping, np.uint64)  # the same words as ``words``, for compiled code
@@ -160,23 +166,24 @@ class HostArena:
 
     def line(self, rank: int, op: int) -> int:
         """First word of ``rank``'s post line for arena operation ``op``."""
-        return self.ctrl(rank) + 16 + _SLOT_LINE * (op & 1)
+        return self.ctrl(rank) + 16 + _SLOT_LINE * (op % DEPTH)
 
-    def slot_offset(self, rank: int, parity: int) -> int:
-        return self._data_base + (rank * 2 + parity) * self.slot_bytes
+    def slot_offset(self, rank: int, index: int) -> int:
+        """Where ``rank``'s slot ``index`` (0 to DEPTH - 1) starts in the mapping."""
+        return self._data_base + (rank * DEPTH + index) * self.slot_bytes
 
     def slot(self, rank: int, op: int) -> np.ndarray:
-        """``rank``'s byte slot for arena operation ``op`` (two alternate, so one op may lag behind another)."""
-        return self._slots[rank][op & 1]
+        """``rank``'s byte slot for arena operation ``op`` (DEPTH of them in turn, so one op may lag behind others)."""
+        return self._slots[rank][op % DEPTH]
 
     def slot_views(self, op: int, nbytes: int, dtype: np.dtype) -> list[np.ndarray]:
         """Every rank's slot for ``op`` as ``nbytes`` of ``dtype``, in rank order; cached, as small calls repeat."""
-        key = (op & 1, nbytes, dtype)
+        key = (op % DEPTH, nbytes, dtype)
         views = self._views.get(key)
         if views is None:
             if len(self._views) >= 32:
                 self._views.clear()
-            views = self._views[key] = [self._slots[r][op & 1][:nbytes].view(dtype) for r in range(self.size)]
+            views = self._views[key] = [self._slots[r][op % DEPTH][:nbytes].view(dtype) for r in range(self.size)]
         return views
 
     def stage_offset(self, rank: int) -> int:
