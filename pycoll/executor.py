@@ -574,7 +574,8 @@ class Runner:
     def fast_path(self, x: Executor, plan: Plan) -> Any:
         """The whole call as one function of the call's arguments, for a plan that just ran inline: it rebinds the
         views, numbers the call and runs the kernel, and returns False (having done nothing) where anything it was
-        made for changed (the arena, the algorithm choice, the spin, an unfinished nonblocking call). False: none."""
+        made for changed (the arena, the algorithm choice, the spin, an unfinished nonblocking call). False: none;
+        None: not yet (asked again after the next inline run)."""
         return False
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
@@ -735,7 +736,9 @@ class _Barrier(Runner):
     def fast_path(self, x: Executor, plan: Plan) -> Any:
         kern = x.gate.kernels
         state = x.comm._arena
-        if not kern or state is None or state.arena is None:
+        if not kern:
+            return None  # not yet: the kernels are still loading
+        if state is None or state.arena is None:
             return False
         a, gate, sig = state.arena, x.gate, self.sig_array
         fn, u64, me, polls = arena_jit.pick(kern, "barrier"), a.u64, a.rank, gate.polls
@@ -895,24 +898,7 @@ class _Cma(Runner):
             status = kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r)
             if x.retry_s:
                 status = x.retry(a, status, lambda: kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r))
-            if status & arena_jit.WAKE:
-                a.bell.wake()
-            code = status & 3
-            if code == arena_jit.DONE and not status & arena_jit.FAILED:
-                a.finished = opno
-                gate.inline += 1
-                if scratch is not None:
-                    self.host.release(scratch)
-                return True
-            call = call or plan.make_call(send, recv)
-            if status & arena_jit.FAILED:
-                return self.failed(x, a, opno, prog, call, s, r, scratch)
-            if code == arena_jit.LEFT:
-                a.finished = opno
-                gate.inline += 1
-                return self.wait(x, a, opno, prog, call, scratch)
-            x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
-            return True
+            return self.after(x, plan, a, opno, status, send, recv, s, r, scratch, call)
         call = call or plan.make_call(send, recv)
         direct_cma.post(a, opno, prog, mine, s, r)
         posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
@@ -928,6 +914,54 @@ class _Cma(Runner):
         direct_cma.local(prog, s, r)
         gate.inline += 1
         return self.wait(x, a, opno, prog, call, scratch)
+
+    def after(self, x: Executor, plan: Plan, a: Any, opno: int, status: int, send: Any, recv: Any, s: int, r: int,
+              scratch: Any, call: Any = None) -> bool:
+        """Act on the kernel's status: done, done here with peers still in this rank's memory (``wait``), a failed
+        copy, or peers late or mismatched (the rest as a schedule)."""
+        gate, prog = x.gate, self.prog
+        if status & arena_jit.WAKE:
+            a.bell.wake()
+        code = status & 3
+        if code == arena_jit.DONE and not status & arena_jit.FAILED:
+            a.finished = opno
+            gate.inline += 1
+            if scratch is not None:
+                self.host.release(scratch)
+            return True
+        call = call or plan.make_call(send, recv)
+        if status & arena_jit.FAILED:
+            return self.failed(x, a, opno, prog, call, s, r, scratch)
+        if code == arena_jit.LEFT:
+            a.finished = opno
+            gate.inline += 1
+            return self.wait(x, a, opno, prog, call, scratch)
+        mine = self.words
+        x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
+        return True
+
+    def fast_path(self, x: Executor, plan: Plan) -> Any:
+        kern = x.gate.kernels
+        a = self.arena
+        if not kern or self.packed is None:
+            return None  # not yet: the kernels are still loading
+        if self.scratch or a is None or x.comm._arena is None or x.comm._arena.arena is not a:
+            return False
+        fn, sig, packed, w3, gate = arena_jit.pick(kern, "cma_moves"), self.sig_array, self.packed, self.words[3], x.gate
+        u64, bases, address = a.u64, [gate.bases(a, k) for k in range(DEPTH)], direct_cma.address
+
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+            sig[3] = fold_seq(w3, seq)
+            return fn(u64, bases[opno % DEPTH], sig, packed, opno, seq, address(send), address(recv))
+
+        self.kernel = kernel
+        return _fast_call(x, plan, self, kernel)
+
+    def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
+        if x.retry_s:
+            seq = arena.seq
+            status = x.retry(arena, status, lambda: self.kernel(send, recv, opno, seq))
+        self.after(x, plan, arena, opno, status, send, recv, direct_cma.address(send), direct_cma.address(recv), None)
 
     def wait(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, scratch: Any) -> bool:
         """This rank is done: wait (inline, then as a schedule) until the ranks that use its memory are."""
