@@ -689,7 +689,9 @@ class Engine:
                         break
                     else:  # an acknowledgement, an announcement, or the engine's path
                         status, nbytes, got_tag = self._next_frame(peer, lane, req.dst, req.ctx, req.tag, 0)  # type: ignore[arg-type]
-                elif self._rdv_sends:  # acknowledgements only
+                elif self._rdv_sends and self.lane_of is not None and self.lane_of[peer]:  # acknowledgements only
+                    status, nbytes, got_tag = self._ack_into(peer), 0, 0
+                elif self._rdv_sends:
                     status, nbytes, got_tag = self._next_frame(peer, lane, _NO_DST, 0, -2, 0)
                 else:
                     break
@@ -703,6 +705,14 @@ class Engine:
                 req.done = True
                 moved = True
         return moved
+
+    def _ack_into(self, peer: int) -> int:
+        """The address kernel's step for an acknowledgement of this rank's rendezvous at the head of ``peer``'s
+        ring: ACKED (handled), or the status with the frame left (no receive can take anything here)."""
+        status = self._kernels.take(self.lane_of[peer], 0, -1, 0, -1, 0, 0)  # type: ignore[index]
+        if status == 4:
+            self._acked(peer, self.lane_views[peer][18])
+        return status
 
     def _take_into(self, peer: int, req: RecvRequest) -> tuple[int, int, int]:
         """The address kernel's step for posted receive ``req`` on ``peer``'s lane (no spin), in ``_next_frame``'s

@@ -6,9 +6,15 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .config import int_param
 from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
 
 _TAG_MAX = (1 << 63) - 1
+P2P_YIELDS = int_param(
+    "PYCOLL_P2P_YIELDS", 4096,
+    "Where a host runs more ranks than cores: how many times a compiled point-to-point call waiting for its peer "
+    "gives up the core (sched_yield) before it sleeps on the doorbell (default 4096, a few ms when the core is idle).",
+)
 _NO_SEGMENTS: list = []
 
 # Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
@@ -118,7 +124,9 @@ class FastP2P:
                 return None
         self.k = engine._kernels
         self.words = engine.lane_views
-        self.polls = engine._kernel_spin_polls
+        # the kernels' wait for a frame: about the engine's spin, or where ranks outnumber cores that many
+        # sched_yields (the core goes to a rank with work; the peer's answer comes sooner than a futex wake)
+        self.polls = engine._kernel_spin_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
         self.lanes = engine.lane_of
         return self.lanes
 
@@ -257,6 +265,8 @@ class FastP2P:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:
                         return e[4]
+                    if self.posted:  # messages already in for the receives posted before: completed first
+                        self._complete_posted(peer, d)
                     if not self.posted and not self._take(peer, d, e, tag, 0):
                         w = self.words[peer]
                         return w[16], w[17]
@@ -267,6 +277,32 @@ class FastP2P:
                 finally:
                     self.lock.release()
         return e[4]
+
+    def _complete_posted(self, peer: int, d: int) -> None:
+        """Complete, from ``peer``'s ring and in order, the receives at the head of the posted list that this path
+        posted for ``peer``, while their messages are there (without waiting). The engine's lock is held."""
+        posted = self.posted
+        k = self.k
+        engine = self.engine
+        w = self.words[peer]
+        while posted:
+            req = posted[0]
+            if req.peer != peer or not req.addr or req.ctx != self.ctx:
+                return
+            status = k.take(d, req.addr, req.dst.nbytes, req.ctx, req.tag, 0, 0 if self.sendq[peer] else 1)
+            if status == 4:  # ACKED: one of this rank's rendezvous sends is done
+                engine._acked(peer, w[18])
+                continue
+            if status >= 5:
+                engine.rdv_pulls += 1
+                engine.rdv_eager_pulls += 1
+                if status == 6:
+                    engine._send_ctl(peer, _ACK, req.ctx, w[16], w[18])
+            elif status != 0:
+                return
+            del posted[0]
+            req.source, req.recv_tag, req.nbytes = peer, w[16], w[17]
+            req.done = True
 
     def _owner(self, opname: str, word: str, rank: int, tag: int) -> P2POwner:
         """The owner of a request of this path (one per call, rank and tag, made once)."""

@@ -247,3 +247,20 @@ def test_spec_cache_follows_the_array():
     e3 = p2p_fast._resolve(comm, [c, 1, every_other], "Send", False)  # a packed copy: used once, never cached
     assert p2p_fast._lookup([c, 1, every_other], False) is None and e3[0] is None
     assert (e3[4].view(np.float32) == c[0:8:2]).all()
+
+
+def test_acknowledgements_only_take():
+    # what the engine's drain runs while only its rendezvous sends wait: an acknowledgement is taken, a message
+    # (even an empty one on any communicator) is left
+    p = Pair()
+    a, b = p.addr(p.a), p.addr(p.b)
+    k.put(a, 0, 0, 0, 0)
+    assert k.take(b, 0, -1, 0, -1, 0, 0) == OTHER and p.head("ab") == 0
+    q = Pair()
+    if not _readv():
+        pytest.skip("no process_vm_readv in libc")
+    big, got = data(70_000, 3), np.zeros(70_000, np.uint8)
+    k.announce_at(q.addr(q.a), big.ctypes.data, big.size, CTX, 1, 21)
+    if k.take(q.addr(q.b), got.ctypes.data, got.size, CTX, 1, 0, 1) != PULLED:
+        pytest.skip("process_vm_readv refused here (ptrace rules)")
+    assert k.take(q.addr(q.a), 0, -1, 0, -1, 0, 0) == ACKED and q.a[k.L_GOT_RID] == 21
