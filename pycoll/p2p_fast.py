@@ -278,9 +278,36 @@ class FastP2P:
                     self.lock.release()
         return e[4]
 
-    def _complete_posted(self, peer: int, d: int) -> None:
+    def wait_posted(self, reqs: list) -> None:
+        """Complete, in posting order, the receives among ``reqs`` that this path posted, each waiting (compiled)
+        for its message as the next frame of its source's ring; stop at the first that cannot go this way (the
+        engine's wait does the rest)."""
+        lanes = self.lanes
+        if lanes is None or not self.lock.acquire(False):
+            return
+        try:
+            posted = self.posted
+            for req in reqs:
+                if req.done:
+                    continue
+                if (type(req) is not RecvRequest or not req.addr or not posted or posted[0] is not req
+                        or self.unexpected or self.schedules or self.aborts or self._dead()):
+                    return
+                peer = req.peer
+                d = lanes[peer]
+                st = self.inbound[peer]
+                if not d or st.have or st.target is not None:
+                    return
+                self._complete_posted(peer, d, self.polls)
+                if not req.done:
+                    return
+        finally:
+            self.lock.release()
+
+    def _complete_posted(self, peer: int, d: int, polls: int = 0) -> None:
         """Complete, from ``peer``'s ring and in order, the receives at the head of the posted list that this path
-        posted for ``peer``, while their messages are there (without waiting). The engine's lock is held."""
+        posted for ``peer``, while their messages come (each waited for up to ``polls`` polls). The engine's lock
+        is held."""
         posted = self.posted
         k = self.k
         engine = self.engine
@@ -289,7 +316,7 @@ class FastP2P:
             req = posted[0]
             if req.peer != peer or not req.addr or req.ctx != self.ctx:
                 return
-            status = k.take(d, req.addr, req.dst.nbytes, req.ctx, req.tag, 0, 0 if self.sendq[peer] else 1)
+            status = k.take(d, req.addr, req.dst.nbytes, req.ctx, req.tag, polls, 0 if self.sendq[peer] else 1)
             if status == 4:  # ACKED: one of this rank's rendezvous sends is done
                 engine._acked(peer, w[18])
                 continue

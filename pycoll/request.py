@@ -539,6 +539,11 @@ class Request:
                 else:
                     pending.append(p)
         if pending is not None:
+            fast = getattr(first._comm, "_fast", None)
+            if fast is not None:  # receives it posted, taken in order as their messages come
+                fast.wait_posted(pending)
+                pending = [p for p in pending if not p.done]
+        if pending:
             first._engine.wait_requests(pending, first._timeout(), pending[0].owner)  # a timeout raises here
             for p in pending:
                 if p.error is not None:
