@@ -25,6 +25,7 @@ from .errors import AbortedError, InvalidArgumentError, InvalidRootError
 from .executor import Executor
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Sig
+from .p2p_fast import FastP2P
 from .request import MESSAGE_NO_PROC, Message, Prequest, Request, Status
 from .runtime import Runtime
 from .transport.shm import SHM_DIR
@@ -199,6 +200,7 @@ class Comm:
         # device buffers of one host: CUDA IPC buffers, set up by the first device call that selects them
         self._ipc: Optional[IpcState] = IpcState() if self._arena is not None else None
         self._x = Executor(self, _describe)  # runs every collective: plans, selection, inline arena calls
+        self._fast = FastP2P(self)  # point-to-point calls between ranks of this host, compiled
 
     @property
     def _compiled(self) -> Any:
@@ -913,13 +915,19 @@ class Comm:
             status.source, status.tag, status.nbytes = self._to_comm[req.source], req.recv_tag, req.nbytes
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
-        arr = self._p2p_buf(buf, "Isend")
+        arr = self._fast.isend(buf, dest, tag)
+        if arr is True:
+            return Request._finished(None)  # an eager send: the frame is in the peer's ring, the buffer free again
+        if type(arr) is not np.ndarray:  # a rendezvous announced: done when the peer acknowledges it
+            return Request._started(self._engine, self, arr)
         if self._eager_ok(dest, tag) and self._engine.send_eager(self._world[dest], arr, self._ctx, tag):
             return Request._finished(None)  # an eager send: the frame is in the peer's ring, the buffer free again
         return self._p2p_request(self._isend_array(arr, dest, tag, "Isend"))
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        arr = self._p2p_buf(buf, "Send")
+        arr = self._fast.send(buf, dest, tag)
+        if arr is None:
+            return
         if self._eager_ok(dest, tag) and self._engine.send_eager(self._world[dest], arr, self._ctx, tag):
             return
         self._p2p_wait(self._isend_array(arr, dest, tag, "Send"))
@@ -1004,7 +1012,11 @@ class Comm:
         return self._p2p_request(self._bsend_array(self._p2p_buf(buf, "Ibsend"), dest, tag, "Ibsend"))
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
-        arr = self._p2p_buf(buf, "Irecv", writable=True)
+        arr = self._fast.irecv(buf, source, tag)
+        if type(arr) is tuple:  # the message was next in the peer's ring: taken
+            return Request._received(source, arr[0], arr[1])
+        if type(arr) is not np.ndarray:  # posted in the engine
+            return Request._started(self._engine, self, arr)
         if self._eager_ok(source, tag, True):  # a matching message already at the head of the peer's ring: taken now
             got = self._engine.take_now(self._world[source], arr, self._ctx, tag)
             if got is not None:
@@ -1012,7 +1024,9 @@ class Comm:
         return self._p2p_request(self._irecv_array(arr, source, tag, "Irecv"), True)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
-        arr = self._p2p_buf(buf, "Recv", writable=True)
+        arr = self._fast.recv(buf, source, tag, status)
+        if arr is None:
+            return
         if self._eager_ok(source, tag, True):
             got = self._engine.recv_eager(self._world[source], arr, self._ctx, tag)
             if got is not None:
@@ -1031,8 +1045,10 @@ class Comm:
         recvtag: int = ANY_TAG,
         status: Optional[Status] = None,
     ) -> None:
-        rarr = self._p2p_buf(recvbuf, "Sendrecv", writable=True)
-        sarr = self._p2p_buf(sendbuf, "Sendrecv")
+        got = self._fast.sendrecv(sendbuf, dest, sendtag, recvbuf, source, recvtag, status)
+        if got is None:
+            return
+        sarr, rarr = got
         sreq = None
         if self._eager_ok(dest, sendtag) and self._eager_ok(source, recvtag, True):
             engine = self._engine

@@ -16,6 +16,7 @@ from typing import Any, Callable, Generator, Iterable, NamedTuple, Optional, Seq
 
 import numpy as np
 
+from . import p2p_lane
 from .config import bool_param, float_param, size_param
 from .errors import (
     AbortedError,
@@ -183,7 +184,7 @@ class SendRequest(Request):
 class RecvRequest(Request):
     """Receives into ``dst`` (or into a new array if None), or reduces: ``out = op(local, incoming)``."""
 
-    __slots__ = ("sig", "dst", "local", "out", "ufunc", "nbytes", "source", "recv_tag", "seq")
+    __slots__ = ("sig", "dst", "local", "out", "ufunc", "nbytes", "source", "recv_tag", "seq", "addr")
 
     def __init__(
         self,
@@ -210,6 +211,7 @@ class RecvRequest(Request):
         self.source = -1
         self.recv_tag = -1
         self.seq = 0
+        self.addr = 0  # dst's address, where the poster knew it: the compiled drain then takes it by address
 
     @property
     def reduces(self) -> bool:
@@ -384,6 +386,11 @@ class Engine:
         self._readv = 0  # libc's process_vm_readv for the kernels (0: none)
         self._eager_calls = 0
         self._eager_kernel_polls = 20000
+        # The per-call fast path (p2p_fast): world rank -> address of its lane's words (0: none), once the kernels
+        # are in; a lane is zeroed when its channel fails or closes.
+        self.lane_of: Optional[list[int]] = None
+        self.lane_views: dict[int, memoryview] = {}  # world rank -> its lane's words, as Python reads them
+        self._lane_words: dict[int, np.ndarray] = {}
 
     # ---- posting ---------------------------------------------------------------------------
     def isend(self, peer: int, data: np.ndarray, ctx: int, tag: int, sig: Sig, owner: Any) -> SendRequest:
@@ -669,7 +676,9 @@ class Engine:
             take_plain = self._kernels.take_plain
             while peer not in dead:
                 i, req = self._candidate(peer) if posted else (-1, None)
-                if req is not None:
+                if req is not None and req.addr and self.lane_of is not None and self.lane_of[peer]:
+                    status, nbytes, got_tag = self._take_into(peer, req)
+                elif req is not None:
                     try:  # a plain message first: the cheapest call
                         status, nbytes, got_tag, head = take_plain(lane[3], lane[5], req.dst, req.ctx, req.tag, _P2P_META, _RTS_META)
                     except TypeError:  # a buffer of a kind the kernel was not built for
@@ -681,7 +690,9 @@ class Engine:
                         break
                     else:  # an acknowledgement, an announcement, or the engine's path
                         status, nbytes, got_tag = self._next_frame(peer, lane, req.dst, req.ctx, req.tag, 0)  # type: ignore[arg-type]
-                elif self._rdv_sends:  # acknowledgements only
+                elif self._rdv_sends and self.lane_of is not None and self.lane_of[peer]:  # acknowledgements only
+                    status, nbytes, got_tag = self._ack_into(peer), 0, 0
+                elif self._rdv_sends:
                     status, nbytes, got_tag = self._next_frame(peer, lane, _NO_DST, 0, -2, 0)
                 else:
                     break
@@ -695,6 +706,35 @@ class Engine:
                 req.done = True
                 moved = True
         return moved
+
+    def _ack_into(self, peer: int) -> int:
+        """The address kernel's step for an acknowledgement of this rank's rendezvous at the head of ``peer``'s
+        ring: ACKED (handled), or the status with the frame left (no receive can take anything here)."""
+        status = self._kernels.take(self.lane_of[peer], 0, -1, 0, -1, 0, 0)  # type: ignore[index]
+        if status == 4:
+            self._acked(peer, self.lane_views[peer][18])
+        return status
+
+    def _take_into(self, peer: int, req: RecvRequest) -> tuple[int, int, int]:
+        """The address kernel's step for posted receive ``req`` on ``peer``'s lane (no spin), in ``_next_frame``'s
+        terms: (TAKEN, nbytes, tag) with the message in, (ACKED, 0, 0) after an acknowledgement, else (status, 0, 0)
+        with the frame left for the generic path."""
+        words = self.lane_views[peer]
+        status = self._kernels.take(self.lane_of[peer], req.addr, req.dst.nbytes, req.ctx, req.tag, 0,  # type: ignore[union-attr]
+                                    0 if self._sendq[peer] else 1)
+        if status == 4:
+            self._acked(peer, words[18])
+            return 4, 0, 0
+        if status >= 5:  # pulled from the sender
+            self.rdv_pulls += 1
+            self.rdv_eager_pulls += 1
+            if status == 6:  # its acknowledgement queues behind this rank's sends
+                self._send_ctl(peer, _ACK, req.ctx, words[16], words[18])
+            status = 0
+        if status != 0:
+            return status, 0, 0
+        self._seen[peer] = (req.ctx, words[16])
+        return 0, words[17], words[16]
 
     def sendrecv_eager(self, dest: int, payload: np.ndarray, send_tag: int, source: int, dst: np.ndarray,
                        recv_tag: int, ctx: int) -> Union[bool, tuple[int, int]]:
@@ -745,7 +785,45 @@ class Engine:
             self._readv = self._readv_address()
             self._kernels = k
             self._eager_kernel_polls = self._polls_in(k, SPIN_US.get() * 1e-6)
+            self._build_lanes(k)
         return None
+
+    def _build_lanes(self, k: Any) -> None:
+        """The lane words of every shared-memory peer for the address-based kernels (``p2p_lane.L_*``)."""
+        import ctypes
+
+        from .transport.futex import _SYS_FUTEX
+
+        try:
+            syscall = int(ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            syscall = 0
+        yield_nr = {"x86_64": 24, "amd64": 24, "aarch64": 124, "arm64": 124}.get(os.uname().machine.lower(), -1)
+        lane_of = [0] * (max(self.channels) + 1)
+        for p, ch in self.channels.items():
+            if not hasattr(ch, "lane_addresses") or p not in self._has_input or p in self._closed or p in self._dead:
+                continue
+            words = np.zeros(p2p_lane.LANE_WORDS, np.int64)
+            words[: p2p_lane.L_BELL + 1] = ch.lane_addresses()
+            words[p2p_lane.L_SYSCALL] = syscall if _SYS_FUTEX is not None else 0
+            words[p2p_lane.L_FUTEX] = _SYS_FUTEX or 0
+            words[p2p_lane.L_PID] = ch.peer_pid
+            words[p2p_lane.L_READV] = self._readv
+            words[p2p_lane.L_META], words[p2p_lane.L_RTS], words[p2p_lane.L_ACK] = _P2P_META, _RTS_META, _ACK_META
+            words[p2p_lane.L_YIELD] = yield_nr if self.oversubscribed and syscall else -1
+            self._lane_words[p] = words
+            self.lane_views[p] = memoryview(words).cast("B").cast("q")
+            lane_of[p] = words.ctypes.data
+        self.lane_of = lane_of
+
+    def _drop_lane(self, peer: int) -> None:
+        """No compiled call touches ``peer``'s rings any more (its channel failed or closes)."""
+        if self.lane_of is not None and 0 <= peer < len(self.lane_of):
+            self.lane_of[peer] = 0
+
+    def _rdv_ok(self, peer: int, nbytes: int) -> bool:
+        """Whether a point-to-point message of ``nbytes`` to ``peer`` goes by rendezvous (pulled by the peer)."""
+        return nbytes >= self._rdv_bytes and self._cma_to(peer)
 
     def _readv_address(self) -> int:
         """The address of libc's process_vm_readv for the compiled rendezvous pull; 0 where cross-memory attach is
@@ -1302,6 +1380,7 @@ class Engine:
         if isinstance(st.target, RecvRequest):
             st.target.fail(st.target.owner.error(PeerFailureError, cause, [peer]))
         self._closed.add(peer)
+        self._drop_lane(peer)
         # The fast paths never look at a closed channel again (its rings may be unmapped once it is closed).
         self._peers = [e for e in self._peers if e[0] != peer]
         self._inputs.pop(peer, None)
@@ -1818,6 +1897,8 @@ class Engine:
             if peer not in self._dead and peer != self.rank and self.channels[peer].kind != "self":
                 self.isend(peer, bye, CONTROL_CTX, _GOODBYE_TAG, P2P_SIG, owner)
         self.flush(0.5)
+        for peer in self.channels:
+            self._drop_lane(peer)
         for ch in self.channels.values():
             try:
                 ch.close()

@@ -209,20 +209,24 @@ class Request:
     @classmethod
     def _finished(cls, status: Optional[Status]) -> "Request":
         """``completed(status)`` made without the constructor's checks: an eager send or receive that is done."""
-        req = cls.__new__(cls)
-        req._engine = req._comm = req._schedule = req._p2p = req._finish = req._after = None
-        req._result = req._more = req._origin = None
+        req = _new(_Done)
         req._status, req._active, req._completed = status, True, False
+        return req
+
+    @staticmethod
+    def _started(engine: Any, comm: "Comm", p2p: _P2PRequest) -> "Request":
+        """``Request(engine, comm, p2p=p2p)`` made without the constructor's checks."""
+        req = _new(_Pending)
+        req._engine, req._comm, req._p2p, req._finish, req._status = engine, comm, p2p, None, None
+        req._active, req._completed = True, False
         return req
 
     @staticmethod
     def _received(source: int, tag: int, nbytes: int) -> "Request":
         """``_finished`` for an eager receive, with its status."""
-        st = Status.__new__(Status)
+        st = _new(Status)
         st.source, st.tag, st.nbytes, st.error, st.cancelled = source, tag, nbytes, 0, False
-        req = Request.__new__(Request)
-        req._engine = req._comm = req._schedule = req._p2p = req._finish = req._after = None
-        req._result = req._more = req._origin = None
+        req = _new(_Done)
         req._status, req._active, req._completed = st, True, False
         return req
 
@@ -498,7 +502,7 @@ class Request:
         errors: list[PycollError] = []
         for k, i in enumerate(indices):
             r = requests[i]
-            if k >= n_st and r._p2p is None and r._schedule is None and type(r) is Request and not r._completed:
+            if k >= n_st and r._p2p is None and r._schedule is None and type(r) in _PLAIN and not r._completed:
                 r._completed, r._active = True, False  # done when it started (an eager transfer): nothing to report
                 objs.append(r._result)
                 continue
@@ -510,6 +514,47 @@ class Request:
         if errors:
             raise errors[0]
         return objs
+
+    @staticmethod
+    def _wait_compiled(requests: Sequence["Request"]) -> bool:
+        """Waitall without statuses over requests of the compiled point-to-point path only (done at their start,
+        or one engine request each): one engine wait, then every request completes at once (True). False, with
+        nothing completed, for any other request or a failed one (the general path reports it)."""
+        pending: Optional[list] = None
+        first: Any = None
+        for r in requests:
+            t = type(r)
+            if t is _Done:
+                continue
+            if t is not _Pending or r._finish is not None:
+                return False
+            if r._completed:
+                continue
+            p = r._p2p
+            if p is not None and not p.done:
+                if pending is None:
+                    pending, first = [p], r
+                elif r._engine is not first._engine:
+                    return False
+                else:
+                    pending.append(p)
+        if pending is not None:
+            fast = getattr(first._comm, "_fast", None)
+            if fast is not None:  # receives it posted, taken in order as their messages come
+                fast.wait_posted(pending)
+                pending = [p for p in pending if not p.done]
+        if pending:
+            first._engine.wait_requests(pending, first._timeout(), pending[0].owner)  # a timeout raises here
+            for p in pending:
+                if p.error is not None:
+                    return False
+        for r in requests:
+            if type(r) is _Pending and not r._completed and r._p2p is not None and r._p2p.error is not None:
+                return False
+        for r in requests:
+            r._completed = True
+            r._active = False
+        return True
 
     @staticmethod
     def _wait_p2p(requests: Sequence["Request"]) -> None:
@@ -538,6 +583,8 @@ class Request:
     @classmethod
     def waitall(cls, requests: Sequence["Request"], statuses: Optional[Sequence[Status]] = None) -> list[Any]:
         """Like Waitall; returns each request's object (None but for lowercase receives)."""
+        if statuses is None and Request._wait_compiled(requests):
+            return [None] * len(requests)
         Request._wait_p2p(requests)
         return Request._complete_each(requests, range(len(requests)), statuses)
 
@@ -665,6 +712,26 @@ class Request:
     get_status_any = Get_status_any
     get_status_all = Get_status_all
     get_status_some = Get_status_some
+
+
+class _Done(Request):
+    """A request whose operation finished as it started (an eager send, a receive that found its message next in
+    the ring): the attributes that only a pending operation sets are the class's, so making one costs three writes."""
+
+    __slots__ = ()
+    _engine = _comm = _schedule = _p2p = _finish = _after = _result = _more = _origin = None
+
+
+class _Pending(Request):
+    """A point-to-point request of the compiled path still under way (its engine request in ``_p2p``): what only
+    a collective or an Isendrecv sets is the class's."""
+
+    __slots__ = ()
+    _schedule = _after = _result = _more = _origin = None
+
+
+_new = object.__new__
+_PLAIN = (Request, _Done, _Pending)
 
 
 class Prequest(Request):

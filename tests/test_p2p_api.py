@@ -114,6 +114,7 @@ for i, n in enumerate(SIZES):
     same(got_a, a if False else pattern(n, 1 + i), f"probed {n}: first message")
     same(got_b, pattern(n // 2 + 3, 2 + i), f"probed {n}: second message")
     MPI.Request.Waitall(sends)
+comm.Barrier()  # no rank's later sends (the fan-in's) may reach a Probe(ANY, ANY) above: MPI orders no two sources
 # a probed message is the one the next matching receive takes (the size the probe said)
 sends = [comm.Isend(pattern(10, 1), nxt, 33), comm.Isend(pattern(20, 2), nxt, 33)]
 comm.Probe(prv, 33, st)

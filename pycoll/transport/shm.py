@@ -35,6 +35,7 @@ class Doorbell:
         self._flag = memoryview(mapping)[_BELL : _BELL + 8].cast("Q")
         self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL + 8)
         self._futex = Futex(ctypes.addressof(self._cell))
+        self.flag_address = ctypes.addressof(self._cell) - 8  # the flag word, for compiled code
         self._released = False
 
     def wake(self) -> None:
@@ -116,27 +117,29 @@ class ShmChannel(Channel):
         self._out = out_ring
         self._in = in_ring
         self._owner = owner
-        self._tail = out_ring.tail[0]  # bytes we have written (only we write it)
+        # The counts live in the rings only (compiled code moves them too): our tail in the outbound ring, our head
+        # in the inbound one; only this process writes either.
+        self._tails = out_ring.tail
+        self._heads = in_ring.head
         self._peer_head = out_ring.head[0]  # the peer's consumed count when last read (re-read only when short of room)
-        self._head = in_ring.head[0]  # bytes we have consumed (only we write it)
         self._closed = False
 
     def send_some(self, data: memoryview) -> int:
         ring = self._out
         cap = ring.capacity
-        free = cap - (self._tail - ring.head[0])
+        tail = self._tails[0]
+        free = cap - (tail - ring.head[0])
         n = min(free, len(data))
         if n <= 0:
             if ring.receiver_state[0] == _CLOSED:
                 raise PeerFailureError(f"rank {self.peer} closed its shared-memory channel", peers=[self.peer])
             return 0
-        pos = self._tail % cap
+        pos = tail % cap
         first = min(n, cap - pos)
         ring.data[pos : pos + first] = data[:first]
         if n > first:
             ring.data[: n - first] = data[first:n]
-        self._tail += n
-        ring.tail[0] = self._tail  # publish after the bytes are in place
+        self._tails[0] = tail + n  # publish after the bytes are in place
         if self._peer_bell is not None:
             self._peer_bell.wake()
         return n
@@ -145,12 +148,13 @@ class ShmChannel(Channel):
         """``n`` contiguous free bytes of the outbound ring to fill in place (then ``commit``), or None."""
         ring = self._out
         cap = ring.capacity
-        pos = self._tail % cap
+        tail = self._tails[0]
+        pos = tail % cap
         if pos + n > cap:
             return None
-        if cap - (self._tail - self._peer_head) < n:  # the peer's line is read only when the last reading is short
+        if cap - (tail - self._peer_head) < n:  # the peer's line is read only when the last reading is short
             self._peer_head = ring.head[0]
-            if cap - (self._tail - self._peer_head) < n:
+            if cap - (tail - self._peer_head) < n:
                 return None
         return ring.data[pos : pos + n]
 
@@ -159,7 +163,7 @@ class ShmChannel(Channel):
         the header, ``payload`` goes ``at`` bytes after it; False, with nothing written, unless it fits whole."""
         ring = self._out
         cap = ring.capacity
-        tail = self._tail
+        tail = self._tails[0]
         pos = tail % cap
         if pos + total > cap:
             return False
@@ -172,8 +176,7 @@ class ShmChannel(Channel):
         n = len(payload)
         if n:
             data[pos + at : pos + at + n] = payload
-        self._tail = tail = tail + total
-        ring.tail[0] = tail
+        self._tails[0] = tail + total
         bell = self._peer_bell
         if bell is not None and bell._flag[0]:
             bell.wake()
@@ -190,32 +193,43 @@ class ShmChannel(Channel):
             rings += [data, data.view(np.uint64), np.frombuffer(ring.header, np.uint64)]
         return tuple(rings)
 
+    def lane_addresses(self) -> tuple[int, int, int, int, int, int, int]:
+        """The rings as compiled code addresses them: (data, capacity, header) of the outbound ring, of the inbound
+        one, then the address of the peer's doorbell flag (0: none); the writer's count is at a header's byte 0,
+        the reader's at byte 64."""
+        import numpy as np
+
+        out = []
+        for ring in (self._out, self._in):
+            out += [np.frombuffer(ring.data, np.uint8).ctypes.data, ring.capacity,
+                    np.frombuffer(ring.header, np.uint8).ctypes.data]
+        bell = self._peer_bell
+        out.append(bell.flag_address if bell is not None else 0)
+        return tuple(out)  # type: ignore[return-value]
+
     @property
     def tail(self) -> int:
-        return self._tail
+        return self._tails[0]
 
     @property
     def head(self) -> int:
-        return self._head
+        return self._heads[0]
 
     def published(self, tail: int) -> None:
-        """Compiled code wrote frames up to ``tail`` and stored it in the ring: note it and wake a sleeping peer."""
-        self._tail = tail
+        """Compiled code wrote frames up to ``tail`` and stored it in the ring: wake a sleeping peer."""
         bell = self._peer_bell
         if bell is not None and bell._flag[0]:
             bell.wake()
 
     def consumed(self, head: int) -> None:
-        """Compiled code consumed up to ``head`` and stored it in the ring: note it and wake a sleeping peer."""
-        self._head = head
+        """Compiled code consumed up to ``head`` and stored it in the ring: wake a sleeping peer."""
         bell = self._peer_bell
         if bell is not None and bell._flag[0]:
             bell.wake()
 
     def commit(self, n: int) -> None:
         """Publish ``n`` bytes written into the slot ``reserve`` gave."""
-        self._tail += n
-        self._out.tail[0] = self._tail
+        self._tails[0] += n
         if self._peer_bell is not None:
             self._peer_bell.wake()
 
@@ -227,7 +241,7 @@ class ShmChannel(Channel):
     def has_input(self) -> bool:
         """Cheap test for unread bytes (a closed channel shows in ``check_alive``); False once this end is closed
         (its rings are unmapped then)."""
-        return not self._closed and self._in.tail[0] != self._head
+        return not self._closed and self._in.tail[0] != self._heads[0]
 
     def peer_can_pull(self) -> Optional[bool]:
         """Whether the peer can read this process's memory by cross-memory attach (None: it has not checked yet)."""
@@ -238,17 +252,17 @@ class ShmChannel(Channel):
 
     def peek(self) -> memoryview:
         ring = self._in
-        avail = ring.tail[0] - self._head
+        head = self._heads[0]
+        avail = ring.tail[0] - head
         if avail == 0:
             if ring.sender_state[0] == _CLOSED:
                 raise PeerFailureError(f"rank {self.peer} closed its shared-memory channel", peers=[self.peer])
             return ring.data[:0]
-        pos = self._head % ring.capacity
+        pos = head % ring.capacity
         return ring.data[pos : pos + min(avail, ring.capacity - pos)]
 
     def consume(self, n: int) -> None:
-        self._head += n
-        self._in.head[0] = self._head
+        self._heads[0] += n
         if self._peer_bell is not None:
             self._peer_bell.wake()
 
@@ -274,7 +288,7 @@ class ShmChannel(Channel):
         return None
 
     def has_pending_output(self) -> bool:
-        return self._out.head[0] != self._tail
+        return not self._closed and self._out.head[0] != self._tails[0]
 
     def close(self) -> None:
         if self._closed:

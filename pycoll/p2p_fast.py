@@ -1,0 +1,434 @@
+"""Compiled point-to-point calls of one communicator: buffer specs resolved once, then each call between two ranks of one host one Numba call while the engine has nothing else pending."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from .config import int_param
+from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
+
+_TAG_MAX = (1 << 63) - 1
+P2P_YIELDS = int_param(
+    "PYCOLL_P2P_YIELDS", 4096,
+    "Where a host runs more ranks than cores: how many times a compiled point-to-point call waiting for its peer "
+    "gives up the core (sched_yield) before it sleeps on the doorbell (default 4096, a few ms when the core is idle).",
+)
+_NO_SEGMENTS: list = []
+
+# Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
+# address, their length). An entry holds its array (so its id names nobody else while it is there); the entries and
+# the bytes of the arrays they keep alive (their bases, each counted once) are bounded: past a bound, all are dropped.
+_SPECS: dict = {}
+_SPECS_MAX = 256
+_PINNED_MAX = 256 << 20
+_pinned: dict = {}  # id(base array) -> its bytes
+
+
+def _lookup(buf: Any, writable: bool) -> Optional[tuple]:
+    """The cached resolution of a buffer spec ``[arr, count, datatype]``, ``[arr, datatype]`` or a bare array, if it
+    is still right for ``arr`` (same object, count, datatype and dtype; writable for a receive); else None."""
+    t = type(buf)
+    if t is list or t is tuple:
+        n = len(buf)
+        if n == 3:
+            obj, count, datatype = buf
+            if type(count) is not int:
+                return None
+        elif n == 2:
+            obj, datatype = buf
+            count = None
+        else:
+            return None
+    elif t is np.ndarray:
+        obj = buf
+        count = datatype = None
+    else:
+        return None
+    e = _SPECS.get(id(obj))
+    if (e is None or e[0] is not obj or e[1] != count or e[2] is not datatype or obj.dtype is not e[3]
+            or (writable and not obj.flags.writeable)):
+        return None
+    return e
+
+
+def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
+    """Resolve ``buf`` by the communicator's full parse (its errors are the call's) and cache the result when it
+    views the array's own memory."""
+    arr = comm._p2p_buf(buf, opname, writable)
+    t = type(buf)
+    if t is np.ndarray:
+        obj, count, datatype = buf, None, None
+    elif (t is list or t is tuple) and len(buf) == 3 and type(buf[1]) is int:
+        obj, count, datatype = buf
+    elif (t is list or t is tuple) and len(buf) == 2:
+        obj, datatype = buf
+        count = None
+    else:
+        obj = None
+    addr = arr.__array_interface__["data"][0] if arr.nbytes else 0
+    if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
+        return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
+    root = obj
+    while type(root.base) is np.ndarray:
+        root = root.base
+    if id(root) not in _pinned:
+        if len(_SPECS) >= _SPECS_MAX or sum(_pinned.values()) + root.nbytes > _PINNED_MAX:
+            _SPECS.clear()
+            _pinned.clear()
+        _pinned[id(root)] = root.nbytes
+    elif len(_SPECS) >= _SPECS_MAX:
+        _SPECS.clear()
+        _pinned.clear()
+        _pinned[id(root)] = root.nbytes
+    entry = (obj, count, datatype, obj.dtype, arr, addr, arr.nbytes)
+    _SPECS[id(obj)] = entry
+    return entry
+
+
+class FastP2P:
+    """One communicator's compiled point-to-point calls. Each method does the whole call and returns None, or
+    returns the buffer as flat bytes for the engine's general path when the call cannot go this way (a peer off
+    this host, the kernels not loaded yet, receives already posted, unexpected messages buffered, a failure...).
+    It goes this way only where MPI's matching order is kept: a receive takes the next frame of its source's ring
+    only while nothing else could match it first."""
+
+    __slots__ = ("comm", "engine", "ctx", "size", "world", "lanes", "words", "k", "posted", "unexpected",
+                 "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners")
+
+    def __init__(self, comm: Any) -> None:
+        engine: Engine = comm._engine
+        self.comm = comm
+        self.engine = engine
+        self.ctx = comm._ctx
+        self.size = comm._size
+        self.world = comm._world
+        self.lanes: Optional[list[int]] = None  # world rank -> lane address (0: none), once the kernels are in
+        self.words: dict = {}
+        self.k: Any = None
+        self.posted, self.unexpected, self.schedules = engine._posted, engine._unexpected, engine._schedules
+        self.aborts, self.sendq, self.inbound = engine._abort_requests, engine._sendq, engine._inbound
+        self.broken = engine.broken_ctxs
+        self.lock = engine.lock
+        self.eager_max = engine.eager_max
+        self.polls = 0
+        self.owners: dict = {}  # (call, rank, tag) -> its owner, for the requests this path posts
+
+    def _lanes(self) -> Optional[list[int]]:
+        """The engine's lanes once its kernels are in (asking the engine counts towards starting their load)."""
+        engine = self.engine
+        if engine.lane_of is None:
+            engine._kernels_due()
+            if engine.lane_of is None:
+                return None
+        self.k = engine._kernels
+        self.words = engine.lane_views
+        # the kernels' wait for a frame: about the engine's spin, or where ranks outnumber cores that many
+        # sched_yields (the core goes to a rank with work; the peer's answer comes sooner than a futex wake)
+        self.polls = engine._kernel_spin_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
+        self.lanes = engine.lane_of
+        return self.lanes
+
+    def _dead(self) -> bool:
+        """Whether the communicator was freed, torn down or broken (the general path raises the error)."""
+        comm = self.comm
+        return comm._freed or comm._aborted is not None or bool(self.broken)
+
+    def _quiet(self, peer: int) -> bool:
+        """Whether the next frame from ``peer`` is a receive's to take: nothing posted, buffered or running that
+        could match first, its stream at a frame boundary."""
+        if self.posted or self.unexpected or self.schedules or self.aborts:
+            return False
+        st = self.inbound[peer]
+        return not st.have and st.target is None
+
+    # ---- sends ---------------------------------------------------------------------------------
+    def send(self, buf: Any, dest: Any, tag: Any) -> Optional[np.ndarray]:
+        """A blocking send: an eager message written into the peer's ring, or a rendezvous announced and its
+        acknowledgement awaited."""
+        e = _lookup(buf, False) or _resolve(self.comm, buf, "Send", False)
+        lanes = self.lanes or self._lanes()
+        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
+            peer = self.world[dest]
+            d = lanes[peer]
+            if d and not self.sendq[peer] and not self._dead():
+                n = e[6]
+                if n <= self.eager_max:
+                    if self.k.put(d, e[5], n, self.ctx, tag):
+                        return None
+                elif self.engine._rdv_ok(peer, n):
+                    return self._rendezvous(peer, d, e, dest, tag)
+        return e[4]
+
+    def _rendezvous(self, peer: int, d: int, e: tuple, dest: int, tag: int) -> Optional[np.ndarray]:
+        """A blocking send by rendezvous: announce, then wait for the acknowledgement (spinning first)."""
+        if not self.lock.acquire(False):
+            return e[4]
+        try:
+            engine = self.engine
+            rid = engine._rdv_seq = engine._rdv_seq + 1
+            if not self.k.announce_at(d, e[5], e[6], self.ctx, tag, rid):
+                return e[4]
+            if self.k.await_ack(d, self.ctx, tag, rid, self.polls):
+                return None
+            req = self._pending_send(peer, rid, e[4], "Send", dest, tag)
+        finally:
+            self.lock.release()
+        self.comm._p2p_wait(req)
+        return None
+
+    def _pending_send(self, peer: int, rid: int, arr: np.ndarray, opname: str, dest: int, tag: int) -> SendRequest:
+        """The engine's request for rendezvous ``rid``, announced here, whose acknowledgement is still to come."""
+        req = SendRequest(self._owner(opname, "dest", dest, tag), peer, self.ctx, tag, _NO_SEGMENTS)
+        req.rdv = rid
+        self.engine._rdv_sends[(peer, rid)] = req
+        self.engine._rdv_data[(peer, rid)] = memoryview(arr)  # streamed from, should the receiver fail to pull
+        return req
+
+    def isend(self, buf: Any, dest: Any, tag: Any) -> Any:
+        """A nonblocking send: True for an eager message written now, the engine's request for a rendezvous
+        announced (done at its acknowledgement); else the flat bytes for the engine's path."""
+        e = _lookup(buf, False) or _resolve(self.comm, buf, "Isend", False)
+        lanes = self.lanes or self._lanes()
+        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
+            peer = self.world[dest]
+            d = lanes[peer]
+            if d and not self.sendq[peer] and not self._dead():
+                n = e[6]
+                if n <= self.eager_max:
+                    if self.k.put(d, e[5], n, self.ctx, tag):
+                        return True
+                elif self.engine._rdv_ok(peer, n) and self.lock.acquire(False):
+                    try:
+                        engine = self.engine
+                        rid = engine._rdv_seq = engine._rdv_seq + 1
+                        if self.k.announce_at(d, e[5], n, self.ctx, tag, rid):
+                            return self._pending_send(peer, rid, e[4], "Isend", dest, tag)
+                    finally:
+                        self.lock.release()
+        return e[4]
+
+    # ---- receives ------------------------------------------------------------------------------
+    def _take(self, peer: int, d: int, e: tuple, tag: int, polls: int) -> int:
+        """The receive of ``e`` from ``peer`` on lane ``d``, acknowledgements ahead handled: 0 when taken, else
+        the take's status. The engine's lock is held."""
+        k = self.k
+        engine = self.engine
+        while True:
+            status = k.take(d, e[5], e[6], self.ctx, tag, polls, 0 if self.sendq[peer] else 1)
+            if status == 0:
+                return 0
+            if status == 4:  # ACKED: one of this rank's rendezvous sends is done
+                engine._acked(peer, self.words[peer][18])
+                continue
+            if status >= 5:  # PULLED straight from the sender
+                engine.rdv_pulls += 1
+                engine.rdv_eager_pulls += 1
+                if status == 6:  # its acknowledgement queues behind this rank's sends to the peer
+                    w = self.words[peer]
+                    engine._send_ctl(peer, _ACK, self.ctx, w[16], w[18])
+                return 0
+            return status
+
+    def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
+        """A blocking receive of the next frame from ``source``'s ring, spinning briefly for it."""
+        e = _lookup(buf, True) or _resolve(self.comm, buf, "Recv", True)
+        lanes = self.lanes or self._lanes()
+        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
+            peer = self.world[source]
+            d = lanes[peer]
+            if d and self._quiet(peer) and not self._dead() and self.lock.acquire(False):
+                try:
+                    got = self._take(peer, d, e, tag, self.polls)
+                finally:
+                    self.lock.release()
+                if not got:
+                    if status is not None:
+                        w = self.words[peer]
+                        status.source, status.tag, status.nbytes = source, w[16], w[17]
+                    return None
+        return e[4]
+
+    def irecv(self, buf: Any, source: Any, tag: Any) -> Any:
+        """A nonblocking receive: the message taken now if it is next in ``source``'s ring ((tag, nbytes)), or the
+        engine's receive posted here (the engine's compiled drain completes it); else the flat bytes for the
+        engine's path."""
+        e = _lookup(buf, True) or _resolve(self.comm, buf, "Irecv", True)
+        lanes = self.lanes or self._lanes()
+        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
+            peer = self.world[source]
+            d = lanes[peer]
+            if (d and not self.unexpected and not self.schedules and not self.aborts and not self._dead()
+                    and self.lock.acquire(False)):
+                try:
+                    st = self.inbound[peer]
+                    if st.have or st.target is not None:
+                        return e[4]
+                    if self.posted:  # messages already in for the receives posted before: completed first
+                        self._complete_posted(peer, d)
+                    if not self.posted and not self._take(peer, d, e, tag, 0):
+                        w = self.words[peer]
+                        return w[16], w[17]
+                    req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, e[4])
+                    req.addr = e[5]
+                    self.posted.append(req)
+                    return req
+                finally:
+                    self.lock.release()
+        return e[4]
+
+    def wait_posted(self, reqs: list) -> None:
+        """Complete, in posting order, the receives among ``reqs`` that this path posted, each waiting (compiled)
+        for its message as the next frame of its source's ring; stop at the first that cannot go this way (the
+        engine's wait does the rest)."""
+        lanes = self.lanes
+        if lanes is None or not self.lock.acquire(False):
+            return
+        try:
+            posted = self.posted
+            for req in reqs:
+                if req.done:
+                    continue
+                if (type(req) is not RecvRequest or not req.addr or not posted or posted[0] is not req
+                        or self.unexpected or self.schedules or self.aborts or self._dead()):
+                    return
+                peer = req.peer
+                d = lanes[peer]
+                st = self.inbound[peer]
+                if not d or st.have or st.target is not None:
+                    return
+                self._complete_posted(peer, d, self.polls)
+                if not req.done:
+                    return
+        finally:
+            self.lock.release()
+
+    def _complete_posted(self, peer: int, d: int, polls: int = 0) -> None:
+        """Complete, from ``peer``'s ring and in order, the receives at the head of the posted list that this path
+        posted for ``peer``, while their messages come (each waited for up to ``polls`` polls). The engine's lock
+        is held."""
+        posted = self.posted
+        k = self.k
+        engine = self.engine
+        w = self.words[peer]
+        while posted:
+            req = posted[0]
+            if req.peer != peer or not req.addr or req.ctx != self.ctx:
+                return
+            status = k.take(d, req.addr, req.dst.nbytes, req.ctx, req.tag, polls, 0 if self.sendq[peer] else 1)
+            if status == 4:  # ACKED: one of this rank's rendezvous sends is done
+                engine._acked(peer, w[18])
+                continue
+            if status >= 5:
+                engine.rdv_pulls += 1
+                engine.rdv_eager_pulls += 1
+                if status == 6:
+                    engine._send_ctl(peer, _ACK, req.ctx, w[16], w[18])
+            elif status != 0:
+                return
+            del posted[0]
+            req.source, req.recv_tag, req.nbytes = peer, w[16], w[17]
+            req.done = True
+
+    def _owner(self, opname: str, word: str, rank: int, tag: int) -> P2POwner:
+        """The owner of a request of this path (one per call, rank and tag, made once)."""
+        key = (opname, rank, tag)
+        owner = self.owners.get(key)
+        if owner is None:
+            if len(self.owners) >= 1024:
+                self.owners.clear()
+            owner = self.owners[key] = self.comm._p2p_ready(opname).call(opname, word, rank, tag)
+        return owner
+
+    # ---- both ----------------------------------------------------------------------------------
+    def sendrecv(self, sendbuf: Any, dest: Any, sendtag: Any, recvbuf: Any, source: Any, recvtag: Any,
+                 status: Any) -> Optional[tuple]:
+        """A Sendrecv: both messages eager in one kernel call, or the send by rendezvous with the peer's message
+        taken (pulled) and the acknowledgement awaited in one kernel call; what is left over goes to the engine
+        here. None when done, else (send bytes, receive bytes) for the engine's path (nothing done)."""
+        r = _lookup(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
+        s = _lookup(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
+        lanes = self.lanes or self._lanes()
+        if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
+                or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size
+                or not 0 <= sendtag <= _TAG_MAX or not -1 <= recvtag <= _TAG_MAX):
+            return s[4], r[4]
+        speer, rpeer = self.world[dest], self.world[source]
+        dd, ds = lanes[speer], lanes[rpeer]
+        if (not dd or not ds or self.sendq[speer] or not self._quiet(rpeer) or self._dead()
+                or not self.lock.acquire(False)):
+            return s[4], r[4]
+        engine = self.engine
+        ctx = self.ctx
+        try:
+            n = s[6]
+            if n <= self.eager_max:
+                got = self.k.exchange(dd, ds, s[5], n, sendtag, r[5], r[6], recvtag, ctx, self.polls,
+                                      0 if self.sendq[rpeer] else 1)
+                if got == 7:  # NOT_SENT: no room for it
+                    return s[4], r[4]
+                if got == 4:  # an acknowledgement was ahead: go on taking
+                    engine._acked(rpeer, self.words[rpeer][18])
+                    got = self._take(rpeer, ds, r, recvtag, self.polls)
+                elif got >= 5:  # pulled from the sender
+                    engine.rdv_pulls += 1
+                    engine.rdv_eager_pulls += 1
+                    if got == 6:
+                        w = self.words[rpeer]
+                        engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
+                    got = 0
+                sreq = None
+                received = got == 0
+            elif engine._rdv_ok(speer, n):
+                sreq, received = self._exchange_rdv(speer, rpeer, dd, ds, s, r, dest, sendtag, recvtag)
+                if sreq is False:
+                    return s[4], r[4]
+            else:
+                return s[4], r[4]
+        finally:
+            self.lock.release()
+        comm = self.comm
+        if not received:
+            rreq = comm._irecv_array(r[4], source, recvtag, "Sendrecv")
+            pending = [x for x in (rreq, sreq) if x is not None and not x.done]
+            if pending:
+                engine.wait_requests(pending, comm.timeout, pending[0].owner)
+            try:
+                comm._p2p_wait(rreq, status)
+            finally:
+                if sreq is not None:
+                    comm._p2p_wait(sreq)
+            return None
+        if sreq is not None:
+            comm._p2p_wait(sreq)
+        if status is not None:
+            w = self.words[rpeer]
+            status.source, status.tag, status.nbytes = source, w[16], w[17]
+        return None
+
+    def _exchange_rdv(self, speer: int, rpeer: int, dd: int, ds: int, s: tuple, r: tuple, dest: int, sendtag: int,
+                      recvtag: int) -> tuple[Any, bool]:
+        """A Sendrecv's send by rendezvous and its receive, as far as one kernel call takes them: (the engine's
+        request for the send if its acknowledgement is still to come, whether the receive is done); (False,
+        False) when nothing was done. The engine's lock is held."""
+        engine = self.engine
+        ctx = self.ctx
+        rid = engine._rdv_seq = engine._rdv_seq + 1
+        state = 0
+        while True:
+            state = self.k.exchange_rdv(dd, ds, s[5], s[6], sendtag, r[5], r[6], recvtag, ctx, rid, self.polls,
+                                        0 if self.sendq[rpeer] else 1, state)
+            if not state & 1:  # not announced: nothing done
+                return False, False
+            if state & 32:  # PULLED_IN
+                engine.rdv_pulls += 1
+                state &= ~32
+            if state & 8:  # ACK_DUE: the receive's acknowledgement queues behind this rank's sends
+                w = self.words[rpeer]
+                engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
+            if not state & 16:
+                break
+            engine._acked(rpeer, self.words[rpeer][18])  # ACKED_OTHER: another send of this rank is done; go on
+        sreq = None if state & 2 else self._pending_send(speer, rid, s[4], "Sendrecv", dest, sendtag)
+        return sreq, bool(state & 4)
