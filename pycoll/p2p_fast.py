@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional
 
 import numpy as np
@@ -53,6 +54,81 @@ def _lookup(buf: Any, writable: bool) -> Optional[tuple]:
     return e
 
 
+# What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
+# (spec type, array shape, dtype, writable flag, count, datatype, a receive's) -> the length of the flat bytes, which
+# start at the array's first byte. A spec whose bytes are not a prefix of its C-ordered array is never kept here.
+_SHAPES: dict = {}
+_SHAPES_MAX = 1024
+_UINT8 = np.dtype(np.uint8)
+
+
+def _shape_key(buf: Any, writable: bool) -> Optional[tuple]:
+    """(the array, count, datatype, key) of a buffer spec over a C-ordered array, by shape; None for other kinds."""
+    t = type(buf)
+    if t is list or t is tuple:
+        n = len(buf)
+        if n == 3:
+            obj, count, datatype = buf
+            if type(count) is not int:
+                return None
+        elif n == 2:
+            obj, datatype = buf
+            count = None
+        else:
+            return None
+    elif t is np.ndarray:
+        obj = buf
+        count = datatype = None
+    else:
+        return None
+    if type(obj) is not np.ndarray:
+        return None
+    f = obj.flags
+    if not f.c_contiguous:
+        return None
+    return obj, count, datatype, (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
+
+
+def _by_shape(buf: Any, writable: bool) -> Optional[tuple]:
+    """The resolution of a spec whose shape resolved before (checked then: the same shape passes the same checks),
+    with this array's own address; None if its shape is new."""
+    found = _shape_key(buf, writable)
+    if found is None:
+        return None
+    obj, count, datatype, key = found
+    try:
+        nbytes = _SHAPES.get(key)
+    except TypeError:  # an unhashable datatype argument
+        return None
+    if nbytes is None:
+        return None
+    if not nbytes:
+        return (obj, count, datatype, obj.dtype, np.frombuffer(obj, np.uint8, 0), 0, 0)
+    try:
+        flat = np.frombuffer(obj, np.uint8, nbytes)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(obj)) if obj.flags.writeable else \
+            flat.__array_interface__["data"][0]
+    except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol does not export (bfloat16)
+        return None
+    return (obj, count, datatype, obj.dtype, flat, addr, nbytes)
+
+
+def _remember_shape(buf: Any, writable: bool, arr: np.ndarray, addr: int) -> None:
+    """Keep the length of ``buf``'s flat bytes by its shape where they are a prefix of its array's own memory."""
+    found = _shape_key(buf, writable)
+    if found is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
+        return
+    obj = found[0]
+    if arr.nbytes and (not obj.nbytes or obj.__array_interface__["data"][0] != addr):
+        return
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    try:
+        _SHAPES[found[3]] = arr.nbytes
+    except TypeError:
+        pass
+
+
 def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
     """Resolve ``buf`` by the communicator's full parse (its errors are the call's) and cache the result when it
     views the array's own memory."""
@@ -70,6 +146,7 @@ def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
     addr = arr.__array_interface__["data"][0] if arr.nbytes else 0
     if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
         return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
+    _remember_shape(buf, writable, arr, addr)
     root = obj
     while type(root.base) is np.ndarray:
         root = root.base
@@ -147,7 +224,7 @@ class FastP2P:
     def send(self, buf: Any, dest: Any, tag: Any) -> Optional[np.ndarray]:
         """A blocking send: an eager message written into the peer's ring, or a rendezvous announced and its
         acknowledgement awaited."""
-        e = _lookup(buf, False) or _resolve(self.comm, buf, "Send", False)
+        e = _lookup(buf, False) or _by_shape(buf, False) or _resolve(self.comm, buf, "Send", False)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
             peer = self.world[dest]
@@ -189,7 +266,7 @@ class FastP2P:
     def isend(self, buf: Any, dest: Any, tag: Any) -> Any:
         """A nonblocking send: True for an eager message written now, the engine's request for a rendezvous
         announced (done at its acknowledgement); else the flat bytes for the engine's path."""
-        e = _lookup(buf, False) or _resolve(self.comm, buf, "Isend", False)
+        e = _lookup(buf, False) or _by_shape(buf, False) or _resolve(self.comm, buf, "Isend", False)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
             peer = self.world[dest]
@@ -233,7 +310,7 @@ class FastP2P:
 
     def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
         """A blocking receive of the next frame from ``source``'s ring, spinning briefly for it."""
-        e = _lookup(buf, True) or _resolve(self.comm, buf, "Recv", True)
+        e = _lookup(buf, True) or _by_shape(buf, True) or _resolve(self.comm, buf, "Recv", True)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
@@ -254,7 +331,7 @@ class FastP2P:
         """A nonblocking receive: the message taken now if it is next in ``source``'s ring ((tag, nbytes)), or the
         engine's receive posted here (the engine's compiled drain completes it); else the flat bytes for the
         engine's path."""
-        e = _lookup(buf, True) or _resolve(self.comm, buf, "Irecv", True)
+        e = _lookup(buf, True) or _by_shape(buf, True) or _resolve(self.comm, buf, "Irecv", True)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
@@ -347,8 +424,8 @@ class FastP2P:
         """A Sendrecv: both messages eager in one kernel call, or the send by rendezvous with the peer's message
         taken (pulled) and the acknowledgement awaited in one kernel call; what is left over goes to the engine
         here. None when done, else (send bytes, receive bytes) for the engine's path (nothing done)."""
-        r = _lookup(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
-        s = _lookup(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
+        r = _lookup(recvbuf, True) or _by_shape(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
+        s = _lookup(sendbuf, False) or _by_shape(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
         lanes = self.lanes or self._lanes()
         if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
                 or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size

@@ -68,6 +68,27 @@ for i, spec in enumerate(["n5", "n3", "n5", "int", "view", "fresh", "bare", "n64
             bad.append(f"spec {spec}: status {(st.Get_source(), st.Get_tag(), st.Get_count(F))}")
 comm.Barrier()
 
+# a fresh view or array on every call (a halo's ghost cells): resolved by shape, each at its own address
+from pycoll import p2p_fast
+big = np.zeros(4096, np.float64)
+specs_before = len(p2p_fast._SPECS)
+for i in range(40):
+    lo = (i * 37) % 4000
+    if rank == 0:
+        big[lo:lo + 16] = np.arange(16) + i
+        comm.Send([big[lo:lo + 16], 16, MPI.DOUBLE], 1, 60)
+        comm.Sendrecv([np.full(3, i, np.int32), MPI.INT], 1, 61, [big[lo:lo + 2], MPI.DOUBLE], 1, 62)
+        check(f"fresh view sendrecv {i}", big[lo:lo + 2], np.array([-i, -i - 0.5]))
+    else:
+        comm.Recv([big[lo + 1:lo + 17], MPI.DOUBLE], 0, 60)
+        check(f"fresh view recv {i}", big[lo + 1:lo + 17], np.arange(16) + i)
+        got = np.zeros(3, np.int32)
+        comm.Sendrecv([np.array([-i, -i - 0.5]), MPI.DOUBLE], 0, 62, [got, 3, MPI.INT], 0, 61)
+        check(f"fresh array sendrecv {i}", got, np.full(3, i, np.int32))
+if len(p2p_fast._SPECS) - specs_before > 8:
+    bad.append(f"fresh views were resolved in full: {len(p2p_fast._SPECS) - specs_before} cached by identity")
+comm.Barrier()
+
 # a receive into an array made read-only since its last receive, and a count that is not an int, fail as ever
 if rank == 1:
     ro = np.zeros(4, np.float32)
