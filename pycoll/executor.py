@@ -76,8 +76,10 @@ def shape_key(args: tuple) -> Optional[tuple]:
         elif t is _NDARRAY:  # C order says the strides (a plan never takes an array in another order)
             f = a.flags
             add((a.shape, a.dtype, f.c_contiguous, f.writeable))
-        elif t is int or t is Op or t is str or a is IN_PLACE:  # no other entry equals an int, an Op or a str
+        elif t is int or t is Op or t is str or a is IN_PLACE or a is None:  # no other entry equals these
             add(a)
+        elif t is bool:  # True == 1: a flag gets an entry no int equals
+            add(_TRUE if a else _FALSE)
         else:
             item = _describe_scalar(t, a)
             if item is None:
@@ -87,6 +89,7 @@ def shape_key(args: tuple) -> Optional[tuple]:
 
 
 _NDARRAY = np.ndarray
+_TRUE, _FALSE = object(), object()
 
 
 def _describe_items(t: type, items: Any) -> Optional[tuple]:

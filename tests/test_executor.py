@@ -26,6 +26,7 @@ def test_shape_key_ignores_addresses_and_sees_everything_else() -> None:
     assert shape_key((a, 0)) != shape_key((a, 1))  # the root
     assert shape_key((a, np.int64(1))) == shape_key((a, 1))
     assert shape_key((a, True)) != shape_key((a, 1)) and shape_key((a, 1.0)) != shape_key((a, 1))  # invalid roots
+    assert shape_key((a, False)) != shape_key((a, 0)) and shape_key((a, None)) != shape_key((a, 0))
     assert shape_key(([a, True, MPI.FLOAT],)) != shape_key(([a, 1, MPI.FLOAT],))
 
 
