@@ -187,7 +187,10 @@ class KernelSet:
             params, variants = self.__dict__["_variants"][name]
         except KeyError:
             raise AttributeError(f"no compiled kernel {name!r} in the {self.__dict__.get('kind')} family") from None
-        checked = _dispatcher(name, params, variants, every=True)
+        if len(variants) == 1 and all(spec is None for spec in variants[0][2]):
+            checked = variants[0][1]  # scalars only (the point-to-point kernels): the export converts them itself
+        else:
+            checked = _dispatcher(name, params, variants, every=True)
         setattr(self, name, checked)
         return checked
 
