@@ -70,6 +70,17 @@ def test_async_work_futures_and_errors(n: int, tmp_path: Path) -> None:
     _results(proc, tmp_path, n)
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_device_mesh_dtensor_functional_collectives_and_fsdp2(n: int, tmp_path: Path) -> None:
+    """Group names (and destroying a subgroup), the functional collectives, DeviceMesh, DTensor redistribution,
+    FSDP2's aliased all-gather, and 5 FSDP2 steps that end where gloo's end."""
+    proc = _launch(n, RANKS / "mesh_and_fsdp.py", ["--out", str(tmp_path)])
+    results = _results(proc, tmp_path, n)
+    assert all(r["checks"] >= 18 for r in results)
+    assert max(r["fsdp2_max_abs_diff"] for r in results) <= 1e-6
+
+
 @pytest.mark.timeout(400)
 def test_ddp_trains_like_gloo(tmp_path: Path) -> None:
     """20 steps of the README's DDP example on pycoll and on gloo, same seed: the parameters agree."""

@@ -98,9 +98,26 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         self._progress = progress
         self._timeout = timeout
         self._coalescing: Optional[list[Future]] = None
+        self._group_name = ""
+        self._group_desc = ""
 
     def getBackendName(self) -> str:  # noqa: N802
         return BACKEND
+
+    # torch keeps a group's name in the backends it registers for each device; a process group written in Python
+    # has none, so it keeps its own. With a name, torch can resolve the group from it: DeviceMesh, DTensor, the
+    # functional collectives (and so FSDP2) and destroy_process_group(group) all do.
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
 
     @property
     def name(self) -> str:  # type: ignore[override]
@@ -272,6 +289,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 f"output has {output.numel()} elements, not {self.comm.size} x input's {input.numel()}", op=name, rank=self.comm.rank
             )
         at = self._place(name, [output, input])
+        if _is_own_block(input, output, self.comm.rank):  # FSDP2 gathers from its slice of the output: in place
+            whole = T.Staged(output)
+            return self._submit(name, lambda: [self.comm.Iallgather(IN_PLACE, whole.arr, stream=at.stream)],
+                                lambda: (whole.done(), [output])[1], at=at)
         send, buf = T.Staged(input), T.Staged(output, load=False)
         return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr, stream=at.stream)],
                             lambda: (buf.done(), [output])[1], at=at)
@@ -432,6 +453,13 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Nothing to release per group: the communicator's messages are drained by pycoll at exit."""
+
+
+def _is_own_block(block: torch.Tensor, whole: torch.Tensor, rank: int) -> bool:
+    """Whether ``block`` is exactly rank ``rank``'s block of ``whole`` (same memory, both contiguous)."""
+    return (block.numel() > 0 and block.is_contiguous() and whole.is_contiguous() and block.device == whole.device
+            and block.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+            and block.data_ptr() == whole.data_ptr() + rank * block.numel() * block.element_size())
 
 
 def _all_of(futures: list[Future], value: Any) -> Future:
