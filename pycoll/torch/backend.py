@@ -298,7 +298,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                             lambda: (buf.done(), [output])[1], at=at)
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
-        return self._each("all_gather_coalesced", outputs, inputs, lambda o, i: self.allgather([o], [i], opts))
+        """torch's layout: ``outputs[rank][k]`` receives rank ``rank``'s ``inputs[k]``."""
+        name = "all_gather_coalesced"
+        if len(outputs) != self.comm.size:
+            raise InvalidArgumentError(f"output_tensor_lists has {len(outputs)} lists, not one per rank ({self.comm.size})",
+                                       op=name, rank=self.comm.rank)
+        for q, row in enumerate(outputs):
+            if len(row) != len(inputs):
+                raise InvalidArgumentError(f"output_tensor_lists[{q}] has {len(row)} tensors for {len(inputs)} inputs",
+                                           op=name, rank=self.comm.rank)
+        per_input = [[row[k] for row in outputs] for k in range(len(inputs))]
+        works = [self.allgather([per_input[k]], [t], opts) for k, t in enumerate(inputs)]
+        return PycollWork(_all_of([w.get_future() for w in works], outputs))
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         return self._each("all_gather_into_tensor_coalesced", outputs, inputs, lambda o, i: self.all_gather_single(o, i, opts))

@@ -112,6 +112,17 @@ def run(ck: Checker, gloo: dist.ProcessGroup) -> None:
                 dist.scatter(got, parts if r == root else None, src=root)
                 dist.scatter(want, parts if r == root else None, src=root, group=gloo)
                 ck.same(f"scatter root {root} {tag}", got, want)
+        # all_gather_coalesced: outputs[rank][k] is rank's inputs[k]; as many inputs as ranks (where a transposed
+        # layout would pass silently) and one more (where it would raise)
+        for k_inputs in (n, n + 1):
+            ins = [data(r, 3 + k, dtype, salt=k) for k in range(k_inputs)]
+            outs = [[torch.empty(3 + k, dtype=dtype) for k in range(k_inputs)] for _ in range(n)]
+            refs = [[torch.empty(3 + k, dtype=dtype) for k in range(k_inputs)] for _ in range(n)]
+            dist.all_gather_coalesced(outs, ins)
+            dist.all_gather_coalesced(refs, ins, group=gloo)
+            for q in range(n):
+                for k in range(k_inputs):
+                    ck.same(f"all_gather_coalesced [{q}][{k}] of {k_inputs} {dtype}", outs[q][k], refs[q][k])
         # all_to_all_single, even and with uneven split sizes (rank q sends q+1+r rows to each... per peer)
         rows_in = [(r + q) % 3 + 1 for q in range(n)]
         rows_out = [(q + r) % 3 + 1 for q in range(n)]
