@@ -289,6 +289,14 @@ class Request:
     def _timeout(self) -> float:
         return self._comm.timeout if self._comm is not None else 300.0
 
+    def _expire(self, timeout: float) -> None:
+        """For a caller that kept its own deadline of ``timeout`` s and saw it pass: unless the operation completed,
+        abort it and raise the TimeoutError a wait of that length raises (naming the ranks it still waits for)."""
+        if self._completed or self._done() or self._engine is None:
+            return
+        owner = self._schedule.owner if self._schedule is not None else self._p2p.owner  # type: ignore[union-attr]
+        self._engine._timed_out(owner, timeout, self._parts())
+
     def _done(self) -> bool:
         if self._schedule is not None:
             return self._schedule.done

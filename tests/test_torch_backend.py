@@ -81,6 +81,15 @@ def test_device_mesh_dtensor_functional_collectives_and_fsdp2(n: int, tmp_path: 
     assert max(r["fsdp2_max_abs_diff"] for r in results) <= 1e-6
 
 
+@pytest.mark.timeout(200)
+def test_every_group_honours_its_own_timeout(tmp_path: Path) -> None:
+    """Groups with 1, 2 and 3 s timeouts: a blocking call, Work.wait() and a barrier raise at that time, naming it
+    and the rank waited for; the default group works afterwards."""
+    proc = _launch(2, RANKS / "timeouts.py", ["--out", str(tmp_path)])
+    results = _results(proc, tmp_path, 2)
+    assert len(results[0]["seconds"]) == 3
+
+
 @pytest.mark.timeout(400)
 def test_ddp_trains_like_gloo(tmp_path: Path) -> None:
     """20 steps of the README's DDP example on pycoll and on gloo, same seed: the parameters agree."""

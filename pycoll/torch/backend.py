@@ -510,7 +510,8 @@ def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
             op="init_process_group",
         )
     comm = group_comm(rt, ranks, f"torch:{common.group_id}")
-    return ProcessGroupPycoll(comm, _progress_thread(rt), timeout or rt.timeout)
+    comm.timeout = timeout or rt.timeout  # every wait on this group's communicator honours the group's timeout
+    return ProcessGroupPycoll(comm, _progress_thread(rt), comm.timeout)
 
 
 def _world_size(ranks: list[int]) -> int:

@@ -108,9 +108,11 @@ class ProgressThread:
                 with job.scope():
                     if all(r.Test() for r in job.requests):
                         pass
-                    elif now > job.deadline:
-                        for r in job.requests:  # the request's own wait names whom it waits for, and aborts
-                            r.Wait()
+                    elif now >= job.deadline:
+                        for r in job.requests:  # the group's timeout, not the communicator's: abort and raise now
+                            r._expire(job.timeout)
+                        for r in job.requests:
+                            r.Wait()  # all completed meanwhile: their statuses and errors
                     else:
                         still.append(job)
                         continue
