@@ -6,6 +6,7 @@ import datetime
 import threading
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.futures import Future
@@ -179,12 +180,47 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     # ---- reductions -------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "allreduce"
+        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].layout == torch.sparse_coo:
+            return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
         at = self._place(name, [t])
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op, stream=at.stream)],
                             lambda: (buf.done(), tensors)[1], at=at)
+
+    def _sparse_allreduce(self, name: str, tensors: list[torch.Tensor], op: Any) -> PycollWork:
+        """A sparse (COO) sum as gloo does it: every rank gathers every rank's indices and values, in rank order, and
+        sums the duplicates (coalesce); the input tensor becomes the coalesced sum, the same bits on every rank."""
+        t = tensors[0]
+        if op != dist.ReduceOp.SUM:
+            raise InvalidArgumentError(f"sparse tensors are reduced with SUM only, not {op}", op=name, rank=self.comm.rank)
+        if t.device.type != "cpu":
+            raise InvalidArgumentError(f"sparse tensors are reduced on the CPU; this one is on {t.device}", op=name,
+                                       rank=self.comm.rank)
+        mine = t.coalesce()
+        indices = mine.indices().t().contiguous()  # (nnz, sparse dims): one rank's rows are contiguous
+        values = mine.values().contiguous()
+        row_values = int(np.prod(values.shape[1:], dtype=np.int64))  # elements per index (dense dimensions)
+        nnz = np.array([indices.shape[0]], np.int64)
+        nnz_all = np.zeros(self.comm.size, np.int64)
+
+        def finish() -> list[torch.Tensor]:
+            comm, sparse_dims = self.comm, indices.shape[1]
+            counts = [int(k) for k in nnz_all]
+            all_indices = np.empty((sum(counts), sparse_dims), np.int64)
+            comm.Allgatherv(indices.numpy(), [all_indices, [k * sparse_dims for k in counts]])
+            value_bytes = values.view(torch.uint8).numpy().reshape(-1) if values.numel() else np.empty(0, np.uint8)
+            row_bytes = row_values * values.element_size()
+            all_values = np.empty(sum(counts) * row_bytes, np.uint8)
+            comm.Allgatherv(value_bytes, [all_values, [k * row_bytes for k in counts]])
+            gathered = torch.from_numpy(all_values).view(values.dtype).reshape(sum(counts), *values.shape[1:])
+            total = torch.sparse_coo_tensor(torch.from_numpy(all_indices).t(), gathered, t.shape).coalesce()
+            with torch.no_grad():
+                t.copy_(total)
+            return tensors
+
+        return self._submit(name, lambda: [self.comm.Iallgather(nnz, nnz_all)], finish)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "allreduce_coalesced"

@@ -136,6 +136,7 @@ def run(ck: Checker, gloo: dist.ProcessGroup) -> None:
         dist.all_to_all_single(got, inp)
         dist.all_to_all_single(want, inp, group=gloo)
         ck.same(f"all_to_all_single even {dtype}", got, want)
+    _sparse(ck, r, gloo)
     _point_to_point(ck, r, n)
     _subgroups(ck, r, n)
     dist.barrier()
@@ -189,6 +190,25 @@ def _subgroups(ck: Checker, r: int, n: int) -> None:
         dist.broadcast(got, src=n - 1, group=sub)
         dist.broadcast(want, src=n - 1, group=sub_gloo)
         ck.same("subgroup broadcast from global rank n-1", got, want)
+
+
+def _sparse(ck: Checker, r: int, gloo: dist.ProcessGroup) -> None:
+    """Sparse (COO) all_reduce, as embedding gradients use it: with and without dense dimensions, a rank with
+    no entries, repeated indices."""
+    for dtype in (torch.float32, torch.float64, torch.int64):
+        for dense in ((), (3,)):
+            g = torch.Generator().manual_seed(r + 11)
+            nnz = 0 if r == 1 else 5 + r
+            idx = torch.randint(0, 6, (2, nnz), generator=g)
+            val = torch.randint(1, 9, (nnz, *dense), generator=g).to(dtype)
+            got = torch.sparse_coo_tensor(idx, val, (6, 6, *dense))
+            want = got.clone()
+            dist.all_reduce(got)
+            dist.all_reduce(want, group=gloo)
+            ck.same(f"sparse all_reduce {dtype} dense {dense}", got.to_dense(), want.to_dense())
+            ck.checks += 1
+            if got.layout != torch.sparse_coo:
+                ck.failures.append(f"sparse all_reduce {dtype}: the result's layout is {got.layout}")
 
 
 def main() -> None:
