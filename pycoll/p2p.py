@@ -1869,7 +1869,7 @@ class Engine:
         sends = sorted({r.peer for r in pending if isinstance(r, SendRequest) and not r.done})
         what = f"waiting for ranks {', '.join(str(owner.to_comm(p)) for p in waiting_on)}" if waiting_on else "waiting"
         extra = f" (sends to ranks {', '.join(str(owner.to_comm(p)) for p in sends)} not drained)" if sends else ""
-        err = owner.error(TimeoutError, f"timed out after {timeout:g} s {what}{extra}", waiting_on)
+        err = owner.error(TimeoutError, f"Timed out after {timeout:g} s {what}{extra}", waiting_on)
         self.abort(owner, err)
         raise err
 

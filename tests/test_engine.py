@@ -97,7 +97,7 @@ def test_wait_times_out_naming_the_silent_peer() -> None:
     with pytest.raises(TimeoutError) as info:
         eng.wait_requests([r], 0.2, owner("Recv #1"))
     assert info.value.op == "Recv #1" and info.value.peers == (1,)
-    assert "timed out after 0.2 s" in str(info.value)
+    assert "Timed out after 0.2 s" in str(info.value)
 
 
 def test_tcp_channel_knows_when_bytes_could_die_with_an_exit() -> None:

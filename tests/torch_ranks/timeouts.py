@@ -41,7 +41,7 @@ def run(r: int, fail: list[str], seconds: list[float]) -> int:
             seconds.append(took)
             text = str(exc)
             expect(timeout - 0.05 <= took <= timeout + SLACK_S, f"{what}: raised after {took:.2f} s, not {timeout:g} s")
-            expect(f"timed out after {timeout:g} s" in text, f"{what}: the message does not say {timeout:g} s: {text}")
+            expect(f"Timed out after {timeout:g} s" in text, f"{what}: the message does not say {timeout:g} s: {text}")
             expect("rank 1" in text or "ranks 1" in text, f"{what}: the message does not name rank 1: {text}")
 
     groups = {s: dist.new_group([0, 1], timeout=datetime.timedelta(seconds=s)) for s in (1, 2, 3)}
