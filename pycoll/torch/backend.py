@@ -22,6 +22,7 @@ from . import tensors as T
 from .progress import Job, ProgressThread
 
 BACKEND = "pycoll"
+INLINE_BYTES = 1 << 20  # host calls below this size run in the caller's thread when nothing is in flight
 
 _lock = threading.Lock()
 _progress: Optional[ProgressThread] = None
@@ -85,6 +86,34 @@ class PycollWork(dist.Work):
     source_rank = _source_rank
 
 
+class _DoneWork(dist.Work):
+    """The handle of a call that completed before it was returned (run inline): its future is made if asked for."""
+
+    def __init__(self, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout: Optional[datetime.timedelta] = None) -> bool:
+        return True
+
+    def get_future(self) -> Future:
+        fut: Future = Future()
+        fut.set_result(self._result)
+        return fut
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> Optional[BaseException]:
+        return None
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+
 class ProcessGroupPycoll(dist.ProcessGroup):
     """A torch.distributed process group whose operations run on a pycoll communicator.
 
@@ -129,7 +158,18 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     # ---- plumbing ---------------------------------------------------------------------------
     def _submit(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any],
-                source: Optional[Callable[[], int]] = None, at: Optional[T.Placement] = None) -> PycollWork:
+                source: Optional[Callable[[], int]] = None, at: Optional[T.Placement] = None,
+                blocking: Optional[Callable[[], None]] = None, nbytes: int = -1) -> PycollWork:
+        """Queue the call for the progress thread: ``start`` posts it nonblocking, ``blocking`` (host tensors only)
+        is the same call made blocking, which the thread prefers when nothing else is in flight. A call of
+        ``nbytes`` under INLINE_BYTES runs that way at once in the caller's thread when nothing is in flight:
+        blocking it that long costs less than the hop to the thread and back."""
+        if at is not None and at.cuda:
+            blocking = None
+        if blocking is not None and 0 <= nbytes < INLINE_BYTES and self._coalescing is None:
+            job = Job(name, start, finish, self._timeout, None, blocking)
+            if self._progress.run_inline(job):
+                return PycollWork(job.future, source)
         scope = None
         if at is not None and at.cuda:  # the result is on the device, in the caller's stream, when the Work completes
             done = finish
@@ -140,7 +180,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 at.synchronize()
                 return out
 
-        fut = self._progress.submit(Job(name, start, finish, self._timeout, scope))
+        fut = self._progress.submit(Job(name, start, finish, self._timeout, scope, blocking))
         if self._coalescing is not None:
             self._coalescing.append(fut)
         return PycollWork(fut, source)
@@ -184,10 +224,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
+        if t.device.type == "cpu" and t.is_contiguous() and _nbytes(t) < INLINE_BYTES:  # the common small call
+            arr = T.array(t)
+            if self._progress.run_now(lambda: self.comm.Allreduce(IN_PLACE, arr, op)):
+                return _DoneWork(tensors)
         at = self._place(name, [t])
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op, stream=at.stream)],
-                            lambda: (buf.done(), tensors)[1], at=at)
+                            lambda: (buf.done(), tensors)[1], at=at,
+                            blocking=lambda: self.comm.Allreduce(IN_PLACE, buf.arr, op), nbytes=_nbytes(t))
 
     def _sparse_allreduce(self, name: str, tensors: list[torch.Tensor], op: Any) -> PycollWork:
         """A sparse (COO) sum as gloo does it: every rank gathers every rank's indices and values, in rank order, and
@@ -280,7 +325,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         at = self._place(name, [output, input])
         send, buf = T.Staged(input), T.Staged(output, load=False)
         return self._submit(name, lambda: [self.comm.Ireduce_scatter_block(send.arr, buf.arr, op, stream=at.stream)],
-                            lambda: (buf.done(), [output])[1], at=at)
+                            lambda: (buf.done(), [output])[1], at=at,
+                            blocking=lambda: self.comm.Reduce_scatter_block(send.arr, buf.arr, op), nbytes=_nbytes(input))
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         return self._each("reduce_scatter_tensor_coalesced", outputs, inputs, lambda o, i: self.reduce_scatter_single(o, i, opts))
@@ -293,7 +339,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         at = self._place(name, [t])
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Ibcast(buf.arr, root, stream=at.stream)],
-                            lambda: (buf.done(), tensors)[1], at=at)
+                            lambda: (buf.done(), tensors)[1], at=at, blocking=lambda: self.comm.Bcast(buf.arr, root),
+                            nbytes=_nbytes(t))
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "all_gather"
@@ -328,10 +375,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         if _is_own_block(input, output, self.comm.rank):  # FSDP2 gathers from its slice of the output: in place
             whole = T.Staged(output)
             return self._submit(name, lambda: [self.comm.Iallgather(IN_PLACE, whole.arr, stream=at.stream)],
-                                lambda: (whole.done(), [output])[1], at=at)
+                                lambda: (whole.done(), [output])[1], at=at,
+                                blocking=lambda: self.comm.Allgather(IN_PLACE, whole.arr), nbytes=_nbytes(output))
         send, buf = T.Staged(input), T.Staged(output, load=False)
         return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr, stream=at.stream)],
-                            lambda: (buf.done(), [output])[1], at=at)
+                            lambda: (buf.done(), [output])[1], at=at, blocking=lambda: self.comm.Allgather(send.arr, buf.arr),
+                            nbytes=_nbytes(output))
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         """torch's layout: ``outputs[rank][k]`` receives rank ``rank``'s ``inputs[k]``."""
@@ -488,7 +537,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             raise InvalidArgumentError(f"rank {peer} is not in this {self.comm.size}-rank group", op=name, rank=self.comm.rank)
 
     def barrier(self, opts: Any = None) -> PycollWork:
-        return self._submit("barrier", lambda: [self.comm.Ibarrier()], lambda: [])
+        return self._submit("barrier", lambda: [self.comm.Ibarrier()], lambda: [], blocking=self.comm.Barrier, nbytes=0)
 
     # ---- coalescing (batch_isend_irecv and friends) ----------------------------------------------
     def _start_coalescing(self, device: Any = None) -> None:
@@ -500,6 +549,10 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Nothing to release per group: the communicator's messages are drained by pycoll at exit."""
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _is_own_block(block: torch.Tensor, whole: torch.Tensor, rank: int) -> bool:

@@ -20,12 +20,16 @@ class Job:
     ``scope`` (a CUDA call's device and stream) is entered around everything the thread does for the job:
     pycoll copies a device result back while a request completes, so the device must be current then too."""
 
-    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout", "scope")
+    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout", "scope", "blocking")
 
     def __init__(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any], timeout: float,
-                 scope: Optional[Callable[[], ContextManager[Any]]] = None) -> None:
+                 scope: Optional[Callable[[], ContextManager[Any]]] = None,
+                 blocking: Optional[Callable[[], None]] = None) -> None:
         self.name, self.start, self.finish, self.timeout = name, start, finish, timeout
         self.scope = scope or contextlib.nullcontext
+        # the same call as one blocking pycoll call (compiled, inline on the arena where it can be), for when
+        # nothing else is in flight: nonblocking calls run as schedules of the progress engine, far slower
+        self.blocking = blocking
         self.future: Future = Future()
         self.requests: list[Request] = []
         self.deadline = 0.0
@@ -49,6 +53,9 @@ class ProgressThread:
         self._queue: queue.SimpleQueue[Optional[Job]] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="pycoll-torch-progress", daemon=True)
         self._stopping = False
+        # held while a job starts, on the thread or inline in the caller's: one call at a time starts, in order
+        self._start_lock = threading.Lock()
+        self._inflight = 0  # jobs submitted and not finished
         self._thread.start()
         atexit.register(self.stop)  # before pycoll's runtime closes the engine (atexit runs last-in, first-out)
 
@@ -56,8 +63,45 @@ class ProgressThread:
         if self._stopping or not self._thread.is_alive():
             job.fail(RuntimeError(f"pycoll backend: {job.name} after the process group was shut down"))
             return job.future
+        self._inflight += 1
+        job.future.add_done_callback(self._finished)
         self._queue.put(job)
         return job.future
+
+    def _finished(self, _: Any) -> None:
+        self._inflight -= 1
+
+    def run_now(self, call: Callable[[], None]) -> bool:
+        """Make the blocking ``call`` now, in the caller's thread, if nothing is in flight and no job is starting;
+        False, having done nothing, otherwise. Its errors are raised here."""
+        if self._inflight or self._stopping or not self._start_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._inflight:
+                return False
+            call()
+            return True
+        finally:
+            self._start_lock.release()
+
+    def run_inline(self, job: Job) -> bool:
+        """Run ``job``'s blocking form now, in the caller's thread, if nothing is in flight and no job is starting
+        (a small call then pays no thread hop); False, having done nothing, otherwise."""
+        if job.blocking is None or self._inflight or self._stopping or not self._start_lock.acquire(blocking=False):
+            return False
+        try:
+            if self._inflight:
+                return False
+            try:
+                with job.scope():
+                    job.blocking()
+                    result = job.finish()
+                job.future.set_result(result)
+            except BaseException as exc:
+                job.fail(exc)
+            return True
+        finally:
+            self._start_lock.release()
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread.is_alive() and not self._stopping:
@@ -73,7 +117,8 @@ class ProgressThread:
                 job = self._queue.get()
                 if job is None:
                     return
-                self._begin(job, running)
+                with self._start_lock:
+                    self._begin(job, running)
             while True:  # start everything submitted so far, in order
                 try:
                     job = self._queue.get_nowait()
@@ -82,7 +127,8 @@ class ProgressThread:
                 if job is None:
                     self._drain(running)
                     return
-                self._begin(job, running)
+                with self._start_lock:
+                    self._begin(job, running)
             running = self._advance(running)
             if running:
                 now = time.monotonic()
@@ -90,6 +136,15 @@ class ProgressThread:
                 self._engine.run_until(lambda: not self._queue.empty() or any(_ready(j) for j in running), min(wait, 1.0))
 
     def _begin(self, job: Job, running: list[Job]) -> None:
+        if job.blocking is not None and not running:  # nothing in flight to progress meanwhile: the blocking form
+            try:
+                with job.scope():
+                    job.blocking()
+                    result = job.finish()
+                job.future.set_result(result)
+            except BaseException as exc:
+                job.fail(exc)
+            return
         try:
             with job.scope():
                 job.requests = job.start()

@@ -43,9 +43,25 @@ OPS = {
 }
 
 
+_CHOSEN: dict = {}  # (RedOpType, dtype) -> pycoll's op, for the pairs that passed the checks below
+
+
 def reduce_op(opname: str, op: Any, dtype: torch.dtype, rank: Optional[int] = None) -> _ops.Op:
     """pycoll's op for torch's ReduceOp on ``dtype``, or an error naming the operation and why not."""
     kind = getattr(op, "op", op)
+    try:
+        return _CHOSEN[(kind, dtype)]
+    except (KeyError, TypeError):
+        pass
+    found = _reduce_op(opname, kind, dtype, rank)
+    try:
+        _CHOSEN[(kind, dtype)] = found
+    except TypeError:
+        pass
+    return found
+
+
+def _reduce_op(opname: str, kind: Any, dtype: torch.dtype, rank: Optional[int]) -> _ops.Op:
     found = OPS.get(kind)
     if found is None:
         raise InvalidArgumentError(f"ReduceOp {getattr(kind, 'name', kind)} is not supported by the pycoll backend", op=opname, rank=rank)
@@ -164,9 +180,14 @@ class Placement:
             self.stream.synchronize()
 
 
+_PLAIN = frozenset(d for d in DTYPES if d not in (torch.bfloat16, torch.bool))
+
+
 def array(t: torch.Tensor) -> np.ndarray:
     """A flat NumPy view of a contiguous CPU tensor's memory (no copy)."""
     t = t.detach()
+    if t.dtype in _PLAIN:
+        return t.numpy().reshape(-1) if t.dim() != 1 else t.numpy()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().reshape(-1).view(ml_dtypes.bfloat16)
     if t.dtype == torch.bool:
