@@ -1,0 +1,81 @@
+"""torch all_reduce on the "pycoll" backend beside pycoll's own Allreduce on NumPy arrays, in the same processes.
+
+Every rank runs, for each size: the first torch all_reduce of a tensor of that size (a size not used before), then
+the median of warm torch all_reduce calls, then the median of ``comm.Allreduce(IN_PLACE, array)`` on the same
+memory. Times are the slowest rank's. Run it under the launcher, alone on the machine:
+
+    flock /tmp/pycoll-bench.lock pycoll run -n 2 -- python perf/torch_allreduce.py [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import pycoll.torch  # noqa: F401
+from pycoll import MPI
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _median_us(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def _slowest(value: float) -> float:
+    out = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out[0])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dist.init_process_group("pycoll")
+    comm = dist.group.WORLD.comm  # the pycoll communicator under the torch group
+    rows = []
+    for nbytes in SIZES:
+        n = nbytes // 4
+        iters = 200 if nbytes <= (64 << 10) else 40 if nbytes <= (4 << 20) else 8
+        fresh = torch.ones(n)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(fresh)
+        first = _slowest((time.perf_counter() - t0) * 1e6)
+        t = torch.ones(n)
+        arr = t.numpy()
+        dist.barrier()
+        warm = _slowest(_median_us(lambda: dist.all_reduce(t), iters))
+        dist.barrier()
+        own = _slowest(_median_us(lambda: comm.Allreduce(MPI.IN_PLACE, arr), iters))
+        rows.append({"bytes": nbytes, "numpy_us": own, "torch_us": warm, "torch_first_us": first,
+                     "ratio": warm / own, "first_ratio": first / own})
+    if dist.get_rank() == 0:
+        print(f"# torch all_reduce on pycoll against pycoll Allreduce on NumPy, {dist.get_world_size()} ranks, float32 sum")
+        print("| size | NumPy Allreduce µs | torch all_reduce µs | ratio | torch, first call of the size µs | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for r in rows:
+            print(f"| {r['bytes'] >> 10} KiB | {r['numpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | "
+                  f"{r['torch_first_us']:.0f} | {r['first_ratio']:.2f} |")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": dist.get_world_size(), "torch": torch.__version__, "rows": rows}, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
