@@ -224,7 +224,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
-        if t.device.type == "cpu" and t.is_contiguous() and _nbytes(t) < INLINE_BYTES:  # the common small call
+        if not T.is_device(t) and t.is_contiguous() and _nbytes(t) < INLINE_BYTES:  # the common small host call
             arr = T.array(t)
             if self._progress.run_now(lambda: self.comm.Allreduce(IN_PLACE, arr, op)):
                 return _DoneWork(tensors)
