@@ -55,7 +55,8 @@ class ProgressThread:
         self._stopping = False
         # held while a job starts, on the thread or inline in the caller's: one call at a time starts, in order
         self._start_lock = threading.Lock()
-        self._inflight = 0  # jobs submitted and not finished
+        self._inflight = 0  # jobs submitted and not finished (changed under _count_lock: two threads change it)
+        self._count_lock = threading.Lock()
         self._thread.start()
         atexit.register(self.stop)  # before pycoll's runtime closes the engine (atexit runs last-in, first-out)
 
@@ -63,13 +64,15 @@ class ProgressThread:
         if self._stopping or not self._thread.is_alive():
             job.fail(RuntimeError(f"pycoll backend: {job.name} after the process group was shut down"))
             return job.future
-        self._inflight += 1
+        with self._count_lock:
+            self._inflight += 1
         job.future.add_done_callback(self._finished)
         self._queue.put(job)
         return job.future
 
     def _finished(self, _: Any) -> None:
-        self._inflight -= 1
+        with self._count_lock:
+            self._inflight -= 1
 
     def run_now(self, call: Callable[[], None]) -> bool:
         """Make the blocking ``call`` now, in the caller's thread, if nothing is in flight and no job is starting;
