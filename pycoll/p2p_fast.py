@@ -27,31 +27,35 @@ _PINNED_MAX = 256 << 20
 _pinned: dict = {}  # id(base array) -> its bytes
 
 
-def _lookup(buf: Any, writable: bool) -> Optional[tuple]:
-    """The cached resolution of a buffer spec ``[arr, count, datatype]``, ``[arr, datatype]`` or a bare array, if it
-    is still right for ``arr`` (same object, count, datatype and dtype; writable for a receive); else None."""
+def _spec_parts(buf: Any) -> Optional[tuple]:
+    """(spec type, array, count or None, datatype or None) of ``[arr, count, datatype]`` (an int count),
+    ``[arr, datatype]`` or a bare array; None for any other argument (resolved in full on every call)."""
     t = type(buf)
     if t is list or t is tuple:
         n = len(buf)
         if n == 3:
             obj, count, datatype = buf
-            if type(count) is not int:
-                return None
-        elif n == 2:
-            obj, datatype = buf
-            count = None
-        else:
-            return None
-    elif t is np.ndarray:
-        obj = buf
-        count = datatype = None
-    else:
+            return (t, obj, count, datatype) if type(count) is int else None
+        if n == 2:
+            return t, buf[0], None, buf[1]
         return None
+    if t is np.ndarray:
+        return t, buf, None, None
+    return None
+
+
+def _cached(buf: Any, writable: bool) -> Optional[tuple]:
+    """The cached resolution of a buffer spec: by the array's identity if it is still right for it (same object,
+    count, datatype and dtype; writable for a receive), else by its shape (``_by_shape``); None if neither knows it."""
+    parts = _spec_parts(buf)
+    if parts is None:
+        return None
+    t, obj, count, datatype = parts
     e = _SPECS.get(id(obj))
-    if (e is None or e[0] is not obj or e[1] != count or e[2] is not datatype or obj.dtype is not e[3]
-            or (writable and not obj.flags.writeable)):
-        return None
-    return e
+    if (e is not None and e[0] is obj and e[1] == count and e[2] is datatype and obj.dtype is e[3]
+            and (not writable or obj.flags.writeable)):
+        return e
+    return _by_shape(t, obj, count, datatype, writable)
 
 
 # What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
@@ -62,40 +66,22 @@ _SHAPES_MAX = 1024
 _UINT8 = np.dtype(np.uint8)
 
 
-def _shape_key(buf: Any, writable: bool) -> Optional[tuple]:
-    """(the array, count, datatype, key) of a buffer spec over a C-ordered array, by shape; None for other kinds."""
-    t = type(buf)
-    if t is list or t is tuple:
-        n = len(buf)
-        if n == 3:
-            obj, count, datatype = buf
-            if type(count) is not int:
-                return None
-        elif n == 2:
-            obj, datatype = buf
-            count = None
-        else:
-            return None
-    elif t is np.ndarray:
-        obj = buf
-        count = datatype = None
-    else:
-        return None
+def _shape_key(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> Optional[tuple]:
+    """The shape key of a spec over a C-ordered array; None for other kinds."""
     if type(obj) is not np.ndarray:
         return None
     f = obj.flags
     if not f.c_contiguous:
         return None
-    return obj, count, datatype, (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
+    return (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
 
 
-def _by_shape(buf: Any, writable: bool) -> Optional[tuple]:
+def _by_shape(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> Optional[tuple]:
     """The resolution of a spec whose shape resolved before (checked then: the same shape passes the same checks),
     with this array's own address; None if its shape is new."""
-    found = _shape_key(buf, writable)
-    if found is None:
+    key = _shape_key(t, obj, count, datatype, writable)
+    if key is None:
         return None
-    obj, count, datatype, key = found
     try:
         nbytes = _SHAPES.get(key)
     except TypeError:  # an unhashable datatype argument
@@ -113,18 +99,17 @@ def _by_shape(buf: Any, writable: bool) -> Optional[tuple]:
     return (obj, count, datatype, obj.dtype, flat, addr, nbytes)
 
 
-def _remember_shape(buf: Any, writable: bool, arr: np.ndarray, addr: int) -> None:
-    """Keep the length of ``buf``'s flat bytes by its shape where they are a prefix of its array's own memory."""
-    found = _shape_key(buf, writable)
-    if found is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
+def _remember_shape(key: Optional[tuple], obj: np.ndarray, arr: np.ndarray, addr: int) -> None:
+    """Keep the length of a spec's flat bytes ``arr`` under its shape ``key`` where they are a prefix of its array
+    ``obj``'s own memory."""
+    if key is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
         return
-    obj = found[0]
     if arr.nbytes and (not obj.nbytes or obj.__array_interface__["data"][0] != addr):
         return
     if len(_SHAPES) >= _SHAPES_MAX:
         _SHAPES.clear()
     try:
-        _SHAPES[found[3]] = arr.nbytes
+        _SHAPES[key] = arr.nbytes
     except TypeError:
         pass
 
@@ -133,20 +118,12 @@ def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
     """Resolve ``buf`` by the communicator's full parse (its errors are the call's) and cache the result when it
     views the array's own memory."""
     arr = comm._p2p_buf(buf, opname, writable)
-    t = type(buf)
-    if t is np.ndarray:
-        obj, count, datatype = buf, None, None
-    elif (t is list or t is tuple) and len(buf) == 3 and type(buf[1]) is int:
-        obj, count, datatype = buf
-    elif (t is list or t is tuple) and len(buf) == 2:
-        obj, datatype = buf
-        count = None
-    else:
-        obj = None
+    parts = _spec_parts(buf)
+    t, obj, count, datatype = parts if parts is not None else (None, None, None, None)
     addr = arr.__array_interface__["data"][0] if arr.nbytes else 0
     if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
         return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
-    _remember_shape(buf, writable, arr, addr)
+    _remember_shape(_shape_key(t, obj, count, datatype, writable), obj, arr, addr)
     root = obj
     while type(root.base) is np.ndarray:
         root = root.base
@@ -224,7 +201,7 @@ class FastP2P:
     def send(self, buf: Any, dest: Any, tag: Any) -> Optional[np.ndarray]:
         """A blocking send: an eager message written into the peer's ring, or a rendezvous announced and its
         acknowledgement awaited."""
-        e = _lookup(buf, False) or _by_shape(buf, False) or _resolve(self.comm, buf, "Send", False)
+        e = _cached(buf, False) or _resolve(self.comm, buf, "Send", False)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
             peer = self.world[dest]
@@ -266,7 +243,7 @@ class FastP2P:
     def isend(self, buf: Any, dest: Any, tag: Any) -> Any:
         """A nonblocking send: True for an eager message written now, the engine's request for a rendezvous
         announced (done at its acknowledgement); else the flat bytes for the engine's path."""
-        e = _lookup(buf, False) or _by_shape(buf, False) or _resolve(self.comm, buf, "Isend", False)
+        e = _cached(buf, False) or _resolve(self.comm, buf, "Isend", False)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
             peer = self.world[dest]
@@ -310,7 +287,7 @@ class FastP2P:
 
     def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
         """A blocking receive of the next frame from ``source``'s ring, spinning briefly for it."""
-        e = _lookup(buf, True) or _by_shape(buf, True) or _resolve(self.comm, buf, "Recv", True)
+        e = _cached(buf, True) or _resolve(self.comm, buf, "Recv", True)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
@@ -331,7 +308,7 @@ class FastP2P:
         """A nonblocking receive: the message taken now if it is next in ``source``'s ring ((tag, nbytes)), or the
         engine's receive posted here (the engine's compiled drain completes it); else the flat bytes for the
         engine's path."""
-        e = _lookup(buf, True) or _by_shape(buf, True) or _resolve(self.comm, buf, "Irecv", True)
+        e = _cached(buf, True) or _resolve(self.comm, buf, "Irecv", True)
         lanes = self.lanes or self._lanes()
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
@@ -424,8 +401,8 @@ class FastP2P:
         """A Sendrecv: both messages eager in one kernel call, or the send by rendezvous with the peer's message
         taken (pulled) and the acknowledgement awaited in one kernel call; what is left over goes to the engine
         here. None when done, else (send bytes, receive bytes) for the engine's path (nothing done)."""
-        r = _lookup(recvbuf, True) or _by_shape(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
-        s = _lookup(sendbuf, False) or _by_shape(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
+        r = _cached(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
+        s = _cached(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
         lanes = self.lanes or self._lanes()
         if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
                 or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size

@@ -229,16 +229,16 @@ def test_spec_cache_follows_the_array():
     a = np.arange(8, dtype=np.float32)
     e = p2p_fast._resolve(comm, [a, 4, MPI.FLOAT], "Send", False)
     assert e[6] == 16 and e[5] == a.ctypes.data and Comm.calls == 1
-    assert p2p_fast._lookup([a, 4, MPI.FLOAT], False) is e
-    assert p2p_fast._lookup([a, 5, MPI.FLOAT], False) is None  # another count
-    assert p2p_fast._lookup([a, 4.0, MPI.FLOAT], False) is None  # not an int: the full parse rejects it
-    assert p2p_fast._lookup([a, 4, MPI.INT], False) is None  # another datatype
+    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is e
+    assert p2p_fast._cached([a, 5, MPI.FLOAT], False) is None  # another count
+    assert p2p_fast._cached([a, 4.0, MPI.FLOAT], False) is None  # not an int: the full parse rejects it
+    assert p2p_fast._cached([a, 4, MPI.INT], False) is None  # another datatype
     a.flags.writeable = False
-    assert p2p_fast._lookup([a, 4, MPI.FLOAT], False) is e
-    assert p2p_fast._lookup([a, 4, MPI.FLOAT], True) is None  # a receive into it now goes through the full parse
+    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is e
+    assert p2p_fast._cached([a, 4, MPI.FLOAT], True) is None  # a receive into it now goes through the full parse
     a.flags.writeable = True
     a.dtype = np.int32  # the same memory seen as another type
-    assert p2p_fast._lookup([a, 4, MPI.FLOAT], False) is None
+    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is None
     a.dtype = np.float32
     b = a[2:6]  # a view: its own entry, its own address
     e2 = p2p_fast._resolve(comm, [b, MPI.FLOAT], "Send", False)
@@ -246,7 +246,7 @@ def test_spec_cache_follows_the_array():
     every_other = MPI.FLOAT.Create_vector(4, 1, 2).Commit()
     c = np.arange(16, dtype=np.float32)
     e3 = p2p_fast._resolve(comm, [c, 1, every_other], "Send", False)  # a packed copy: used once, never cached
-    assert p2p_fast._lookup([c, 1, every_other], False) is None and e3[0] is None
+    assert p2p_fast._cached([c, 1, every_other], False) is None and e3[0] is None
     assert (e3[4].view(np.float32) == c[0:8:2]).all()
 
 

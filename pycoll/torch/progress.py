@@ -90,21 +90,7 @@ class ProgressThread:
     def run_inline(self, job: Job) -> bool:
         """Run ``job``'s blocking form now, in the caller's thread, if nothing is in flight and no job is starting
         (a small call then pays no thread hop); False, having done nothing, otherwise."""
-        if job.blocking is None or self._inflight or self._stopping or not self._start_lock.acquire(blocking=False):
-            return False
-        try:
-            if self._inflight:
-                return False
-            try:
-                with job.scope():
-                    job.blocking()
-                    result = job.finish()
-                job.future.set_result(result)
-            except BaseException as exc:
-                job.fail(exc)
-            return True
-        finally:
-            self._start_lock.release()
+        return job.blocking is not None and self.run_now(lambda: _complete_blocking(job))
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread.is_alive() and not self._stopping:
@@ -140,13 +126,7 @@ class ProgressThread:
 
     def _begin(self, job: Job, running: list[Job]) -> None:
         if job.blocking is not None and not running:  # nothing in flight to progress meanwhile: the blocking form
-            try:
-                with job.scope():
-                    job.blocking()
-                    result = job.finish()
-                job.future.set_result(result)
-            except BaseException as exc:
-                job.fail(exc)
+            _complete_blocking(job)
             return
         try:
             with job.scope():
@@ -185,6 +165,17 @@ class ProgressThread:
             for job in running:
                 job.deadline = min(job.deadline, time.monotonic())
             running = self._advance(running)
+
+
+def _complete_blocking(job: Job) -> None:
+    """Make ``job``'s blocking call and settle its future with the result or the error."""
+    try:
+        with job.scope():
+            job.blocking()  # type: ignore[misc]
+            result = job.finish()
+        job.future.set_result(result)
+    except BaseException as exc:
+        job.fail(exc)
 
 
 def _ready(job: Job) -> bool:
