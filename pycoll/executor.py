@@ -585,6 +585,13 @@ class Runner:
         """After a kernel status other than DONE: retry while ranks share the cores, else finish as a schedule."""
         raise NotImplementedError  # pragma: no cover - runners with a fast path have one
 
+    def retried(self, x: Executor, arena: Any, opno: int, status: int, send: Any, recv: Any) -> int:
+        """``status`` after retrying the fast path's kernel step (``self.kernel``) while ranks share the cores."""
+        if x.retry_s:
+            seq = arena.seq
+            status = x.retry(arena, status, lambda: self.kernel(send, recv, opno, seq))
+        return status
+
 
 class _Oneshot(Runner):
     """A small Allreduce through the slots (``allreduce:oneshot``)."""
@@ -637,9 +644,7 @@ class _Oneshot(Runner):
         return _fast_call(x, plan, self, kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        if x.retry_s:
-            seq = arena.seq
-            status = x.retry(arena, status, lambda: self.kernel(send, recv, opno, seq))
+        status = self.retried(x, arena, opno, status, send, recv)
         if arena_jit.finished(arena, opno, status, x.gate):
             return
         call = plan.make_call(send, recv)
@@ -754,9 +759,7 @@ class _Barrier(Runner):
         return _fast_call(x, plan, self, kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        if x.retry_s:
-            seq = arena.seq
-            status = x.retry(arena, status, lambda: self.kernel(None, None, opno, seq))
+        status = self.retried(x, arena, opno, status, None, None)
         if arena_jit.finished(arena, opno, status, x.gate):
             return
         mine = self.words
@@ -961,9 +964,7 @@ class _Cma(Runner):
         return _fast_call(x, plan, self, kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        if x.retry_s:
-            seq = arena.seq
-            status = x.retry(arena, status, lambda: self.kernel(send, recv, opno, seq))
+        status = self.retried(x, arena, opno, status, send, recv)
         self.after(x, plan, arena, opno, status, send, recv, direct_cma.address(send), direct_cma.address(recv), None)
 
     def wait(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, scratch: Any) -> bool:
