@@ -333,6 +333,7 @@ class Engine:
         self._left: set[int] = set()  # world ranks that said goodbye (a normal shutdown)
         self._told: set[int] = set()  # ctx bases whose failure this rank reported to the other members
         self._pulling: set[int] = set()  # peers whose stream a _pull on the stack is reading
+        self._fail_after_pull: dict[int, str] = {}  # peer -> why its channel failed while its stream was being read
         self._closed: set[int] = set()  # peers whose channel _channel_failed closed
         self._skipped: dict[tuple[int, int], RemoteError] = {}  # (ctx, seq) -> why a peer skipped that call
         self._schedules: list[Schedule] = []
@@ -965,6 +966,9 @@ class Engine:
             return self._pull_stream(peer)
         finally:
             self._pulling.discard(peer)
+            cause = self._fail_after_pull.pop(peer, None)
+            if cause is not None:  # the stream is read to its end now: what it said came first
+                self._channel_failed(peer, cause)
 
     def _pull_stream(self, peer: int) -> bool:
         ch = self.channels[peer]
@@ -1163,10 +1167,9 @@ class Engine:
                 raise OSError(errno.ENOSYS, self._cma.reason or "cross-memory attach is unavailable")
             self._cma.read_addr(self.channels[src].peer_pid, req.dst.ctypes.data, addr, nbytes)  # type: ignore[attr-defined]
         except OSError as exc:
-            if exc.errno == errno.ESRCH:  # the sender is gone
-                cause = f"rank {src} exited while this rank copied its message (process_vm_readv: {exc.strerror})"
-                req.fail(req.owner.error(PeerFailureError, cause, [src]))
-                self._channel_failed(src, cause)
+            if exc.errno == errno.ESRCH:  # the sender is gone; the receive fails with its channel (after its last words)
+                self._rdv_recvs[(src, rid)] = req
+                self._channel_failed(src, f"rank {src} exited while this rank copied its message (process_vm_readv: {exc.strerror})")
                 return
             log.info("rank %d: cross-memory copy from rank %d failed (%s); it streams instead", self.rank, src, exc)
             self._rdv_recvs[(src, rid)] = req
@@ -1354,6 +1357,11 @@ class Engine:
     # ---- failures --------------------------------------------------------------------------
     def _channel_failed(self, peer: int, cause: str) -> None:
         if peer in self._dead:
+            return
+        if peer in self._pulling:
+            # A reply to its stream failed (an ack to a peer that reported another rank's death and exited): the
+            # rest of the stream, that report included, is read first, by the pull on the stack, which fails it after.
+            self._fail_after_pull.setdefault(peer, cause)
             return
         self._dead[peer] = cause
         clean = getattr(self.channels[peer], "closed_by_peer", False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from pycoll.errors import AbortedError, MismatchError, PeerFailureError, PeerLostError, PeerMismatchError
-from pycoll.p2p import _ABORT_TAG, Engine, Owner, Sig
+from pycoll.p2p import _ABORT_TAG, _HEADER, _MAGIC, _RTS, HEADER_SIZE, P2P_SIG, Engine, Owner, Sig
 from pycoll.transport.loopback import LoopbackChannel
 
 
@@ -33,6 +34,39 @@ def test_a_lost_peer_is_named_by_every_survivor() -> None:
     eng.wait_requests([r], 5.0, waiting)
     assert isinstance(r.error, PeerLostError) and isinstance(r.error, PeerFailureError)
     assert r.error.peers == (3,) and r.error.op == "Allreduce #5" and "rank 3 failed" in str(r.error)
+
+
+class _ResetAfterReport(LoopbackChannel):
+    """Rank 1 announced a message, reported rank 3's death and exited: its stream still reads, replies are reset."""
+
+    peer_pid = os.getpid()
+    reset = False
+
+    def send_some(self, data):
+        if self.reset:
+            raise PeerFailureError("connection to rank 1 failed: [Errno 104] Connection reset by peer", peers=[1])
+        return super().send_some(data)
+
+
+def test_a_survivor_that_reported_a_death_and_exited_is_not_blamed() -> None:
+    ch = _ResetAfterReport(1)
+    eng = Engine(0, {1: ch})
+    owner = Owner("Recv", 2, 0, lambda w: w, [0, 1], tag=-1)
+    src = np.arange(4096, dtype=np.uint8)
+    got, later = np.zeros(4096, np.uint8), np.zeros(8, np.uint8)
+    first = eng.irecv(1, got, 2, 7, P2P_SIG, owner)
+    never = eng.irecv(1, later, 2, 8, P2P_SIG, owner)
+    # rank 1's stream: an announced message (this rank acknowledges it), then its report that rank 3 died
+    ch.send_some(memoryview(_HEADER.pack(2, 7, src.nbytes, _RTS | (_MAGIC << 24), 0, src.ctypes.data, 1).ljust(HEADER_SIZE, b"\0")))
+    reporter = Owner("Bcast #5", 3, 1, lambda w: w, [0, 1], tag=5)
+    eng._tell_members(reporter, PeerFailureError("rank 3 exited during the call", op="Bcast #5", rank=1, peers=[3]), _ABORT_TAG, 2)
+    ch.reset = True  # the acknowledgement is the first reply that fails
+    eng.progress()
+    assert first.done and never.done
+    # the failed reply did not cut the stream short: its report was read, and names the rank that died
+    assert isinstance(never.error, PeerLostError) and never.error.peers == (3,), never.error
+    assert first.error is None or isinstance(first.error, PeerLostError), first.error
+    assert 1 in eng.dead_peers()
 
 
 def test_a_mismatch_found_elsewhere_is_a_mismatch_here() -> None:
