@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -43,6 +43,16 @@ def sizes() -> List[int]:
 def transports() -> List[str]:
     raw = os.environ.get("PYCOLL_TEST_TRANSPORTS")
     return [x.strip() for x in raw.split(",") if x.strip()] if raw else list(TRANSPORTS)
+
+
+TCP_SIZES = (2, 3, 5)  # one rank has no peer to reach; 4 ranks pair up as 2 do (and run on shm)
+
+
+def jobs() -> List[Tuple[int, str]]:
+    """(world size, transport) per job: every size on shm, and on tcp the sizes that differ for a socket (all of
+    them when $PYCOLL_TEST_SIZES names the sizes)."""
+    every = "PYCOLL_TEST_SIZES" in os.environ
+    return [(n, t) for n in sizes() for t in transports() if t != "tcp" or every or n in TCP_SIZES]
 
 
 def find_mpiexec() -> Optional[str]:

@@ -138,8 +138,9 @@ def test_tcp_channel_knows_when_bytes_could_die_with_an_exit() -> None:
 
 def test_a_stream_is_never_read_reentrantly_nor_after_its_channel_closed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Completing a message may run code that reads channels again (a failed cross-memory copy polls for
-    reports) or fails the very peer being read: the stream must not be read from inside its own read, nor
-    once its channel is closed."""
+    reports) or fails the very peer being read: the stream must not be read from inside its own read. A
+    failure found inside the read closes the channel once the reader has taken what the stream still holds
+    (a peer's report comes before its end), and the stream is not read after that."""
     eng = engine()
     seen: list[int] = []
     complete = eng._on_complete
@@ -154,8 +155,10 @@ def test_a_stream_is_never_read_reentrantly_nor_after_its_channel_closed(monkeyp
     for tag in (1, 2):
         eng.isend(1, np.arange(4, dtype=np.int32), 2, tag, Sig(), owner())
     eng.progress()
+    assert seen == [1, 1] and 1 in eng.dead_peers()
+    eng.isend(1, np.arange(4, dtype=np.int32), 2, 3, Sig(), owner())  # its channel is closed: not sent, not read
     eng.poll_reports()
-    assert seen == [1] and 1 in eng.dead_peers()
+    assert eng._pull(1) is False and seen == [1, 1]
 
 
 def test_tcp_messages_and_goodbye_staged_before_the_end_of_the_stream_are_read_first() -> None:
