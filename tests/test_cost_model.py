@@ -357,3 +357,24 @@ def test_a_model_at_another_memory_speed_scales_every_memory_bound_rate() -> Non
     assert (fast.copy_GBps, fast.reduce_GBps) == (12.0, 9.0)
     assert fast.cma_GBps == pytest.approx(6.8 * 1.5) and fast.host_memory_GBps == pytest.approx(12.3 * 1.5)
     assert fast.shm_GBps == m.shm_GBps and fast.msg_us == m.msg_us  # links and CPU costs are not memory speed
+
+
+def test_ranks_that_outnumber_cores_take_one_shot_calls_to_a_larger_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pycoll.transport.arena import slot_bytes_for
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("PYCOLL_ARENA_SLOT", raising=False)
+    assert slot_bytes_for(2) == 64 << 10  # one core each: more meetings cost no trip through the scheduler
+    assert slot_bytes_for(4) == 1 << 20 and slot_bytes_for(8) == 512 << 10 and slot_bytes_for(128) == 64 << 10
+    m = CostModel(cores=2)
+    cost.use(m)
+    try:
+        # 256 KiB on 4 ranks over 2 cores: one meeting instead of cross-memory attach's three
+        assert select(_allreduce(256 << 10), Layout.flat(4)).name == "oneshot"
+        assert select(_allreduce(256 << 10), Layout.flat(2)).name != "oneshot"
+        monkeypatch.setenv("PYCOLL_ARENA_SLOT", "32K")  # an explicit slot is kept as it is
+        assert slot_bytes_for(4) == 32 << 10
+        cost.use(dataclasses.replace(m))
+        assert select(_allreduce(256 << 10), Layout.flat(4)).name != "oneshot"
+    finally:
+        cost.use(None)

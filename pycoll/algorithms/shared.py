@@ -22,7 +22,7 @@ import numpy as np
 from ..config import bool_param, size_param
 from ..errors import MismatchError, PeerFailureError
 from ..p2p import Sig
-from ..transport.arena import ARENA_SLOT, ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena, fold_seq
+from ..transport.arena import ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena, fold_seq, slot_bytes_for
 from ..transport.shm import SHM_DIR, SHM_DISABLE
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
@@ -189,7 +189,7 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
     try:
         if r == 0:
             try:
-                arena = HostArena(state.path, 0, p, ARENA_SLOT.get(), create=True, stage_bytes=ARENA_STAGE.get())
+                arena = HostArena(state.path, 0, p, slot_bytes_for(p), create=True, stage_bytes=ARENA_STAGE.get())
                 ok = 1
             except ArenaUnavailable as exc:
                 state.reason, ok = str(exc), 0
@@ -213,7 +213,7 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
             ok = 0
             if created[0]:
                 try:
-                    arena = HostArena(state.path, r, p, ARENA_SLOT.get(), create=False, stage_bytes=ARENA_STAGE.get())
+                    arena = HostArena(state.path, r, p, slot_bytes_for(p), create=False, stage_bytes=ARENA_STAGE.get())
                     ok = 1
                 except ArenaUnavailable as exc:
                     state.reason = str(exc)
@@ -366,8 +366,9 @@ def _refuse_single_host(call: Call, lay: Layout) -> Optional[str]:
 
 
 def _refuse_oneshot(call: Call, lay: Layout) -> Optional[str]:
-    if call.size_bytes > ARENA_SLOT.get():
-        return f"{call.size_bytes} bytes do not fit a {ARENA_SLOT.get()}-byte arena slot"
+    slot = slot_bytes_for(lay.size)
+    if call.size_bytes > slot:
+        return f"{call.size_bytes} bytes do not fit a {slot}-byte arena slot"
     return _refuse_single_host(call, lay)
 
 

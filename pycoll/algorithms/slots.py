@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..p2p import Sig
-from ..transport.arena import ARENA_SLOT, DEPTH, HostArena
+from ..transport.arena import DEPTH, HostArena, slot_bytes_for
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, offsets
 from .chain import broadcast_chain, reduce_chain
@@ -44,8 +44,9 @@ def _refuse(call: Call, lay: Layout) -> Optional[str]:
         return "a vector call's blocks differ by rank, and not every rank knows their sizes"
     n, p = call.size_bytes, lay.size
     need = n // max(p, 1) if call.coll == "gather" else n + _table_bytes(call, p)
-    if need > ARENA_SLOT.get():
-        return f"{need} bytes per rank do not fit a {ARENA_SLOT.get()}-byte arena slot"
+    slot = slot_bytes_for(p)
+    if need > slot:
+        return f"{need} bytes per rank do not fit a {slot}-byte arena slot"
     return _refuse_single_host(call, lay)
 
 

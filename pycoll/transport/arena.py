@@ -20,8 +20,14 @@ from .cma import CrossMemory
 from .futex import Futex
 
 ARENA_SLOT = size_param(
-    "PYCOLL_ARENA_SLOT", 64 << 10, "Bytes of each rank's two shared slots for small collectives (one-shot allreduce and kin)."
+    "PYCOLL_ARENA_SLOT", 64 << 10,
+    "Bytes of each rank's shared slots for small collectives (one-shot allreduce and kin); unset, 64 KiB, and up to "
+    "1 MiB where a host's ranks outnumber its cores.",
 )
+# Ranks that outnumber cores meet as seldom as they can: every meeting waits for a descheduled peer, a trip through
+# the scheduler (about 150 us), so there the one-meeting algorithms take messages up to this size (4 ranks on 2 cores,
+# 256 KiB Allreduce: one-shot 259 us, cross-memory attach with its three meetings 973 us). Pages are touched only as used.
+OVERSUBSCRIBED_SLOT = 1 << 20
 ARENA_STAGE = size_param(
     "PYCOLL_ARENA_STAGE", 4 << 20, "Bytes of each rank's staging area: the chunk ring of the staged (pipelined) allreduce, reduce-scatter, allgather and broadcast."
 )
@@ -38,6 +44,14 @@ DONE, SLEEPING = 8, 9
 # spinning on a flag never pulls the line that is being written word by word.
 _SLOT_LINE = 24
 KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES, SEQ = range(8)
+
+
+def slot_bytes_for(size: int) -> int:
+    """The arena slot of a ``size``-rank communicator on one host: PYCOLL_ARENA_SLOT if set, else 64 KiB, or where the
+    ranks outnumber the cores, up to OVERSUBSCRIBED_SLOT (4 MiB over the ranks). The same on every rank of the host."""
+    if ARENA_SLOT.is_set() or size <= (os.cpu_count() or 1):
+        return ARENA_SLOT.get()
+    return max(ARENA_SLOT.get(), min(OVERSUBSCRIBED_SLOT, (4 << 20) // max(size, 1)))
 
 
 def fold_seq(word: int, seq: int) -> int:
