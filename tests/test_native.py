@@ -49,3 +49,19 @@ def test_scalar_only_kernels_are_the_exports_themselves() -> None:
     ks = _loaded("p2p")
     assert ks.take is ks.raw("take")  # no Python frame between a point-to-point call and its kernel
     assert ks.take_plain is not ks.raw("take_plain")  # array arguments: checked
+
+
+def test_dispatch_by_dtype_checks_the_variant_it_picks_and_refuses_the_rest() -> None:
+    calls: list[str] = []
+    variants = [
+        (dt, (lambda tag: lambda send, n: calls.append(tag) or n)(np.dtype(dt).name),
+         [{"dtype": np.dtype(dt).str, "ndim": 1, "layout": "C"}, None])
+        for dt in (np.float32, np.float64, np.int32)
+    ]
+    kernel = native._dispatcher("pipe", ["send", "n"], variants, every=True)
+    assert kernel(np.zeros(3, np.float64), 7) == 7 and kernel(np.zeros(3, np.float32), 8) == 8
+    assert kernel(np.zeros(3, np.float64), 9) == 9 and calls == ["float64", "float32", "float64"]
+    for bad in (np.zeros(3, np.int8), np.zeros((2, 2), np.float32), np.zeros(6, np.int32)[::2], [1.0, 2.0]):
+        with pytest.raises(TypeError, match="pipe"):
+            kernel(bad, 1)
+    assert calls == ["float64", "float32", "float64"]
