@@ -159,14 +159,15 @@ class ProcessGroupPycoll(dist.ProcessGroup):
     # ---- plumbing ---------------------------------------------------------------------------
     def _submit(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any],
                 source: Optional[Callable[[], int]] = None, at: Optional[T.Placement] = None,
-                blocking: Optional[Callable[[], None]] = None, nbytes: int = -1) -> PycollWork:
+                blocking: Optional[Callable[[], None]] = None, nbytes: int = -1, opts: Any = None) -> PycollWork:
         """Queue the call for the progress thread: ``start`` posts it nonblocking, ``blocking`` (host tensors only)
         is the same call made blocking, which the thread prefers when nothing else is in flight. A call of
         ``nbytes`` under INLINE_BYTES runs that way at once in the caller's thread when nothing is in flight:
-        blocking it that long costs less than the hop to the thread and back."""
+        blocking it that long costs less than the hop to the thread and back. So does a call of any size whose
+        caller waits for it at once (``opts.asyncOp`` False: torch's ``async_op=False``)."""
         if at is not None and at.cuda:
             blocking = None
-        if blocking is not None and 0 <= nbytes < INLINE_BYTES and self._coalescing is None:
+        if blocking is not None and (0 <= nbytes < INLINE_BYTES or (nbytes >= 0 and _waits(opts))) and self._coalescing is None:
             job = Job(name, start, finish, self._timeout, None, blocking)
             if self._progress.run_inline(job):
                 return PycollWork(job.future, source)
@@ -224,7 +225,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
-        if not T.is_device(t) and t.is_contiguous() and _nbytes(t) < INLINE_BYTES:  # the common small host call
+        if not T.is_device(t) and t.is_contiguous() and (_nbytes(t) < INLINE_BYTES or _waits(opts)):  # the common host call
             arr = T.array(t)
             if self._progress.run_now(lambda: self.comm.Allreduce(IN_PLACE, arr, op)):
                 return _DoneWork(tensors)
@@ -232,7 +233,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op, stream=at.stream)],
                             lambda: (buf.done(), tensors)[1], at=at,
-                            blocking=lambda: self.comm.Allreduce(IN_PLACE, buf.arr, op), nbytes=_nbytes(t))
+                            blocking=lambda: self.comm.Allreduce(IN_PLACE, buf.arr, op), nbytes=_nbytes(t), opts=opts)
 
     def _sparse_allreduce(self, name: str, tensors: list[torch.Tensor], op: Any) -> PycollWork:
         """A sparse (COO) sum as gloo does it: every rank gathers every rank's indices and values, in rank order, and
@@ -326,7 +327,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         send, buf = T.Staged(input), T.Staged(output, load=False)
         return self._submit(name, lambda: [self.comm.Ireduce_scatter_block(send.arr, buf.arr, op, stream=at.stream)],
                             lambda: (buf.done(), [output])[1], at=at,
-                            blocking=lambda: self.comm.Reduce_scatter_block(send.arr, buf.arr, op), nbytes=_nbytes(input))
+                            blocking=lambda: self.comm.Reduce_scatter_block(send.arr, buf.arr, op), nbytes=_nbytes(input),
+                            opts=opts)
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         return self._each("reduce_scatter_tensor_coalesced", outputs, inputs, lambda o, i: self.reduce_scatter_single(o, i, opts))
@@ -340,7 +342,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Ibcast(buf.arr, root, stream=at.stream)],
                             lambda: (buf.done(), tensors)[1], at=at, blocking=lambda: self.comm.Bcast(buf.arr, root),
-                            nbytes=_nbytes(t))
+                            nbytes=_nbytes(t), opts=opts)
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "all_gather"
@@ -376,11 +378,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             whole = T.Staged(output)
             return self._submit(name, lambda: [self.comm.Iallgather(IN_PLACE, whole.arr, stream=at.stream)],
                                 lambda: (whole.done(), [output])[1], at=at,
-                                blocking=lambda: self.comm.Allgather(IN_PLACE, whole.arr), nbytes=_nbytes(output))
+                                blocking=lambda: self.comm.Allgather(IN_PLACE, whole.arr), nbytes=_nbytes(output), opts=opts)
         send, buf = T.Staged(input), T.Staged(output, load=False)
         return self._submit(name, lambda: [self.comm.Iallgather(send.arr, buf.arr, stream=at.stream)],
                             lambda: (buf.done(), [output])[1], at=at, blocking=lambda: self.comm.Allgather(send.arr, buf.arr),
-                            nbytes=_nbytes(output))
+                            nbytes=_nbytes(output), opts=opts)
 
     def allgather_coalesced(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> PycollWork:
         """torch's layout: ``outputs[rank][k]`` receives rank ``rank``'s ``inputs[k]``."""
@@ -549,6 +551,12 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Nothing to release per group: the communicator's messages are drained by pycoll at exit."""
+
+
+def _waits(opts: Any) -> bool:
+    """Whether the caller waits for the call as soon as it is returned (torch sets ``asyncOp`` from ``async_op``;
+    options made without it, as DDP's reducer makes them, say True)."""
+    return opts is not None and getattr(opts, "asyncOp", True) is False
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import threading
 import traceback
 
 import torch
@@ -79,6 +80,24 @@ def run(r: int, n: int, fail: list[str]) -> int:
     t = torch.ones(5)
     dist.all_reduce(t)
     expect(bool((t == n).all()), "allreduce after rejected calls")
+    # a large call the caller waits for at once (async_op=False) runs in the caller's thread, pycoll's blocking call;
+    # one it may overlap (async_op=True) goes to the progress thread
+    comm = dist.group.WORLD.comm
+    threads: list[threading.Thread] = []
+    blocking, posting = comm.Allreduce, comm.Iallreduce
+    comm.Allreduce = lambda *a, **k: (threads.append(threading.current_thread()), blocking(*a, **k))[1]
+    comm.Iallreduce = lambda *a, **k: (threads.append(threading.current_thread()), posting(*a, **k))[1]
+    try:
+        big = torch.full((1 << 19,), float(r))  # 2 MiB, above the size that always runs inline
+        dist.all_reduce(big)
+        expect(threads == [threading.main_thread()], f"a blocking 2 MiB all_reduce ran in {threads}")
+        expect(bool((big == sum(range(n))).all()), "blocking 2 MiB all_reduce")
+        threads.clear()
+        dist.all_reduce(big, async_op=True).wait()
+        expect(len(threads) == 1 and threads[0] is not threading.main_thread(), f"an async 2 MiB all_reduce ran in {threads}")
+        expect(bool((big == n * sum(range(n))).all()), "async 2 MiB all_reduce")
+    finally:
+        del comm.Allreduce, comm.Iallreduce
     # batch_isend_irecv (coalesced point-to-point)
     nxt, prv = (r + 1) % n, (r - 1) % n
     got = torch.empty(6)
