@@ -55,7 +55,11 @@ def _cached(buf: Any, writable: bool) -> Optional[tuple]:
     if (e is not None and e[0] is obj and e[1] == count and e[2] is datatype and obj.dtype is e[3]
             and (not writable or obj.flags.writeable)):
         return e
-    return _by_shape(t, obj, count, datatype, writable)
+    e = _by_shape(t, obj, count, datatype, writable)
+    if e is not None and e[6] and obj.base is not None:
+        # a view kept by identity too (it holds no memory of its own): a window's receive slots are found at once
+        _keep(obj, e)
+    return e
 
 
 # What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
@@ -124,6 +128,13 @@ def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
     if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
         return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
     _remember_shape(_shape_key(t, obj, count, datatype, writable), obj, arr, addr)
+    entry = (obj, count, datatype, obj.dtype, arr, addr, arr.nbytes)
+    _keep(obj, entry)
+    return entry
+
+
+def _keep(obj: np.ndarray, entry: tuple) -> None:
+    """Cache ``entry`` under ``id(obj)``, within the bounds on entries and on the bytes they keep alive."""
     root = obj
     while type(root.base) is np.ndarray:
         root = root.base
@@ -136,9 +147,7 @@ def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
         _SPECS.clear()
         _pinned.clear()
         _pinned[id(root)] = root.nbytes
-    entry = (obj, count, datatype, obj.dtype, arr, addr, arr.nbytes)
     _SPECS[id(obj)] = entry
-    return entry
 
 
 class FastP2P:
@@ -264,17 +273,20 @@ class FastP2P:
         return e[4]
 
     # ---- receives ------------------------------------------------------------------------------
-    def _take(self, peer: int, d: int, e: tuple, tag: int, polls: int) -> int:
+    def _take(self, peer: int, d: int, e: tuple, tag: int, polls: int, status: int = -1) -> int:
         """The receive of ``e`` from ``peer`` on lane ``d``, acknowledgements ahead handled: 0 when taken, else
-        the take's status. The engine's lock is held."""
+        the take's status. ``status``: what a take the caller made returned (-1: none made). The engine's lock
+        is held."""
         k = self.k
         engine = self.engine
         while True:
-            status = k.take(d, e[5], e[6], self.ctx, tag, polls, 0 if self.sendq[peer] else 1)
+            if status < 0:
+                status = k.take(d, e[5], e[6], self.ctx, tag, polls, 0 if self.sendq[peer] else 1)
             if status == 0:
                 return 0
             if status == 4:  # ACKED: one of this rank's rendezvous sends is done
                 engine._acked(peer, self.words[peer][18])
+                status = -1
                 continue
             if status >= 5:  # PULLED straight from the sender
                 engine.rdv_pulls += 1
@@ -313,17 +325,20 @@ class FastP2P:
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
             d = lanes[peer]
-            if (d and not self.unexpected and not self.schedules and not self.aborts and not self._dead()
-                    and self.lock.acquire(False)):
+            comm = self.comm
+            if (d and not self.unexpected and not self.schedules and not self.aborts and not comm._freed
+                    and comm._aborted is None and not self.broken and self.lock.acquire(False)):
                 try:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:
                         return e[4]
                     if self.posted:  # messages already in for the receives posted before: completed first
                         self._complete_posted(peer, d)
-                    if not self.posted and not self._take(peer, d, e, tag, 0):
-                        w = self.words[peer]
-                        return w[16], w[17]
+                    if not self.posted:
+                        status = self.k.take(d, e[5], e[6], self.ctx, tag, 0, 0 if self.sendq[peer] else 1)
+                        if not status or not self._take(peer, d, e, tag, 0, status):
+                            w = self.words[peer]
+                            return w[16], w[17]
                     req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, e[4])
                     req.addr = e[5]
                     self.posted.append(req)

@@ -263,3 +263,25 @@ def test_timeouts_are_honoured(n, tmp_path):
         assert 1.9 <= outs[r]["s"] < 6.0, outs[r]
     for r in waiting:
         assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
+
+
+def test_views_found_by_shape_are_kept_by_identity_and_fresh_arrays_are_not() -> None:
+    import numpy as np
+
+    from pycoll import MPI, p2p_fast
+
+    class _Parse:  # the communicator's full parse, for specs over a whole C-ordered array
+        def _p2p_buf(self, buf, opname, writable):
+            return buf[0].reshape(-1).view(np.uint8)
+
+    base = np.zeros(64, np.float32)
+    first = base[0:8]
+    p2p_fast._resolve(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
+    slot = base[8:16]  # a window's next receive slot: a view of the same shape
+    found = p2p_fast._cached([slot, MPI.FLOAT], True)
+    assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
+    assert p2p_fast._cached([slot, MPI.FLOAT], True) is found  # by identity the next time: no new flat view
+    fresh = np.zeros(8, np.float32)  # an array of its own, made per call: resolved by shape, not kept alive
+    got = p2p_fast._cached([fresh, MPI.FLOAT], True)
+    assert got is not None and got[5] == fresh.__array_interface__["data"][0]
+    assert id(fresh) not in p2p_fast._SPECS
