@@ -20,7 +20,7 @@ class Job:
     ``scope`` (a CUDA call's device and stream) is entered around everything the thread does for the job:
     pycoll copies a device result back while a request completes, so the device must be current then too."""
 
-    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout", "scope", "blocking")
+    __slots__ = ("name", "start", "finish", "future", "requests", "deadline", "timeout", "scope", "blocking", "settled")
 
     def __init__(self, name: str, start: Callable[[], list[Request]], finish: Callable[[], Any], timeout: float,
                  scope: Optional[Callable[[], ContextManager[Any]]] = None,
@@ -33,9 +33,21 @@ class Job:
         self.future: Future = Future()
         self.requests: list[Request] = []
         self.deadline = 0.0
+        # called once, just before the future completes: a caller woken by it sees the job counted out
+        self.settled: Optional[Callable[[], None]] = None
+
+    def _settle(self) -> None:
+        settled, self.settled = self.settled, None
+        if settled is not None:
+            settled()
+
+    def succeed(self, result: Any) -> None:
+        self._settle()
+        self.future.set_result(result)
 
     def fail(self, exc: BaseException) -> None:
         if not self.future.done():
+            self._settle()
             self.future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(str(exc)))
 
 
@@ -66,11 +78,13 @@ class ProgressThread:
             return job.future
         with self._count_lock:
             self._inflight += 1
-        job.future.add_done_callback(self._finished)
+        # counted out before its future completes (a done-callback would run after the waiter wakes, and a blocking
+        # call made at once would still see it in flight)
+        job.settled = self._finished
         self._queue.put(job)
         return job.future
 
-    def _finished(self, _: Any) -> None:
+    def _finished(self) -> None:
         with self._count_lock:
             self._inflight -= 1
 
@@ -155,7 +169,7 @@ class ProgressThread:
                         still.append(job)
                         continue
                     result = job.finish()
-                job.future.set_result(result)
+                job.succeed(result)
             except BaseException as exc:
                 job.fail(exc)
         return still
@@ -173,7 +187,7 @@ def _complete_blocking(job: Job) -> None:
         with job.scope():
             job.blocking()  # type: ignore[misc]
             result = job.finish()
-        job.future.set_result(result)
+        job.succeed(result)
     except BaseException as exc:
         job.fail(exc)
 
