@@ -171,7 +171,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
         caller waits for it at once (``opts.asyncOp`` False: torch's ``async_op=False``)."""
         if at is not None and at.cuda:
             blocking = None
-        if blocking is not None and (0 <= nbytes < INLINE_BYTES or (nbytes >= 0 and _waits(opts))) and self._coalescing is None:
+        if blocking is not None and _runs_inline(nbytes, opts) and self._coalescing is None:
             job = Job(name, start, finish, self._timeout, None, blocking)
             if self._progress.run_inline(job):
                 return PycollWork(job.future, source)
@@ -229,7 +229,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
             return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
         t = self._one(name, tensors)
         op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
-        if not T.is_device(t) and t.is_contiguous() and (_nbytes(t) < INLINE_BYTES or _waits(opts)):  # the common host call
+        if not T.is_device(t) and t.is_contiguous() and _runs_inline(_nbytes(t), opts):  # the common host call
             arr = T.array(t)
             if self._progress.run_now(lambda: self.comm.Allreduce(IN_PLACE, arr, op)):
                 return _DoneWork(tensors)
@@ -555,6 +555,11 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Nothing to release per group: the communicator's messages are drained by pycoll at exit."""
+
+
+def _runs_inline(nbytes: int, opts: Any) -> bool:
+    """Whether a host call of ``nbytes`` (-1: unknown) runs in the caller's thread when nothing is in flight."""
+    return 0 <= nbytes and (nbytes < INLINE_BYTES or _waits(opts))
 
 
 def _waits(opts: Any) -> bool:
