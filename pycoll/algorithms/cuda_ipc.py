@@ -22,7 +22,6 @@ import numpy as np
 
 from ..buffers import DeviceArray
 from ..config import bool_param, size_param
-from ..cuda import dtypes as _dt
 from ..errors import DeviceError, PycollError
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
 from .cost import CostModel
@@ -74,8 +73,10 @@ def _refuse_ipc(call: Call, lay: Layout) -> Optional[str]:
         return "one rank needs no IPC"
     if lay.hosts != 1:
         return "the ranks are on more than one host (CUDA IPC maps the memory of one host's GPUs)"
-    if lay.size > _dt.MAX_SRCS:
-        return f"{lay.size} ranks are more than one kernel reduces ({_dt.MAX_SRCS})"
+    from ..cuda.dtypes import MAX_SRCS  # here: host-only jobs never load the device dtype tables
+
+    if lay.size > MAX_SRCS:
+        return f"{lay.size} ranks are more than one kernel reduces ({MAX_SRCS})"
     if IPC_DISABLE.get():
         return "CUDA IPC is turned off (PYCOLL_IPC_DISABLE)"
     if not arena_enabled():
@@ -109,7 +110,9 @@ class _Device:
         from ..cuda.memory import CudaMemory
 
         self.st, self.call = st, call
-        self.storage = _dt.layout(call.dtype).storage
+        from ..cuda.dtypes import layout
+
+        self.storage = layout(call.dtype).storage
         self.mem = CudaMemory(call.stream)
         self.stream = self.mem.stream if self.mem.stream is not None else 0
 
@@ -255,7 +258,9 @@ def _slot_for(need: int) -> int:
 
 
 def _kernels_refuse(call: Call) -> Optional[str]:
-    return _dt.check(call.op, call.dtype)
+    from ..cuda.dtypes import check
+
+    return check(call.op, call.dtype)
 
 
 def _staged(st: Steps, call: Call) -> Schedule:
