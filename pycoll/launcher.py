@@ -15,6 +15,7 @@ import threading
 import time
 from typing import IO, Any, Callable, Optional, Sequence
 
+from pycoll import forked_ranks
 from pycoll.bootstrap.store import FAILED_KEY, TCPStoreServer, new_token
 from pycoll.config import float_param
 
@@ -75,9 +76,10 @@ class _Job:
     """The running ranks: spawn, wait, signal, and stop them."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[Any] = []  # subprocess.Popen, or forked_ranks.ForkedRank
         self.exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
         self.taggers: list[_Tagger] = []
+        self.pipes: list[IO[bytes]] = []  # our ends of forked ranks' output pipes (a later fork closes its copies)
 
     def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool) -> None:
         pipe = subprocess.PIPE if tag_output else None
@@ -97,6 +99,39 @@ class _Job:
             self.taggers.append(_Tagger(rank, proc.stdout, sys.stdout, lock))
             self.taggers.append(_Tagger(rank, proc.stderr, sys.stderr, lock))
         threading.Thread(target=self._reap, args=(rank, proc), daemon=True).start()
+
+    def fork(self, rank: int, program: forked_ranks.Program, env: dict[str, str], tag_output: bool,
+             forget: Callable[[], None]) -> None:
+        """``spawn`` by forking this process (see pycoll.forked_ranks); ``forget`` closes our files in the child."""
+        outputs = (os.pipe(), os.pipe()) if tag_output else None
+
+        def forget_all() -> None:
+            forget()
+            for pipe in self.pipes:
+                pipe.close()
+            if outputs is not None:
+                os.close(outputs[0][0])
+                os.close(outputs[1][0])
+
+        try:  # in the child this raises SystemExit once the program has run: only the launcher goes on below
+            proc = forked_ranks.fork(program, env, rank != 0, (outputs[0][1], outputs[1][1]) if outputs else None,
+                                     forget_all)
+        except OSError:  # no fork: nothing started
+            for fd in (fd for pair in outputs or () for fd in pair):
+                os.close(fd)
+            raise
+        self.procs.append(proc)
+        if outputs is not None:
+            os.close(outputs[0][1])
+            os.close(outputs[1][1])
+            self.pipes += [os.fdopen(outputs[0][0], "rb"), os.fdopen(outputs[1][0], "rb")]
+        threading.Thread(target=lambda: self.exits.put((rank, proc.reap())), daemon=True).start()
+
+    def copy_forked_outputs(self) -> None:
+        """Start copying the forked ranks' output pipes, once all are forked: a copying thread holds our stdout's
+        lock while it writes, and a rank forked then would find that lock taken by a thread it does not have."""
+        for k, pipe in enumerate(self.pipes):
+            self.taggers.append(_Tagger(k // 2, pipe, sys.stdout if k % 2 == 0 else sys.stderr, _OUTPUT_LOCK))
 
     def _reap(self, rank: int, proc: subprocess.Popen) -> None:
         self.exits.put((rank, proc.wait()))
@@ -215,6 +250,7 @@ def launch(
     if link_rate and placement is None:
         raise ValueError("--link-rate needs --hosts")
     grace = LAUNCH_GRACE.get()
+    launcher_pid = os.getpid()
     job = _Job()
     stop_requests: list[int] = []
 
@@ -249,6 +285,7 @@ def launch(
         if mpi4py:
             base["PYTHONPATH"] = mpi4py_path_first(base.get("PYTHONPATH", ""))
         torch_port = _free_port(host) if vhosts is None else vhosts.call(0, _free_port, host)
+        program = None  # set when the ranks are forked from here (pycoll.forked_ranks)
         for rank in range(n):
             h, local_rank, local_size = where[rank]
             child_env = dict(base)
@@ -278,11 +315,20 @@ def launch(
                     return 127
             if stop_requests and vhosts is not None:  # Ctrl-C during the (slower) set-up: start no more
                 break
+            if rank == 0 and vhosts is None and in_main:
+                program = forked_ranks.python_program(
+                    cmd, child_env, [MPI4PY_ALIAS_DIR] if mpi4py else ())
+                if program is not None and not forked_ranks.preload():
+                    program = None
             try:
-                job.spawn(rank, argv, child_env, tag_output)
+                if program is not None:
+                    job.fork(rank, program, child_env, tag_output, server.forget_in_child if server else lambda: None)
+                else:
+                    job.spawn(rank, argv, child_env, tag_output)
             except OSError as exc:
                 _say(f"cannot start rank {rank} ({' '.join(cmd)}): {exc}")
                 return 127
+        job.copy_forked_outputs()
         if stop_requests:  # a signal came while we were still setting up
             job.signal_all(stop_requests[0])
             if len(job.procs) < n:
@@ -295,16 +341,17 @@ def launch(
 
         return _wait(job, n, grace, timeout, tell_store)
     finally:
-        job.stop()
-        job_id = server.get_local("job_id") if server is not None else None
-        if server is not None:
-            server.stop()
-        if vhosts is not None:
-            vhosts.close()  # before our handlers go: a second Ctrl-C must not cut the clean-up short
-        if in_main:
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)
-        _cleanup_shm(job_id)
+        if os.getpid() == launcher_pid:  # not in a forked rank leaving after its program
+            job.stop()
+            job_id = server.get_local("job_id") if server is not None else None
+            if server is not None:
+                server.stop()
+            if vhosts is not None:
+                vhosts.close()  # before our handlers go: a second Ctrl-C must not cut the clean-up short
+            if in_main:
+                for sig, handler in old_handlers.items():
+                    signal.signal(sig, handler)
+            _cleanup_shm(job_id)
 
 
 def _wait(job: _Job, n: int, grace: float, timeout: Optional[float], on_failure: Callable[[int, str], None] = lambda r, c: None) -> int:

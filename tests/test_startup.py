@@ -65,18 +65,25 @@ with open(os.path.join(sys.argv[2], f"rank{MPI.COMM_WORLD.rank}.json"), "w") as 
 """
 
 
-def _rank_imports(tmp_path: Path, names: tuple[str, ...]) -> list[list[str]]:
+def _rank_imports(tmp_path: Path, names: tuple[str, ...], **env: str) -> list[list[str]]:
     """Which of ``names`` each rank of a 2-rank Barrier-only job under `pycoll run` had imported at its end."""
     prog = tmp_path / "barrier.py"
     prog.write_text(_BARRIER_PROG)
     cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(prog), json.dumps(names), str(tmp_path)]
-    out = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_barrier_rank_imports_nothing_it_does_not_use(tmp_path):
-    assert _rank_imports(tmp_path, RANK_MUST_NOT_IMPORT) == [[], []]
+    """A rank started by exec imports neither the launcher nor anything the job does not use."""
+    assert _rank_imports(tmp_path, RANK_MUST_NOT_IMPORT, PYCOLL_RUN_FORK="0") == [[], []]
+
+
+def test_forked_barrier_rank_holds_the_launchers_modules_and_nothing_unused(tmp_path):
+    """A forked rank inherits the launcher's modules (they cost it nothing) and imports nothing else it does not use."""
+    assert _rank_imports(tmp_path, UNUSED) == [[], []]
+    assert _rank_imports(tmp_path, ("pycoll.launcher", "pycoll.cli")) == [["pycoll.cli", "pycoll.launcher"]] * 2
 
 
 def test_barrier_rank_loads_no_numba(tmp_path):
@@ -86,7 +93,8 @@ def test_barrier_rank_loads_no_numba(tmp_path):
 
 
 def test_launcher_process_imports_no_numpy(tmp_path):
-    """The `pycoll run` process itself: parse, start the store, spawn, wait, without NumPy or pycoll's stack."""
+    """The `pycoll run` process itself, when it execs its ranks (here: called from another program, which it never
+    forks): parse, start the store, spawn, wait, without NumPy or pycoll's stack."""
     code = textwrap.dedent(f"""
         import json, sys
         from pycoll.cli import main

@@ -522,6 +522,16 @@ class TCPStoreServer:
             self._wake = None
         self._server = None
 
+    def forget_in_child(self) -> None:
+        """In a process forked from this one: close its copies of the server's sockets (the parent serves on). Takes
+        no lock: a thread that held one at the fork does not exist here."""
+        if self._server is not None:
+            self._server.socket.close()
+        for sock in [*(self._wake or ()), *list(self._state.conns)]:
+            sock.close()
+        self._server = self._wake = self._thread = None
+        self._state = _State(b"")
+
     def wait_idle(self, timeout: float) -> bool:
         """Block until no client is connected (or ``timeout`` s); True if idle."""
         with self._state.cond:
