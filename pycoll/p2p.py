@@ -369,6 +369,12 @@ class Engine:
         # One doorbell for every inbound stream (all shared-memory, besides the loopback): idle waits block on it.
         bells = {id(b): b for b in (getattr(ch, "bell", None) for ch in channels.values() if ch.kind != "self")}
         self._stream_bell = next(iter(bells.values())) if len(bells) == 1 and None not in bells.values() else None
+        # Where peers on this host (shared memory) and on others (sockets) mix: whom a wait is for says how to sleep
+        self._tcp_peers = {ch.peer for ch in self._tcp_fds.values()}
+        shm = {p: getattr(ch, "bell", None) for p, ch in channels.items() if ch.kind == "shm"}
+        self._shm_peers = set(shm)
+        shm_bells = {id(b): b for b in shm.values()}
+        self._shm_bell = next(iter(shm_bells.values())) if len(shm_bells) == 1 and None not in shm_bells.values() else None
         self._inputs = {p: getattr(ch, "has_input", None) or (lambda ch=ch: len(ch.peek()) > 0) for p, ch in channels.items()}
         self._tight_polls = 200  # polls before a wait starts counting time (about 20-60 us of spinning)
         self._ctl_owner = Owner("rendezvous", CONTROL_CTX, rank, lambda w: w, ())
@@ -1746,7 +1752,13 @@ class Engine:
                 waits = pending()
                 bell.sleep(min(0.001, max(deadline - now, 0)), lambda: all(w.done for w in waits))
                 continue
-            nap = min(nap * 2, 0.001 if not (self._only_sockets and spin) else 0.05, max(deadline - now, 0))
+            peers = self._pending_peers(pending()) if not self._only_sockets else ()
+            if peers and self._shm_bell is not None and self._shm_peers.issuperset(peers):
+                # waits on this host's peers only: their writes into our rings (or space freed in theirs) ring our bell
+                self._shm_bell.sleep(min(0.002, max(deadline - now, 0)), self._input_ready)
+                continue
+            remote = self._only_sockets or (bool(peers) and self._tcp_peers.issuperset(peers))
+            nap = min(nap * 2, 0.05 if (remote and spin) else 0.001, max(deadline - now, 0))
             self._sleep(nap)
 
     # ---- aborts from other threads, stall reports ----------------------------------------------
@@ -1839,7 +1851,9 @@ class Engine:
         self.isend(src, np.frombuffer(body, np.uint8), CONTROL_CTX, _STATUS_TELL, P2P_SIG, owner)
 
     def _sleep(self, seconds: float) -> None:
-        if self._only_sockets and self._tcp_fds:
+        """Sleep up to ``seconds``, woken at once by input on a socket (or room to send on one) where there are any;
+        a peer on this host writing to us does not end it early (``seconds`` stays short while one may)."""
+        if self._tcp_fds:
             live = [fd for fd, ch in self._tcp_fds.items() if ch.peer not in self._dead]
             writers = [fd for fd in live if self._sendq[self._tcp_fds[fd].peer]]
             if live:

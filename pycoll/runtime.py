@@ -12,7 +12,7 @@ import socket
 import threading
 from typing import Optional, Sequence
 
-from . import config
+from . import config, machine
 from .algorithms import arena_jit, cost
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
@@ -21,6 +21,7 @@ from .bootstrap.store import barrier as store_barrier
 from .errors import InvalidArgumentError
 from .p2p import Engine
 from .topology import live as topo_live
+from .topology.discover import format_cpulist, parse_cpulist
 from .topology.model import Device, Topology
 from .topology.rings import comm_ring
 from .transport import Channel, PeerInfo, choose, make_transports
@@ -40,13 +41,6 @@ GC_FREEZE = config.bool_param(
 )
 
 log = logging.getLogger("pycoll")
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def host_id() -> str:
@@ -98,6 +92,9 @@ class Runtime:
             pid=os.getpid(),
             transports=[t.name for t in transports if t.enabled()],
             device=[kind, ident],
+            machine=machine.machine_id(),
+            cpus=format_cpulist(sorted(machine.affinity())),
+            cpu_quota=machine.cpu_quota(),
         )
         near = self._nearest_nic(local, Device(0, kind, ident))
         for t in transports:
@@ -113,6 +110,13 @@ class Runtime:
         raw = publish_all(self.info, "pycoll/peers", json.dumps(me.to_json()).encode(), self.timeout)
         self.peers = [PeerInfo.from_json(json.loads(r)) for r in raw]
         self.me = self.peers[self.rank]
+        # the job's ranks on this machine (network namespaces included) and the cores they share: ranks that
+        # outnumber them wait by yielding the core rather than spinning (the same count on every rank)
+        on_machine = [p for p in self.peers if (p.machine or p.host_id) == (self.me.machine or self.me.host_id)]
+        self.machine_ranks = [p.rank for p in on_machine]
+        self.machine_cores = machine.cores_for((parse_cpulist(p.cpus) for p in on_machine if p.cpus),
+                                               [p.cpu_quota for p in on_machine])
+        machine.set_load(len(self.machine_ranks), self.machine_cores)
         # one topology per host, published by its first rank (read after the transports' barriers below)
         firsts: dict[str, int] = {}
         for peer in self.peers:
@@ -151,7 +155,7 @@ class Runtime:
         self.engine.kernel_source = arena_jit.p2p_kernels
         self.cost_model = self._agree_on_cost_model()
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
-        self.engine.oversubscribed = len(self.local_ranks) > _usable_cores()
+        self.engine.oversubscribed = machine.oversubscribed()
         self.hosts = len({p.host_id for p in self.peers})
         log.info(
             "rank %d/%d up (launcher %s, %d hosts, on %s %s; topology %s in %.1f ms): %s",

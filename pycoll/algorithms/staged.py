@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 
-import os
 from typing import Optional
 
 import numpy as np
 
+from .. import machine
 from ..transport.arena import CONSUMED, REDUCED, STAGED, HostArena
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
@@ -42,8 +42,9 @@ _WAITS = ("consumed", "staged", "reduced")
 
 
 def oversubscribed(size: int) -> bool:
-    """More ranks than cores on this host: partners cannot spin side by side, so the pipe takes big steps."""
-    return size > (os.cpu_count() or 1)
+    """More ranks than cores on this machine (pycoll.machine): partners cannot spin side by side, so the pipe takes
+    big steps."""
+    return machine.oversubscribed(size)
 
 
 class Pipe:

@@ -611,7 +611,7 @@ def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
         info = from_torch_store(common.store, common.group_rank, common.group_size, timeout or 300.0)
         rt = _runtime.get_runtime(timeout, info)
     if not _shared_cores:
-        _share_cores(len(rt.local_ranks))
+        _share_cores(len(rt.machine_ranks), rt.machine_cores)
     if common.group_size > rt.size or ranks[common.group_rank] != rt.rank:
         raise InvalidArgumentError(
             f"torch's rank {ranks[common.group_rank]} of this group is pycoll's rank {rt.rank}: the pycoll job and the torch job differ",
@@ -625,18 +625,19 @@ def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
 _shared_cores: list[bool] = []  # set once the process's torch threads were sized for the host's ranks
 
 
-def _share_cores(local_ranks: int) -> None:
+def _share_cores(ranks: int, cores: int) -> None:
     """Give torch's intra-op pool this rank's share of the cores where OMP_NUM_THREADS does not say, as torchrun does
     for several ranks on a node. Each rank's pool otherwise takes every core, and while one rank computes on all of
     them its peers wait in a collective for its result: 2 ranks on 2 cores, a small MLP's DDP step took 4-64 ms
-    against 2-3 ms with one thread each."""
+    against 2-3 ms with one thread each. ``ranks``: the job's on this machine (namespaces included); ``cores``: theirs
+    (pycoll.machine)."""
     _shared_cores.append(True)
-    if os.environ.get("OMP_NUM_THREADS") or local_ranks <= 1:
+    if os.environ.get("OMP_NUM_THREADS") or ranks <= 1:
         return
-    share = max(1, _runtime._usable_cores() // local_ranks)
+    share = max(1, cores // ranks)
     if torch.get_num_threads() > share:
-        log.info("pycoll backend: torch's intra-op threads set to %d (%d ranks on this host's %d cores; set "
-                 "OMP_NUM_THREADS to choose)", share, local_ranks, _runtime._usable_cores())
+        log.info("pycoll backend: torch's intra-op threads set to %d (%d ranks on this machine's %d cores; set "
+                 "OMP_NUM_THREADS to choose)", share, ranks, cores)
         torch.set_num_threads(share)
 
 

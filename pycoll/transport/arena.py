@@ -16,6 +16,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import numpy as np
 
 from ..config import size_param
+from ..machine import oversubscribed
 from .cma import CrossMemory
 from .futex import Futex
 
@@ -48,8 +49,9 @@ KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES, SEQ = range(8)
 
 def slot_bytes_for(size: int) -> int:
     """The arena slot of a ``size``-rank communicator on one host: PYCOLL_ARENA_SLOT if set, else 64 KiB, or where the
-    ranks outnumber the cores, up to OVERSUBSCRIBED_SLOT (4 MiB over the ranks). The same on every rank of the host."""
-    if ARENA_SLOT.is_set() or size <= (os.cpu_count() or 1):
+    machine's ranks outnumber its cores (pycoll.machine), up to OVERSUBSCRIBED_SLOT (4 MiB over the ranks). The same on
+    every rank of the host."""
+    if ARENA_SLOT.is_set() or not oversubscribed(size):
         return ARENA_SLOT.get()
     return max(ARENA_SLOT.get(), min(OVERSUBSCRIBED_SLOT, (4 << 20) // max(size, 1)))
 

@@ -23,6 +23,9 @@ class PeerInfo:
     transports: list[str]  # the transports this rank enabled, in priority order
     addresses: dict[str, Any] = field(default_factory=dict)  # transport name -> its listen address
     device: list = field(default_factory=list)  # [kind, id] of the device it runs on (pycoll.topology.live)
+    machine: str = ""  # its machine (boot id, pycoll.machine): equal across the network namespaces of one machine
+    cpus: str = ""  # the CPUs it may run on (a Linux cpulist)
+    cpu_quota: float = 0.0  # the CPUs its cgroup grants; 0: no limit
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
