@@ -33,6 +33,8 @@ with open(os.path.join(os.environ["OUT"], "r" + out["rank"]), "w") as fh:
 
 
 def run_cli(argv: list[str], timeout: float = 60, cwd: Path = REPO, **env: str) -> subprocess.CompletedProcess:
+    """`python -m pycoll run ARGV` with forked ranks turned on (PYCOLL_RUN_FORK=1) unless ``env`` says otherwise."""
+    env.setdefault("PYCOLL_RUN_FORK", "1")
     cmd = [sys.executable, "-m", "pycoll", "run", *argv]
     return subprocess.run(cmd, cwd=cwd, env=clean_env(**env), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
@@ -70,11 +72,15 @@ def test_code_and_module_ranks_are_forked_too(tmp_path):
         assert r["forked"] and r["argv"] == [str(tmp_path / "reportmod.py"), "y"] and r["path0"] == str(tmp_path)
 
 
-def test_exec_when_turned_off_or_when_the_command_has_other_options(tmp_path):
+def test_exec_by_default_when_turned_off_or_when_the_command_has_other_options(tmp_path):
     prog = tmp_path / "prog.py"
     prog.write_text(REPORT)
     res = run_cli(["-n", "2", "--", sys.executable, str(prog)], OUT=str(tmp_path), PYCOLL_RUN_FORK="0")
     assert res.returncode == 0, res.stderr
+    assert [r["forked"] for r in reports(tmp_path, 2)] == [False, False]
+    res = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(prog)], cwd=REPO,
+                         env=clean_env(OUT=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr  # the default: exec
     assert [r["forked"] for r in reports(tmp_path, 2)] == [False, False]
     res = run_cli(["-n", "2", "--", sys.executable, "-B", str(prog)], OUT=str(tmp_path))
     assert res.returncode == 0, res.stderr

@@ -76,14 +76,14 @@ def _rank_imports(tmp_path: Path, names: tuple[str, ...], **env: str) -> list[li
 
 
 def test_barrier_rank_imports_nothing_it_does_not_use(tmp_path):
-    """A rank started by exec imports neither the launcher nor anything the job does not use."""
-    assert _rank_imports(tmp_path, RANK_MUST_NOT_IMPORT, PYCOLL_RUN_FORK="0") == [[], []]
+    """A rank started by exec (the default) imports neither the launcher nor anything the job does not use."""
+    assert _rank_imports(tmp_path, RANK_MUST_NOT_IMPORT) == [[], []]
 
 
 def test_forked_barrier_rank_holds_the_launchers_modules_and_nothing_unused(tmp_path):
     """A forked rank inherits the launcher's modules (they cost it nothing) and imports nothing else it does not use."""
-    assert _rank_imports(tmp_path, UNUSED) == [[], []]
-    assert _rank_imports(tmp_path, ("pycoll.launcher", "pycoll.cli")) == [["pycoll.cli", "pycoll.launcher"]] * 2
+    assert _rank_imports(tmp_path, UNUSED, PYCOLL_RUN_FORK="1") == [[], []]
+    assert _rank_imports(tmp_path, ("pycoll.launcher", "pycoll.cli"), PYCOLL_RUN_FORK="1") == [["pycoll.cli", "pycoll.launcher"]] * 2
 
 
 def test_barrier_rank_loads_no_numba(tmp_path):
