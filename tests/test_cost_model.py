@@ -360,9 +360,11 @@ def test_a_model_at_another_memory_speed_scales_every_memory_bound_rate() -> Non
 
 
 def test_ranks_that_outnumber_cores_take_one_shot_calls_to_a_larger_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pycoll import machine
     from pycoll.transport.arena import slot_bytes_for
 
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(machine, "_load", None)  # no runtime's count: ranks against this process's cores
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
     monkeypatch.delenv("PYCOLL_ARENA_SLOT", raising=False)
     assert slot_bytes_for(2) == 64 << 10  # one core each: more meetings cost no trip through the scheduler
     assert slot_bytes_for(4) == 1 << 20 and slot_bytes_for(8) == 512 << 10 and slot_bytes_for(128) == 64 << 10
