@@ -123,10 +123,6 @@ def set_load(ranks: int, cores: int) -> None:
     _load = (ranks, cores)
 
 
-def load() -> Optional[tuple[int, int]]:
-    return _load
-
-
 def oversubscribed(size: int = 0) -> bool:
     """Whether this machine's ranks outnumber their cores: the runtime's count once it is up (the same on every rank
     of the machine), else ``size`` ranks against this process's usable cores."""

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any, Mapping, Optional, Sequence
 
+from ..machine import affinity
 from .discover import TOPO_DISCOVER, format_cpulist, load_or_discover, merge, parse_cpulist
 from .model import Device, Host, Numa, Topology
 
@@ -28,17 +29,10 @@ _local_s = 0.0  # seconds the first lookup took
 _lock = threading.Lock()
 
 
-def _affinity() -> set[int]:
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))
-
-
 def host_only(name: str, reason: str, cpus: Optional[set[int]] = None) -> Topology:
     """A topology that knows only the host: one NUMA node with ``cpus`` (default: those this process may use), no
     GPU, no NIC."""
-    cpus = _affinity() if cpus is None else cpus
+    cpus = affinity() if cpus is None else cpus
     host = Host(name=name, numa=[Numa(id=0, cpus=format_cpulist(cpus))], cores=len(cpus), absent={"topology": reason})
     return Topology(hosts=[host], source="host only")
 
@@ -142,7 +136,7 @@ def own_device(host: Host, local_rank: Optional[int], env: Mapping[str, str] = o
     gpu = own_gpu(host, local_rank, env)
     if gpu is not None:
         return ("gpu", gpu)
-    return ("cpu", numa_of_cpus(host, _affinity() if cpus is None else cpus))
+    return ("cpu", numa_of_cpus(host, affinity() if cpus is None else cpus))
 
 
 # ---- the NIC the TCP transport listens on ---------------------------------------------------------
