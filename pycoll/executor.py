@@ -268,15 +268,15 @@ class Executor:
                         if fast is None:
                             plan.fast = runner.fast_path(self, plan)
                         return
-                    self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan))
+                    self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan, True))
                     return
         call, sig, stage = self._resolve(label, build, args, stream)
         plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
         if stage is None:
-            self._finish(self._schedule(label, call, sig, plan))
+            self._finish(self._schedule(label, call, sig, plan, True))
             return
         try:
-            self._finish(self._schedule(label, call, sig))
+            self._finish(self._schedule(label, call, sig, blocking=True))
         except BaseException:
             stage.discard()
             raise
@@ -345,13 +345,16 @@ class Executor:
         )
         return steps, owner
 
-    def _schedule(self, label: str, call: Call, sig: Sig, plan: Optional[Plan] = None) -> Schedule:
-        """Number the call, pick the algorithm (the plan's, while it holds) and start it."""
+    def _schedule(self, label: str, call: Call, sig: Sig, plan: Optional[Plan] = None, blocking: bool = False
+                  ) -> Schedule:
+        """Number the call, pick the algorithm (the plan's, while it holds) and start it. A blocking call's small
+        messages to peers on other hosts may move straight through the sockets as it starts (``Steps.now``)."""
         c = self.comm
         chosen, self.chosen = self.chosen, None
         c._live(label)
         c._seq += 1
         steps, owner = self.steps(label, sig)
+        steps.now = blocking and self.engine.direct_peers and call.stream is None
         key = self.choice_key()
         if chosen is not None:
             algo = chosen
@@ -366,7 +369,7 @@ class Executor:
         gen = algo.run(steps, call)
         if CHECK_CALLS.get() and c._size > 1:
             gen = self._checked(steps, sig, gen)
-        return self.engine.start(Schedule(gen, owner))
+        return self.engine.start(Schedule(gen, owner), steps.now)
 
     def _checked(self, steps: Steps, sig: Sig, gen):
         yield from verify_call(steps, sig, self.describe)

@@ -69,6 +69,25 @@ def tc_binary() -> Optional[str]:
     return shutil.which("tc") or next((p for p in ("/usr/sbin/tc", "/sbin/tc") if os.access(p, os.X_OK)), None)
 
 
+def sent_bytes(ifname: str = HOST_IFNAME) -> Optional[int]:
+    """Bytes sent on ``ifname`` in this process's network namespace (frames with their headers, from
+    /proc/self/net/dev); None where the namespace has no such interface."""
+    try:
+        with open("/proc/self/net/dev") as fh:
+            for line in fh:
+                name, sep, fields = line.partition(":")
+                if sep and name.strip() == ifname:
+                    return int(fields.split()[8])  # receive has 8 counters, then transmit bytes
+    except OSError:
+        return None
+    return None
+
+
+def namespace_id() -> int:
+    """An identifier of this process's network namespace (its inode): ranks that share it share a virtual host."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
 def _run(argv: Sequence[str], stdin: Optional[str] = None, timeout: float = 60.0) -> str:
     try:
         res = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -313,6 +332,28 @@ class VirtualHosts:
     def call(self, i: int, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """fn(*args) in a thread inside host i (e.g. to open a listening socket there)."""
         return call_in_netns(self.names[i], fn, *args, **kwargs)
+
+    def write_launcher(self, path: str) -> str:
+        """Write an executable at ``path`` that runs ``PATH [-x] ADDRESS COMMAND...`` inside the host with that
+        address: the call an ssh-style launcher makes (MPICH's hydra with ``-launcher ssh -launcher-exec PATH``).
+        The command words are joined and run by ``sh -c``, as ssh runs them. Returns ``path``."""
+        cases = "".join(f"    {addr}) ns={name} ;;\n" for addr, name in zip(self.addresses, self.names))
+        text = (
+            "#!/bin/sh\n"
+            f"# runs a command on one of {self.describe()}\n"
+            '[ "$1" = -x ] && shift\n'
+            'addr=$1\n'
+            'shift\n'
+            'case "$addr" in\n'
+            f"{cases}"
+            '    *) echo "unknown virtual host $addr" >&2; exit 255 ;;\n'
+            "esac\n"
+            f'exec {ip_binary() or "ip"} netns exec "$ns" sh -c "$*"\n'
+        )
+        with open(path, "w") as fh:
+            fh.write(text)
+        os.chmod(path, 0o755)
+        return path
 
     def qdiscs(self, i: int, switch_side: bool = False) -> str:
         """`tc qdisc show` of host i's interface, or of its port on the switch."""

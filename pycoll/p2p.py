@@ -66,6 +66,17 @@ P2P_CMA = bool_param(
 P2P_CMA_BYTES = size_param(
     "PYCOLL_P2P_CMA_BYTES", 64 << 10, "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA)."
 )
+TCP_EAGER = bool_param(
+    "PYCOLL_TCP_EAGER", True,
+    "Set to 0 to send every point-to-point message to a peer on another host through the progress engine; by "
+    "default a blocking or nonblocking send of up to the eager size leaves in one system call, and a receive "
+    "takes its message straight from the socket while nothing else is pending.",
+)
+TCP_EAGER_WAIT_MS = float_param(
+    "PYCOLL_TCP_EAGER_WAIT_MS", 2.0,
+    "Milliseconds a receive from a peer on another host waits in the kernel on that one socket (after its spin "
+    "and PYCOLL_YIELD_US of yielding) before it waits through the progress engine, which serves every peer.",
+)
 # Rendezvous frames: header only, told apart by their meta word (kind byte 0xF0.. with no dtype/op).
 _RTS = 0xF1  # sender -> receiver: count = the payload's address in the sender, vhash = rendezvous id
 _ACK = 0xF2  # receiver -> sender: the bytes of rendezvous vhash were pulled (or the receive failed): done
@@ -99,6 +110,11 @@ class Sig(NamedTuple):
 
 
 P2P_SIG = Sig()
+
+
+def _meta(sig: Sig) -> int:
+    """A frame header's meta word for a message of the call ``sig`` describes."""
+    return sig.kind | (sig.dtype << 8) | (sig.op << 16) | (_MAGIC << 24)
 
 
 @dataclass
@@ -380,6 +396,10 @@ class Engine:
         self._ctl_owner = Owner("rendezvous", CONTROL_CTX, rank, lambda w: w, ())
         # Eager receives poll one shared-memory ring directly, for about the engine's spin before they post.
         self._has_input = {p: getattr(ch, "has_input", None) for p, ch in channels.items() if ch.kind == "shm"}
+        # Peers on other hosts: small point-to-point messages go straight through their sockets (one call each way)
+        self._tcp_socks = {p: ch.sock for p, ch in channels.items() if ch.kind == "tcp" and TCP_EAGER.get()}
+        self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
+        self.direct_peers = bool(self._tcp_socks)  # send_now / recv_now can move a collective's messages
         self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
         # The largest eager message (callers read it): below the rendezvous threshold, a quarter of a ring at most.
         rings = [ch.capacity for ch in channels.values() if hasattr(ch, "put_frame")]
@@ -409,7 +429,7 @@ class Engine:
         if peer in self._dead:
             req.fail(owner.error(PeerFailureError, self._dead[peer], [peer]))
             return req
-        meta = sig.kind | (sig.dtype << 8) | (sig.op << 16) | (_MAGIC << 24)
+        meta = _meta(sig)
         q = self._sendq[peer]
         if nbytes >= self._rdv_bytes and not ctx & 1 and ctx != CONTROL_CTX and self._cma_to(peer):
             # rendezvous: announce (address, length); the peer pulls the bytes itself and acks
@@ -451,12 +471,42 @@ class Engine:
         self._enqueue(peer, req)
         return req
 
+    def send_now(self, peer: int, payload: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
+        """A collective's small message to a peer on another host in one system call, now (``send_eager`` with the
+        call's signature); False, nothing sent, where it cannot go so (the caller sends through the engine)."""
+        sock = self._tcp_socks.get(peer)
+        if sock is None or payload.nbytes > _SMALL or self._sendq[peer] or peer in self._dead:
+            return False
+        return self._send_eager_tcp(peer, sock, payload, ctx, tag, sig)
+
+    def recv_now(self, peer: int, dst: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
+        """A collective's message of exactly ``dst.nbytes`` (flat bytes) from a peer on another host, taken straight
+        from the socket (waiting as ``recv_eager`` does) while no receive is posted; False where the caller must
+        post a receive instead (nothing consumed)."""
+        # Only this call's own receives could match its frames (its exact context and tag): none may be posted
+        # or buffered, else the next frame could be theirs. Other calls' schedules may run.
+        if peer not in self._tcp_socks or self._posted or self._unexpected or self._abort_requests or peer in self._dead:
+            return False
+        st = self._inbound[peer]
+        if st.have or st.target is not None or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            got = self._recv_eager_tcp(peer, dst, ctx, tag, True, sig)
+        finally:
+            self.lock.release()
+        return got is not None
+
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
         """Write a small point-to-point message of flat bytes straight into ``peer``'s ring; False (nothing sent)
         unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
         nbytes = payload.nbytes
         put = self._put_frame.get(peer)
-        if put is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
+        if put is None:
+            sock = self._tcp_socks.get(peer)
+            if sock is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
+                return False
+            return self._send_eager_tcp(peer, sock, payload, ctx, tag)
+        if nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
             return False
         lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
         if lane is not None:
@@ -472,6 +522,83 @@ class Engine:
         return put(_HEADER.pack_into, (ctx, tag, nbytes, _P2P_META, 0, 0, 0), payload, HEADER_SIZE,
                    HEADER_SIZE + nbytes + (-nbytes % ALIGN))
 
+    def _send_eager_tcp(self, peer: int, sock: Any, payload: np.ndarray, ctx: int, tag: int, sig: Sig = P2P_SIG) -> bool:
+        """A point-to-point message to a peer on another host in one system call, header and payload together
+        (small ones joined in one buffer, larger ones by sendmsg's iovec). What the socket does not take at once
+        queues behind, as the engine's own sends do (the user's buffer is free either way: the rest is a copy)."""
+        nbytes = payload.nbytes
+        pad = -nbytes % ALIGN
+        meta = _P2P_META if sig is P2P_SIG else _meta(sig)
+        header = _HEADER.pack(ctx, tag, nbytes, meta, sig.root, sig.count, sig.vhash).ljust(HEADER_SIZE, b"\0")
+        data = memoryview(payload if payload.dtype is _U8 else payload.view(np.uint8)).cast("B")
+        try:
+            if nbytes <= _SMALL:
+                frame = b"".join((header, data, _ZEROS[:pad]))
+                sent = sock.send(frame)
+            else:
+                frame = None
+                sent = sock.sendmsg([header, data, _ZEROS[:pad]])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return False  # nothing left: the engine's path finds the failure and reports it
+        total = HEADER_SIZE + nbytes + pad
+        if sent < total:  # the socket is full: the rest (copied) queues, and progress sends it
+            rest = memoryview(frame if frame is not None else b"".join((header, data, _ZEROS[:pad])))[sent:]
+            req = SendRequest(self._ctl_owner, peer, ctx, tag, [rest])
+            self._sendq[peer].append(req)
+            self.tcp_eager_queued += 1
+        self.tcp_eager_sends += 1
+        return True
+
+    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool, sig: Optional[Sig] = None
+                        ) -> Optional[tuple[int, int]]:
+        """``recv_eager`` from a peer on another host: its next frame, read from the socket into the channel's
+        staging area and copied out, when it is this receive's message. Waits as the engine does (polling the
+        socket for PYCOLL_SPIN_US, then yielding the core for PYCOLL_YIELD_US), then in the kernel (select) for up
+        to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else needs this rank; the engine's wait takes over after that."""
+        ch = self.channels[peer]
+        fd = ch.fileno()
+        spin_until = deadline = 0.0
+        want = HEADER_SIZE
+        # a point-to-point receive takes up to dst.nbytes of a plain frame; a collective's, exactly its signature's
+        expect = (_P2P_META, 0, 0, 0) if sig is None else (_meta(sig), sig.root, sig.count, sig.vhash)
+        while True:
+            try:
+                view = ch.peek(want)
+            except PeerFailureError:
+                return None  # the engine's path reports it
+            if len(view) >= HEADER_SIZE:
+                got_ctx, got_tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(view)
+                total = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+                if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or (meta, root, count, vhash) != expect
+                        or nbytes > dst.nbytes or (sig is not None and nbytes != dst.nbytes) or total > ch.staging_bytes):
+                    return None  # another call's message, a control frame or a bad fit: the engine's path
+                if len(view) >= total:
+                    if nbytes:
+                        memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
+                    ch.consume(total)
+                    self._seen[peer] = (ctx, got_tag)
+                    self.tcp_eager_recvs += 1
+                    return nbytes, got_tag
+                want = total
+            if not spin:
+                return None
+            now = time.monotonic()
+            if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
+                spin_us = SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else _OVERSUBSCRIBED_SPIN_US
+                spin_until = now + spin_us * 1e-6
+                yield_until = spin_until + YIELD_US.get() * 1e-6
+                deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
+            if now < spin_until:
+                continue
+            if now >= deadline or self._abort_requests or any(self._sendq.values()):
+                return None
+            if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
+                os.sched_yield()
+                continue
+            select.select([fd], [], [], deadline - now)
+
     def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool = True) -> Optional[tuple[int, int]]:
         """Receive one small point-to-point message from ``peer`` straight out of its ring into ``dst`` (flat bytes),
         polling only that ring for a short spin (none unless ``spin``: a frame already there or nothing):
@@ -481,6 +608,8 @@ class Engine:
         if not self._can_take(peer) or not self.lock.acquire(blocking=False):
             return None
         try:
+            if peer in self._tcp_socks:
+                return self._recv_eager_tcp(peer, dst, ctx, tag, spin)
             lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
             if lane is not None:
                 polls = self._kernel_spin_polls if spin else 0
@@ -653,7 +782,8 @@ class Engine:
         if self._posted or self._unexpected or self._schedules or self._abort_requests:
             return False
         st = self._inbound.get(peer)
-        return peer in self._has_input and peer not in self._dead and not st.have and st.target is None  # type: ignore[union-attr]
+        return ((peer in self._has_input or peer in self._tcp_socks) and peer not in self._dead and not st.have  # type: ignore[union-attr]
+                and st.target is None)  # type: ignore[union-attr]
 
     def _candidate(self, peer: int) -> tuple[int, Optional[RecvRequest]]:
         """The first posted receive that a message from ``peer`` could match (its index), if it is a plain
@@ -1590,9 +1720,12 @@ class Engine:
                 sched.fail(err)
 
     # ---- waiting ---------------------------------------------------------------------------
-    def start(self, sched: Schedule) -> Schedule:
-        """Begin a schedule; it runs in the background of every later wait."""
-        self.progress()  # a notice that a peer skipped this call may be waiting
+    def start(self, sched: Schedule, direct: bool = False) -> Schedule:
+        """Begin a schedule; it runs in the background of every later wait. A ``direct`` one (its first messages
+        straight through the sockets) skips the first progress pass: a peer's notice that it skipped the call
+        is a frame its receives do not take, so the schedule then waits, and the wait's progress reads it."""
+        if not direct:
+            self.progress()  # a notice that a peer skipped this call may be waiting
         skipped = self._skipped.pop((sched.owner.ctx, sched.owner.tag), None)
         if skipped is not None:
             sched.fail(self._with_rank(skipped, sched.owner))

@@ -104,3 +104,19 @@ def test_forced_movement(label: str, n: int, tmp_path) -> None:
     res = harness.run_cases(n, cases, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)
     res.assert_ok()
     print(f"{label} n={n}: {res.proc.wall_s:.1f} s")
+
+
+SOCKET_SETS = {**FORCED, "direct": MOVEMENT["direct"]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("label,n", [("trees-halving", 5), ("doubling", 3), ("ring-chain", 3), ("direct", 4)])
+def test_forced_over_sockets(label: str, n: int, tmp_path) -> None:
+    """Over tcp, a blocking call's single-chunk messages go straight through the sockets (Steps.now): the short
+    forms of the trees, the recursive rounds, the rings and chains, pairwise and dissemination, checked like the
+    rest."""
+    env = {"PYCOLL_ALGO": SOCKET_SETS[label]}
+    cases = LIGHT + ["reduce.reduce"] if label != "direct" else ["movement.alltoall*", "movement.barrier", "movement.gather"]
+    res = harness.run_cases(n, cases, transport="tcp", out_dir=str(tmp_path), job_timeout=240, env=env)
+    res.assert_ok()
+    print(f"{label} n={n} over tcp: {res.proc.wall_s:.1f} s")

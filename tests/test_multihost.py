@@ -223,3 +223,48 @@ def test_namespaces_removed_when_the_job_ends(how: str) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == {"fail": 5, "timeout": 124, "sigint": 130}[how], err
     assert _owned(proc.pid) == [], f"left behind: {_owned(proc.pid)}"
+
+
+def test_launcher_script_runs_a_command_on_the_host_it_names(tmp_path: Path) -> None:
+    with netns.VirtualHosts(2) as vh:
+        script = vh.write_launcher(str(tmp_path / "on-host"))
+        ids = []
+        for i, addr in enumerate(vh.addresses):
+            # as hydra's ssh launcher calls it: -x, the host, then the command words (joined, run by sh -c)
+            got = subprocess.run([script, "-x", addr, sys.executable, "-c",
+                                  "'from pycoll import netns; print(netns.namespace_id(), netns.sent_bytes())'"],
+                                 capture_output=True, text=True, timeout=30)
+            assert got.returncode == 0, got.stderr
+            ns, sent = got.stdout.split()
+            assert sent != "None"  # the host's own link is there
+            ids.append(int(ns))
+            owner = subprocess.run(vh.exec_prefix(i) + [sys.executable, "-c", "from pycoll import netns; "
+                                                        "print(netns.namespace_id())"], capture_output=True, text=True)
+            assert int(owner.stdout) == ids[-1]
+        assert len(set(ids)) == 2 and netns.namespace_id() not in ids
+        bad = subprocess.run([script, "-x", "192.0.2.1", "true"], capture_output=True, text=True, timeout=30)
+        assert bad.returncode == 255 and "unknown virtual host 192.0.2.1" in bad.stderr
+
+
+@pytest.mark.timeout(240)
+def test_perf_on_hosts_runs_mpich_beside_pycoll_and_counts_link_bytes(tmp_path: Path) -> None:
+    """MPICH runs on the namespaces with its traffic on the links, like pycoll; both report the bytes sent."""
+    from pycoll.perf import peers
+
+    if peers.unavailable("mpi"):
+        pytest.skip(f"mpi peer: {peers.unavailable('mpi')}")
+    out = tmp_path / "s.json"
+    argv = ["--np", "2", "--hosts", "2", "--peers", "pycoll,mpi", "-C", "allreduce,broadcast", "-b", "64K",
+            "-e", "256K", "-f", "4", "-n", "3", "-w", "1", "--inplace", "out", "--json", str(out), "--no-progress"]
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True, cwd=ROOT,
+                          timeout=220)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = json.loads(out.read_text())["records"]
+    assert {r["peer"] for r in recs} == {"pycoll", "mpi"}
+    for r in recs:
+        assert r["wrong"] == 0 and r["hosts"] == 2
+        least = (2 if r["collective"] == "allreduce" else 1) * r["bytes"]  # 2 hosts, 1 rank each
+        assert r["link_min_bytes"] == least
+        # frames carry headers; a peer whose traffic stayed off the link (shared memory) would show about 0
+        assert 0.9 * least <= r["link_bytes"] <= 1.5 * least, r
+    assert "link/min" in proc.stdout

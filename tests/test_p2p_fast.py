@@ -285,3 +285,62 @@ def test_views_found_by_shape_are_kept_by_identity_and_fresh_arrays_are_not() ->
     got = p2p_fast._cached([fresh, MPI.FLOAT], True)
     assert got is not None and got[5] == fresh.__array_interface__["data"][0]
     assert id(fresh) not in p2p_fast._SPECS
+
+
+_TCP_EAGER = _COMMON + """
+from pycoll.runtime import current
+engine = comm._engine
+M, COUNT = 60000, 300  # 18 MB of eager frames: more than the socket buffers hold while the receiver sleeps
+def pattern(n, salt):
+    return ((np.arange(n, dtype=np.int64) * 13 + salt) % 251).astype(np.uint8)
+bad = []
+comm.Barrier()
+if rank == 0:
+    for i in range(COUNT):  # Send returns at once: what the socket does not take queues, copied
+        comm.Send([pattern(M, i), M, MPI.BYTE], 1, 7)
+    comm.Send(np.array([3.5], np.float64), 1, 9)  # then a tag the receiver asks for first
+    comm.Send(np.array([2.5], np.float64), 1, 8)
+    for i in range(200):  # ping-pong: each message straight from the socket
+        comm.Send([np.full(2, i, np.float32), MPI.FLOAT], 1, 1)
+        got = np.zeros(2, np.float32)
+        comm.Recv([got, MPI.FLOAT], 1, 2)
+        if not (got == i + 1).all():
+            bad.append(f"pong {i}")
+else:
+    time.sleep(0.5)
+    for i in range(COUNT):
+        got = np.empty(M, np.uint8)
+        st = MPI.Status()
+        comm.Recv([got, MPI.BYTE], 0, 7, st)
+        if not np.array_equal(got, pattern(M, i)) or st.Get_count(MPI.BYTE) != M:
+            bad.append(f"message {i}")
+    nine, eight = np.zeros(1), np.zeros(1)
+    comm.Recv(nine, 0, 9)  # not the next frame: it goes through the engine, which buffers tag 8
+    comm.Recv(eight, 0, 8)
+    if (nine[0], eight[0]) != (3.5, 2.5):
+        bad.append(f"out of order: {nine[0]}, {eight[0]}")
+    for i in range(200):
+        got = np.zeros(2, np.float32)
+        comm.Recv([got, MPI.FLOAT], 0, 1)
+        comm.Send([got + 1, MPI.FLOAT], 0, 2)
+out.update(bad=bad, sends=engine.tcp_eager_sends, recvs=engine.tcp_eager_recvs, queued=engine.tcp_eager_queued,
+           transports=sorted(set(current().transport_of.values())))
+done()
+"""
+
+
+@pytest.mark.parametrize("eager", ["1", "0"])
+def test_messages_between_hosts_go_straight_through_the_socket(eager, tmp_path):
+    """Over tcp, a small message leaves in one send and is taken straight from the socket; a full socket queues
+    the rest in order, and a receive that is not for the next frame goes through the engine. PYCOLL_TCP_EAGER=0
+    turns the path off with the same results."""
+    proc, outs = _run(tmp_path, _TCP_EAGER, [], "tcp", {"PYCOLL_TCP_EAGER": eager})
+    assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    for r, o in outs.items():
+        assert o["bad"] == [] and o["transports"] == ["self", "tcp"], o
+    if eager == "1":
+        assert outs[0]["sends"] >= 400 and outs[1]["sends"] >= 200, outs  # behind a queued rest: the engine
+        assert outs[0]["queued"] > 0, outs  # the socket filled while rank 1 slept
+        assert outs[1]["recvs"] >= 400 and outs[0]["recvs"] >= 150, outs
+    else:
+        assert all(o["sends"] == 0 and o["recvs"] == 0 for o in outs.values()), outs

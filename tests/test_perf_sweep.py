@@ -109,7 +109,10 @@ def test_jobs_and_launch_commands() -> None:
     assert "--hosts" in cmd and "MASTER_ADDR" not in env and env["GLOO_SOCKET_IFNAME"] == "veth0" and env["MASTER_PORT"]
     cmd, env = peers.launch_command("gloo", 4, "{}")
     assert "--hosts" not in cmd and env["MASTER_ADDR"] == "127.0.0.1"
-    assert "virtual hosts" in (peers.unavailable("mpi", hosts=2) or "")
+    assert "virtual hosts" in (peers.unavailable("nccl", hosts=2) or "")
+    cmd, env = peers.launch_command("mpi", 4, "{}", 2, "1gbit")  # mpiexec on the virtual hosts
+    assert cmd[1:cmd.index("--")] == ["-m", "pycoll.perf.mpi_hosts", "-n", "4", "--hosts", "2", "--link-rate", "1gbit"]
+    assert cmd[cmd.index("--") + 1:][1:3] == ["-m", "pycoll.perf.worker"]
     assert peers.unavailable("pycoll", hosts=2) is None
 
 
@@ -441,3 +444,34 @@ def test_interleaved_forced_algorithms_end_to_end(tmp_path: Path) -> None:
         assert all(r["algo"] == name and r["algo_used"] == name and r["wrong"] == 0 for r in by_peer[peer])
     assert all(r["algo"] == "auto" and r["wrong"] == 0 for r in by_peer["pycoll"])
     assert proc.stdout.count("# Avg bus bandwidth : ") == 3
+
+
+def test_fewest_link_bytes_per_collective() -> None:
+    from pycoll.perf.metrics import min_link_bytes
+
+    n = 1 << 20
+    assert min_link_bytes("allreduce", n, [2, 2]) == 2 * n
+    assert min_link_bytes("allreduce", n, [1, 1, 1]) == 4 * n
+    assert min_link_bytes("allreduce", n, [4]) == 0
+    assert min_link_bytes("broadcast", n, [2, 1, 2]) == 2 * n
+    assert min_link_bytes("allgather", n, [2, 2]) == n and min_link_bytes("reduce_scatter", n, [3, 1]) == n
+    # alltoall: n is one rank's send buffer; 4 ranks on 2 hosts send half of it across
+    assert min_link_bytes("alltoall", n, [2, 2]) == 4 * n / 2
+    assert min_link_bytes("gather", n, [3, 1], root_host=0) == n / 4
+    assert min_link_bytes("scatter", n, [3, 1], root_host=1) == 3 * n / 4
+    assert min_link_bytes("pingpong", n, [1, 1], p2p_hosts=(0, 1)) == n
+    assert min_link_bytes("pingpong", n, [2], p2p_hosts=(0, 0)) == 0
+    assert min_link_bytes("barrier", 0, [1, 1]) is None and min_link_bytes("scan", n, [1, 1]) is None
+
+
+def test_link_row_counts_each_host_once() -> None:
+    from pycoll.perf.worker import _link_row
+
+    # ranks 0, 1 on namespace 7, rank 2 on 9: (namespace, bytes in the window with the calls, without, calls);
+    # rank 0 read its host's counter while trailing bytes still left: its quiet window is not the quietest
+    per_rank = [(7, 5000, 900, 10), (7, 5100, 100, 10), (9, 3000, 0, 10)]
+    row = _link_row(per_rank, "broadcast", 400, root=2, per_call=1)
+    assert row == {"link_bytes": (5100 - 100 + 3000) // 10, "link_min_bytes": 400}
+    row = _link_row([(7, 640, 0, 10), (9, 640, 0, 10)], "pingpong", 8, root=0, per_call=2)
+    assert row == {"link_bytes": 64, "link_min_bytes": 8}
+    assert _link_row([(7, 5, 10, 1), (9, 10, 0, 1)], "barrier", 0, 0, 1) == {"link_bytes": 10, "link_min_bytes": None}

@@ -235,6 +235,34 @@ class Steps:
         other.ipc = None
         return other
 
+    # A blocking call's small messages to peers on other hosts may go straight through the sockets (the executor
+    # sets this): the *_now verbs then return None for a message moved at once, else the engine's request.
+    now = False
+
+    def send_now(self, peer: int, arr: np.ndarray) -> Optional[Request]:
+        """``send``, in one system call where the call may: None once sent (the bytes are out of ``arr``)."""
+        if self.now and type(arr) is np.ndarray and arr.flags.c_contiguous and self.engine.send_now(
+                self._world[peer], arr.reshape(-1).view(np.uint8), self._ctx, self._tag, self._sig):
+            return None
+        return self.send(peer, arr)
+
+    def recv_now(self, peer: int, arr: np.ndarray) -> Optional[Request]:
+        """``recv``, taken straight from the socket where the call may: None once received."""
+        if self.now and type(arr) is np.ndarray and arr.flags.c_contiguous and self.engine.recv_now(
+                self._world[peer], arr.reshape(-1).view(np.uint8), self._ctx, self._tag, self._sig):
+            return None
+        return self.recv(peer, arr)
+
+    def recv_reduce_now(self, peer: int, local: np.ndarray, out: np.ndarray, op: Op) -> Optional[Request]:
+        """``recv_reduce``, taken straight from the socket where the call may: None once ``out`` is written."""
+        if self.now and type(out) is np.ndarray and out.flags.c_contiguous:
+            incoming = np.empty_like(out)
+            if self.engine.recv_now(self._world[peer], incoming.reshape(-1).view(np.uint8), self._ctx, self._tag,
+                                    self._sig):
+                op.ufunc(local, incoming, out=out)
+                return None
+        return self.recv_reduce(peer, local, out, op)
+
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
         """Send ``arr`` to ``peer``; the request completes once the bytes are out of ``arr``."""
         return self.engine.isend(self._world[peer], arr, self._ctx, self._tag, sig or self._sig, self._owner)

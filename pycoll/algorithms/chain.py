@@ -30,6 +30,14 @@ def broadcast_chain(st: Steps, call: Call) -> Schedule:
     pos = (r - root) % p
     prev, nxt = (r - 1) % p, (r + 1) % p
     pieces = split(call.recv, st.num_chunks(call.recv.nbytes))
+    if st.now and len(pieces) == 1:  # one message: straight through the sockets where it can go so
+        got = st.recv_now(prev, pieces[0]) if pos else None
+        if got is not None:
+            yield (got,)
+        sent = st.send_now(nxt, pieces[0]) if pos < p - 1 else None
+        if sent is not None:
+            yield (sent,)
+        return
     if pos == 0:
         yield tuple(st.send(nxt, piece) for piece in pieces)
         return
@@ -62,6 +70,24 @@ def reduce_chain(st: Steps, call: Call) -> Schedule:
         toward_root, away = (r - 1) % p, (r + 1) % p
         k = st.num_chunks(call.send.nbytes)
         ins = split(call.send, k)
+        if st.now and k == 1:  # one message per link: straight through the sockets where it can go so
+            if pos == p - 1:
+                result = ins[0]
+            else:
+                got = st.recv_reduce_now(away, ins[0], acc, call.op)
+                if got is not None:
+                    yield (got,)
+                result = acc
+            sent = st.send_now(toward_root, result) if not at_root else None
+            if sent is not None:
+                yield (sent,)
+            if not at_root:
+                if pos != p - 1:
+                    st.mem.release(acc)
+                return
+            if call.op.averages:
+                st.mem.scale(acc, p)
+            return
         if pos == p - 1:  # the far end starts the chain with its own data
             yield tuple(st.send(toward_root, piece) for piece in ins)
             return

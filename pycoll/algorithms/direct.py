@@ -68,7 +68,13 @@ def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     out = [call.recv[d : d + c] for c, d in zip(call.counts, call.displs)]
     inp = [source[d : d + c] for c, d in zip(call.send_counts, call.send_displs)]
     reqs = []
-    for s in range(1, p):
+    if st.now:  # every send straight through the sockets where it can go so, then the receives in turn
+        reqs = [q for q in (st.send_now((r + s) % p, inp[(r + s) % p]) for s in range(1, p)) if q is not None]
+        for s in range(1, p):
+            got = st.recv_now((r - s) % p, out[(r - s) % p])
+            if got is not None:
+                reqs.append(got)
+    for s in range(1, p) if not st.now else ():
         reqs.append(st.recv((r - s) % p, out[(r - s) % p]))
         reqs.append(st.send((r + s) % p, inp[(r + s) % p]))
     try:
@@ -94,5 +100,11 @@ def barrier_dissemination(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     distance = 1
     while distance < p:  # messages carry no payload
-        yield (st.send((r + distance) % p, _EMPTY), st.recv((r - distance) % p, _EMPTY))
+        if st.now:
+            pending = [q for q in (st.send_now((r + distance) % p, _EMPTY), st.recv_now((r - distance) % p, _EMPTY))
+                       if q is not None]
+            if pending:
+                yield tuple(pending)
+        else:
+            yield (st.send((r + distance) % p, _EMPTY), st.recv((r - distance) % p, _EMPTY))
         distance *= 2

@@ -54,6 +54,19 @@ def reduce_scatter_ring(
     def target(s: int) -> list[np.ndarray]:
         return final if s == p - 2 else partial((r - s - 2) % p)
 
+    if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
+        later = [q for q in (st.send_now(right, inputs[(r - 1) % p][0]),) if q is not None]
+        for s in range(p - 1):
+            out = target(s)[0]
+            got = st.recv_reduce_now(left, inputs[(r - s - 2) % p][0], out, op)
+            if got is not None:
+                yield (got,)
+            if s + 1 <= p - 2:
+                later += [q for q in (st.send_now(right, out),) if q is not None]
+        if later:
+            yield tuple(later)
+        return
+
     sends = [st.send(right, piece) for piece in inputs[(r - 1) % p]]
     outs = {0: target(0)}
     pending = deque((0, c, st.recv_reduce(left, inputs[(r - 2) % p][c], outs[0][c], op)) for c in range(k))
@@ -79,6 +92,19 @@ def allgather_ring(st: Steps, blocks: list[list[np.ndarray]], mine: list[np.ndar
     if p > 1:
         left, right = (r - 1) % p, (r + 1) % p
         k = len(mine)
+        if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
+            later = [q for q in (st.send_now(right, mine[0]),) if q is not None]
+            for s in range(p - 1):
+                got = st.recv_now(left, blocks[(r - s - 1) % p][0])
+                if got is not None:
+                    yield (got,)
+                if s + 1 <= p - 2:
+                    later += [q for q in (st.send_now(right, blocks[(r - s - 1) % p][0]),) if q is not None]
+            if later:
+                yield tuple(later)
+            for dst, src in zip(blocks[r], mine):
+                st.mem.copy(dst, src)
+            return
         sends = [st.send(right, piece) for piece in mine]
         pending = deque((0, c, st.recv(left, blocks[(r - 1) % p][c])) for c in range(k))
         while pending:

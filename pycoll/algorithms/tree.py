@@ -48,6 +48,28 @@ def reduce_up(st: Steps, tree: Tree, ins: list[np.ndarray], acc: list[np.ndarray
     r = st.rank
     parent, kids = tree.parent[r], tree.children[r]
     k = len(ins)
+    if st.now and k == 1:  # one message per edge: straight through the sockets where they can go so
+        if kids:
+            got = st.recv_reduce_now(kids[0], ins[0], acc[0], op)
+            if got is not None:
+                yield (got,)
+            for kid in kids[1:]:
+                spare = st.mem.scratch(acc[0].shape[0], acc[0].dtype)
+                got = st.recv_now(kid, spare)
+                if got is not None:
+                    yield (got,)
+                st.mem.reduce(op, acc[0], spare, acc[0])
+                st.mem.release(spare)
+            result = acc[0]
+        else:
+            result = ins[0]
+        if parent is not None:
+            sent = st.send_now(parent, result)
+            if sent is not None:
+                yield (sent,)
+        elif done is not None:
+            st.mem.copy(done[0], result)
+        return
     sends = []
     if not kids:
         if parent is not None:
@@ -78,6 +100,14 @@ def broadcast_down(st: Steps, tree: Tree, pieces: list[np.ndarray], have: Option
     """Pipelined broadcast of ``pieces`` from the root; ``have`` (root only) are requests that fill them first."""
     r = st.rank
     parent, kids = tree.parent[r], tree.children[r]
+    if st.now and len(pieces) == 1 and not have:  # one message: straight through the sockets where it can go so
+        got = st.recv_now(parent, pieces[0]) if parent is not None else None
+        if got is not None:
+            yield (got,)
+        sends = [q for q in (st.send_now(kid, pieces[0]) for kid in kids) if q is not None]
+        if sends:
+            yield tuple(sends)
+        return
     arriving = [st.recv(parent, piece) for piece in pieces] if parent is not None else list(have or [])
     sends = []
     for c, piece in enumerate(pieces):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from typing import Sequence
+from typing import Optional, Sequence
 
 # Collectives whose size is the big buffer, split into one block per rank.
 SPLIT = frozenset({"allgather", "reduce_scatter", "alltoall", "gather", "scatter"})
@@ -67,3 +67,28 @@ def slowest_rank_time(per_rank: Sequence[Sequence[float]]) -> float:
     """Time of one size: per iteration the max over ranks, then the median over iterations."""
     per_iter = [max(times) for times in zip(*per_rank)]
     return median(per_iter)
+
+
+def min_link_bytes(collective: str, nbytes: int, per_host: Sequence[int], root_host: int = 0,
+                   p2p_hosts: tuple[int, int] = (0, 0)) -> Optional[float]:
+    """The fewest bytes that must cross between hosts in one call (every host's links together), for ranks placed
+    ``per_host[h]`` on host h, the root on host ``root_host`` and ranks 0 and 1 on ``p2p_hosts``; None where no
+    bound is kept (barrier, scan, sendrecv).
+
+    Allreduce: each host sends 2 n (H-1)/H at least (reduce-scatter then allgather across hosts); broadcast,
+    reduce, allgather and reduce_scatter: n (H-1) (each block from or to a host crosses once per other host);
+    alltoall, gather and scatter: the blocks whose two ranks sit on different hosts; point-to-point: n when
+    ranks 0 and 1 sit on different hosts (per message)."""
+    hosts = sum(1 for k in per_host if k)
+    total = sum(per_host)
+    if collective == "allreduce":
+        return 2.0 * nbytes * (hosts - 1)
+    if collective in ("broadcast", "reduce", "allgather", "reduce_scatter"):
+        return float(nbytes * (hosts - 1))
+    if collective == "alltoall":  # nbytes: what one rank sends, a block to every rank
+        return nbytes / total * sum(k * (total - k) for k in per_host)
+    if collective in ("gather", "scatter"):  # nbytes: the root's whole buffer
+        return nbytes * (total - per_host[root_host]) / total
+    if collective in P2P:
+        return float(nbytes) if p2p_hosts[0] != p2p_hosts[1] else 0.0
+    return None

@@ -111,8 +111,8 @@ def unavailable(peer: str, in_mpi: bool = False, dtype: str = "float", hosts: Op
 
             return devices.numba_cuda_missing()
         return None
-    if hosts and not in_mpi and peer in ("mpi", "nccl"):
-        return f"{'mpiexec' if peer == 'mpi' else 'nccl'} is not run on virtual hosts (--hosts); pycoll and gloo are"
+    if hosts and not in_mpi and peer == "nccl":
+        return "nccl is not run on virtual hosts (--hosts): they have no GPUs of their own"
     if peer == "mpi":
         if device == "cuda":
             return "--device cuda: the mpi peer moves host buffers only (pip's MPICH is not built CUDA-aware)"
@@ -155,11 +155,15 @@ def free_port() -> int:
 def launch_command(peer: str, nranks: int, spec_json: str, hosts: Optional[int] = None,
                    link_rate: Optional[str] = None, env_extra: Optional[dict[str, str]] = None
                    ) -> tuple[list[str], dict[str, str]]:
-    """argv and environment of one job: mpiexec for mpi, `pycoll run` (on virtual hosts with hosts) for the others."""
+    """argv and environment of one job: mpiexec for mpi, `pycoll run` for the others; with ``hosts``, on that
+    many virtual hosts."""
     worker = [sys.executable, "-m", "pycoll.perf.worker", "--spec", spec_json]
     env = dict(os.environ)
     env.update(env_extra or {})
     if peer == "mpi":
+        if hosts:  # mpiexec inside the virtual hosts, its traffic between them on their links (pycoll.perf.mpi_hosts)
+            return [sys.executable, "-m", "pycoll.perf.mpi_hosts", "-n", str(nranks), "--hosts", str(hosts),
+                    *(["--link-rate", link_rate] if link_rate else []), "--", *worker], env
         return [find_mpiexec() or "mpiexec", "-n", str(nranks), *worker], env
     run = [sys.executable, "-m", "pycoll", "run", "-n", str(nranks)]
     if hosts:

@@ -37,6 +37,13 @@ def _picked(row: dict[bool, dict[str, Any]]) -> str:
     return "/".join(names) or "-"
 
 
+def _link_ratio(row: dict[bool, dict[str, Any]]) -> str:
+    """Bytes on the links over the fewest the call needs, at one size (its first mode's record)."""
+    rec = next(iter(row.values()))
+    sent, least = rec.get("link_bytes"), rec.get("link_min_bytes")
+    return f"{sent / least:.2f}" if sent is not None and least else "-"
+
+
 def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records: list[dict[str, Any]],
                  modes: list[bool], hosts: Optional[int] = None, link_rate: Optional[str] = None) -> str:
     """Header, column titles, one line per size (out-of-place then in-place groups), footer.
@@ -48,10 +55,11 @@ def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records
     cols, units = GROUP.format("time", "algbw", "busbw", "#wrong"), GROUP.format("(us)", "(GB/s)", "(GB/s)", "")
     picks = any(r.get("algo") == "auto" and r.get("algo_used") for r in records)
     device = "cuda" if any(r.get("device") == "cuda" for r in records) else None
+    links = any("link_bytes" in r for r in records)  # on virtual hosts: bytes on the links over the fewest needed
     lines = [header(peer, nranks, coll, dtype, op, hosts, link_rate, device),
              left.format("", "", "", "", "") + "".join(f"  {names[m]:^{width}}" for m in modes),
              left.format("size", "count", "type", "redop", "root") + "".join("  " + cols for _ in modes)
-             + ("  algo" if picks else ""),
+             + ("  link/min" if links else "") + ("  algo" if picks else ""),
              left.format("(B)", "(elements)", "", "", "") + "".join("  " + units for _ in modes)]
     by_size: dict[int, dict[bool, dict[str, Any]]] = {}
     for r in records:
@@ -61,7 +69,8 @@ def format_block(peer: str, nranks: int, coll: str, dtype: str, op: str, records
         first = next(iter(row.values()))
         left_cells = " {:>11} {:>12} {:>8} {:>6} {:>6}".format(size, first["count"], first["dtype"], first["op"], first["root"])
         pick = f"  {_picked(row)}" if picks else ""
-        lines.append(left_cells + "".join("  " + _cell(row.get(m)) for m in modes) + pick)
+        link = f"  {_link_ratio(row):>8}" if links else ""
+        lines.append(left_cells + "".join("  " + _cell(row.get(m)) for m in modes) + link + pick)
     lines.append(f"# Avg bus bandwidth : {avg_busbw(records):.4f}")
     return "\n".join(lines)
 

@@ -662,7 +662,9 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 run()
                 b.sync()
             wrong[j] = check_result(result(), coll, b.rank, n, count, op, root, dtype)
-    gathered = b.gather((times, wrong, used))
+    hosts = (spec.get("hosts") or 1) > 1
+    link = [_link_bytes(b, prepared[j], min(spec["iters"], LINK_CALLS)) if hosts else None for j in range(len(runs))]
+    gathered = b.gather((times, wrong, used, link))
     if b.rank != 0:
         return []
     rows = []
@@ -680,7 +682,55 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
             "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
             "wrong": int(sum(g[1][j] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
         })
+        if hosts:
+            rows[-1].update(_link_row([g[3][j] for g in gathered], coll, nbytes, root, per_call))
     return rows
+
+
+LINK_CALLS = 10  # calls counted for the bytes on the links, after the timed ones
+LINK_SETTLE_S = 0.02
+
+
+def _link_bytes(b: Backend, run: Callable[[], Any], calls: int) -> tuple[int, int, int, int]:
+    """(this rank's network namespace, bytes its host sent on its link in a window around ``calls`` calls, in the
+    same window without them, ``calls``). Each window ends with two barriers and a pause for bytes still leaving.
+    Ranks of one virtual host read the same counter, at slightly different times (``_link_row`` combines them)."""
+    from pycoll import netns
+
+    def settle() -> int:
+        b.sync()
+        b.barrier()
+        time.sleep(LINK_SETTLE_S)  # a rank's last bytes to another host may trail the barrier's own messages
+        b.barrier()
+        return netns.sent_bytes() or 0
+
+    a = settle()
+    c = settle()
+    for _ in range(calls):
+        run()
+    d = settle()
+    return netns.namespace_id(), d - c, c - a, calls
+
+
+def _link_row(per_rank: list[tuple[int, int, int, int]], coll: str, nbytes: int, root: int, per_call: int
+              ) -> dict[str, Any]:
+    """The record's link figures: bytes that left all hosts per call, and the fewest the call needs
+    (metrics.min_link_bytes). A host's ranks read its one counter at different moments, so a host counts the
+    widest window around the calls that any of its ranks saw, less the quietest window without them."""
+    hosts: dict[int, int] = {}
+    widest: dict[int, int] = {}
+    quietest: dict[int, int] = {}
+    calls = 1
+    for ns, with_calls, without, calls in per_rank:
+        hosts.setdefault(ns, len(hosts))
+        widest[ns] = max(widest.get(ns, with_calls), with_calls)
+        quietest[ns] = min(quietest.get(ns, without), without)
+    sent = sum(max(widest[ns] - quietest[ns], 0) for ns in hosts) / calls / per_call
+    host_of = [hosts[ns] for ns, *_ in per_rank]
+    counts = [host_of.count(h) for h in range(len(hosts))]
+    least = metrics.min_link_bytes(coll, nbytes, counts, host_of[root] if root < len(host_of) else 0,
+                                   (host_of[0], host_of[min(1, len(host_of) - 1)]))
+    return {"link_bytes": round(sent), "link_min_bytes": None if least is None else round(least)}
 
 
 def _variants(spec: dict[str, Any], coll: str) -> list[dict[str, Any]]:

@@ -128,6 +128,7 @@ class TcpChannel(Channel):
         sock.setblocking(False)
         self.sock = sock
         self._stage = bytearray(_STAGING)
+        self.staging_bytes = _STAGING  # the largest frame that peek() can show whole
         self._view = memoryview(self._stage)
         self._start = 0
         self._end = 0
@@ -167,8 +168,12 @@ class TcpChannel(Channel):
             return n
         return self._fill(out) if len(out) else 0
 
-    def peek(self) -> memoryview:
-        if self._end == len(self._stage) and self._start:
+    def peek(self, want: int = 0) -> memoryview:
+        """The bytes staged so far (reading what the socket has, without blocking). A full staging area is
+        compacted once half of it is consumed, or when fewer than ``want`` bytes (a frame the caller waits for)
+        are staged: compacting on every call would copy the whole area per small frame."""
+        if self._end == len(self._stage) and self._start and (
+                self._start >= len(self._stage) >> 1 or self._end - self._start < max(want, 64)):
             left = self._end - self._start
             self._stage[:left] = self._view[self._start : self._end]
             self._start, self._end = 0, left
