@@ -3,11 +3,16 @@
 Each program imports MPI and calls ``MPI.COMM_WORLD.Barrier()`` once; the time is the whole command's wall time,
 launcher included. The two commands run interleaved (which one goes first alternates), after one untimed
 warm-up run each. Run it alone on the machine, e.g. ``flock /tmp/pycoll-bench.lock python perf/startup.py``.
+
+With ``--hosts H`` the ranks run on H virtual hosts: `pycoll run --hosts H` makes its namespaces in every run (as
+a user's job does), while hydra runs in namespaces made once beforehand, each proxy started in its host through
+a launcher script (``pycoll.perf.mpi_hosts``): the namespaces' cost is counted against pycoll only.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -20,6 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROGRAMS = {
     "mpiexec": "from mpi4py import MPI\nMPI.COMM_WORLD.Barrier()\n",
@@ -37,16 +43,27 @@ def _tool(name: str) -> str:
     return found
 
 
-def commands(n: int, workdir: Path) -> dict[str, list[str]]:
-    """The two command lines, each running its program on ``n`` ranks."""
+def commands(n: int, workdir: Path, vhosts: Any = None) -> dict[str, list[str]]:
+    """The two command lines, each running its program on ``n`` ranks (on ``vhosts``, virtual hosts, if given)."""
     progs = {}
     for name, text in PROGRAMS.items():
         path = workdir / f"barrier_{name}.py"
         path.write_text(text)
         progs[name] = str(path)
+    if vhosts is None:
+        return {
+            "mpiexec": [_tool("mpiexec"), "-n", str(n), sys.executable, progs["mpiexec"]],
+            "pycoll": [_tool("pycoll"), "run", "-n", str(n), sys.executable, progs["pycoll"]],
+        }
+    from pycoll.launcher import plan_hosts
+    from pycoll.perf.mpi_hosts import hydra_argv
+
+    counts = plan_hosts(n, vhosts.n_hosts)
+    launcher = vhosts.write_launcher(str(workdir / "on-host"))
     return {
-        "mpiexec": [_tool("mpiexec"), "-n", str(n), sys.executable, progs["mpiexec"]],
-        "pycoll": [_tool("pycoll"), "run", "-n", str(n), sys.executable, progs["pycoll"]],
+        "mpiexec": hydra_argv(_tool("mpiexec"), vhosts, counts, launcher, [sys.executable, progs["mpiexec"]]),
+        "pycoll": [_tool("pycoll"), "run", "-n", str(n), "--hosts", str(vhosts.n_hosts), sys.executable,
+                   progs["pycoll"]],
     }
 
 
@@ -84,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-n", "--np", dest="n", type=int, default=2, help="ranks (default 2)")
     p.add_argument("--runs", type=int, default=10, help="timed runs of each command (default 10)")
+    p.add_argument("--hosts", type=int, default=None, metavar="H", help="run the ranks on H virtual hosts (needs root)")
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the results (default {DEFAULT_JSON})")
     p.add_argument("--pycache", metavar="DIR", default=None,
                    help="give both commands a bytecode cache in DIR, as an installed package has "
@@ -94,8 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         env["PYTHONPYCACHEPREFIX"] = os.path.abspath(args.pycache)
         env.pop("PYTHONDONTWRITEBYTECODE", None)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="pycoll-startup-") as tmp:
-        cmds = commands(args.n, Path(tmp))
+    with tempfile.TemporaryDirectory(prefix="pycoll-startup-") as tmp, contextlib.ExitStack() as stack:
+        vhosts = None
+        if args.hosts:
+            from pycoll import netns
+            from pycoll.perf.mpi_hosts import LINK_ENV
+
+            vhosts = stack.enter_context(netns.VirtualHosts(args.hosts))
+            env.update(LINK_ENV)  # MPICH's traffic between hosts on their links; pycoll ignores these
+        cmds = commands(args.n, Path(tmp), vhosts)
         samples, cpu = measure(cmds, args.runs, env)
     load_after = os.getloadavg()[0]
     medians = {name: statistics.median(s) for name, s in samples.items()}
@@ -108,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "ranks": args.n,
+        "hosts": args.hosts or 1,
         "runs": args.runs,
         "bytecode": bytecode,
         "pythonpath": env.get("PYTHONPATH", ""),
@@ -121,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_samples_s": cpu,
         "cpu_median_s": {name: statistics.median(c) for name, c in cpu.items()},
     }
-    print(f"start-up to the first Barrier, {args.n} ranks, {args.runs} runs each, bytecode: {bytecode}, "
+    where = f" on {args.hosts} virtual hosts" if args.hosts else ""
+    print(f"start-up to the first Barrier, {args.n} ranks{where}, {args.runs} runs each, bytecode: {bytecode}, "
           f"load {load_before:.2f} -> {load_after:.2f}")
     print(f"{'command':<10} {'median s':>9} {'min s':>7} {'max s':>7} {'CPU s':>7}")
     for name, s in samples.items():
