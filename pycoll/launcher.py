@@ -309,6 +309,8 @@ def launch(
                 import shutil  # only here: it pulls in bz2 and lzma
 
                 child_env["PYCOLL_SOCKET_ADDR"] = vhosts.addresses[h]  # TCP listens on its own host's address
+                if link_rate and "PYCOLL_LINK_RATE" not in child_env:  # an exported one (even empty) wins
+                    child_env["PYCOLL_LINK_RATE"] = link_rate  # the cost model then knows the shaped links
                 argv = vhosts.exec_prefix(h) + cmd
                 if shutil.which(cmd[0], path=child_env.get("PATH")) is None:  # `ip netns exec` would hide it
                     _say(f"cannot start rank {rank} ({' '.join(cmd)}): {cmd[0]}: command not found")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import gc
 import ipaddress
 import json
@@ -40,7 +41,31 @@ GC_FREEZE = config.bool_param(
     "at exit, skip them. 0 leaves the collector as it was.",
 )
 
+LINK_RATE = config.str_param(
+    "PYCOLL_LINK_RATE",
+    "",
+    "The rate of each host's link to the others, in tc's units (1gbit, 10gbit, 125mbps): the cost model's network "
+    "bandwidth becomes its TCP payload share, whatever the topology or a tuning file said. `pycoll run --link-rate` "
+    "sets it for its ranks. Empty: the NIC speed from sysfs (or the topology file), else the tuned or built-in figure.",
+)
+
 log = logging.getLogger("pycoll")
+
+
+def link_rate_bits(text: str) -> int:
+    """Bits per second of a link rate the user gave (tc units); InvalidArgumentError naming PYCOLL_LINK_RATE."""
+    from .netns import parse_rate  # a pure parser; the namespaces themselves are not touched
+
+    try:
+        return parse_rate(text)
+    except ValueError as exc:
+        raise InvalidArgumentError(f"PYCOLL_LINK_RATE: {exc}", op="init") from None
+
+
+def with_link_rate(model: CostModel, text: str) -> CostModel:
+    """``model`` with its network bandwidth from a link rate the user gave (tc units), at TCP's payload share."""
+    return dataclasses.replace(model, net_GBps=link_rate_bits(text) / 8e9 * cost.TCP_EFFICIENCY,
+                               source=f"{model.source}; links {text.strip()} (PYCOLL_LINK_RATE)")
 
 
 def host_id() -> str:
@@ -221,10 +246,15 @@ class Runtime:
     def _agree_on_cost_model(self) -> CostModel:
         """Rank 0's cost model for every rank: algorithm choices must be identical everywhere."""
         store = self.info.store
+        rate = LINK_RATE.get().strip()
+        if rate:
+            link_rate_bits(rate)  # a bad value fails every rank alike, before any waits for rank 0's model
         if self.rank == 0:
             model = cost.load()
             if model.source == CostModel().source:  # untuned: the links come from the topology
                 model = self._topology_model(model)
+            if rate and self.size > 1:  # the user's figure for the links wins
+                model = with_link_rate(model, rate)
             if store is not None and self.size > 1:
                 store.set("pycoll/cost_model", json.dumps(model.to_json()).encode())
         else:

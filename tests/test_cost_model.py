@@ -380,3 +380,17 @@ def test_ranks_that_outnumber_cores_take_one_shot_calls_to_a_larger_slot(monkeyp
         assert select(_allreduce(256 << 10), Layout.flat(4)).name != "oneshot"
     finally:
         cost.use(None)
+
+
+def test_a_link_rate_the_user_gives_sets_the_network_bandwidth() -> None:
+    from pycoll.errors import InvalidArgumentError
+    from pycoll.runtime import link_rate_bits, with_link_rate
+
+    base = CostModel()
+    m = with_link_rate(base, "1gbit")
+    assert m.net_GBps == pytest.approx(0.125 * 1448 / 1538) and "PYCOLL_LINK_RATE" in m.source
+    assert m.net_latency_us == base.net_latency_us and m.shm_GBps == base.shm_GBps  # only the network's rate
+    assert with_link_rate(base, "125mbps").net_GBps == pytest.approx(m.net_GBps)  # tc's bytes unit, same rate
+    assert link_rate_bits("10gbit") == 10**10
+    with pytest.raises(InvalidArgumentError, match="PYCOLL_LINK_RATE: bad link rate 'fast'"):
+        link_rate_bits("fast")

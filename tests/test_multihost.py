@@ -55,7 +55,9 @@ RANK_CHECKS = textwrap.dedent("""
     assert int(os.environ["PYCOLL_LOCAL_RANK"]) == rank - sum(counts[:me])
     ns = subprocess.run([netns.ip_binary(), "netns", "identify", str(os.getpid())],
                         capture_output=True, text=True).stdout.strip()
-    line = {"rank": rank, "host": me, "host_id": host_id(), "netns": ns, "listen": rt.me.addresses.get("tcp")}
+    from pycoll.algorithms import cost
+    line = {"rank": rank, "host": me, "host_id": host_id(), "netns": ns, "listen": rt.me.addresses.get("tcp"),
+            "link_rate": os.environ.get("PYCOLL_LINK_RATE"), "net_GBps": cost.current().net_GBps}
     if os.environ.get("SHOW_QDISC"):
         line["qdisc"] = subprocess.run([netns.tc_binary(), "qdisc", "show", "dev", netns.HOST_IFNAME],
                                        capture_output=True, text=True).stdout
@@ -178,6 +180,8 @@ def test_pycoll_run_uneven_hosts_with_link_rate() -> None:
     _check_placement(lines, [2, 1, 2])
     for d in lines:
         assert "tbf" in d["qdisc"] and "rate 1Gbit" in d["qdisc"], d["qdisc"]
+        # the launcher tells the ranks the rate, and rank 0's cost model (every rank's) takes it for the network
+        assert d["link_rate"] == "1gbit" and abs(d["net_GBps"] - 0.125 * 1448 / 1538) < 1e-9, d
 
 
 @pytest.mark.timeout(120)
@@ -261,6 +265,8 @@ def test_perf_on_hosts_runs_mpich_beside_pycoll_and_counts_link_bytes(tmp_path: 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = json.loads(out.read_text())["records"]
     assert {r["peer"] for r in recs} == {"pycoll", "mpi"}
+    assert all(r.get("predicted_us", 0) > 0 for r in recs if r["peer"] == "pycoll" and r.get("algo_used"))
+    assert any("predicted_us" in r for r in recs) and not any("predicted_us" in r for r in recs if r["peer"] == "mpi")
     for r in recs:
         assert r["wrong"] == 0 and r["hosts"] == 2
         least = (2 if r["collective"] == "allreduce" else 1) * r["bytes"]  # 2 hosts, 1 rank each

@@ -351,7 +351,11 @@ def test_tiny_sweep_end_to_end(tmp_path: Path) -> None:
     fields = {"peer", "algo", "algo_used", "hosts", "link_rate", "device", "collective", "nranks", "bytes", "count",
               "dtype", "op", "root", "inplace", "buffers", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "iters",
               "warmup", "limit_copy_GBps", "limit_reduce_GBps"}  # the host memory's speed measured just before the record's job
-    assert all(set(r) == fields for r in data["records"])
+    assert all(set(r) - {"predicted_us"} == fields for r in data["records"])  # pycoll's cost model's prediction
+    assert all("predicted_us" not in r for r in data["records"] if r["peer"] != "pycoll")
+    assert all(r["predicted_us"] > 0 for r in data["records"] if r["peer"] == "pycoll" and r["nranks"] > 1
+               and r["algo_used"] and "predicted_us" in r)
+    assert any("predicted_us" in r for r in data["records"] if r["peer"] == "pycoll" and r["nranks"] > 1)
     assert all(r["device"] == ("cuda" if r["peer"] == "nccl" else "host") for r in data["records"])
     assert all(r["buffers"] == ("spec" if r["peer"] in ("pycoll", "mpi") else None) for r in data["records"])
     assert all(r["hosts"] == 1 and r["link_rate"] is None for r in data["records"])

@@ -617,6 +617,23 @@ def algorithm_used(peer: str, coll: str) -> Optional[str]:
         return None
 
 
+def predicted_us(b: Backend, coll: str) -> Optional[float]:
+    """What pycoll's cost model predicted for its last ``coll`` call, with the algorithm it chose, the call's size
+    as selection saw it and the communicator's layout (µs); None for other peers or where it cannot say."""
+    if b.name != "pycoll":
+        return None
+    registry = sys.modules.get("pycoll.algorithms.registry")
+    choice = getattr(registry, "last_choice", None)
+    name = algorithm_used(b.name, coll)
+    try:
+        from pycoll.algorithms import cost
+
+        algo = registry.ALGORITHMS[coll][name]  # type: ignore[union-attr]
+        return round(algo.predict(cost.current(), choice.nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - no choice recorded, a collective without a model: no prediction
+        return None
+
+
 def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool,
             variants: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
     """Rows of one point: warm-up, timed loop (barrier before each iteration), optional check.
@@ -640,6 +657,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     b.sync()
     times: list[list[float]] = [[] for _ in runs]
     used: list[Optional[str]] = [None] * len(runs)
+    predicted: list[Optional[float]] = [None] * len(runs)
     for i in range(spec["iters"]):
         for k in range(len(runs)):
             j = (i + k) % len(runs)
@@ -654,6 +672,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 elapsed = (time.perf_counter() - t0) * 1e6
                 times[j].append(elapsed / per_call if timed_here else 0.0)
                 used[j] = algorithm_used(b.name, coll)
+                predicted[j] = predicted_us(b, coll)
     wrong = [0] * len(runs)
     if spec["check"]:
         for j, v in enumerate(runs):
@@ -664,7 +683,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
             wrong[j] = check_result(result(), coll, b.rank, n, count, op, root, dtype)
     hosts = (spec.get("hosts") or 1) > 1
     link = [_link_bytes(b, prepared[j], min(spec["iters"], LINK_CALLS)) if hosts else None for j in range(len(runs))]
-    gathered = b.gather((times, wrong, used, link))
+    gathered = b.gather((times, wrong, used, link, predicted))
     if b.rank != 0:
         return []
     rows = []
@@ -684,6 +703,8 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
         })
         if hosts:
             rows[-1].update(_link_row([g[3][j] for g in gathered], coll, nbytes, root, per_call))
+        if predicted[j] is not None:  # rank 0's model, which every rank uses
+            rows[-1]["predicted_us"] = predicted[j]
     return rows
 
 
