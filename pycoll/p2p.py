@@ -485,10 +485,7 @@ class Engine:
         post a receive instead (nothing consumed)."""
         # Only this call's own receives could match its frames (its exact context and tag): none may be posted
         # or buffered, else the next frame could be theirs. Other calls' schedules may run.
-        if peer not in self._tcp_socks or self._posted or self._unexpected or self._abort_requests or peer in self._dead:
-            return False
-        st = self._inbound[peer]
-        if st.have or st.target is not None or not self.lock.acquire(blocking=False):
+        if peer not in self._tcp_socks or not self._can_take(peer, True) or not self.lock.acquire(blocking=False):
             return False
         try:
             got = self._recv_eager_tcp(peer, dst, ctx, tag, True, sig)
@@ -776,10 +773,11 @@ class Engine:
         """Polls an eager kernel spins for its frame: about the engine's spin, a few where ranks share cores."""
         return self._eager_kernel_polls if not self.oversubscribed else 4
 
-    def _can_take(self, peer: int) -> bool:
+    def _can_take(self, peer: int, schedules_may_run: bool = False) -> bool:
         """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
-        buffered, no schedule running, its stream at a frame boundary of a shared-memory ring."""
-        if self._posted or self._unexpected or self._schedules or self._abort_requests:
+        buffered, no schedule running (unless ``schedules_may_run``: a collective's frames, which only its own
+        receives match), its stream at a frame boundary of a shared-memory ring or a socket."""
+        if self._posted or self._unexpected or (self._schedules and not schedules_may_run) or self._abort_requests:
             return False
         st = self._inbound.get(peer)
         return ((peer in self._has_input or peer in self._tcp_socks) and peer not in self._dead and not st.have  # type: ignore[union-attr]

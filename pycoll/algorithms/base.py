@@ -236,7 +236,8 @@ class Steps:
         return other
 
     # A blocking call's small messages to peers on other hosts may go straight through the sockets (the executor
-    # sets this): the *_now verbs then return None for a message moved at once, else the engine's request.
+    # sets this): the *_now verbs then return None for a message moved at once, else the engine's request
+    # (``unfinished`` keeps those).
     now = False
 
     def send_now(self, peer: int, arr: np.ndarray) -> Optional[Request]:
@@ -256,11 +257,13 @@ class Steps:
     def recv_reduce_now(self, peer: int, local: np.ndarray, out: np.ndarray, op: Op) -> Optional[Request]:
         """``recv_reduce``, taken straight from the socket where the call may: None once ``out`` is written."""
         if self.now and type(out) is np.ndarray and out.flags.c_contiguous:
-            incoming = np.empty_like(out)
-            if self.engine.recv_now(self._world[peer], incoming.reshape(-1).view(np.uint8), self._ctx, self._tag,
-                                    self._sig):
-                op.ufunc(local, incoming, out=out)
-                return None
+            incoming = self.mem.scratch(out.size, out.dtype)
+            try:
+                if self.engine.recv_now(self._world[peer], incoming.view(np.uint8), self._ctx, self._tag, self._sig):
+                    op.ufunc(local, incoming.reshape(out.shape), out=out)
+                    return None
+            finally:
+                self.mem.release(incoming)
         return self.recv_reduce(peer, local, out, op)
 
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
@@ -280,6 +283,11 @@ class Steps:
     def num_chunks(self, largest_block_bytes: int) -> int:
         """How many chunks every block is cut into, so that chunk k exists in every block."""
         return max(1, math.ceil(largest_block_bytes / self.chunk_bytes))
+
+
+def unfinished(*reqs: Optional[Request]) -> tuple[Request, ...]:
+    """The requests among ``reqs`` still to wait on (the *_now verbs give None for a message already moved)."""
+    return tuple(q for q in reqs if q is not None)
 
 
 def pieces_of(segments: Sequence[np.ndarray], k: int) -> list[np.ndarray]:

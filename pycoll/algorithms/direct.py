@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import Call, Schedule, Steps
+from .base import Call, Schedule, Steps, unfinished
 from .registry import register
 
 
@@ -67,16 +67,14 @@ def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
         st.mem.copy(source, call.send)
     out = [call.recv[d : d + c] for c, d in zip(call.counts, call.displs)]
     inp = [source[d : d + c] for c, d in zip(call.send_counts, call.send_displs)]
-    reqs = []
+    reqs: list = []
     if st.now:  # every send straight through the sockets where it can go so, then the receives in turn
-        reqs = [q for q in (st.send_now((r + s) % p, inp[(r + s) % p]) for s in range(1, p)) if q is not None]
+        reqs += unfinished(*(st.send_now((r + s) % p, inp[(r + s) % p]) for s in range(1, p)))
+        reqs += unfinished(*(st.recv_now((r - s) % p, out[(r - s) % p]) for s in range(1, p)))
+    else:
         for s in range(1, p):
-            got = st.recv_now((r - s) % p, out[(r - s) % p])
-            if got is not None:
-                reqs.append(got)
-    for s in range(1, p) if not st.now else ():
-        reqs.append(st.recv((r - s) % p, out[(r - s) % p]))
-        reqs.append(st.send((r + s) % p, inp[(r + s) % p]))
+            reqs.append(st.recv((r - s) % p, out[(r - s) % p]))
+            reqs.append(st.send((r + s) % p, inp[(r + s) % p]))
     try:
         yield tuple(reqs)
     except GeneratorExit:  # the call failed: in place, put the caller's input back
@@ -101,10 +99,9 @@ def barrier_dissemination(st: Steps, call: Call) -> Schedule:
     distance = 1
     while distance < p:  # messages carry no payload
         if st.now:
-            pending = [q for q in (st.send_now((r + distance) % p, _EMPTY), st.recv_now((r - distance) % p, _EMPTY))
-                       if q is not None]
+            pending = unfinished(st.send_now((r + distance) % p, _EMPTY), st.recv_now((r - distance) % p, _EMPTY))
             if pending:
-                yield tuple(pending)
+                yield pending
         else:
             yield (st.send((r + distance) % p, _EMPTY), st.recv((r - distance) % p, _EMPTY))
         distance *= 2

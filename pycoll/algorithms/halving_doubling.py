@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, offsets, pieces_of
+from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, offsets, pieces_of, unfinished
 from .cost import CostModel, log2ceil, pow2floor
 from .registry import register
 
@@ -99,13 +99,13 @@ def exchange(st: Steps, peer: int, out: list[np.ndarray], into: list[np.ndarray]
     """Send the segments ``out`` to ``peer`` while receiving its segments into ``into`` (reduced with ``local``)."""
     k = st.num_chunks(max((s.nbytes for s in out + into), default=0))
     if st.now and k == 1:  # one message per segment: straight through the sockets where they can go so
-        pending = [r for r in (st.send_now(peer, piece) for piece in out) if r is not None]
+        pending = unfinished(*(st.send_now(peer, piece) for piece in out))
         if local is None:
-            pending += [r for r in (st.recv_now(peer, piece) for piece in into) if r is not None]
+            pending += unfinished(*(st.recv_now(peer, piece) for piece in into))
         else:
-            pending += [r for r in (st.recv_reduce_now(peer, a, b, op) for a, b in zip(local, into)) if r is not None]
+            pending += unfinished(*(st.recv_reduce_now(peer, a, b, op) for a, b in zip(local, into)))
         if pending:
-            yield tuple(pending)
+            yield pending
         return
     sends = [st.send(peer, piece) for piece in pieces_of(out, k)]
     dst = pieces_of(into, k)

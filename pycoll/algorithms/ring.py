@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, pieces_of
+from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, pieces_of, unfinished
 from .cost import CostModel
 from .registry import register
 
@@ -55,16 +55,16 @@ def reduce_scatter_ring(
         return final if s == p - 2 else partial((r - s - 2) % p)
 
     if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
-        later = [q for q in (st.send_now(right, inputs[(r - 1) % p][0]),) if q is not None]
+        later = unfinished(st.send_now(right, inputs[(r - 1) % p][0]))
         for s in range(p - 1):
             out = target(s)[0]
-            got = st.recv_reduce_now(left, inputs[(r - s - 2) % p][0], out, op)
-            if got is not None:
-                yield (got,)
+            got = unfinished(st.recv_reduce_now(left, inputs[(r - s - 2) % p][0], out, op))
+            if got:
+                yield got
             if s + 1 <= p - 2:
-                later += [q for q in (st.send_now(right, out),) if q is not None]
+                later += unfinished(st.send_now(right, out))
         if later:
-            yield tuple(later)
+            yield later
         return
 
     sends = [st.send(right, piece) for piece in inputs[(r - 1) % p]]
@@ -93,15 +93,15 @@ def allgather_ring(st: Steps, blocks: list[list[np.ndarray]], mine: list[np.ndar
         left, right = (r - 1) % p, (r + 1) % p
         k = len(mine)
         if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
-            later = [q for q in (st.send_now(right, mine[0]),) if q is not None]
+            later = unfinished(st.send_now(right, mine[0]))
             for s in range(p - 1):
-                got = st.recv_now(left, blocks[(r - s - 1) % p][0])
-                if got is not None:
-                    yield (got,)
+                got = unfinished(st.recv_now(left, blocks[(r - s - 1) % p][0]))
+                if got:
+                    yield got
                 if s + 1 <= p - 2:
-                    later += [q for q in (st.send_now(right, blocks[(r - s - 1) % p][0]),) if q is not None]
+                    later += unfinished(st.send_now(right, blocks[(r - s - 1) % p][0]))
             if later:
-                yield tuple(later)
+                yield later
             for dst, src in zip(blocks[r], mine):
                 st.mem.copy(dst, src)
             return

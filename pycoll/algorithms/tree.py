@@ -7,7 +7,7 @@ from typing import Optional
 
 import numpy as np
 
-from .base import Call, Layout, Schedule, Steps, binary_tree, blocks_of, concurrently, even_counts, pieces_of
+from .base import Call, Layout, Schedule, Steps, binary_tree, blocks_of, concurrently, even_counts, pieces_of, unfinished
 from .cost import CostModel, log2ceil
 from .registry import register
 
@@ -104,9 +104,9 @@ def broadcast_down(st: Steps, tree: Tree, pieces: list[np.ndarray], have: Option
         got = st.recv_now(parent, pieces[0]) if parent is not None else None
         if got is not None:
             yield (got,)
-        sends = [q for q in (st.send_now(kid, pieces[0]) for kid in kids) if q is not None]
+        sends = unfinished(*(st.send_now(kid, pieces[0]) for kid in kids))
         if sends:
-            yield tuple(sends)
+            yield sends
         return
     arriving = [st.recv(parent, piece) for piece in pieces] if parent is not None else list(have or [])
     sends = []

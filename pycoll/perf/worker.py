@@ -617,14 +617,14 @@ def algorithm_used(peer: str, coll: str) -> Optional[str]:
         return None
 
 
-def predicted_us(b: Backend, coll: str) -> Optional[float]:
-    """What pycoll's cost model predicted for its last ``coll`` call, with the algorithm it chose, the call's size
-    as selection saw it and the communicator's layout (µs); None for other peers or where it cannot say."""
-    if b.name != "pycoll":
+def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
+    """What pycoll's cost model predicted for its last ``coll`` call, with the algorithm it chose (``name``, from
+    ``algorithm_used``), the call's size as selection saw it and the communicator's layout (µs); None for other
+    peers or where it cannot say."""
+    if b.name != "pycoll" or name is None:
         return None
     registry = sys.modules.get("pycoll.algorithms.registry")
     choice = getattr(registry, "last_choice", None)
-    name = algorithm_used(b.name, coll)
     try:
         from pycoll.algorithms import cost
 
@@ -672,7 +672,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 elapsed = (time.perf_counter() - t0) * 1e6
                 times[j].append(elapsed / per_call if timed_here else 0.0)
                 used[j] = algorithm_used(b.name, coll)
-                predicted[j] = predicted_us(b, coll)
+                predicted[j] = predicted_us(b, coll, used[j])
     wrong = [0] * len(runs)
     if spec["check"]:
         for j, v in enumerate(runs):
