@@ -11,7 +11,7 @@ import logging
 import os
 import socket
 import threading
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from . import config, machine
 from .algorithms import arena_jit, cost
@@ -66,6 +66,23 @@ def with_link_rate(model: CostModel, text: str) -> CostModel:
     """``model`` with its network bandwidth from a link rate the user gave (tc units), at TCP's payload share."""
     return dataclasses.replace(model, net_GBps=link_rate_bits(text) / 8e9 * cost.TCP_EFFICIENCY,
                                source=f"{model.source}; links {text.strip()} (PYCOLL_LINK_RATE)")
+
+
+def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
+    """Where hosts of the job share one machine (network namespaces of one kernel), the cores the most crowded host
+    gets: its share of the machine's cores by ranks; None where every machine holds one host (nothing to correct)."""
+    machines: dict[str, list[PeerInfo]] = {}
+    for p in peers:
+        machines.setdefault(p.machine or p.host_id, []).append(p)
+    if all(len({p.host_id for p in group}) == 1 for group in machines.values()):
+        return None
+    share = []
+    for group in machines.values():
+        cores = machine.cores_for((parse_cpulist(p.cpus) for p in group if p.cpus), [p.cpu_quota for p in group])
+        for hid in {p.host_id for p in group}:
+            here = sum(1 for p in group if p.host_id == hid)
+            share.append(max(1, cores * here // len(group)))
+    return min(share)
 
 
 def host_id() -> str:
@@ -132,8 +149,18 @@ class Runtime:
                 addr = t.listen(me, self.info.store_host)
                 if addr is not None:
                     me.addresses[t.name] = addr
-        raw = publish_all(self.info, "pycoll/peers", json.dumps(me.to_json()).encode(), self.timeout)
-        self.peers = [PeerInfo.from_json(json.loads(r)) for r in raw]
+        rate = LINK_RATE.get().strip()
+        if rate:
+            link_rate_bits(rate)  # a bad value fails every rank alike, before the exchange
+        # The rendezvous is this one exchange: each rank's record, its host's topology (from the ranks that may be
+        # first on their host), and rank 0's cost model with the link rate it was given.
+        record: dict[str, Any] = {"peer": me.to_json()}
+        if self.size > 1 and (self.info.local_rank or 0) == 0:
+            record["topology"] = local.to_dict()
+        if self.rank == 0 and self.size > 1:
+            record["model"] = {"base": cost.load().to_json(), "link_rate": rate}
+        records = [json.loads(r) for r in publish_all(self.info, "pycoll/peers", json.dumps(record).encode(), self.timeout)]
+        self.peers = [PeerInfo.from_json(r["peer"]) for r in records]
         self.me = self.peers[self.rank]
         # the job's ranks on this machine (network namespaces included) and the cores they share: ranks that
         # outnumber them wait by yielding the core rather than spinning (the same count on every rank)
@@ -142,14 +169,6 @@ class Runtime:
         self.machine_cores = machine.cores_for((parse_cpulist(p.cpus) for p in on_machine if p.cpus),
                                                [p.cpu_quota for p in on_machine])
         machine.set_load(len(self.machine_ranks), self.machine_cores)
-        # one topology per host, published by its first rank (read after the transports' barriers below)
-        firsts: dict[str, int] = {}
-        for peer in self.peers:
-            firsts.setdefault(peer.host_id, peer.rank)
-        mine = json.dumps(local.to_dict(), separators=(",", ":")).encode()
-        if self.size > 1 and firsts[self.me.host_id] == self.rank:
-            assert self.info.store is not None
-            self.info.store.set(f"pycoll/topo/{self.rank}", mine)
         by_transport: dict[str, list[PeerInfo]] = {t.name: [] for t in transports}
         for peer in self.peers:
             chosen = choose(transports, self.me, peer)
@@ -167,18 +186,26 @@ class Runtime:
             if self.info.store is not None:
                 store_barrier(self.info.store, f"pycoll/{name}", self.size, self.timeout)
 
+        host_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
+
+        def host_barrier(name: str) -> None:  # shared memory is set up by the ranks of one host among themselves
+            if self.info.store is not None and len(host_ranks) > 1:
+                store_barrier(self.info.store, f"pycoll/{name}/{host_ranks[0]}", len(host_ranks), self.timeout)
+
         channels: dict[int, Channel] = {}
         self._transports = transports
-        for t in transports:  # every rank runs every transport's set-up so their barriers line up
-            channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, job_barrier, self.timeout))
-        job_barrier("connected")
-        self.topology, self.placement = self._merge_topology(firsts, mine)
+        for t in transports:
+            if t.name != "self" and sum(t.name in p.transports for p in self.peers) < 2:
+                continue  # no two ranks offer it (every rank sees the same): no set-up, no barrier
+            barrier = host_barrier if t.name == "shm" else job_barrier
+            channels.update(t.connect(self.me, by_transport[t.name], self.info.job_id, barrier, self.timeout))
+        self.topology, self.placement = self._merge_topology(records)
         self.device: Device = self.placement[self.rank]
         self._rings: dict[tuple[Device, ...], tuple[int, ...]] = {}
         self.engine = Engine(self.rank, channels)
         self.engine.tags_per_call = LANES
         self.engine.kernel_source = arena_jit.p2p_kernels
-        self.cost_model = self._agree_on_cost_model()
+        self.cost_model = self._agree_on_cost_model(records[0].get("model"))
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
         self.engine.oversubscribed = machine.oversubscribed()
         self.hosts = len({p.host_id for p in self.peers})
@@ -219,19 +246,19 @@ class Runtime:
         log.info("rank %d on %s %s: TCP prefers NIC %s (%s)", self.rank, device.kind, device.id, *choice)
         return choice[1]
 
-    def _merge_topology(self, firsts: dict[str, int], mine: bytes) -> tuple[Topology, list[Device]]:
-        """The cluster's topology and placement, the same on every rank: each host's is its first rank's JSON."""
+    def _merge_topology(self, records: list[dict[str, Any]]) -> tuple[Topology, list[Device]]:
+        """The cluster's topology and placement, the same on every rank: each host's is the one its first rank that
+        published one gave (ranks that may be first on their host publish theirs)."""
         tops: dict[str, Topology] = {}
-        for hid, r in firsts.items():
+        for peer, record in zip(self.peers, records):
+            if peer.host_id in tops or "topology" not in record:
+                continue
             try:
-                if r == self.rank:
-                    raw = mine
-                else:
-                    assert self.info.store is not None
-                    raw = self.info.store.get(f"pycoll/topo/{r}", self.timeout)
-                tops[hid] = Topology.from_dict(json.loads(raw))
+                tops[peer.host_id] = Topology.from_dict(record["topology"])
             except (ValueError, KeyError, TypeError) as exc:  # unreadable (a newer format?): host-only for it
-                log.warning("topology of rank %d's host unreadable (%s); using a host-only one", r, exc)
+                log.warning("topology of rank %d's host unreadable (%s); using a host-only one", peer.rank, exc)
+        for hid in {p.host_id for p in self.peers} - set(tops):  # its local ranks named none of them first
+            log.warning("no rank of host %s sent its topology; using a host-only one", hid)
         return topo_live.cluster([p.host_id for p in self.peers], [p.device for p in self.peers], tops)
 
     def ring_of(self, world_ranks: Sequence[int]) -> tuple[int, ...]:
@@ -243,24 +270,25 @@ class Runtime:
             ring = self._rings[devices] = tuple(comm_ring(self.topology, devices))
         return ring
 
-    def _agree_on_cost_model(self) -> CostModel:
-        """Rank 0's cost model for every rank: algorithm choices must be identical everywhere."""
-        store = self.info.store
-        rate = LINK_RATE.get().strip()
-        if rate:
-            link_rate_bits(rate)  # a bad value fails every rank alike, before any waits for rank 0's model
-        if self.rank == 0:
-            model = cost.load()
-            if model.source == CostModel().source:  # untuned: the links come from the topology
-                model = self._topology_model(model)
-            if rate and self.size > 1:  # the user's figure for the links wins
-                model = with_link_rate(model, rate)
-            if store is not None and self.size > 1:
-                store.set("pycoll/cost_model", json.dumps(model.to_json()).encode())
+    def _agree_on_cost_model(self, from_rank0: Optional[dict[str, Any]]) -> CostModel:
+        """Rank 0's cost model on every rank: algorithm choices must be identical everywhere. Rank 0 published its
+        loaded constants and link rate in the rendezvous; every rank derives the job's model from them and the
+        merged topology, which are the same bytes everywhere, so the models are equal without another exchange."""
+        if from_rank0 is None:  # one rank
+            model, rate = cost.load(), LINK_RATE.get().strip()
         else:
-            assert store is not None
-            data = json.loads(store.get("pycoll/cost_model", self.timeout))
-            model = CostModel.from_json(data, source=f"{data.get('source', '?')} (from rank 0)")
+            model = CostModel.from_json(from_rank0["base"])
+            rate = str(from_rank0.get("link_rate", ""))
+        if model.source == CostModel().source:  # untuned: the links come from the topology
+            model = self._topology_model(model)
+        if rate and self.size > 1:  # the user's figure for the links wins
+            model = with_link_rate(model, rate)
+        shared = shared_machine_cores(self.peers)
+        if shared is not None and shared != model.cores:
+            model = dataclasses.replace(model, cores=shared, source=f"{model.source}; {shared} core(s) a host "
+                                                                    "(hosts share a machine)")
+        if self.rank != 0:
+            model = dataclasses.replace(model, source=f"{model.source} (from rank 0)")
         cost.use(model)
         log.info("cost model: %s", model.source)
         return model

@@ -7,6 +7,11 @@ at a time; rank 0 then fits the model's constants so that predicted times match 
 constants; a multi-host job fits only the network ones and keeps the rest from the file it updates.
 Last, it keeps each algorithm's measured / predicted ratio at every timed size of this exact layout, so
 that on this layout selection follows the timings where the model's shape cannot.
+
+Across hosts it first measures every host pair (one-way latency, one stream's rate) between the hosts' first
+ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
+~/.cache/pycoll/topology.json); jobs that load that file price their links from it. On a real cluster the in-job
+part runs under any launcher: ``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ import numpy as np
 from .algorithms import ALGORITHMS, CHUNK_SIZE, Call, Layout, cost
 from .algorithms.cost import CostModel
 from .perf import metrics
+from .topology import HostLink, Topology
+from .topology.discover import TOPO_FILE
 
 SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast")
@@ -62,6 +69,88 @@ def measure(comm: Any, sizes: tuple[int, ...], iters: int, layout: Layout) -> li
                 points.append({"collective": coll, "algorithm": row["algo"], "bytes": row["bytes"],
                                "seconds": row["time_us"] * 1e-6})
     return points
+
+
+def _pingpong(comm: Any, peer: int, first: bool, buf: np.ndarray, count: int) -> float:
+    """Seconds for ``count`` round trips of ``buf`` with ``peer`` (``first`` sends first)."""
+    from . import MPI
+
+    spec = [buf, MPI.BYTE]
+    t0 = time.perf_counter()
+    for _ in range(count):
+        if first:
+            comm.Send(spec, peer, tag=71)
+            comm.Recv(spec, peer, tag=71)
+        else:
+            comm.Recv(spec, peer, tag=71)
+            comm.Send(spec, peer, tag=71)
+    return time.perf_counter() - t0
+
+
+def _stream(comm: Any, peer: int, sending: bool, buf: np.ndarray, count: int) -> float:
+    """Seconds for ``count`` messages of ``buf`` to ``peer`` (or from it) back to back, closed by a 1-byte reply."""
+    from . import MPI
+
+    ack = np.zeros(1, np.uint8)
+    t0 = time.perf_counter()
+    if sending:
+        for _ in range(count):
+            comm.Send([buf, MPI.BYTE], peer, tag=72)
+        comm.Recv([ack, MPI.BYTE], peer, tag=73)
+    else:
+        for _ in range(count):
+            comm.Recv([buf, MPI.BYTE], peer, tag=72)
+        comm.Send([ack, MPI.BYTE], peer, tag=73)
+    return time.perf_counter() - t0
+
+
+def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 4 << 20,
+                  messages: int = 4, rounds: int = 3) -> list[HostLink]:
+    """Latency and bandwidth between every pair of hosts, measured by their first ranks one pair at a time (the
+    other ranks wait): half the median round trip of 1 byte, and the median rate of ``messages`` messages of
+    ``stream_bytes`` sent back to back, in each direction (the slower direction is kept). Every rank returns them."""
+    leaders: dict[int, int] = {}
+    for rank, h in enumerate(host_of):
+        leaders.setdefault(h, rank)
+    me = comm.Get_rank()
+    small, big = np.zeros(1, np.uint8), np.zeros(stream_bytes, np.uint8)
+    found: list[dict[str, Any]] = []
+    hosts = sorted(leaders)
+    for i, ha in enumerate(hosts):
+        for hb in hosts[i + 1:]:
+            a, b = leaders[ha], leaders[hb]
+            if me in (a, b):
+                peer = b if me == a else a
+                _pingpong(comm, peer, me == a, small, 20)  # warm-up: connection, first-call paths
+                trips_s = sorted(_pingpong(comm, peer, me == a, small, 1) for _ in range(trips))
+                latency = trips_s[len(trips_s) // 2] / 2
+                rates = []
+                for sender in (a, b):
+                    _stream(comm, peer, me == sender, big, 1)
+                    times = sorted(_stream(comm, peer, me == sender, big, messages) for _ in range(rounds))
+                    rates.append(stream_bytes * messages / max(times[len(times) // 2] - latency, 1e-9))
+                if me == a:
+                    found.append({"a": names[ha], "b": names[hb], "GBps": round(min(rates) / 1e9, 4),
+                                  "latency_us": round(latency * 1e6, 2)})
+            comm.Barrier()  # one pair at a time: nothing else shares the links while it is timed
+    stamp = f"pycoll tune, {time.strftime('%Y-%m-%d %H:%M')}"
+    merged = [row for rows in comm.allgather(found) for row in rows]
+    return [HostLink(source=stamp, **row) for row in merged]
+
+
+def save_links(links: list[HostLink], cluster: Topology, path: str) -> str:
+    """Write ``links`` into the topology file at ``path``: the file's own hosts are kept when it exists, else the
+    job's merged topology is written. Replaces earlier measurements of the same pairs."""
+    try:
+        base = Topology.load(path)
+    except FileNotFoundError:
+        base = dataclasses.replace(cluster, source="")
+    base = base.with_links(links)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    base.dump(tmp)
+    os.replace(tmp, path)
+    return path
 
 
 def memory_rates(base: CostModel) -> CostModel:
@@ -151,16 +240,39 @@ def fit_residuals(model: CostModel, points: list[dict[str, Any]], layout: Layout
     return dataclasses.replace(base, residuals=tuple(sorted(base.residuals + fresh)))
 
 
-def worker(out: str, sizes: tuple[int, ...], iters: int) -> int:
+def default_topology_path() -> str:
+    return os.path.join(os.path.dirname(cost.default_path()), "topology.json")
+
+
+def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "", links_only: bool = False) -> int:
     from . import MPI
+    from .runtime import get_runtime, shared_machine_cores
 
     comm = MPI.COMM_WORLD
     layout: Layout = comm._layout
     base = cost.current()
+    rt = get_runtime()
+    links: list[HostLink] = []
+    if layout.hosts > 1:
+        names = [h.name for h in rt.topology.hosts]
+        links = measure_links(comm, names, [d.host for d in rt.placement])
+        if comm.Get_rank() == 0:
+            path = save_links(links, rt.topology, topology_out or default_topology_path())
+            print(f"pycoll tune: measured {len(links)} host pair(s); saved in topology {path}")
+            for lk in links:
+                print(f"  {lk.a} - {lk.b}: {lk.latency_us:.1f} us one way, {lk.GBps:.3f} GB/s")
+            if os.path.abspath(path) != os.path.abspath(TOPO_FILE.get() or "/nonexistent"):
+                print(f"  jobs use it with PYCOLL_TOPO_FILE={path}")
+    if links_only:
+        return 0
     points = measure(comm, sizes, iters, layout)
     if comm.Get_rank() != 0:
         return 0
-    start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=os.cpu_count() or 1)
+    cores = shared_machine_cores(rt.peers) or os.cpu_count() or 1  # namespace hosts share the cores
+    start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores)
+    if links:  # the fit starts from the measured links
+        start = dataclasses.replace(start, net_GBps=min(lk.GBps for lk in links),
+                                    net_latency_us=max(lk.latency_us for lk in links))
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)
@@ -195,8 +307,9 @@ def tune_command(args: argparse.Namespace) -> int:
         cmd += ["--hosts", str(args.hosts)]
     if args.link_rate:
         cmd += ["--link-rate", args.link_rate]
+    topo_out = os.path.abspath(args.topology or TOPO_FILE.get() or default_topology_path())
     cmd += ["--", sys.executable, "-m", "pycoll.tune", "--out", out, "--sizes", ",".join(map(str, args.sizes)),
-            "--iters", str(args.iters)]
+            "--iters", str(args.iters), "--topology", topo_out] + (["--links-only"] if args.links_only else [])
     env = dict(os.environ)
     env.pop("PYCOLL_ALGO", None)
     # Start from the file being updated (constants this layout cannot observe are kept), or from the defaults.
@@ -214,7 +327,8 @@ def add_tune_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
     p = subparsers.add_parser(
         "tune", help="fit the algorithm cost model to this machine and save it",
         description="Time every algorithm on N local ranks (optionally on virtual hosts) and fit the cost model "
-                    "that picks among them. One host fits shared-memory and CPU constants; --hosts fits the network ones.")
+                    "that picks among them. One host fits shared-memory and CPU constants; --hosts first measures each "
+                    "host pair into the topology file, then fits the network constants.")
     p.add_argument("-n", "--np", dest="n", type=int, default=4, help="ranks (default 4)")
     p.add_argument("--hosts", type=int, default=None, help="virtual hosts (network namespaces; needs root)")
     p.add_argument("--link-rate", default=None, help="shape the virtual links, e.g. 1gbit")
@@ -222,6 +336,10 @@ def add_tune_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
     p.add_argument("--sizes", type=_sizes, default=list(SIZES), help="message sizes to time, e.g. 8,64K,1M,8M")
     p.add_argument("--iters", type=int, default=10, help="timed calls per size (default 10)")
     p.add_argument("--fresh", action="store_true", help="start from the built-in defaults, not the existing file")
+    p.add_argument("--topology", default=None,
+                   help="with --hosts: the topology file that receives each host pair's latency and bandwidth "
+                        "(default: $PYCOLL_TOPO_FILE, else ~/.cache/pycoll/topology.json)")
+    p.add_argument("--links-only", action="store_true", help="with --hosts: measure the host pairs only, fit nothing")
     p.set_defaults(func=tune_command)
     return p
 
@@ -231,8 +349,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--out", default="")
     p.add_argument("--sizes", type=_sizes, default=list(SIZES))
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--topology", default="")
+    p.add_argument("--links-only", action="store_true")
     args = p.parse_args(argv)
-    return worker(args.out, tuple(args.sizes), args.iters)
+    return worker(args.out, tuple(args.sizes), args.iters, args.topology, args.links_only)
 
 
 if __name__ == "__main__":

@@ -105,3 +105,23 @@ def test_ranks_on_namespace_hosts_of_one_machine_count_together():
     cores = len(os.sched_getaffinity(0))
     # two hosts by their network namespaces, one machine: four ranks share this machine's cores
     assert _loads(res.stdout) == [[r, 4, cores, cores < 4] for r in range(4)]
+
+
+def test_hosts_that_share_a_machine_share_its_cores_in_the_cost_model() -> None:
+    from pycoll.runtime import shared_machine_cores
+    from pycoll.transport import PeerInfo
+
+    def peer(rank: int, host: str, box: str, cpus: str = "0-1", quota: float = 0.0) -> PeerInfo:
+        return PeerInfo(rank=rank, host_id=host, hostname="vm", pid=rank, transports=[], machine=box, cpus=cpus,
+                        cpu_quota=quota)
+
+    # two namespace hosts of one 2-core machine, 2 ranks each: a host gets 1 core
+    assert shared_machine_cores([peer(0, "a", "m"), peer(1, "a", "m"), peer(2, "b", "m"), peer(3, "b", "m")]) == 1
+    # uneven (3 + 1 ranks on 8 cores): the crowded host's share bounds it
+    eight = "0-7"
+    assert shared_machine_cores([peer(r, "a" if r < 3 else "b", "m", eight) for r in range(4)]) == 2
+    # a cgroup quota caps the machine's cores before they are shared
+    assert shared_machine_cores([peer(r, "ab"[r % 2], "m", eight, quota=2.0) for r in range(4)]) == 1
+    # real hosts, one machine each: nothing to correct
+    assert shared_machine_cores([peer(0, "a", "m1"), peer(1, "b", "m2")]) is None
+    assert shared_machine_cores([peer(0, "a", "m1"), peer(1, "a", "m1")]) is None

@@ -274,3 +274,97 @@ def test_perf_on_hosts_runs_mpich_beside_pycoll_and_counts_link_bytes(tmp_path: 
         # frames carry headers; a peer whose traffic stayed off the link (shared memory) would show about 0
         assert 0.9 * least <= r["link_bytes"] <= 1.5 * least, r
     assert "link/min" in proc.stdout
+
+
+MODEL_OF_RANK_0 = textwrap.dedent("""
+    import json
+    from pycoll import MPI
+    from pycoll.algorithms import cost
+    comm = MPI.COMM_WORLD
+    comm.Barrier()
+    m = cost.current()
+    if comm.Get_rank() == 0:
+        print("MODEL " + json.dumps({"net_GBps": m.net_GBps, "net_latency_us": m.net_latency_us, "source": m.source}))
+""")
+
+
+@pytest.mark.timeout(180)
+def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_links_from_it(tmp_path: Path) -> None:
+    reason = netns.unavailable(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    topo = tmp_path / "topology.json"
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "tune", "-n", "3", "--hosts", "3", "--link-rate", "1gbit",
+                           "--links-only", "--topology", str(topo)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=150, env=harness.rank_env())
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(topo.read_text())
+    assert len(data["hosts"]) == 3 and len(data["links"]) == 3  # every pair of 3 hosts, each once
+    assert {frozenset((lk["a"], lk["b"])) for lk in data["links"]} == {
+        frozenset(p) for p in [(data["hosts"][0]["name"], data["hosts"][1]["name"]),
+                               (data["hosts"][0]["name"], data["hosts"][2]["name"]),
+                               (data["hosts"][1]["name"], data["hosts"][2]["name"])]}
+    for lk in data["links"]:
+        assert 0.08 < lk["GBps"] < 0.125, lk  # 1 Gbit/s less TCP's headers: the link, not memory
+        assert 0 < lk["latency_us"] < 5000 and lk["source"].startswith("pycoll tune"), lk
+    # a job that loads the file prices its links from the slowest measured pair, unless the user gives a rate
+    env = {"PYCOLL_TOPO_FILE": str(topo), "PYCOLL_TUNE_FILE": "builtin", "PYCOLL_LINK_RATE": ""}
+    job = harness.run_on_hosts(MODEL_OF_RANK_0, hosts=3, n=3, env=env, timeout=90)
+    assert job.returncode == 0, job.stdout + job.stderr
+    model = json.loads(next(ln[6:] for ln in job.stdout.splitlines() if ln.startswith("MODEL ")))
+    assert model["net_GBps"] == min(lk["GBps"] for lk in data["links"])
+    assert model["net_latency_us"] == max(lk["latency_us"] for lk in data["links"])
+    given = harness.run_on_hosts(MODEL_OF_RANK_0, hosts=3, n=3, env=dict(env, PYCOLL_LINK_RATE="10gbit"), timeout=90)
+    model = json.loads(next(ln[6:] for ln in given.stdout.splitlines() if ln.startswith("MODEL ")))
+    assert model["net_GBps"] > 1.0 and "PYCOLL_LINK_RATE" in model["source"]
+
+
+START_UP_ROUNDS = textwrap.dedent("""
+    import hashlib, json, os
+    from pycoll import runtime
+    from pycoll.bootstrap import store as store_mod
+
+    calls = []
+    real_publish, real_barrier = runtime.publish_all, runtime.store_barrier
+
+    def publish(info, key, value, timeout):
+        calls.append("exchange " + key)
+        real_get = type(info.store).get
+
+        def get(self, k, t):  # every read of the exchange is of its keys; none other happens during start-up
+            calls.append("read " + k.rsplit("/", 1)[0])
+            return real_get(self, k, t)
+
+        type(info.store).get = get
+        return real_publish(info, key, value, timeout)
+
+    runtime.publish_all = publish
+    runtime.store_barrier = lambda store, name, size, timeout: (calls.append(f"barrier {name} of {size}"),
+                                                                real_barrier(store, name, size, timeout))[1]
+    rt = runtime.get_runtime()
+    model = {k: v for k, v in rt.cost_model.to_json().items() if k != "source"}
+    digest = hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()
+    with open(os.path.join(os.environ["ROUNDS_DIR"], f"{rt.rank}.json"), "w") as f:
+        json.dump({"rank": rt.rank, "calls": sorted(set(calls)), "model": digest,
+                   "missing": [h.absent.get("topology") for h in rt.topology.hosts]}, f)
+""")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 4])
+def test_start_up_is_one_exchange_and_shared_memory_meets_per_host(n: int, tmp_path: Path) -> None:
+    """Peers, every host's topology and rank 0's cost model travel in one exchange through the store; shared memory
+    is set up by each host's ranks among themselves; nothing else waits on other ranks."""
+    proc = harness.run_on_hosts(START_UP_ROUNDS, hosts=2, n=n, timeout=90, env={"ROUNDS_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(f.read_text()) for f in sorted(tmp_path.glob("*.json"))]
+    assert len(rows) == n
+    per_host = n // 2
+    for row in rows:
+        first = row["rank"] - row["rank"] % per_host
+        expected = ["exchange pycoll/peers", "read pycoll/peers"]
+        if per_host > 1:
+            expected += [f"barrier pycoll/shm-attached/{first} of {per_host}", f"barrier pycoll/shm-created/{first} of {per_host}"]
+        assert row["calls"] == sorted(expected), row
+    assert len({row["model"] for row in rows}) == 1  # derived on every rank from the same bytes: identical
+    assert all(row["missing"] == [None, None] for row in rows), rows  # both hosts' topologies came in the exchange

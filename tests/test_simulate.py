@@ -268,3 +268,27 @@ def test_a_file_tuned_before_the_host_memory_bound_takes_the_built_in_cma_terms_
     assert (m.cma_call_us, m.cma_sync_us) == (built_in.cma_call_us, built_in.cma_sync_us)
     assert [r[0] for r in m.residuals] == ["allreduce:ring@hosts=0.0"]
     assert cost.load(m.save(str(tmp_path / "new.json"))) == m  # a file of this formula loads as it is
+
+
+def test_measured_links_replace_the_nics_when_every_host_pair_has_one() -> None:
+    from pycoll.topology import HostLink
+
+    ns = CHECK.namespace_hosts(3, 1, "10gbit")
+    placement, _ = placement_of(ns, 3, "cpu", per_host=1)
+    names = [h.name for h in ns.hosts]
+    nic_model = CostModel.from_topology(ns, placement, "cpu")
+    two_pairs = ns.with_links([HostLink(names[0], names[1], GBps=0.9, latency_us=12.0),
+                               HostLink(names[1], names[2], GBps=0.3, latency_us=30.0)])
+    partial = CostModel.from_topology(two_pairs, placement, "cpu")  # hosts 0 and 2 unmeasured: the NICs decide
+    assert (partial.net_GBps, partial.net_latency_us) == (nic_model.net_GBps, nic_model.net_latency_us)
+    full = two_pairs.with_links([HostLink(names[2], names[0], GBps=0.6, latency_us=20.0)])
+    m = CostModel.from_topology(full, placement, "cpu")
+    assert (m.net_GBps, m.net_latency_us) == (0.3, 30.0)  # the slowest pair bounds every step that crosses hosts
+    gpus = Topology.cluster(CHECK.dgx_h100(), 2)
+    on_gpus, _ = placement_of(gpus, 16, "gpu")
+    names = [h.name for h in gpus.hosts]
+    g = CostModel.from_topology(gpus.with_links([HostLink(names[0], names[1], GBps=45.0, latency_us=4.0)]), on_gpus)
+    assert g.net_GBps == 45.0 and g.net_latency_us == pytest.approx(4.0 + cost.GPU_STEP_US)
+    # only the job's own hosts count: ranks on hosts 0 and 1 see that pair alone
+    two, _ = placement_of(full, 2, "cpu", per_host=1)
+    assert CostModel.from_topology(full, two, "cpu").net_GBps == 0.9

@@ -590,3 +590,26 @@ def test_topo_cli_on_this_machine_and_dump(tmp_path: Path, capsys: pytest.Captur
     if not here.hosts[0].gpus:
         assert "no GPUs on this host" in out
         assert f"ring of {here.hosts[0].cores} rank" in out and "on CPUs (no GPU)" in out
+
+
+def test_measured_links_price_the_paths_between_hosts_and_survive_json_and_merge(tmp_path: Path) -> None:
+    from pycoll.topology import HostLink
+
+    topo = fixtures.load("cluster-2x-dgx-h100")
+    names = [h.name for h in topo.hosts]
+    nic_path = topo.path(gpu(0, 3), gpu(1, 3))
+    measured = topo.with_links([HostLink(names[1], names[0], GBps=11.5, latency_us=7.5, source="test")])
+    p = measured.path(gpu(0, 3), gpu(1, 3))
+    assert p.type is PathType.NET and (p.GBps, p.latency_us) == (11.5, 7.5)
+    assert measured.path(gpu(1, 0), gpu(1, 1)) == topo.path(gpu(1, 0), gpu(1, 1))  # inside a host: unchanged
+    assert topo.path(gpu(0, 3), gpu(1, 3)) == nic_path and not topo.links  # with_links copies
+    again = measured.with_links([HostLink(names[0], names[1], GBps=3.0, latency_us=9.0)])
+    assert len(again.links) == 1 and again.link(1, 0).GBps == 3.0  # a new measurement replaces the pair's old one
+    out = tmp_path / "t.json"
+    measured.dump(str(out))
+    loaded = Topology.load(str(out))
+    assert loaded.links == measured.links and loaded.link(0, 1).source == "test"
+    # every rank of a host brings the same links: the merged cluster holds each pair once
+    one = [Topology(hosts=[h], links=measured.links) for h in measured.hosts]
+    merged, _ = merge([one[0], one[0], one[1]], ["a", "a", "b"])
+    assert merged.links == measured.links and merged.path(gpu(0, 0), gpu(1, 0)).GBps == 11.5

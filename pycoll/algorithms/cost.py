@@ -439,6 +439,16 @@ def _hbm_GBps(topo: "Topology", placement: Sequence["Device"]) -> float:
     return min(rates, default=HBM_DEFAULT_GBPS)
 
 
+def _measured_links(topo: "Topology", hosts: Sequence[int]) -> tuple[Optional[float], Optional[float]]:
+    """(GB/s, latency us) of the slowest measured link between any two of ``hosts``; None when some pair is unmeasured
+    (an algorithm's steps may cross any pair, so one unknown pair leaves the figure to the NICs)."""
+    pairs = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
+    links = [topo.link(a, b) for a, b in pairs]
+    if not pairs or any(lk is None for lk in links):
+        return None, None
+    return min(lk.GBps for lk in links if lk), max(lk.latency_us for lk in links if lk)
+
+
 def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, base: "CostModel") -> "CostModel":
     if kind not in ("gpu", "cpu"):
         raise ValueError(f"rank kind must be 'gpu' or 'cpu', not {kind!r}")
@@ -448,6 +458,9 @@ def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, b
     intra_GBps, intra_us = _intra(topo, _neighbours(placement))
     nets = [_host_net_GBps(topo.hosts[h], n) for h, n in counts.items()] if len(counts) > 1 else []
     net_GBps = min(nets) if nets and all(x is not None for x in nets) else None  # type: ignore[type-var]
+    link_GBps, link_us = _measured_links(topo, sorted(counts))
+    if link_GBps is not None:  # measured end to end beats the NICs' line rate
+        net_GBps = link_GBps
     where = f"topology {topo.source or '(unnamed)'}: {len(placement)} {kind} ranks on {len(counts)} hosts"
     plain = dataclasses.replace(base, corrections=(), residuals=())
     if kind == "gpu":
@@ -458,7 +471,7 @@ def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, b
             plain,
             shm_latency_us=(intra_us if intra_us is not None else LATENCY_US[PathType.NVS]) + GPU_STEP_US,
             shm_GBps=intra_GBps if intra_GBps is not None else GPU_PCI_GBPS,
-            net_latency_us=topo.net_latency_us + GPU_STEP_US,
+            net_latency_us=(link_us if link_us is not None else topo.net_latency_us) + GPU_STEP_US,
             net_GBps=net_GBps if net_GBps is not None else GPU_NET_GBPS,
             reduce_GBps=hbm / 3,  # c = a + b reads two bytes and writes one per byte reduced
             copy_GBps=hbm / 2, cma_GBps=hbm / 2, device_GBps=hbm / 2,
@@ -471,6 +484,7 @@ def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, b
         plain,
         shm_GBps=min(base.shm_GBps, intra_GBps) if intra_GBps is not None else base.shm_GBps,
         net_GBps=net_GBps if net_GBps is not None else base.net_GBps,
+        net_latency_us=link_us if link_us is not None else base.net_latency_us,
         cores=min(cores) if cores else base.cores,
         source=where,
     )

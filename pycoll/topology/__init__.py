@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .discover import discover, load_or_discover, merge
-from .model import Device, Gpu, Host, Nic, Numa, NvLink, Path, PathType, PciNode, Topology, matrix, pcie_GBps
+from .model import Device, Gpu, Host, HostLink, Nic, Numa, NvLink, Path, PathType, PciNode, Topology, matrix, pcie_GBps
 from .rings import DoubleTree, comm_ring, ring_order, trees
 
 __all__ = [

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..config import bool_param, str_param
-from .model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology
+from .model import Gpu, Host, HostLink, Nic, Numa, NvLink, PciNode, Topology
 
 log = logging.getLogger("pycoll.topology")
 
@@ -500,4 +500,7 @@ def merge(parts: Sequence[Topology], host_ids: Sequence[str]) -> tuple[Topology,
             hosts.append(host)
         rank_host.append(index[hid])
     source = parts[0].source if parts else ""
-    return Topology(hosts=hosts, source=f"merged from {len(parts)} ranks ({source})"), rank_host
+    links: list[HostLink] = []
+    for topo in parts:  # measured links, each pair once (a file of several hosts gives every rank the same ones)
+        links += [lk for lk in topo.links if not any(have.joins(lk.a, lk.b) for have in links)]
+    return Topology(hosts=hosts, source=f"merged from {len(parts)} ranks ({source})", links=links), rank_host

@@ -179,16 +179,48 @@ class Device:
     id: Any
 
 
+@dataclass(frozen=True)
+class HostLink:
+    """The network between two hosts (by name) as measured end to end: one-way latency of a small message and the
+    payload rate of one stream, per direction (``pycoll tune --hosts`` measures them)."""
+
+    a: str
+    b: str
+    GBps: float
+    latency_us: float
+    source: str = ""
+
+    def joins(self, x: str, y: str) -> bool:
+        return {self.a, self.b} == {x, y}
+
+
 @dataclass
 class Topology:
     hosts: list[Host] = field(default_factory=list)
     net_latency_us: float = LATENCY_US[PathType.NET]
     source: str = ""  # where it came from: "discovered", a file, "nccl-xml:<file>", a fixture name
+    links: list[HostLink] = field(default_factory=list)  # measured host pairs; unmeasured ones follow the NICs
+
+    def link(self, a: int, b: int) -> Optional[HostLink]:
+        """The measured link between hosts ``a`` and ``b`` (indices), None when not measured (or the same host)."""
+        if a == b:
+            return None
+        x, y = self.hosts[a].name, self.hosts[b].name
+        return next((lk for lk in self.links if lk.joins(x, y)), None)
+
+    def with_links(self, links: Iterable[HostLink]) -> "Topology":
+        """A copy whose links are ``links`` in place of any it had between the same hosts."""
+        fresh = list(links)
+        kept = [old for old in self.links if not any(new.joins(old.a, old.b) for new in fresh)]
+        return dataclasses.replace(self, links=kept + fresh)
 
     # ---- paths ---------------------------------------------------------------------------------
     def path(self, a: Device, b: Device) -> Path:
         """The path class, bandwidth and latency between two devices (see ``PathType``)."""
         if a.host != b.host:
+            measured = self.link(a.host, b.host)
+            if measured is not None:
+                return Path(PathType.NET, measured.GBps, measured.latency_us)
             bw = min(self._nic_GBps(a), self._nic_GBps(b))
             return Path(PathType.NET, bw, self.net_latency_us)
         host = self.hosts[a.host]
@@ -308,7 +340,10 @@ class Topology:
 
     # ---- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
+        out = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
+        if not self.links:  # files without measured links read as they always did
+            del out["links"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Topology":
@@ -327,7 +362,7 @@ class Topology:
                 nics=[Nic(**n) for n in h.get("nics", [])],
             ))
         return cls(hosts=hosts, net_latency_us=float(data.get("net_latency_us", LATENCY_US[PathType.NET])),
-                   source=str(data.get("source", "")))
+                   source=str(data.get("source", "")), links=[HostLink(**lk) for lk in data.get("links", [])])
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -361,6 +396,7 @@ class Topology:
             one = cls.from_dict({"format": FORMAT, "version": VERSION, "hosts": [{**data, "name": f"{name}{i}"}]}).hosts[0]
             hosts.append(one)
         return cls(hosts=hosts, net_latency_us=node.net_latency_us, source=f"{count} x {node.source or 'node'}")
+
 
 
 def matrix(topo: Topology, host: int = 0, kinds: Iterable[str] = ("gpu", "nic")) -> tuple[list[str], list[list[str]]]:

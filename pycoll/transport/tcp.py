@@ -12,6 +12,7 @@ import selectors
 import socket
 import struct
 import termios
+import threading
 import time
 from typing import Any, Optional, Union
 
@@ -250,18 +251,20 @@ class TcpTransport(Transport):
         deadline = time.monotonic() + timeout
         key = _job_key(job_id, self._token)
         channels: dict[int, Channel] = {}
+        dials = _Dials(self, me.rank, [p for p in peers if p.rank < me.rank], key, deadline)
         try:
-            for peer in (p for p in peers if p.rank < me.rank):
-                sock = self._dial_and_prove(me.rank, peer, key, deadline)
-                _tune(sock)
-                channels[peer.rank] = TcpChannel(peer.rank, sock)
+            dials.start()  # lower ranks are dialled in parallel while this thread accepts the higher ones
             higher = {p.rank for p in peers if p.rank > me.rank}
             if higher:
                 assert self._listener is not None
                 for rank, sock in self._accept_all(me.rank, higher, key, deadline, timeout):
                     _tune(sock)
                     channels[rank] = TcpChannel(rank, sock)
+            for rank, sock in dials.result():
+                _tune(sock)
+                channels[rank] = TcpChannel(rank, sock)
         except BaseException:
+            dials.abandon()
             for ch in channels.values():
                 ch.close()
             raise
@@ -270,6 +273,7 @@ class TcpTransport(Transport):
         return channels
 
     # ---- dialer side -----------------------------------------------------------------------
+    DIAL_THREADS = 16  # dials in flight at once
     def _dial_and_prove(self, my_rank: int, peer: PeerInfo, key: bytes, deadline: float) -> socket.socket:
         host, port = peer.addresses["tcp"]
         sock = self._dial(host, port, deadline, peer.rank)
@@ -453,3 +457,69 @@ class TcpTransport(Transport):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+
+
+class _Dials:
+    """The dials of one rank to its lower-ranked peers, run by a few threads at once (a dial waits for the peer to
+    reach its accept loop; in parallel, one slow peer holds up no other). ``result`` gives the proven sockets by
+    rank, or raises the lowest rank's failure."""
+
+    def __init__(self, transport: "TcpTransport", my_rank: int, peers: list[PeerInfo], key: bytes, deadline: float) -> None:
+        self._transport, self._rank, self._key, self._deadline = transport, my_rank, key, deadline
+        self._todo = sorted(peers, key=lambda p: p.rank)
+        self._ranks = [p.rank for p in self._todo]
+        self._lock = threading.Lock()
+        self._done: dict[int, socket.socket] = {}
+        self._failed: dict[int, BaseException] = {}
+        self._stop = False
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        for i in range(min(len(self._todo), TcpTransport.DIAL_THREADS)):
+            t = threading.Thread(target=self._work, name=f"pycoll-tcp-dial-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if self._stop or not self._todo:
+                    return
+                peer = self._todo.pop(0)
+            try:
+                sock = self._transport._dial_and_prove(self._rank, peer, self._key, self._deadline)
+            except BaseException as exc:  # handed to the connecting thread
+                with self._lock:
+                    self._failed[peer.rank] = exc
+                    self._stop = True
+                continue
+            with self._lock:
+                if self._stop:
+                    sock.close()
+                else:
+                    self._done[peer.rank] = sock
+
+    def _join(self) -> None:
+        for t in self._threads:
+            t.join(max(self._deadline - time.monotonic(), 0.0) + 1.0)
+
+    def result(self) -> list[tuple[int, socket.socket]]:
+        self._join()
+        with self._lock:
+            if self._failed:
+                raise self._failed[min(self._failed)]
+            missing = sorted(set(self._ranks) - set(self._done))
+            if missing:  # a dial outlived its deadline (each one honours it, so this is a stuck thread)
+                raise TimeoutError(f"TCP set-up: the dials to ranks {missing} did not finish in time",
+                                   op="init", rank=self._rank, peers=missing)
+            return sorted(self._done.items())
+
+    def abandon(self) -> None:
+        """Stop dialling and close what was proven (set-up failed elsewhere)."""
+        with self._lock:
+            self._stop = True
+        self._join()
+        with self._lock:
+            for sock in self._done.values():
+                sock.close()
+            self._done.clear()

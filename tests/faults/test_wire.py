@@ -377,6 +377,43 @@ def test_transport_refuses_a_rank_with_another_token(caplog):
     assert any("wrong job token" in r.getMessage() for r in caplog.records)
 
 
+def test_lower_ranks_are_dialled_in_parallel(monkeypatch):
+    """Rank 2 dials ranks 0 and 1 at once: while rank 0 is late to its accept loop, the dial to rank 1 completes, and
+    rank 1 accepts rank 2 while its own dial to rank 0 waits."""
+    spans: dict = {}
+    real = TcpTransport._dial_and_prove
+
+    def timed(self, my_rank, peer_info, key, deadline):
+        start = time.monotonic()
+        try:
+            return real(self, my_rank, peer_info, key, deadline)
+        finally:
+            spans[(my_rank, peer_info.rank)] = (start, time.monotonic())
+
+    monkeypatch.setattr(TcpTransport, "_dial_and_prove", timed)
+    ts = [TcpTransport(token=TOKEN) for _ in range(3)]
+    mes = [peer(r, ts[r].listen(peer(r), LOOPBACK)) for r in range(3)]
+    result: dict = {}
+
+    def rank(r: int, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            result[r] = ts[r].connect(mes[r], [m for m in mes if m.rank != r], "job-par", lambda name: None, 30)
+        except BaseException as exc:
+            result[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r, 1.0 if r == 0 else 0.0)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(result[r], dict) and sorted(result[r]) == [q for q in range(3) if q != r] for r in range(3)), result
+    assert spans[(2, 1)][1] < spans[(2, 0)][1] - 0.5  # rank 1 answered rank 2 long before late rank 0 did
+    for chans in result.values():
+        for ch in chans.values():
+            ch.close()
+
+
 # ----------------------------------------------------------------------------- established channels
 
 
