@@ -19,8 +19,10 @@ import numpy as np
 from . import buffers
 from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
 from .algorithms import arena_jit, direct_cma, shared, slots, staged
+from .algorithms.registry import last_choice, parse_override
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
+from .composed import HostComposition
 from .config import _ENV_BYTES
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
@@ -237,6 +239,8 @@ class Executor:
         self.plans: dict[tuple, Plan] = {}
         self.chosen: Any = None  # the algorithm ``stage`` selected for a device call (run as is, or on its staged twin)
         self.others = [q for q in range(comm.size) if q != comm.rank]
+        # small calls of a communicator across hosts: a call per host and one among the hosts' first ranks
+        self.composed: Optional[HostComposition] = HostComposition(comm) if HostComposition.wanted(comm) else None
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
         self.spin_s = _OVERSUBSCRIBED_SPIN_S if self.engine.oversubscribed else _FAST_SPIN_S
         self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
@@ -268,11 +272,16 @@ class Executor:
                         if fast is None:
                             plan.fast = runner.fast_path(self, plan)
                         return
-                    self._finish(self._schedule(label, plan.make_call(*views), plan.sig, plan, True))
+                    call = plan.make_call(*views)
+                    if self.composed is not None and self._compose(label, call):
+                        return
+                    self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
         call, sig, stage = self._resolve(label, build, args, stream)
         plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
         if stage is None:
+            if self.composed is not None and self._compose(label, call):
+                return
             self._finish(self._schedule(label, call, sig, plan, True))
             return
         try:
@@ -281,6 +290,18 @@ class Executor:
             stage.discard()
             raise
         stage.finish()
+
+    def _compose(self, label: str, call: Call) -> bool:
+        """Run ``call`` as calls on the host and leaders' communicators (``pycoll.composed``), if it is one they take:
+        not while PYCOLL_ALGO forces its collective or PYCOLL_CHECK_CALLS verifies every call."""
+        assert self.composed is not None
+        if not self.composed.takes(call) or CHECK_CALLS.get() or call.coll in parse_override(ALGO.get()):
+            return False
+        self.comm._live(label)
+        self.composed.run(call)
+        last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
+        last_choice.why = "a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES)"
+        return True
 
     def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:
         """A nonblocking collective: scheduled now, progressed by the engine, finished by the request."""
@@ -328,6 +349,8 @@ class Executor:
 
     def clear(self) -> None:
         self.plans.clear()
+        if self.composed is not None:
+            self.composed.free()
 
     def choice_key(self) -> tuple:
         """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""

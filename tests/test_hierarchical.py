@@ -36,3 +36,29 @@ def test_three_uneven_hosts(tmp_path) -> None:
     for coll in ("reduce_scatter", "allgather"):
         chosen = set(res.records("topology.chosen_algorithms", coll).values())
         assert len(chosen) == 1 and "hierarchical" not in chosen, (coll, chosen)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_host", [[2, 2], [2, 1, 2], [3, 1]], ids=["2x2", "2-1-2", "3-1"])
+def test_small_allreduce_and_barrier_composed_from_hosts_and_leaders(per_host, tmp_path) -> None:
+    """Without a forced algorithm, every op x dtype x count Allreduce (small ones composed: a call on each host's
+    communicator and one among the leaders) matches NumPy, on even and uneven hosts; PYCOLL_SMP_BYTES=0 keeps the
+    flat path."""
+    n = sum(per_host)
+    cases = ["reduce.allreduce", "movement.barrier", "topology.host_composition", "errors.mismatch_barrier_vs_bcast"]
+    res = harness.run_cases_on_hosts(cases, hosts=len(per_host), n=n, ranks_per_host=per_host, out_dir=str(tmp_path),
+                                     job_timeout=240)
+    res.assert_ok()
+    made = res.records("topology.host_composition", "made")
+    assert set(made.values()) == {True}, made
+    first = [sum(per_host[:h]) for h in range(len(per_host))]
+    for rank, size in res.records("topology.host_composition", "host_size").items():
+        host = max(h for h in range(len(per_host)) if first[h] <= int(rank))
+        assert size == per_host[host], (rank, size)
+    leaders = {int(r): k for r, k in res.records("topology.host_composition", "leaders").items()}
+    assert {r for r, k in leaders.items() if k} == set(first) and {leaders[r] for r in first} == {len(per_host)}
+    assert set(res.records("topology.host_composition", "child_freed").values()) == {True}
+    off = harness.run_cases_on_hosts(["topology.host_composition"], hosts=len(per_host), n=n, ranks_per_host=per_host,
+                                     env={"PYCOLL_SMP_BYTES": "0"}, out_dir=str(tmp_path / "off"), job_timeout=120)
+    off.assert_ok()
+    assert set(off.records("topology.host_composition", "made").values()) == {False}

@@ -43,3 +43,31 @@ def chosen_algorithms(ctx):
     want = np.concatenate([np.arange(n // p, dtype=np.float32) + r for r in range(p)])
     ctx.check("allgather 1 MiB", gathered, want)
     ctx.record("allgather", last_choice.algorithm)
+
+
+@case
+def host_composition(ctx):
+    """Small Allreduce and Barrier on a communicator across hosts: run on a host and a leaders' communicator
+    (pycoll.composed) when some host holds several ranks; record whether they were made and their sizes."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll internals")
+    comm, p = ctx.comm, ctx.size
+    for count in (1, 7, 1000):
+        data = np.arange(count, dtype=np.float64) * (ctx.rank + 1)
+        out = np.full(count, -1.0)
+        comm.Allreduce(data, out)
+        ctx.check(f"allreduce {count}", out, np.arange(count, dtype=np.float64) * (p * (p + 1) / 2))
+    comm.Barrier()
+    big = np.ones((128 << 10) // 8)
+    comm.Allreduce(big, big.copy())  # above PYCOLL_SMP_BYTES: the flat path
+    composed = comm._x.composed
+    made = composed is not None and composed.host_comm is not None
+    ctx.record("made", made)
+    if made:
+        ctx.record("host_size", composed.host_comm.Get_size())
+        ctx.record("leaders", composed.leaders.Get_size() if composed.leaders is not None else 0)
+    sub = comm.Split(0, ctx.rank)  # a child communicator composes on its own, and Free releases its parts
+    sub.Allreduce(np.ones(3), np.empty(3))
+    parts = sub._x.composed
+    sub.Free()
+    ctx.record("child_freed", parts is None or parts.host_comm is None)
