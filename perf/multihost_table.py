@@ -1,5 +1,6 @@
 """Side-by-side tables of `pycoll perf --hosts` sweeps: pycoll against MPICH and gloo per call, size and placement,
-with the bytes each put on the links over the fewest the call needs, and issue 29's targets checked."""
+with the bytes each put on the links over the fewest the call needs, and issue 29's targets checked; with
+``--stability A.json B.json``, how far each point of one job moved in another."""
 
 from __future__ import annotations
 
@@ -71,10 +72,43 @@ def table(path: Path) -> tuple[str, int, int]:
     return "\n".join(lines), met, checked
 
 
+def stability(first: Path, second: Path, limit: float = 2.0) -> tuple[str, int, int]:
+    """Issue 29's stability target: per peer, every point of one job against the same point of another; (markdown,
+    points within ``limit``x, points compared)."""
+    a = rows(json.loads(first.read_text())["records"])
+    b = {(r["collective"], r["nranks"], r["bytes"]): r for r in rows(json.loads(second.read_text())["records"])}
+    lines = [f"### stability: {first.stem} against {second.stem} (no point may differ more than {limit:g}x)", "",
+             "| peer | points | within | worst point | worst ratio |", "|---|---:|---:|---|---:|"]
+    ok_all = n_all = 0
+    for peer in ("pycoll", "mpi", "gloo"):
+        ratios = []
+        for r in a:
+            other = b.get((r["collective"], r["nranks"], r["bytes"]))
+            if other and r.get(peer) and other.get(peer):
+                x, y = r[peer], other[peer]
+                ratios.append((max(x, y) / min(x, y), f"{r['collective']} {r['nranks']} ranks {human(r['bytes'])}"))
+        if not ratios:
+            continue
+        ok = sum(q <= limit for q, _ in ratios)
+        worst = max(ratios)
+        ok_all, n_all = ok_all + (ok if peer == "pycoll" else 0), n_all + (len(ratios) if peer == "pycoll" else 0)
+        lines.append(f"| {peer} | {len(ratios)} | {ok} | {worst[1]} | {worst[0]:.2f} |")
+    lines += ["", f"pycoll: {ok_all}/{n_all} points within {limit:g}x between the two jobs.", ""]
+    return "\n".join(lines), ok_all, n_all
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON files written by pycoll perf --hosts ... --json")
+    p.add_argument("--stability", action="store_true",
+                   help="compare two jobs of the same sweep point by point (two files) instead of tabulating")
     ns = p.parse_args(argv)
+    if ns.stability:
+        if len(ns.files) != 2:
+            p.error("--stability compares exactly two files")
+        text, _, _ = stability(*ns.files)
+        print(text)
+        return 0
     total_met = total = 0
     for f in ns.files:
         text, met, checked = table(f)

@@ -479,3 +479,27 @@ def test_link_row_counts_each_host_once() -> None:
     row = _link_row([(7, 640, 0, 10), (9, 640, 0, 10)], "pingpong", 8, root=0, per_call=2)
     assert row == {"link_bytes": 64, "link_min_bytes": 8}
     assert _link_row([(7, 5, 10, 1), (9, 10, 0, 1)], "barrier", 0, 0, 1) == {"link_bytes": 10, "link_min_bytes": None}
+
+
+def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("multihost_table", ROOT / "perf" / "multihost_table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)  # type: ignore[union-attr]
+
+    def job(path: Path, pycoll_us: dict[int, float]) -> Path:
+        recs = []
+        for nbytes, t in pycoll_us.items():
+            common = {"collective": "allreduce", "nranks": 2, "hosts": 2, "bytes": nbytes, "inplace": False}
+            recs += [dict(common, peer="pycoll", time_us=t, link_bytes=3 * nbytes, link_min_bytes=2 * nbytes),
+                     dict(common, peer="mpi", time_us=10.0, link_bytes=2 * nbytes, link_min_bytes=2 * nbytes)]
+        path.write_text(json.dumps({"records": recs}))
+        return path
+
+    one = job(tmp_path / "one.json", {8: 12.0, 4096: 16.0, 1 << 20: 10.5})
+    text, met, checked = table.table(one)
+    assert (met, checked) == (2, 3)  # 8 B at 1.2x and 1 MiB at 1.05x pass; 4 KiB at 1.6x fails the 1.5x target
+    assert "| allreduce | 2 | 4 KiB | 10.0 | - | 16.0 | 1.60 | <=1.5x FAIL | 1.50 | 1.00 |" in text
+    two = job(tmp_path / "two.json", {8: 30.0, 4096: 17.0, 1 << 20: 10.0})
+    text, ok, n = table.stability(one, two)
+    assert (ok, n) == (2, 3) and "| pycoll | 3 | 2 | allreduce 2 ranks 8 B | 2.50 |" in text
+    assert "| mpi | 3 | 3 |" in text
