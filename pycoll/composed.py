@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from .algorithms.base import Call
 from .buffers import IN_PLACE
 from .config import size_param
@@ -91,12 +93,11 @@ class HostComposition:
     def _allreduce(self, call: Call) -> None:
         assert call.recv is not None and call.op is not None
         out = call.recv
-        if self.leader:
-            if call.in_place:
-                self.host_comm.Reduce(IN_PLACE, out, call.op, 0)
-            else:
-                self.host_comm.Reduce(call.send, out, call.op, 0)
-            self.leaders.Allreduce(IN_PLACE, out, call.op)
+        if self.leader:  # the host's partial result stays out of the user's buffer until the network step is done
+            partial = out.copy() if call.in_place else np.empty_like(out)
+            self.host_comm.Reduce(IN_PLACE if call.in_place else call.send, partial, call.op, 0)
+            self.leaders.Allreduce(IN_PLACE, partial, call.op)
+            out[...] = partial
         else:
             self.host_comm.Reduce(out if call.in_place else call.send, None, call.op, 0)
         self.host_comm.Bcast(out, 0)
