@@ -213,6 +213,7 @@ peer = 1 - rank
 data = np.arange(1 << 16, dtype=np.int64) + rank  # large: leaves in the background
 dup.Bsend(data, peer, 7)
 out["bsend_pending"] = len(dup.__dict__.get("_bsends", []))  # under way until the peer receives it
+dup.Barrier()  # no receive for it is posted before both ranks have looked (ranks are not aligned after start-up)
 dup.Ibsend(data[:4], peer, 8).Wait()
 got, got2 = np.empty_like(data), np.empty(4, np.int64)
 dup.Recv(got, peer, 7)
