@@ -68,6 +68,11 @@ def with_link_rate(model: CostModel, text: str) -> CostModel:
                                source=f"{model.source}; links {text.strip()} (PYCOLL_LINK_RATE)")
 
 
+def _cores_of(peers: Sequence[PeerInfo]) -> int:
+    """The cores the processes of one machine share: the CPUs any may run on, capped by their cgroup quota."""
+    return machine.cores_for((parse_cpulist(p.cpus) for p in peers if p.cpus), [p.cpu_quota for p in peers])
+
+
 def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
     """Where hosts of the job share one machine (network namespaces of one kernel), the cores the most crowded host
     gets: its share of the machine's cores by ranks; None where every machine holds one host (nothing to correct)."""
@@ -78,7 +83,7 @@ def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
         return None
     share = []
     for group in machines.values():
-        cores = machine.cores_for((parse_cpulist(p.cpus) for p in group if p.cpus), [p.cpu_quota for p in group])
+        cores = _cores_of(group)
         for hid in {p.host_id for p in group}:
             here = sum(1 for p in group if p.host_id == hid)
             share.append(max(1, cores * here // len(group)))
@@ -166,8 +171,7 @@ class Runtime:
         # outnumber them wait by yielding the core rather than spinning (the same count on every rank)
         on_machine = [p for p in self.peers if (p.machine or p.host_id) == (self.me.machine or self.me.host_id)]
         self.machine_ranks = [p.rank for p in on_machine]
-        self.machine_cores = machine.cores_for((parse_cpulist(p.cpus) for p in on_machine if p.cpus),
-                                               [p.cpu_quota for p in on_machine])
+        self.machine_cores = _cores_of(on_machine)
         machine.set_load(len(self.machine_ranks), self.machine_cores)
         by_transport: dict[str, list[PeerInfo]] = {t.name: [] for t in transports}
         for peer in self.peers:
@@ -186,11 +190,12 @@ class Runtime:
             if self.info.store is not None:
                 store_barrier(self.info.store, f"pycoll/{name}", self.size, self.timeout)
 
-        host_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
+        self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
 
         def host_barrier(name: str) -> None:  # shared memory is set up by the ranks of one host among themselves
-            if self.info.store is not None and len(host_ranks) > 1:
-                store_barrier(self.info.store, f"pycoll/{name}/{host_ranks[0]}", len(host_ranks), self.timeout)
+            local = self.local_ranks
+            if self.info.store is not None and len(local) > 1:
+                store_barrier(self.info.store, f"pycoll/{name}/{local[0]}", len(local), self.timeout)
 
         channels: dict[int, Channel] = {}
         self._transports = transports
@@ -206,7 +211,6 @@ class Runtime:
         self.engine.tags_per_call = LANES
         self.engine.kernel_source = arena_jit.p2p_kernels
         self.cost_model = self._agree_on_cost_model(records[0].get("model"))
-        self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
         self.engine.oversubscribed = machine.oversubscribed()
         self.hosts = len({p.host_id for p in self.peers})
         log.info(

@@ -145,11 +145,8 @@ def save_links(links: list[HostLink], cluster: Topology, path: str) -> str:
         base = Topology.load(path)
     except FileNotFoundError:
         base = dataclasses.replace(cluster, source="")
-    base = base.with_links(links)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    base.dump(tmp)
-    os.replace(tmp, path)
+    base.with_links(links).dump(path)
     return path
 
 

@@ -7,6 +7,6 @@ from .model import Device, Gpu, Host, HostLink, Nic, Numa, NvLink, Path, PathTyp
 from .rings import DoubleTree, comm_ring, ring_order, trees
 
 __all__ = [
-    "Device", "DoubleTree", "Gpu", "Host", "Nic", "Numa", "NvLink", "Path", "PathType", "PciNode", "Topology",
+    "Device", "DoubleTree", "Gpu", "Host", "HostLink", "Nic", "Numa", "NvLink", "Path", "PathType", "PciNode", "Topology",
     "comm_ring", "discover", "load_or_discover", "matrix", "merge", "pcie_GBps", "ring_order", "trees",
 ]

@@ -465,16 +465,10 @@ def load_or_discover(sysfs_root: str = "/sys", nvml: Any = None) -> Topology:
     topo = Topology.load(path) if path else discover(sysfs_root, nvml)
     dump = TOPO_DUMP_FILE.get()
     if dump:
-        tmp = f"{dump}.{os.getpid()}.tmp"
         try:
-            topo.dump(tmp)
-            os.replace(tmp, dump)
+            topo.dump(dump)
         except OSError as exc:
             log.warning("cannot write the topology to PYCOLL_TOPO_DUMP_FILE=%s: %s", dump, exc)
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return topo
 
 

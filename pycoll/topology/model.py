@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
@@ -368,8 +369,18 @@ class Topology:
         return json.dumps(self.to_dict(), indent=1)
 
     def dump(self, path: str) -> None:
-        with open(path, "w") as f:
-            f.write(self.dumps() + "\n")
+        """Write the JSON to ``path`` atomically: processes dumping the same file together leave one whole file."""
+        tmp = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                f.write(self.dumps() + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path: str) -> "Topology":
