@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import buffers
+from . import buffers, paired
 from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
 from .algorithms import arena_jit, direct_cma, shared, slots, staged
 from .algorithms.registry import last_choice, parse_override
@@ -389,6 +389,8 @@ class Executor:
                 plan.algo, plan.algo_for = algo, key
                 kind = _INLINE.get(algo.run) if c._arena is not None else None
                 plan.inline = kind(self, plan) if kind is not None else False
+        if plan is not None and plan.fast is None and plan.inline is False and self.engine.direct_peers:
+            plan.fast = paired.fast_path(self, plan, algo)  # a two-rank call across hosts: straight through the socket
         gen = algo.run(steps, call)
         if CHECK_CALLS.get() and c._size > 1:
             gen = self._checked(steps, sig, gen)

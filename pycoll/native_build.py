@@ -65,6 +65,7 @@ def build_family(kind: str, out_dir: Path) -> Path:
         name = native.module_name(kind, native.source_hash(kind))
         out_dir.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=out_dir))
+        previous_tempdir, tempfile.tempdir = tempfile.tempdir, str(work)  # the compiler's probes go with work
         try:
             cc = CC(name)
             cc.output_dir = str(work)
@@ -93,6 +94,7 @@ def build_family(kind: str, out_dir: Path) -> Path:
             os.replace(built, target)
             (out_dir / f"{name}.json").write_text(json.dumps({"kind": kind, "kernels": described}, indent=1))
         finally:
+            tempfile.tempdir = previous_tempdir
             shutil.rmtree(work, ignore_errors=True)
     for old in out_dir.glob(f"_pycoll_{kind}_kernels_*"):  # earlier builds of this family
         if not old.name.startswith(name):

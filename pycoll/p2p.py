@@ -50,11 +50,13 @@ PROC_NULL = -2
 
 # Frame: 64-byte header, payload, zero padding to 64 bytes (keeps every header and payload aligned in rings).
 _HEADER = struct.Struct("<QqQIiQQ")  # ctx, tag, nbytes, meta (kind|dtype<<8|op<<16), root, count, vhash
+_CTX_TAG = struct.Struct("<Qq")
 HEADER_SIZE = 64
 ALIGN = 64
 _MAGIC = 0x70  # high byte of meta: catches a stream that lost its framing
 _ZEROS = bytes(ALIGN)
 _SMALL = 16 << 10
+SMALL_FRAME = _SMALL  # the largest payload a collective's frame to a socket carries in one send (``send_frame_now``)
 _PAD_SINK = memoryview(bytearray(ALIGN))  # payloads up to this size travel in one buffer with their header
 
 P2P_CMA = bool_param(
@@ -115,6 +117,20 @@ P2P_SIG = Sig()
 def _meta(sig: Sig) -> int:
     """A frame header's meta word for a message of the call ``sig`` describes."""
     return sig.kind | (sig.dtype << 8) | (sig.op << 16) | (_MAGIC << 24)
+
+
+def frame_head(ctx: int, tag: int, nbytes: int, sig: Sig) -> bytes:
+    """The packed header of a collective's frame (its first ``_HEADER.size`` bytes; zeros pad it to HEADER_SIZE):
+    both what a sender writes and, byte for byte, what its receiver expects."""
+    return _HEADER.pack(ctx, tag, nbytes, _meta(sig), sig.root, sig.count, sig.vhash)
+
+
+def head_ctx(head: bytes) -> int:
+    return _CTX_TAG.unpack_from(head)[0]
+
+
+def head_tag(head: bytes) -> int:
+    return _CTX_TAG.unpack_from(head)[1]
 
 
 @dataclass
@@ -399,6 +415,10 @@ class Engine:
         # Peers on other hosts: small point-to-point messages go straight through their sockets (one call each way)
         self._tcp_socks = {p: ch.sock for p, ch in channels.items() if ch.kind == "tcp" and TCP_EAGER.get()}
         self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
+        # where a small frame to a socket is put together (header, payload, padding) for its one send
+        self._frame = memoryview(bytearray(HEADER_SIZE + _SMALL + ALIGN))
+        self._frame_bytes = np.frombuffer(self._frame, np.uint8)
+        self._readable: dict[int, Callable[[int], list]] = {}  # peer -> poll(ms) of its socket (``_poller``)
         self.direct_peers = bool(self._tcp_socks)  # send_now / recv_now can move a collective's messages
         self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
         # The largest eager message (callers read it): below the rendezvous threshold, a quarter of a ring at most.
@@ -474,21 +494,30 @@ class Engine:
     def send_now(self, peer: int, payload: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
         """A collective's small message to a peer on another host in one system call, now (``send_eager`` with the
         call's signature); False, nothing sent, where it cannot go so (the caller sends through the engine)."""
-        sock = self._tcp_socks.get(peer)
-        if sock is None or payload.nbytes > _SMALL or self._sendq[peer] or peer in self._dead:
-            return False
-        return self._send_eager_tcp(peer, sock, payload, ctx, tag, sig)
+        return self.send_frame_now(peer, frame_head(ctx, tag, payload.nbytes, sig), payload)
 
     def recv_now(self, peer: int, dst: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
         """A collective's message of exactly ``dst.nbytes`` (flat bytes) from a peer on another host, taken straight
         from the socket (waiting as ``recv_eager`` does) while no receive is posted; False where the caller must
         post a receive instead (nothing consumed)."""
+        return self.recv_frame_now(peer, frame_head(ctx, tag, dst.nbytes, sig), dst)
+
+    def send_frame_now(self, peer: int, head: bytes, payload: np.ndarray) -> bool:
+        """``send_now`` with the frame's header already packed (``frame_head``): a caller that sends the same
+        header it expects back packs it once."""
+        sock = self._tcp_socks.get(peer)
+        if sock is None or payload.nbytes > _SMALL or self._sendq[peer] or peer in self._dead:
+            return False
+        return self._send_eager_tcp(peer, sock, payload, head)
+
+    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray) -> bool:
+        """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``)."""
         # Only this call's own receives could match its frames (its exact context and tag): none may be posted
         # or buffered, else the next frame could be theirs. Other calls' schedules may run.
         if peer not in self._tcp_socks or not self._can_take(peer, True) or not self.lock.acquire(blocking=False):
             return False
         try:
-            got = self._recv_eager_tcp(peer, dst, ctx, tag, True, sig)
+            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head)
         finally:
             self.lock.release()
         return got is not None
@@ -502,7 +531,7 @@ class Engine:
             sock = self._tcp_socks.get(peer)
             if sock is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
                 return False
-            return self._send_eager_tcp(peer, sock, payload, ctx, tag)
+            return self._send_eager_tcp(peer, sock, payload, _HEADER.pack(ctx, tag, nbytes, _P2P_META, 0, 0, 0))
         if nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
             return False
         lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
@@ -519,82 +548,114 @@ class Engine:
         return put(_HEADER.pack_into, (ctx, tag, nbytes, _P2P_META, 0, 0, 0), payload, HEADER_SIZE,
                    HEADER_SIZE + nbytes + (-nbytes % ALIGN))
 
-    def _send_eager_tcp(self, peer: int, sock: Any, payload: np.ndarray, ctx: int, tag: int, sig: Sig = P2P_SIG) -> bool:
-        """A point-to-point message to a peer on another host in one system call, header and payload together
-        (small ones joined in one buffer, larger ones by sendmsg's iovec). What the socket does not take at once
-        queues behind, as the engine's own sends do (the user's buffer is free either way: the rest is a copy)."""
+    def _send_eager_tcp(self, peer: int, sock: Any, payload: np.ndarray, head: bytes) -> bool:
+        """A message to a peer on another host in one system call, header (``head``, packed) and payload together:
+        small ones copied behind the header in the engine's frame buffer, larger ones by sendmsg's iovec. What the
+        socket does not take at once queues behind, as the engine's own sends do (the user's buffer is free either
+        way: the rest is a copy)."""
         nbytes = payload.nbytes
         pad = -nbytes % ALIGN
-        meta = _P2P_META if sig is P2P_SIG else _meta(sig)
-        header = _HEADER.pack(ctx, tag, nbytes, meta, sig.root, sig.count, sig.vhash).ljust(HEADER_SIZE, b"\0")
-        data = memoryview(payload if payload.dtype is _U8 else payload.view(np.uint8)).cast("B")
+        total = HEADER_SIZE + nbytes + pad
+        frame = self._frame
+        if not self.lock.acquire(blocking=False):  # another thread is in the engine (and may use the frame buffer)
+            return False
         try:
             if nbytes <= _SMALL:
-                frame = b"".join((header, data, _ZEROS[:pad]))
-                sent = sock.send(frame)
+                frame[: len(head)] = head  # the header's tail, up to HEADER_SIZE, stays zero
+                if nbytes:
+                    self._frame_bytes[HEADER_SIZE : HEADER_SIZE + nbytes] = (
+                        payload if payload.dtype is _U8 else payload.reshape(-1).view(np.uint8))
+                    if pad:
+                        frame[HEADER_SIZE + nbytes : total] = _ZEROS[:pad]
+                sent = sock.send(frame[:total])
             else:
-                frame = None
-                sent = sock.sendmsg([header, data, _ZEROS[:pad]])
+                data = memoryview(payload if payload.dtype is _U8 else payload.view(np.uint8)).cast("B")
+                sent = sock.sendmsg([head, _ZEROS[: HEADER_SIZE - len(head)], data, _ZEROS[:pad]])
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:
             return False  # nothing left: the engine's path finds the failure and reports it
-        total = HEADER_SIZE + nbytes + pad
+        finally:
+            self.lock.release()
         if sent < total:  # the socket is full: the rest (copied) queues, and progress sends it
-            rest = memoryview(frame if frame is not None else b"".join((header, data, _ZEROS[:pad])))[sent:]
-            req = SendRequest(self._ctl_owner, peer, ctx, tag, [rest])
+            if nbytes <= _SMALL:
+                rest = memoryview(bytes(frame[sent:total]))
+            else:
+                whole = b"".join((head.ljust(HEADER_SIZE, b"\0"), memoryview(payload).cast("B"), _ZEROS[:pad]))
+                rest = memoryview(whole)[sent:]
+            req = SendRequest(self._ctl_owner, peer, head_ctx(head), head_tag(head), [rest])
             self._sendq[peer].append(req)
             self.tcp_eager_queued += 1
         self.tcp_eager_sends += 1
         return True
 
-    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool, sig: Optional[Sig] = None
+    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool, head: Optional[bytes] = None
                         ) -> Optional[tuple[int, int]]:
         """``recv_eager`` from a peer on another host: its next frame, read from the socket into the channel's
-        staging area and copied out, when it is this receive's message. Waits as the engine does (polling the
-        socket for PYCOLL_SPIN_US, then yielding the core for PYCOLL_YIELD_US), then in the kernel (select) for up
-        to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else needs this rank; the engine's wait takes over after that."""
+        staging area and copied out, when it is this receive's message: a point-to-point frame of ``ctx`` and
+        ``tag`` (or any tag) of up to ``dst.nbytes``, or, given ``head``, the collective frame with exactly that
+        header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
+        PYCOLL_YIELD_US), then in the kernel (select) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
+        needs this rank; the engine's wait takes over after that."""
         ch = self.channels[peer]
-        fd = ch.fileno()
         spin_until = deadline = 0.0
-        want = HEADER_SIZE
-        # a point-to-point receive takes up to dst.nbytes of a plain frame; a collective's, exactly its signature's
-        expect = (_P2P_META, 0, 0, 0) if sig is None else (_meta(sig), sig.root, sig.count, sig.vhash)
+        if head is not None:
+            nbytes = dst.nbytes
+            want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            got_tag = head_tag(head)
+            hlen = len(head)
+        else:
+            want = HEADER_SIZE
         while True:
             try:
                 view = ch.peek(want)
             except PeerFailureError:
                 return None  # the engine's path reports it
             if len(view) >= HEADER_SIZE:
-                got_ctx, got_tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(view)
-                total = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
-                if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or (meta, root, count, vhash) != expect
-                        or nbytes > dst.nbytes or (sig is not None and nbytes != dst.nbytes) or total > ch.staging_bytes):
-                    return None  # another call's message, a control frame or a bad fit: the engine's path
-                if len(view) >= total:
+                if head is not None:
+                    if view[:hlen] != head or want > ch.staging_bytes:
+                        return None  # another call's message, a control frame or a bad fit: the engine's path
+                else:
+                    got_ctx, got_tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(view)
+                    want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+                    if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != _P2P_META or root or count
+                            or vhash or nbytes > dst.nbytes or want > ch.staging_bytes):
+                        return None
+                if len(view) >= want:
                     if nbytes:
                         memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
-                    ch.consume(total)
-                    self._seen[peer] = (ctx, got_tag)
+                    ch.consume(want)
+                    self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
                     self.tcp_eager_recvs += 1
                     return nbytes, got_tag
-                want = total
             if not spin:
                 return None
-            now = time.monotonic()
             if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
+                now = time.monotonic()
                 spin_us = SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else _OVERSUBSCRIBED_SPIN_US
                 spin_until = now + spin_us * 1e-6
                 yield_until = spin_until + YIELD_US.get() * 1e-6
                 deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
-            if now < spin_until:
-                continue
-            if now >= deadline or self._abort_requests or any(self._sendq.values()):
-                return None
-            if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
-                os.sched_yield()
-                continue
-            select.select([fd], [], [], deadline - now)
+                ready = self._readable.get(peer) or self._poller(peer, ch)
+            # until more bytes are in: a poll of the socket costs a third of a failed read
+            while not ready(0):
+                now = time.monotonic()
+                if now < spin_until:
+                    continue
+                if now >= deadline or self._abort_requests or any(self._sendq.values()):
+                    return None
+                if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
+                    os.sched_yield()
+                    continue
+                ready(max(1, int((deadline - now) * 1e3)))
+                break
+
+    def _poller(self, peer: int, ch: Channel) -> Callable[[int], list]:
+        """``poll(ms)`` on the socket of ``peer`` alone, for input (and its end), kept per peer."""
+        poller = select.poll()
+        poller.register(ch.fileno(), select.POLLIN | select.POLLPRI)
+        self._readable[peer] = poller.poll
+        return poller.poll
 
     def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool = True) -> Optional[tuple[int, int]]:
         """Receive one small point-to-point message from ``peer`` straight out of its ring into ``dst`` (flat bytes),
@@ -1498,6 +1559,7 @@ class Engine:
             self._fail_after_pull.setdefault(peer, cause)
             return
         self._dead[peer] = cause
+        self._readable.pop(peer, None)
         clean = getattr(self.channels[peer], "closed_by_peer", False)
         try:  # what it sent before it went (a goodbye, a report of another rank's death) comes first
             self._pull(peer)

@@ -157,6 +157,7 @@ def test_mismatch_default(case_id, n, transport, tmp_path):
 TIMEOUTS = {
     # case: (n, the absent rank as a function of n, op name)
     "timeout_allreduce": (2, lambda n: n - 1, "Allreduce"),
+    "timeout_allreduce_warm": (2, lambda n: n - 1, "Allreduce"),
     "timeout_recv": (2, lambda n: n - 1, "Recv"),
     "timeout_wait": (2, lambda n: n - 1, "Iallreduce"),
     "timeout_barrier": (3, lambda n: 0, "Barrier"),
@@ -167,7 +168,8 @@ TIMEOUTS = {
 @pytest.mark.parametrize(
     "case_id,n,transport",
     [pytest.param(c, v[0], "shm", id=f"{c}-n{v[0]}-shm") for c, v in TIMEOUTS.items()]
-    + [pytest.param("timeout_allreduce", 3, "tcp", id="timeout_allreduce-n3-tcp")],
+    + [pytest.param("timeout_allreduce", 3, "tcp", id="timeout_allreduce-n3-tcp"),
+       pytest.param("timeout_allreduce_warm", 2, "tcp", id="timeout_allreduce_warm-n2-tcp")],
 )
 def test_timeout(case_id, n, transport, tmp_path):
     _, absent_of, opname = TIMEOUTS[case_id]
@@ -217,6 +219,7 @@ def test_timeout_default_from_env(tmp_path):
         pytest.param("dead_peer", 3, "shm", id="between-n3-shm"),
         pytest.param("dead_peer", 3, "tcp", id="between-n3-tcp"),
         pytest.param("dead_peer", 2, "shm", id="between-n2-shm"),
+        pytest.param("dead_peer", 2, "tcp", id="between-n2-tcp"),
         pytest.param("dead_peer_midstream", 3, "shm", id="midstream-n3-shm"),
         pytest.param("dead_peer_midstream", 4, "tcp", id="midstream-n4-tcp"),
     ],

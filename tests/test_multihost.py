@@ -368,3 +368,27 @@ def test_start_up_is_one_exchange_and_shared_memory_meets_per_host(n: int, tmp_p
         assert row["calls"] == sorted(expected), row
     assert len({row["model"] for row in rows}) == 1  # derived on every rank from the same bytes: identical
     assert all(row["missing"] == [None, None] for row in rows), rows  # both hosts' topologies came in the exchange
+
+
+@pytest.mark.timeout(400)
+def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp_path: Path) -> None:
+    """Two ranks on two hosts: the small collectives with a paired form (pycoll.paired) take it from their second
+    call, put one frame each way on the socket, match NumPy over the op x dtype x count x in-place cases and a
+    peer that waits through the engine; mismatched calls and wrong arguments still fail as they should."""
+    cases = ["topology.paired_calls", "reduce.allreduce", "reduce.reduce", "reduce.reduce_scatter_block",
+             "movement.bcast", "movement.allgather", "movement.alltoall", "movement.barrier", "errors.bad_args_allreduce",
+             "errors.bad_args_other"]
+    res = harness.run_cases_on_hosts(cases, hosts=2, n=2, out_dir=str(tmp_path), job_timeout=300)
+    res.assert_ok()
+    # a mismatch (each rank's shape known, so each sends straight through) is named on both ranks
+    bad = harness.run_cases_on_hosts(["errors.mismatch_collective_warm"], hosts=2, n=2, out_dir=str(tmp_path / "bad"),
+                                     job_timeout=120)
+    bad.assert_ok()
+    outcomes = bad.records("errors.mismatch_collective_warm")
+    assert {o["class"] for o in outcomes.values()} == {"MismatchError"}, outcomes
+    assert "allgather" in outcomes[0]["cause"] and "allreduce" in outcomes[1]["cause"], outcomes
+    for name in ("Allreduce", "Allreduce in place", "Bcast", "Reduce", "Allgather", "Alltoall", "Reduce_scatter_block"):
+        assert set(res.records("topology.paired_calls", f"fast {name}").values()) == {True}, name
+    # 7 calls x 3 counts x 4 repeats and 3 Barriers, each one frame out of each rank (Bcast and Reduce: one rank's)
+    sends = res.records("topology.paired_calls", "socket sends")
+    assert sum(sends.values()) == 2 * (5 * 3 * 4 + 3) + 2 * 3 * 4, sends

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -101,7 +102,16 @@ def _substitute_backend(name: str) -> None:
 def main() -> int:
     args = _parse()
     temp = tempfile.mkdtemp(prefix="pycoll-torch-suite-")
+    try:
+        return _run_suite(args, temp)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _run_suite(args: argparse.Namespace, temp: str) -> int:
     os.environ.update(BACKEND="gloo", WORLD_SIZE=str(args.world_size), TEMP_DIR=temp)
+    # the suite's per-test store files (NamedTemporaryFile(delete=False)) land in temp and go with it
+    tempfile.tempdir = temp
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     import torch

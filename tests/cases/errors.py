@@ -194,9 +194,7 @@ def _mismatch(ctx, make, inputs=lambda r, bufs: bufs[:1]):
         ctx.check("communicator usable after the mismatch", out, np.full(3, ctx.size * (ctx.size + 1) // 2, np.int64))
 
 
-@case
-def case_mismatch_collective(ctx):
-    """Rank 0 calls Allreduce, the others Allgather (same byte count)."""
+def _allreduce_vs_allgather(ctx):
     comm, MPI = ctx.comm, ctx.MPI
     n = ctx.size
 
@@ -209,6 +207,24 @@ def case_mismatch_collective(ctx):
         return (lambda: comm.Allgather(s, o)), [s, o]
 
     _mismatch(ctx, make)
+
+
+@case
+def case_mismatch_collective(ctx):
+    """Rank 0 calls Allreduce, the others Allgather (same byte count)."""
+    _allreduce_vs_allgather(ctx)
+
+
+@case
+def case_mismatch_collective_warm(ctx):
+    """As mismatch_collective, once every rank ran both calls twice: their shapes are known (two ranks across
+    hosts then send straight through the socket, pycoll.paired)."""
+    comm, MPI = ctx.comm, ctx.MPI
+    s = np.full(4, ctx.rank, np.int32)
+    for _ in range(2):
+        comm.Allreduce(s, np.empty(4, np.int32), op=MPI.SUM)
+        comm.Allgather(s, np.empty(4 * ctx.size, np.int32))
+    _allreduce_vs_allgather(ctx)
 
 
 @case
@@ -325,6 +341,20 @@ def case_timeout_allreduce(ctx):
     """comm.timeout = 2: the last rank never calls Allreduce."""
     MPI = ctx.MPI
     _timeout_case(ctx, lambda c: c.Allreduce(np.ones(100, np.float32), np.zeros(100, np.float32), op=MPI.SUM), ctx.size - 1)
+
+
+@case
+def case_timeout_allreduce_warm(ctx):
+    """As timeout_allreduce, once every rank ran that Allreduce twice: its shape is known (two ranks across hosts
+    then wait on the socket itself, pycoll.paired)."""
+    MPI = ctx.MPI
+
+    def call(c):
+        c.Allreduce(np.ones(100, np.float32), np.zeros(100, np.float32), op=MPI.SUM)
+
+    for _ in range(2):
+        call(ctx.comm)
+    _timeout_case(ctx, call, ctx.size - 1)
 
 
 @case

@@ -71,3 +71,60 @@ def host_composition(ctx):
     parts = sub._x.composed
     sub.Free()
     ctx.record("child_freed", parts is None or parts.host_comm is None)
+
+
+@case
+def paired_calls(ctx):
+    """Two ranks on different hosts: each small collective repeated with fresh arrays and buffer specs goes
+    straight through the socket (``pycoll.paired``) once its shape is known, matches NumPy, and still meets a
+    peer whose same call waits through the engine (a receive it had posted keeps it off the direct path)."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll internals")
+    comm, me, peer = ctx.comm, ctx.rank, 1 - ctx.rank
+    if ctx.size != 2:
+        ctx.skip("two ranks")
+    MPI = ctx.MPI
+    engine = comm._engine
+    calls = {
+        "Allreduce": lambda k, v: (comm.Allreduce([v, MPI.DOUBLE], [out := np.empty(k), MPI.DOUBLE]), out)[1],
+        "Allreduce in place": lambda k, v: (comm.Allreduce(MPI.IN_PLACE, [w := v.copy(), MPI.DOUBLE]), w)[1],
+        "Bcast": lambda k, v: (comm.Bcast([w := (v.copy() if me == 0 else np.full(k, -1.0)), MPI.DOUBLE], root=0), w)[1],
+        "Reduce": lambda k, v: (comm.Reduce([v, MPI.DOUBLE], [out := np.full(k, -1.0), MPI.DOUBLE], op=MPI.MAX, root=1),
+                                out)[1],
+        "Allgather": lambda k, v: (comm.Allgather([v, MPI.DOUBLE], [out := np.empty(2 * k), MPI.DOUBLE]), out)[1],
+        "Alltoall": lambda k, v: (comm.Alltoall([np.concatenate([v, v + 100]), MPI.DOUBLE],
+                                                [out := np.empty(2 * k), MPI.DOUBLE]), out)[1],
+        "Reduce_scatter_block": lambda k, v: (comm.Reduce_scatter_block([np.concatenate([v, -v]), MPI.DOUBLE],
+                                                                        [out := np.empty(k), MPI.DOUBLE]), out)[1],
+    }
+    mine = lambda r, k: np.arange(k, dtype=np.float64) * (r + 2) + r  # noqa: E731
+    want = {
+        "Allreduce": lambda k: mine(0, k) + mine(1, k),
+        "Allreduce in place": lambda k: mine(0, k) + mine(1, k),
+        "Bcast": lambda k: mine(0, k),
+        "Reduce": lambda k: np.maximum(mine(0, k), mine(1, k)) if me == 1 else np.full(k, -1.0),
+        "Allgather": lambda k: np.concatenate([mine(0, k), mine(1, k)]),
+        "Alltoall": lambda k: np.concatenate([mine(0, k) + 100 * me, mine(1, k) + 100 * me]),
+        "Reduce_scatter_block": lambda k: (mine(0, k) + mine(1, k)) * (1 if me == 0 else -1),
+    }
+    sends = engine.tcp_eager_sends
+    for name, call in calls.items():
+        for k in (1, 5, 300):
+            for i in range(4):
+                got = call(k, mine(me, k))
+                ctx.check(f"{name} {k} #{i}", got, want[name](k))
+        plan_fast = [p.fast for (label, _), p in comm._x.plans.items() if label == name.split()[0]]
+        ctx.record(f"fast {name}", any(callable(f) for f in plan_fast))
+    for i in range(3):
+        comm.Barrier()
+    ctx.record("socket sends", engine.tcp_eager_sends - sends)
+    # one rank with a receive posted (another tag) takes the engine's path for its half; the other goes direct
+    k = 7
+    pending = comm.Irecv(np.empty(1), source=peer, tag=77) if me == 1 else None
+    got = calls["Allreduce"](k, mine(me, k))
+    ctx.check("Allreduce beside a posted receive", got, want["Allreduce"](k))
+    if me == 0:
+        comm.Send(np.zeros(1), dest=peer, tag=77)
+    else:
+        pending.Wait()
+    comm.Barrier()

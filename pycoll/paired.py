@@ -1,0 +1,233 @@
+"""Small blocking collectives of a two-rank communicator whose ranks are on different hosts: each call as its
+one message each way straight through the pair's socket, without a schedule (the executor's fast path there).
+
+Every form here sends what the algorithm the cost model chose for the call sends, with the same context, tag and
+signature, so a peer that runs the same call through the schedule (it had a receive posted, say) still matches
+it. Where a message cannot move at once, the rest of the call waits through the engine as a schedule's would.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import numpy as np
+
+from . import buffers
+from .algorithms import ALGO, CHECK_CALLS
+from .algorithms import cost as cost_model
+from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
+from .config import _ENV_BYTES
+from .errors import PycollError
+from .p2p import SMALL_FRAME, frame_head
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .executor import Executor, Plan
+
+_U8 = np.uint8
+_EMPTY = np.zeros(0, np.uint8)
+
+# (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
+_FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
+
+
+def _form(coll: str, algo: str):
+    def register(make):
+        _FORMS[(coll, algo)] = make
+        return make
+    return register
+
+
+class _Pair:
+    """What every call of one plan shares: the peer, the call's context and signature, the engine's verbs."""
+
+    def __init__(self, x: "Executor", plan: "Plan") -> None:
+        c = x.comm
+        self.comm, self.engine, self.label, self.sig = c, x.engine, plan.label, plan.sig
+        self.template = plan.template
+        self.me, self.peer = c._rank, 1 - c._rank
+        self.world_peer = c._world[self.peer]
+        self.ctx = c._ctx | 1
+
+    def swap(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+        """Send ``out`` to the peer and receive ``into`` from it (flat bytes; None: no message that way), as the
+        call numbered ``seq``; ``into`` is written only once its message is whole."""
+        engine, peer, ctx, tag, sig = self.engine, self.world_peer, self.ctx, seq * LANES, self.sig
+        head = frame_head(ctx, tag, out.nbytes, sig) if out is not None else None
+        sent = out is None or engine.send_frame_now(peer, head, out)
+        if into is not None and (head is None or into.nbytes != out.nbytes):  # type: ignore[union-attr]
+            head = frame_head(ctx, tag, into.nbytes, sig)
+        got = into is None or engine.recv_frame_now(peer, head, into)
+        if not (sent and got):
+            self._through_engine(seq, None if sent else out, None if got else into)
+
+    def _through_engine(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+        """The messages that could not move at once, posted to the engine and waited for as a schedule's are; a
+        failure is reported to the peer (as the executor does for a failed schedule) and raised."""
+        c, engine, tag = self.comm, self.engine, seq * LANES
+        owner = c._owner(f"{self.label} #{seq}", self.ctx, seq)
+        owner.sig = self.sig
+        reqs = []
+        if out is not None:
+            reqs.append(engine.isend(self.world_peer, out, self.ctx, tag, self.sig, owner))
+        if into is not None:
+            reqs.append(engine.irecv(self.world_peer, into, self.ctx, tag, self.sig, owner))
+        try:
+            engine.wait_requests(reqs, c.timeout, owner)
+            failed = next((q.error for q in reqs if q.error is not None), None)
+            if failed is not None:  # a request fails (a mismatch, a dead peer) without raising
+                raise failed
+        except PycollError as err:
+            engine.abort(owner, err)
+            raise
+
+
+def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
+    """The plan's whole call as one function of its arguments (``Plan.fast``), or False where this module has no
+    form for it: a two-rank communicator across hosts without an arena, a call of one message each way, an
+    algorithm with a form here. The function returns False, having done nothing, where anything it relies on
+    changed (the environment's algorithm choice or checks, the cost model, a pending send, a broken communicator)."""
+    c, t = x.comm, plan.template
+    if (c._size != 2 or c._arena is not None or t.stream is not None or t.vector
+            or (t.op is not None and t.op.averages)):
+        return False
+    make = _FORMS.get((t.coll, algo.name))
+    pair = _Pair(x, plan)
+    engine, peer = x.engine, pair.world_peer
+    if make is None or peer not in engine._tcp_socks:
+        return False
+    body = make(pair, t)
+    if body is None:
+        return False
+    env, model = _ENV_BYTES, cost_model.current()
+    if env is None:
+        return False
+    ka, kc = ALGO.env_key, CHECK_CALLS.env_key
+    va, vc = env.get(ka), env.get(kc)
+    if vc:
+        return False
+    limit = min(SMALL_FRAME, max(CHUNK_SIZE.get(), 64))
+    send_view = plan.send.view if plan.send is not None else None
+    recv_view = plan.recv.view if plan.recv is not None else None
+    overlap = not t.in_place and send_view is not None and recv_view is not None
+    overlaps = buffers.overlaps
+    sendq, dead = engine._sendq[peer], engine._dead
+
+    def fast(args: tuple) -> bool:
+        if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model:
+            return False
+        send = send_view(args) if send_view is not None else None
+        recv = recv_view(args) if recv_view is not None else None
+        if ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)
+                or c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead):
+            return False
+        if overlap and (send is recv or send.base is not None or recv.base is not None) and send.size and recv.size \
+                and overlaps(send, recv):
+            return False  # the checks name it
+        seq = c._seq + 1
+        c._seq = seq
+        body(seq, send, recv)
+        return True
+
+    return fast
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.view(_U8) if a.ndim == 1 else a.reshape(-1).view(_U8)
+
+
+@_form("allreduce", "doubling")
+def _allreduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    ufunc, scratch = t.op.ufunc, {}
+
+    def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
+        incoming = scratch.get(recv.size)
+        if incoming is None or incoming.dtype != recv.dtype:
+            incoming = scratch[recv.size] = np.empty(recv.size, recv.dtype)
+        pair.swap(seq, _bytes(send), _bytes(incoming))
+        ufunc(send, incoming, out=recv)  # as the algorithm's round: own values on the left
+
+    return body
+
+
+@_form("broadcast", "chain")
+def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    at_root = pair.me == t.root
+
+    def body(seq: int, send: Any, recv: np.ndarray) -> None:
+        if at_root:
+            pair.swap(seq, _bytes(recv), None)
+        else:
+            pair.swap(seq, None, _bytes(recv))
+
+    return body
+
+
+@_form("reduce", "chain")
+def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    at_root, ufunc = pair.me == t.root, t.op.ufunc
+
+    def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
+        if not at_root:
+            pair.swap(seq, _bytes(send), None)
+            return
+        assert recv is not None
+        incoming = np.empty(send.size, send.dtype)
+        pair.swap(seq, None, _bytes(incoming))
+        ufunc(send, incoming, out=recv)  # the root's own values on the left, as the chain's last link
+
+    return body
+
+
+@_form("allgather", "doubling")
+def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    me, peer, counts, displs = pair.me, pair.peer, t.counts, t.displs or None
+    if not counts:
+        return None
+
+    def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
+        blocks = blocks_of(recv, counts, displs)
+        if not t.in_place and send is not None:
+            blocks[me][...] = send
+        pair.swap(seq, _bytes(blocks[me]), _bytes(blocks[peer]))
+
+    return body
+
+
+@_form("alltoall", "pairwise")
+def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    me, peer = pair.me, pair.peer
+    counts, displs, send_counts, send_displs = t.counts, t.displs, t.send_counts, t.send_displs
+    if not (counts and displs and send_counts and send_displs):
+        return None
+
+    def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
+        source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
+        pair.swap(seq, _bytes(source[send_displs[peer]: send_displs[peer] + send_counts[peer]]),
+                  _bytes(recv[displs[peer]: displs[peer] + counts[peer]]))
+        recv[displs[me]: displs[me] + counts[me]] = source[send_displs[me]: send_displs[me] + send_counts[me]]
+
+    return body
+
+
+@_form("reduce_scatter", "ring")
+def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    me, peer, counts, ufunc = pair.me, pair.peer, t.counts, t.op.ufunc
+    if not counts:
+        return None
+
+    def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
+        blocks = blocks_of(send, counts)
+        incoming = np.empty(counts[me], send.dtype)
+        pair.swap(seq, _bytes(blocks[peer]), _bytes(incoming))
+        ufunc(blocks[me], incoming, out=incoming)  # in place, the result's place overlaps the inputs: kept apart
+        recv[: counts[me]] = incoming
+
+    return body
+
+
+@_form("barrier", "dissemination")
+def _barrier(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    def body(seq: int, send: Any, recv: Any) -> None:
+        pair.swap(seq, _EMPTY, _EMPTY)
+
+    return body
