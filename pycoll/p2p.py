@@ -56,7 +56,6 @@ ALIGN = 64
 _MAGIC = 0x70  # high byte of meta: catches a stream that lost its framing
 _ZEROS = bytes(ALIGN)
 _SMALL = 16 << 10
-SMALL_FRAME = _SMALL  # the largest payload a collective's frame to a socket carries in one send (``send_frame_now``)
 _PAD_SINK = memoryview(bytearray(ALIGN))  # payloads up to this size travel in one buffer with their header
 
 P2P_CMA = bool_param(
@@ -502,13 +501,19 @@ class Engine:
         post a receive instead (nothing consumed)."""
         return self.recv_frame_now(peer, frame_head(ctx, tag, dst.nbytes, sig), dst)
 
-    def send_frame_now(self, peer: int, head: bytes, payload: np.ndarray) -> bool:
+    def send_frame_now(self, peer: int, head: bytes, payload: np.ndarray, limit: int = _SMALL) -> bool:
         """``send_now`` with the frame's header already packed (``frame_head``): a caller that sends the same
-        header it expects back packs it once."""
+        header it expects back packs it once. Payloads up to ``limit`` bytes go so (a receiver takes a frame
+        straight from the socket only if it fits its staging area whole: ``frame_room``)."""
         sock = self._tcp_socks.get(peer)
-        if sock is None or payload.nbytes > _SMALL or self._sendq[peer] or peer in self._dead:
+        if sock is None or payload.nbytes > limit or self._sendq[peer] or peer in self._dead:
             return False
         return self._send_eager_tcp(peer, sock, payload, head)
+
+    def frame_room(self, peer: int) -> int:
+        """The largest payload of a frame from ``peer`` that ``recv_frame_now`` can take whole (0: none)."""
+        ch = self.channels.get(peer)
+        return max(0, getattr(ch, "staging_bytes", 0) - HEADER_SIZE - ALIGN) if peer in self._tcp_socks else 0
 
     def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray) -> bool:
         """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``)."""

@@ -18,7 +18,7 @@ from .algorithms import cost as cost_model
 from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
 from .config import _ENV_BYTES
 from .errors import PycollError
-from .p2p import SMALL_FRAME, frame_head
+from .p2p import frame_head
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor, Plan
@@ -47,13 +47,15 @@ class _Pair:
         self.me, self.peer = c._rank, 1 - c._rank
         self.world_peer = c._world[self.peer]
         self.ctx = c._ctx | 1
+        # one message each way, taken whole from the socket: within a chunk and the receiver's staging area
+        self.limit = min(max(CHUNK_SIZE.get(), 64), self.engine.frame_room(self.world_peer))
 
     def swap(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
         """Send ``out`` to the peer and receive ``into`` from it (flat bytes; None: no message that way), as the
         call numbered ``seq``; ``into`` is written only once its message is whole."""
         engine, peer, ctx, tag, sig = self.engine, self.world_peer, self.ctx, seq * LANES, self.sig
         head = frame_head(ctx, tag, out.nbytes, sig) if out is not None else None
-        sent = out is None or engine.send_frame_now(peer, head, out)
+        sent = out is None or engine.send_frame_now(peer, head, out, self.limit)
         if into is not None and (head is None or into.nbytes != out.nbytes):  # type: ignore[union-attr]
             head = frame_head(ctx, tag, into.nbytes, sig)
         got = into is None or engine.recv_frame_now(peer, head, into)
@@ -105,7 +107,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     va, vc = env.get(ka), env.get(kc)
     if vc:
         return False
-    limit = min(SMALL_FRAME, max(CHUNK_SIZE.get(), 64))
+    limit = pair.limit
     send_view = plan.send.view if plan.send is not None else None
     recv_view = plan.recv.view if plan.recv is not None else None
     overlap = not t.in_place and send_view is not None and recv_view is not None
