@@ -1,13 +1,15 @@
 """Small collectives across hosts composed from two smaller communicators, as MPICH's SMP-aware collectives are.
 
-A communicator whose ranks span hosts, with more than one rank on some host, runs a small blocking Allreduce or
-a Barrier as three calls: one on each host's communicator, whose ranks share memory and so take the compiled arena
-path, one among the hosts' first ranks (the leaders), over the network, and one more on each host's communicator.
-Allreduce: reduce to the leader, allreduce among the leaders, broadcast from the leader. The network then carries
-one message per host per step, and the steps inside a host cost a shared-memory meeting instead of a trip through
-the point-to-point engine. Bcast and Reduce are not composed: their flat trees already cross the network once and
-overlap the steps inside hosts, which the composition would run one after the other (measured slower, 4 ranks on
-2 namespace hosts).
+A communicator whose ranks span hosts, with more than one rank on some host, runs a small blocking call as calls
+on each host's communicator, whose ranks share memory and so take the compiled arena path, and one among the
+hosts' first ranks (the leaders), over the network. Allreduce: reduce to the leader, allreduce among the leaders,
+broadcast from the leader. Barrier: a barrier inside each host, among the leaders, inside each host. Bcast: inside
+the root's host first, then among the leaders, then inside the other hosts. Reduce: reduce to each leader, reduce
+among the leaders to the root's, which hands the result to the root. Allgather and Reduce_scatter_block, where
+every host holds the same number of ranks, numbered host by host: gather to (reduce to) the leader, the
+collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader. The network then
+carries one message per host per step (between two hosts, one frame each way: ``pycoll.paired``), and the steps
+inside a host cost a shared-memory meeting instead of a trip through the point-to-point engine.
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
 the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off.
@@ -26,11 +28,14 @@ from .group import UNDEFINED
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
-    "Largest blocking Allreduce (and every Barrier) that a communicator spanning hosts, with several ranks on some "
-    "host, runs as a call inside each host, one among the hosts' first ranks and one more inside each host (the "
-    "hosts' shared memory takes the compiled arena path). 0: never.")
+    "Largest blocking Allreduce, Bcast, Reduce, Allgather and Reduce_scatter_block (and every Barrier) that a "
+    "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
+    "hosts' first ranks (the hosts' shared memory takes the compiled arena path). 0: never.")
 
-_KINDS = ("allreduce", "barrier")
+_KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter")
+_REDUCING = ("allreduce", "reduce", "reduce_scatter")
+_BY_HOST = ("allgather", "reduce_scatter")  # blocks of whole hosts among the leaders: even, host-major layouts only
+_RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 
 
 class HostComposition:
@@ -44,6 +49,13 @@ class HostComposition:
         self.leader = self.groups[self.host][0] == comm._rank
         self.host_comm: Any = None
         self.leaders: Any = None
+        self.making = False
+        # leaders' communicator rank of each host (leaders are split in parent rank order)
+        firsts = sorted(g[0] for g in self.groups)
+        self.leader_rank = [firsts.index(g[0]) for g in self.groups]
+        # every host the same number of ranks, numbered host by host: a host's blocks are one contiguous run
+        size = len(self.groups[0])
+        self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
 
     @staticmethod
     def wanted(comm: Any) -> bool:
@@ -54,19 +66,27 @@ class HostComposition:
     def takes(self, call: Call) -> bool:
         """Whether this call is composed (the same answer on every rank for matching calls)."""
         limit = SMP_BYTES.get()
-        if call.coll not in _KINDS or call.stream is not None or limit <= 0:
+        if call.coll not in _KINDS or call.stream is not None or limit <= 0 or self.making:
             return False
         if call.coll == "barrier":
             return True
-        if call.size_bytes > limit or call.dtype.kind not in "biufc":
+        if call.size_bytes > limit or call.dtype.kind not in "biufc" or call.vector:
             return False
-        return call.op is not None and call.op.commutative and not call.op.averages
+        if call.coll in _BY_HOST and not self.even:
+            return False
+        if call.coll in _REDUCING:
+            return call.op is not None and call.op.commutative and not call.op.averages
+        return True
 
     def _comms(self) -> None:
         if self.host_comm is None:  # collective on the parent: every rank makes them in the same call
             c = self.comm
-            self.host_comm = c.Split(self.host, c._rank)
-            leaders = c.Split(0 if self.leader else UNDEFINED, c._rank)
+            self.making = True  # the splits' own calls (an Allgather of the colours) run flat
+            try:
+                self.host_comm = c.Split(self.host, c._rank)
+                leaders = c.Split(0 if self.leader else UNDEFINED, c._rank)
+            finally:
+                self.making = False
             self.leaders = leaders if self.leader else None
 
     def run(self, call: Call) -> None:
@@ -101,3 +121,74 @@ class HostComposition:
         else:
             self.host_comm.Reduce(out if call.in_place else call.send, None, call.op, 0)
         self.host_comm.Bcast(out, 0)
+
+    def _broadcast(self, call: Call) -> None:
+        buf, root = call.recv, call.root
+        assert buf is not None
+        root_host = self.comm._layout.host_of[root]
+        if self.host == root_host:
+            self.host_comm.Bcast(buf, self.groups[root_host].index(root))
+            if self.leader:
+                self.leaders.Bcast(buf, self.leader_rank[root_host])
+        else:
+            if self.leader:
+                self.leaders.Bcast(buf, self.leader_rank[root_host])
+            self.host_comm.Bcast(buf, 0)
+
+    def _reduce(self, call: Call) -> None:
+        assert call.send is not None and call.op is not None
+        root, op = call.root, call.op
+        root_host = self.comm._layout.host_of[root]
+        if not self.leader:
+            self.host_comm.Reduce(call.send, None, op, 0)
+            if self.comm._rank == root:  # the root's host leader hands it the result
+                assert call.recv is not None
+                result = np.empty_like(call.recv)
+                self.host_comm.Recv(result, 0, _RESULT_TAG)
+                call.recv[...] = result
+            return
+        partial = np.empty_like(call.send)  # the user's buffer is written once the whole call has succeeded
+        self.host_comm.Reduce(call.send, partial, op, 0)
+        if self.host == root_host:
+            self.leaders.Reduce(IN_PLACE, partial, op, self.leader_rank[root_host])
+            if self.comm._rank == root:
+                assert call.recv is not None
+                call.recv[...] = partial
+            else:
+                self.host_comm.Send(partial, self.groups[root_host].index(root), _RESULT_TAG)
+        else:
+            self.leaders.Reduce(partial, None, op, self.leader_rank[root_host])
+
+    def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
+        """This host's contiguous run of ``block``-element blocks in ``arr`` (the layout is ``even``)."""
+        group = self.groups[self.host]
+        return arr[group[0] * block: (group[-1] + 1) * block]
+
+    def _allgather(self, call: Call) -> None:
+        recv, block, me = call.recv, call.counts[0], self.comm._rank
+        assert recv is not None
+        if self.leader:
+            gathered = np.empty(len(recv), recv.dtype)  # the user's buffer is written once all of it is here
+            mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
+            self.host_comm.Gather(mine, self._host_region(gathered, block), 0)
+            self.leaders.Allgather(IN_PLACE, gathered)
+            recv[...] = gathered
+        else:
+            mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
+            self.host_comm.Gather(mine, None, 0)
+        self.host_comm.Bcast(recv, 0)
+
+    def _reduce_scatter(self, call: Call) -> None:
+        assert call.send is not None and call.recv is not None and call.op is not None
+        block, op = call.counts[0], call.op
+        out = np.empty(block, call.send.dtype)
+        if self.leader:
+            partial = np.empty_like(call.send)
+            self.host_comm.Reduce(call.send, partial, op, 0)
+            host_result = np.empty(block * len(self.groups[self.host]), call.send.dtype)
+            self.leaders.Reduce_scatter_block(partial, host_result, op)
+            self.host_comm.Scatter(host_result, out, 0)
+        else:
+            self.host_comm.Reduce(call.send, None, op, 0)
+            self.host_comm.Scatter(None, out, 0)
+        call.recv[:block] = out

@@ -58,6 +58,20 @@ def host_composition(ctx):
         comm.Allreduce(data, out)
         ctx.check(f"allreduce {count}", out, np.arange(count, dtype=np.float64) * (p * (p + 1) / 2))
     comm.Barrier()
+    from pycoll.algorithms import last_choice
+
+    buf = np.arange(5.0) * 3 if ctx.rank == p - 1 else np.zeros(5)
+    comm.Bcast(buf, p - 1)
+    ctx.check("bcast from the last rank", buf, np.arange(5.0) * 3)
+    ctx.record("bcast by", last_choice.algorithm)
+    out = np.full(5, -1.0)
+    comm.Reduce(np.arange(5.0) + ctx.rank, out, root=p - 1)
+    ctx.check("reduce to the last rank", out, np.arange(5.0) * p + p * (p - 1) / 2 if ctx.rank == p - 1 else np.full(5, -1.0))
+    ctx.record("reduce by", last_choice.algorithm)
+    gathered = np.empty(2 * p)
+    comm.Allgather(np.array([ctx.rank, -ctx.rank], dtype=np.float64), gathered)
+    ctx.check("allgather", gathered, np.array([[r, -r] for r in range(p)], dtype=np.float64).ravel())
+    ctx.record("allgather by", last_choice.algorithm)
     big = np.ones((128 << 10) // 8)
     comm.Allreduce(big, big.copy())  # above PYCOLL_SMP_BYTES: the flat path
     composed = comm._x.composed
