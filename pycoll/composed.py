@@ -7,7 +7,9 @@ broadcast from the leader. Barrier: a barrier inside each host, among the leader
 the root's host first, then among the leaders, then inside the other hosts. Reduce: reduce to each leader, reduce
 among the leaders to the root's, which hands the result to the root. Allgather and Reduce_scatter_block, where
 every host holds the same number of ranks, numbered host by host: gather to (reduce to) the leader, the
-collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader. The network then
+collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader; Alltoall likewise
+gathers every rank's blocks to its leader, exchanges them among the leaders by destination host and scatters
+them by destination rank. The network then
 carries one message per host per step (between two hosts, one frame each way: ``pycoll.paired``), and the steps
 inside a host cost a shared-memory meeting instead of a trip through the point-to-point engine.
 
@@ -28,13 +30,13 @@ from .group import UNDEFINED
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
-    "Largest blocking Allreduce, Bcast, Reduce, Allgather and Reduce_scatter_block (and every Barrier) that a "
+    "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
     "hosts' first ranks (the hosts' shared memory takes the compiled arena path). 0: never.")
 
-_KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter")
+_KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
-_BY_HOST = ("allgather", "reduce_scatter")  # blocks of whole hosts among the leaders: even, host-major layouts only
+_BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 
 
@@ -192,3 +194,22 @@ class HostComposition:
             self.host_comm.Reduce(call.send, None, op, 0)
             self.host_comm.Scatter(None, out, 0)
         call.recv[:block] = out
+
+    def _alltoall(self, call: Call) -> None:
+        assert call.send is not None and call.recv is not None
+        block, k, hosts = call.counts[0], len(self.groups[self.host]), len(self.groups)
+        p = k * hosts
+        out = np.empty(p * block, call.recv.dtype)  # the user's buffer is written once all of it is here
+        if self.leader:
+            # [local source][destination host][its local rank][block] -> by destination host for the leaders
+            gathered = np.empty((k, hosts, k, block), call.send.dtype)
+            self.host_comm.Gather(call.send, gathered.reshape(-1), 0)
+            outgoing = np.ascontiguousarray(gathered.transpose(1, 0, 2, 3))
+            incoming = np.empty_like(outgoing)  # [source host][its local rank][local destination][block]
+            self.leaders.Alltoall(outgoing.reshape(-1), incoming.reshape(-1))
+            by_destination = np.ascontiguousarray(incoming.transpose(2, 0, 1, 3))
+            self.host_comm.Scatter(by_destination.reshape(-1), out, 0)
+        else:
+            self.host_comm.Gather(call.send, None, 0)
+            self.host_comm.Scatter(None, out, 0)
+        call.recv[: p * block] = out

@@ -41,12 +41,12 @@ def test_three_uneven_hosts(tmp_path) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("per_host", [[2, 2], [2, 1, 2], [3, 1]], ids=["2x2", "2-1-2", "3-1"])
 def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None:
-    """Without a forced algorithm, every op x dtype x count Allreduce, Bcast, Reduce, Allgather and
-    Reduce_scatter_block (small ones composed: calls on each host's communicator and one among the leaders) matches
-    NumPy, on even and uneven hosts; PYCOLL_SMP_BYTES=0 keeps the flat path."""
+    """Without a forced algorithm, every op x dtype x count Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block
+    and Alltoall (small ones composed: calls on each host's communicator and one among the leaders) matches NumPy,
+    on even and uneven hosts; PYCOLL_SMP_BYTES=0 keeps the flat path."""
     n = sum(per_host)
     cases = ["reduce.allreduce", "movement.barrier", "movement.bcast", "reduce.reduce", "reduce.reduce_every_root",
-             "movement.allgather", "reduce.reduce_scatter_block", "topology.host_composition",
+             "movement.allgather", "reduce.reduce_scatter_block", "movement.alltoall", "topology.host_composition",
              "errors.mismatch_barrier_vs_bcast"]
     res = harness.run_cases_on_hosts(cases, hosts=len(per_host), n=n, ranks_per_host=per_host, out_dir=str(tmp_path),
                                      job_timeout=240)
@@ -63,8 +63,9 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
     for call in ("bcast", "reduce"):
         assert set(res.records("topology.host_composition", f"{call} by").values()) == {"composed"}, call
     # Allgather only where every host holds as many ranks, numbered host by host
-    by = set(res.records("topology.host_composition", "allgather by").values())
-    assert (by == {"composed"}) == (len(set(per_host)) == 1), by
+    for call in ("allgather", "alltoall"):
+        by = set(res.records("topology.host_composition", f"{call} by").values())
+        assert (by == {"composed"}) == (len(set(per_host)) == 1), (call, by)
     off = harness.run_cases_on_hosts(["topology.host_composition"], hosts=len(per_host), n=n, ranks_per_host=per_host,
                                      env={"PYCOLL_SMP_BYTES": "0"}, out_dir=str(tmp_path / "off"), job_timeout=120)
     off.assert_ok()

@@ -72,6 +72,11 @@ def host_composition(ctx):
     comm.Allgather(np.array([ctx.rank, -ctx.rank], dtype=np.float64), gathered)
     ctx.check("allgather", gathered, np.array([[r, -r] for r in range(p)], dtype=np.float64).ravel())
     ctx.record("allgather by", last_choice.algorithm)
+    blocks = np.array([100 * ctx.rank + d for d in range(p)], dtype=np.int64)
+    swapped = np.full(p, -1, np.int64)
+    comm.Alltoall(blocks, swapped)
+    ctx.check("alltoall", swapped, np.array([100 * s + ctx.rank for s in range(p)], dtype=np.int64))
+    ctx.record("alltoall by", last_choice.algorithm)
     big = np.ones((128 << 10) // 8)
     comm.Allreduce(big, big.copy())  # above PYCOLL_SMP_BYTES: the flat path
     composed = comm._x.composed
