@@ -1378,6 +1378,15 @@ class Comm:
         child.timeout = self.timeout
         return child
 
+    def _derived(self, members: list[int], what: tuple, name: str) -> "Comm":
+        """A communicator over ``members`` (ranks here, in order) that every rank knows without asking the others
+        (from the layout, say): no agreement round. Collective in that every rank of this one calls it, members or
+        not, in the same order with the same arguments; ``what`` tells it from its siblings. COMM_NULL outside."""
+        self._children += 1
+        if self._rank not in members:
+            return COMM_NULL  # type: ignore[return-value]
+        return self._child([self._world[r] for r in members], _child_ctx(self._ctx, self._children, what), name)
+
     def _copy(self, ctx: int, name: str) -> "Comm":
         """Dup's communicator: the same ranks (a topology communicator also keeps its topology)."""
         return self._child(list(self._world), ctx, name)

@@ -26,7 +26,6 @@ import numpy as np
 from .algorithms.base import Call
 from .buffers import IN_PLACE
 from .config import size_param
-from .group import UNDEFINED
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
@@ -47,11 +46,10 @@ class HostComposition:
         lay = comm._layout
         self.comm = comm
         self.host = lay.host_of[comm._rank]
-        self.groups = lay.groups  # ranks of each host, in host order
+        self.groups = [sorted(g) for g in lay.groups]  # ranks of each host, in host order
         self.leader = self.groups[self.host][0] == comm._rank
         self.host_comm: Any = None
         self.leaders: Any = None
-        self.making = False
         # leaders' communicator rank of each host (leaders are split in parent rank order)
         firsts = sorted(g[0] for g in self.groups)
         self.leader_rank = [firsts.index(g[0]) for g in self.groups]
@@ -68,7 +66,7 @@ class HostComposition:
     def takes(self, call: Call) -> bool:
         """Whether this call is composed (the same answer on every rank for matching calls)."""
         limit = SMP_BYTES.get()
-        if call.coll not in _KINDS or call.stream is not None or limit <= 0 or self.making:
+        if call.coll not in _KINDS or call.stream is not None or limit <= 0:
             return False
         if call.coll == "barrier":
             return True
@@ -81,14 +79,10 @@ class HostComposition:
         return True
 
     def _comms(self) -> None:
-        if self.host_comm is None:  # collective on the parent: every rank makes them in the same call
+        if self.host_comm is None:  # every rank makes them in the same call, from the layout alone (no messages)
             c = self.comm
-            self.making = True  # the splits' own calls (an Allgather of the colours) run flat
-            try:
-                self.host_comm = c.Split(self.host, c._rank)
-                leaders = c.Split(0 if self.leader else UNDEFINED, c._rank)
-            finally:
-                self.making = False
+            self.host_comm = c._derived(self.groups[self.host], ("host", self.host), f"{c._name}.host")
+            leaders = c._derived(sorted(g[0] for g in self.groups), ("leaders",), f"{c._name}.leaders")
             self.leaders = leaders if self.leader else None
 
     def run(self, call: Call) -> None:
