@@ -210,7 +210,7 @@ try:
 except InvalidArgumentError as exc:
     out["double_attach"] = str(exc)
 peer = 1 - rank
-data = np.arange(1 << 16, dtype=np.int64) + rank  # large: leaves in the background
+data = np.arange(1 << 20, dtype=np.int64) + rank  # 8 MiB, twice a shared-memory ring: leaves in the background
 dup.Bsend(data, peer, 7)
 out["bsend_pending"] = len(dup.__dict__.get("_bsends", []))  # under way until the peer receives it
 dup.Barrier()  # no receive for it is posted before both ranks have looked (ranks are not aligned after start-up)
@@ -220,7 +220,7 @@ dup.Recv(got, peer, 7)
 dup.Recv(got2, peer, 8)
 dup.Flush_buffer()
 dup.Iflush_buffer().Wait()
-out["bsend_ok"] = bool((got == np.arange(1 << 16) + peer).all() and (got2 == np.arange(4) + peer).all())
+out["bsend_ok"] = bool((got == np.arange(1 << 20) + peer).all() and (got2 == np.arange(4) + peer).all())
 out["bsends_left"] = len(dup.__dict__.get("_bsends", []))
 out["detach_same"] = dup.Detach_buffer() is mem
 out["detach_empty"] = dup.Detach_buffer()
