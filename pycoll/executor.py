@@ -404,7 +404,7 @@ class Executor:
         self.engine.wait_schedule(sched, self.comm.timeout)
         if sched.error is not None:
             self.failed(sched)
-            raise sched.error
+            raise self.engine.witnessed(sched.error, sched.owner)
 
     def failed(self, sched: Schedule) -> None:
         """After a call failed here: tell the peers; if a peer only skipped it, free its arena number."""

@@ -1749,6 +1749,16 @@ class Engine:
         entry = self._broken.get(ctx & ~1)
         return entry[0] if entry is not None else None
 
+    def witnessed(self, err: PycollError, owner: Owner) -> PycollError:
+        """``err``, a lost connection in ``owner``'s operation; or, where a report that another rank died broke
+        the communicator meanwhile, that report as this operation's error: the peer whose stream ended may have
+        exited only after it reported the rank that really died (its report read as its channel failed)."""
+        known = self.broken(owner.ctx)
+        if (type(err) is PeerFailureError and isinstance(known, PeerLostError)
+                and not set(known.peers) & set(err.peers)):
+            return self._with_rank(known, owner)
+        return err
+
     def _tell_members(self, owner: Owner, err: PycollError, tag: int, ctx: int) -> list[SendRequest]:
         info = {"ctx": ctx, "seq": owner.tag, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause,
                 "members": list(owner.members)}

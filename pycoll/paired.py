@@ -77,7 +77,7 @@ class _Pair:
             engine.wait_requests(reqs, c.timeout, owner)
             failed = next((q.error for q in reqs if q.error is not None), None)
             if failed is not None:  # a request fails (a mismatch, a dead peer) without raising
-                raise failed
+                raise engine.witnessed(failed, owner)
         except PycollError as err:
             engine.abort(owner, err)
             raise

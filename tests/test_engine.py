@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycoll.errors import MismatchError, PeerFailureError, ProtocolError, TimeoutError
+from pycoll.errors import MismatchError, PeerFailureError, PeerLostError, ProtocolError, TimeoutError
 from pycoll.p2p import ANY_SOURCE, ANY_TAG, Engine, Owner, Sig
 from pycoll.transport.loopback import LoopbackChannel
 
@@ -248,3 +248,21 @@ def test_a_closed_shared_memory_channel_is_not_polled_again() -> None:
         eng.progress()  # no ValueError from the released rings
     assert eng._input_ready() is False
     assert isinstance(r.error, PeerFailureError)
+
+
+def test_a_lost_connection_after_a_report_of_the_dead_rank_names_the_dead_rank() -> None:
+    """A peer that reported a death and then exited closes its stream: an operation that trips over that closed
+    stream names the rank that died (the report, with this operation's name), not the messenger."""
+    eng = engine()
+    owner = Owner("Barrier #15", 8 | 1, 1, lambda w: w, (0, 1, 2), tag=15)
+    closed = owner.error(PeerFailureError, "connection to rank 2 failed: [Errno 32] Broken pipe", [2])
+    assert eng.witnessed(closed, owner) is closed  # nothing reported: the error stands
+    report = PeerLostError("rank 0 failed: rank 2 saw it in Allgather #14 (connection reset)", peers=[0])
+    eng.break_ctx(8, report, 14)
+    named = eng.witnessed(closed, owner)
+    assert isinstance(named, PeerLostError) and list(named.peers) == [0] and named.op == "Barrier #15", named
+    # an error that already names the dead rank, or is not a lost connection, is kept
+    same = owner.error(PeerFailureError, "connection to rank 0 failed", [0])
+    assert eng.witnessed(same, owner) is same
+    mismatch = owner.error(MismatchError, "rank 2 called bcast", [2])
+    assert eng.witnessed(mismatch, owner) is mismatch
