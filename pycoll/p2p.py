@@ -418,6 +418,7 @@ class Engine:
         self._frame = memoryview(bytearray(HEADER_SIZE + _SMALL + ALIGN))
         self._frame_bytes = np.frombuffer(self._frame, np.uint8)
         self._readable: dict[int, Callable[[int], list]] = {}  # peer -> poll(ms) of its socket (``_poller``)
+        self._messengers: dict[int, set[int]] = {}  # world rank -> the world ranks it reported dead
         self.direct_peers = bool(self._tcp_socks)  # send_now / recv_now can move a collective's messages
         self._put_frame = {p: ch.put_frame for p, ch in channels.items() if hasattr(ch, "put_frame")}
         # The largest eager message (callers read it): below the rendezvous threshold, a quarter of a ring at most.
@@ -1661,6 +1662,8 @@ class Engine:
         if info.get("error") == "TimeoutError":
             err.timed_out = True  # type: ignore[attr-defined]  # stalled ranks here name whom they still wait for
         members = [int(m) for m in info.get("members") or ()]
+        if lost:  # src only passes the news on: if its own stream ends next, it was no death (``witnessed``)
+            self._messengers.setdefault(src, set()).update(members[q] for q in lost if 0 <= q < len(members))
         for q in lost:  # a witness saw it die: stop waiting on it everywhere, naming it
             w = members[q] if 0 <= q < len(members) else -1
             if w != self.rank and w in self.channels and w not in self._dead:
@@ -1750,14 +1753,24 @@ class Engine:
         return entry[0] if entry is not None else None
 
     def witnessed(self, err: PycollError, owner: Owner) -> PycollError:
-        """``err``, a lost connection in ``owner``'s operation; or, where a report that another rank died broke
-        the communicator meanwhile, that report as this operation's error: the peer whose stream ended may have
-        exited only after it reported the rank that really died (its report read as its channel failed)."""
+        """``err``, a lost connection in ``owner``'s operation; or, where the peers it names had reported that
+        another rank died before their streams ended (they exited after passing the news on, on this or another
+        communicator), an error naming the rank that really died, as this operation's."""
+        if type(err) is not PeerFailureError or not err.peers:
+            return err
         known = self.broken(owner.ctx)
-        if (type(err) is PeerFailureError and isinstance(known, PeerLostError)
-                and not set(known.peers) & set(err.peers)):
+        if isinstance(known, PeerLostError) and not set(known.peers) & set(err.peers):
             return self._with_rank(known, owner)
-        return err
+        members = list(owner.members)
+        named = [members[q] for q in err.peers if 0 <= q < len(members)]
+        if not named or not all(w in self._messengers for w in named):
+            return err
+        dead = sorted({members.index(w) for m in named for w in self._messengers[m] if w in members} - set(err.peers))
+        if not dead:
+            return err
+        who = ", ".join(map(str, dead))
+        return PeerLostError(f"rank {who} failed: rank {err.peers[0]} reported it before its own connection ended "
+                             f"({err.cause})", op=owner.op, rank=owner.rank, peers=dead)
 
     def _tell_members(self, owner: Owner, err: PycollError, tag: int, ctx: int) -> list[SendRequest]:
         info = {"ctx": ctx, "seq": owner.tag, "op": owner.op, "rank": owner.rank, "error": type(err).__name__, "cause": err.cause,

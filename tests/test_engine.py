@@ -266,3 +266,16 @@ def test_a_lost_connection_after_a_report_of_the_dead_rank_names_the_dead_rank()
     assert eng.witnessed(same, owner) is same
     mismatch = owner.error(MismatchError, "rank 2 called bcast", [2])
     assert eng.witnessed(mismatch, owner) is mismatch
+
+
+def test_a_messenger_whose_stream_ends_after_its_report_is_not_named_on_another_communicator() -> None:
+    """Rank 2 reported (on one communicator) that rank 0 died, then exited: a call on another communicator that
+    trips over rank 2's closed stream names rank 0."""
+    eng = engine()
+    eng._messengers[2] = {0}
+    dup = Owner("Allreduce #3", 16 | 1, 1, lambda w: w, (0, 1, 2), tag=3)
+    closed = dup.error(PeerFailureError, "connection to rank 2 failed: [Errno 104] Connection reset by peer", [2])
+    named = eng.witnessed(closed, dup)
+    assert isinstance(named, PeerLostError) and list(named.peers) == [0] and named.op == "Allreduce #3", named
+    other = dup.error(PeerFailureError, "connection to rank 1 failed", [1])  # not a messenger: kept
+    assert eng.witnessed(other, dup) is other
