@@ -50,9 +50,9 @@ class HostComposition:
         self.leader = self.groups[self.host][0] == comm._rank
         self.host_comm: Any = None
         self.leaders: Any = None
-        # leaders' communicator rank of each host (leaders are split in parent rank order)
-        firsts = sorted(g[0] for g in self.groups)
-        self.leader_rank = [firsts.index(g[0]) for g in self.groups]
+        # the leaders' communicator: each host's first rank, in parent rank order; and each host's rank in it
+        self.firsts = sorted(g[0] for g in self.groups)
+        self.leader_rank = [self.firsts.index(g[0]) for g in self.groups]
         # every host the same number of ranks, numbered host by host: a host's blocks are one contiguous run
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
@@ -82,7 +82,7 @@ class HostComposition:
         if self.host_comm is None:  # every rank makes them in the same call, from the layout alone (no messages)
             c = self.comm
             self.host_comm = c._derived(self.groups[self.host], ("host", self.host), f"{c._name}.host")
-            leaders = c._derived(sorted(g[0] for g in self.groups), ("leaders",), f"{c._name}.leaders")
+            leaders = c._derived(self.firsts, ("leaders",), f"{c._name}.leaders")
             self.leaders = leaders if self.leader else None
 
     def run(self, call: Call) -> None:
@@ -163,14 +163,13 @@ class HostComposition:
     def _allgather(self, call: Call) -> None:
         recv, block, me = call.recv, call.counts[0], self.comm._rank
         assert recv is not None
+        mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
         if self.leader:
             gathered = np.empty(len(recv), recv.dtype)  # the user's buffer is written once all of it is here
-            mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
             self.host_comm.Gather(mine, self._host_region(gathered, block), 0)
             self.leaders.Allgather(IN_PLACE, gathered)
             recv[...] = gathered
         else:
-            mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
             self.host_comm.Gather(mine, None, 0)
         self.host_comm.Bcast(recv, 0)
 

@@ -537,7 +537,7 @@ class Engine:
             sock = self._tcp_socks.get(peer)
             if sock is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
                 return False
-            return self._send_eager_tcp(peer, sock, payload, _HEADER.pack(ctx, tag, nbytes, _P2P_META, 0, 0, 0))
+            return self._send_eager_tcp(peer, sock, payload, frame_head(ctx, tag, nbytes, P2P_SIG))
         if nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
             return False
         lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
@@ -601,13 +601,15 @@ class Engine:
         staging area and copied out, when it is this receive's message: a point-to-point frame of ``ctx`` and
         ``tag`` (or any tag) of up to ``dst.nbytes``, or, given ``head``, the collective frame with exactly that
         header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
-        PYCOLL_YIELD_US), then in the kernel (select) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
+        PYCOLL_YIELD_US), then in the kernel (poll) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
         needs this rank; the engine's wait takes over after that."""
         ch = self.channels[peer]
         spin_until = deadline = 0.0
         if head is not None:
             nbytes = dst.nbytes
             want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            if want > ch.staging_bytes:
+                return None  # it cannot be shown whole: the engine's path
             got_tag = head_tag(head)
             hlen = len(head)
         else:
@@ -619,8 +621,8 @@ class Engine:
                 return None  # the engine's path reports it
             if len(view) >= HEADER_SIZE:
                 if head is not None:
-                    if view[:hlen] != head or want > ch.staging_bytes:
-                        return None  # another call's message, a control frame or a bad fit: the engine's path
+                    if view[:hlen] != head:
+                        return None  # another call's message or a control frame: the engine's path
                 else:
                     got_ctx, got_tag, nbytes, meta, root, count, vhash = _HEADER.unpack_from(view)
                     want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)

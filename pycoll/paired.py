@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import buffers
 from .algorithms import ALGO, CHECK_CALLS
 from .algorithms import cost as cost_model
 from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
@@ -93,10 +92,10 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
             or (t.op is not None and t.op.averages)):
         return False
     make = _FORMS.get((t.coll, algo.name))
-    pair = _Pair(x, plan)
-    engine, peer = x.engine, pair.world_peer
+    engine, peer = x.engine, c._world[1 - c._rank]
     if make is None or peer not in engine._tcp_socks:
         return False
+    pair = _Pair(x, plan)
     body = make(pair, t)
     if body is None:
         return False
@@ -107,24 +106,19 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     va, vc = env.get(ka), env.get(kc)
     if vc:
         return False
-    limit = pair.limit
-    send_view = plan.send.view if plan.send is not None else None
-    recv_view = plan.recv.view if plan.recv is not None else None
-    overlap = not t.in_place and send_view is not None and recv_view is not None
-    overlaps = buffers.overlaps
+    limit, views = pair.limit, plan.views
     sendq, dead = engine._sendq[peer], engine._dead
 
     def fast(args: tuple) -> bool:
         if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model:
             return False
-        send = send_view(args) if send_view is not None else None
-        recv = recv_view(args) if recv_view is not None else None
+        bound = views(args)
+        if bound is None:
+            return False  # the buffers overlap: the checks name it
+        send, recv = bound
         if ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)
                 or c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead):
             return False
-        if overlap and (send is recv or send.base is not None or recv.base is not None) and send.size and recv.size \
-                and overlaps(send, recv):
-            return False  # the checks name it
         seq = c._seq + 1
         c._seq = seq
         body(seq, send, recv)
