@@ -44,17 +44,19 @@ class Program:
         self.path_first = list(path_first)  # directories the rank's PYTHONPATH puts before the launcher's
 
 
-def python_program(cmd: Sequence[str], child_env: dict[str, str], path_first: Sequence[str] = ()) -> Optional[Program]:
+def python_program(cmd: Sequence[str], child_env: dict[str, str], path_first: Sequence[str] = (),
+                   preset: Sequence[str] = ()) -> Optional[Program]:
     """The program ``cmd`` runs if it can be forked from this process: this interpreter (the same file in the same
     directory, so the same virtual environment) with no options but ``-c`` or ``-m``, started with the flags
     a fresh one would have, and ``child_env`` this process's environment but for the rank's variables
-    (PYTHONPATH may differ by ``path_first`` in front). None otherwise: the rank is exec'd."""
+    (PYTHONPATH may differ by ``path_first`` in front) and ``preset``, variables the launcher sets for every rank
+    and itself before ``preload`` (the thread share). None otherwise: the rank is exec'd."""
     if not RUN_FORK.get() or not hasattr(os, "fork") or len(cmd) < 2:
         return None
     if threading.current_thread() is not threading.main_thread() or not _default_flags() or not _launcher_only():
         return None
-    mine = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
-    theirs = {k: v for k, v in child_env.items() if k not in RANK_VARIABLES}
+    mine = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES and k not in preset}
+    theirs = {k: v for k, v in child_env.items() if k not in RANK_VARIABLES and k not in preset}
     if mine != theirs:
         return None
     own_path = os.environ.get("PYTHONPATH", "")
@@ -125,15 +127,24 @@ def _same_interpreter(path: str) -> bool:
             and os.path.realpath(mine) == os.path.realpath(theirs))
 
 
-def preload() -> bool:
-    """Import PYCOLL_RUN_PRELOAD's modules here, before forking; False (fork nothing) if one fails to import."""
+def preload(preset: Optional[dict[str, str]] = None) -> bool:
+    """Import PYCOLL_RUN_PRELOAD's modules here, before forking, with ``preset`` in this process's environment while
+    they load (thread pools are sized then, and the ranks inherit them); False (fork nothing) if one fails."""
     import importlib
 
+    saved = {k: os.environ.get(k) for k in preset or {}}
+    os.environ.update(preset or {})
     try:
         for name in filter(None, (m.strip() for m in PRELOAD.get().split(","))):
             importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the ranks then start fresh and report the import error themselves
         return False
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     return True
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import ctypes.util
 import functools
 import ipaddress
 import itertools
@@ -99,16 +98,25 @@ def _run(argv: Sequence[str], stdin: Optional[str] = None, timeout: float = 60.0
     return res.stdout
 
 
-@functools.lru_cache(maxsize=2)
-def unavailable(need_tc: bool = False) -> Optional[str]:
-    """Why virtual hosts cannot be made here (None when they can); tests skip with this reason."""
+def prerequisite_missing(need_tc: bool) -> Optional[str]:
+    """What rules virtual hosts out before anything is tried: no root, no `ip`, no `tc` where links are shaped."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    ip = ip_binary()
-    if ip is None:
+    if ip_binary() is None:
         return "the `ip` command (iproute2) is not installed"
     if need_tc and tc_binary() is None:
         return "the `tc` command (iproute2) is not installed"
+    return None
+
+
+@functools.lru_cache(maxsize=2)
+def unavailable(need_tc: bool = False) -> Optional[str]:
+    """Why virtual hosts cannot be made here (None when they can), found by making a probe namespace with a bridge
+    and a veth pair (and a tbf qdisc); tests skip with this reason."""
+    missing = prerequisite_missing(need_tc)
+    if missing:
+        return missing
+    ip = ip_binary() or "ip"
     probe = f"{NAME_PREFIX}-{os.getpid()}-{next(_counter)}-sw"
     try:
         _run([ip, "netns", "add", probe])
@@ -166,7 +174,7 @@ _libc: Any = None
 def _setns(fd: int) -> None:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        _libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols hold libc's: no `ldconfig -p`
     if _libc.setns(fd, CLONE_NEWNET) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"setns: {os.strerror(err)}")
@@ -273,7 +281,8 @@ class VirtualHosts:
         self.close()
 
     def create(self) -> "VirtualHosts":
-        reason = unavailable(need_tc=self.rate_bits is not None)
+        # No probe namespace first (three more `ip` runs per job): a failure below names its command and cause.
+        reason = prerequisite_missing(need_tc=self.rate_bits is not None)
         if reason:
             raise NetnsError(f"cannot make virtual hosts: {reason}")
         cleanup_stale()
@@ -298,6 +307,9 @@ class VirtualHosts:
                 _run([ip, "-n", name, "-batch", "-"], "\n".join(cmds) + "\n")
             if self.rate_bits is not None:
                 self._shape()
+        except NetnsError as exc:
+            self.close()
+            raise NetnsError(f"cannot make virtual hosts: {exc}") from None
         except BaseException:
             self.close()
             raise

@@ -324,8 +324,50 @@ def test_hosts_usage_errors():
 def test_hosts_unavailable_is_a_clear_error(monkeypatch, capsys):
     from pycoll import launcher, netns
 
-    monkeypatch.setattr(netns, "unavailable", lambda need_tc=False: "network namespaces need root")
+    monkeypatch.setattr(netns, "prerequisite_missing", lambda need_tc=False: "network namespaces need root")
     args = argparse.Namespace(cmd=["--", "true"], n=2, hosts=2, ranks_per_host=None, link_rate=None, timeout=None,
                               tag_output=False)
     assert launcher.run_command(args) == 1
     assert "--hosts needs network namespaces" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+def test_ranks_get_their_share_of_the_cores_unless_the_user_says(tmp_path, monkeypatch):
+    from pycoll import launcher, machine
+
+    monkeypatch.setattr(machine, "usable_cores", lambda: 8)
+    assert launcher.thread_share(3, {}) == {"OMP_NUM_THREADS": "2"}
+    assert launcher.thread_share(16, {}) == {"OMP_NUM_THREADS": "1"}  # never none
+    assert launcher.thread_share(1, {}) == {}  # one rank keeps every core
+    for name in launcher.THREAD_VARS:
+        assert launcher.thread_share(3, {name: "4"}) == {}  # the user's choice stands
+    assert launcher.thread_share(3, {"OMP_NUM_THREADS": ""}) == {"OMP_NUM_THREADS": "2"}  # empty says nothing
+    monkeypatch.undo()
+    for k in list(os.environ):
+        if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES) or k in launcher.THREAD_VARS:
+            monkeypatch.delenv(k)
+    script = ("import os, pathlib; pathlib.Path(os.environ['DIR'], os.environ['PYCOLL_RANK'])"
+              ".write_text(os.environ.get('OMP_NUM_THREADS', '-'))")
+    share = str(max(1, machine.usable_cores() // 2))
+    assert launch(2, [sys.executable, "-c", script], env={"DIR": str(tmp_path)}, timeout=50) == 0
+    assert [p.read_text() for p in sorted(tmp_path.iterdir())] == [share, share]
+    assert launch(2, [sys.executable, "-c", script], env={"DIR": str(tmp_path), "OMP_NUM_THREADS": "3"},
+                  timeout=50) == 0
+    assert [p.read_text() for p in sorted(tmp_path.iterdir())] == ["3", "3"]
+
+
+@pytest.mark.timeout(60)
+def test_forked_ranks_inherit_the_share_the_launcher_loaded_under():
+    script = """
+    import os, sys
+    import numpy  # noqa: F401  (preloaded in the launcher, with its thread pool)
+    print("RANK", os.environ["PYCOLL_RANK"], os.environ.get("OMP_NUM_THREADS"), "pycoll.launcher" in sys.modules)
+    """
+    env = {k: "" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    res = pycoll_run(["-n", "2"], script, PYCOLL_RUN_FORK="1", **env)
+    assert res.returncode == 0, res.stderr
+    from pycoll.machine import usable_cores
+
+    share = str(max(1, usable_cores() // 2))
+    lines = sorted(line for line in res.stdout.splitlines() if line.startswith("RANK"))
+    assert lines == [f"RANK 0 {share} True", f"RANK 1 {share} True"]  # forked, and told their share

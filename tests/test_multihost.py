@@ -139,6 +139,22 @@ def test_namespaces_removed_after_an_exception() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_a_failed_set_up_names_its_command_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = netns._run
+
+    def refuse_addresses(argv, stdin=None, timeout=60.0):  # the hosts' own batch: the switch is made by then
+        if stdin and "addr add" in stdin:
+            raise netns.NetnsError(f"`{' '.join(argv)}` failed: RTNETLINK answers: Operation not permitted")
+        return real(argv, stdin, timeout)
+
+    monkeypatch.setattr(netns, "_run", refuse_addresses)
+    vh = netns.VirtualHosts(2)
+    with pytest.raises(netns.NetnsError, match=r"cannot make virtual hosts: `.*-batch -` failed: RTNETLINK"):
+        vh.create()
+    assert not set(vh.names + [vh.switch]) & set(netns.list_namespaces())
+
+
+@pytest.mark.timeout(60)
 def test_link_rate_shapes_both_directions() -> None:
     reason = netns.unavailable(need_tc=True)
     if reason:

@@ -36,7 +36,7 @@ from typing import Any, Iterable, Mapping, Optional
 from pycoll.config import int_param, str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
 
-from .store import JOB_TOKEN, Store, TCPStore, TCPStoreServer, TorchStore, barrier, new_token
+from .store import JOB_TOKEN, Store, TCPStore, TCPStoreServer, TorchStore, ascii_host, barrier, new_token
 
 __all__ = [
     "BootstrapInfo",
@@ -261,7 +261,7 @@ def _split_addr(addr: str, var: str) -> tuple[str, int]:
 def _route_address(host: str, port: int) -> str:
     """The local IP the kernel would use to reach host (a UDP connect sends nothing)."""
     try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, port or 1, type=socket.SOCK_DGRAM)[0]
+        family, _, _, _, sockaddr = socket.getaddrinfo(ascii_host(host), port or 1, type=socket.SOCK_DGRAM)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(sockaddr)
             return str(s.getsockname()[0])
@@ -455,7 +455,7 @@ def _mpi_store_host(hostnames: list[str]) -> str:
     if all(h == me for h in hostnames):
         return "127.0.0.1"
     try:
-        addrs = [str(info[4][0]) for info in socket.getaddrinfo(me, None, type=socket.SOCK_STREAM)]
+        addrs = [str(info[4][0]) for info in socket.getaddrinfo(ascii_host(me), None, type=socket.SOCK_STREAM)]
     except OSError:
         addrs = []
     for addr in addrs:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Optional, Union
 
 from ..bootstrap import SOCKET_IFNAME, interface_address, job_token
-from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, auth_proof
+from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, ascii_host, auth_proof
 from ..config import size_param, str_param
 from ..errors import PeerFailureError, PycollError, TimeoutError
 from .base import Barrier, Channel, PeerInfo, Transport
@@ -318,7 +318,7 @@ class TcpTransport(Transport):
         delay = 0.01
         while True:
             try:
-                return socket.create_connection((host, port), timeout=max(deadline - time.monotonic(), 0.1))
+                return socket.create_connection((ascii_host(host), port), timeout=max(deadline - time.monotonic(), 0.1))
             except OSError as exc:
                 if time.monotonic() + delay > deadline or exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN, None):
                     raise PeerFailureError(f"cannot connect to rank {rank} at {host}:{port}: {exc}", op="init", peers=[rank]) from None
