@@ -18,6 +18,7 @@ import numpy as np
 from . import buffers, datatypes, errors, not_provided, typemap
 from . import ops as _ops
 from .algorithms import Call, Layout
+from .algorithms.registry import REPRODUCIBLE
 from .algorithms.cuda_ipc import IpcState
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
@@ -193,6 +194,7 @@ class Comm:
         self._aborted: Optional[AbortedError] = None
         self._name = name
         self.timeout: float = runtime.timeout
+        self._reproducible: Optional[bool] = None  # None: as PYCOLL_REPRODUCIBLE says
         self._layout = Layout.from_ids([runtime.peers[w].host_id for w in world_ranks], runtime.ring_of(world_ranks))
         self._arena: Optional[ArenaState] = None
         if self._size > 1 and self._layout.hosts == 1 and arena_enabled():
@@ -201,6 +203,20 @@ class Comm:
         self._ipc: Optional[IpcState] = IpcState() if self._arena is not None else None
         self._x = Executor(self, _describe)  # runs every collective: plans, selection, inline arena calls
         self._fast = FastP2P(self)  # point-to-point calls between ranks of this host, compiled
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether this communicator's reductions return, bit for bit, the left fold of the ranks' inputs in rank
+        order (docs/reproducibility.md): what was set here, else ``PYCOLL_REPRODUCIBLE``. Communicators made from
+        this one inherit what was set here."""
+        mine = self._reproducible
+        return REPRODUCIBLE.get() if mine is None else mine
+
+    @reproducible.setter
+    def reproducible(self, value: Optional[bool]) -> None:
+        """True or False for this communicator (set alike on every rank, between calls), or None to follow
+        ``PYCOLL_REPRODUCIBLE`` again."""
+        self._reproducible = None if value is None else bool(value)
 
     @property
     def _compiled(self) -> Any:
@@ -1376,6 +1392,7 @@ class Comm:
         """A plain communicator over ``world`` (world ranks) with this one's timeout."""
         child = Comm(self._rt, world, ctx, name)
         child.timeout = self.timeout
+        child._reproducible = self._reproducible
         return child
 
     def _derived(self, members: list[int], what: tuple, name: str) -> "Comm":

@@ -19,7 +19,7 @@ import numpy as np
 from . import buffers, paired
 from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
 from .algorithms import arena_jit, direct_cma, shared, slots, staged
-from .algorithms.registry import last_choice, parse_override
+from .algorithms.registry import REDUCTIONS, REPRODUCIBLE, last_choice, parse_override
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
 from .composed import HostComposition
@@ -297,6 +297,8 @@ class Executor:
         assert self.composed is not None
         if not self.composed.takes(call) or CHECK_CALLS.get() or call.coll in parse_override(ALGO.get()):
             return False
+        if call.coll in REDUCTIONS and self.comm.reproducible:  # the hosts' partial sums are not the left fold
+            return False
         self.comm._live(label)
         self.composed.run(call)
         last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
@@ -354,7 +356,7 @@ class Executor:
 
     def choice_key(self) -> tuple:
         """What an algorithm choice depends on besides the call: a cached choice holds while this is unchanged."""
-        return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get())
+        return (ALGO.get(), id(cost_model.current()), CHECK_CALLS.get(), self.comm.reproducible)
 
     # ---- scheduling -----------------------------------------------------------------------------
     def steps(self, label: str, sig: Sig) -> tuple[Steps, Any]:
@@ -379,6 +381,7 @@ class Executor:
         steps, owner = self.steps(label, sig)
         steps.now = blocking and self.engine.direct_peers and call.stream is None
         key = self.choice_key()
+        call.reproducible = key[3] and call.coll in REDUCTIONS  # selection and the algorithms' fallbacks read it
         if chosen is not None:
             algo = chosen
         elif plan is not None and plan.algo is not None and plan.algo_for == key:
@@ -454,7 +457,7 @@ class Executor:
             return call, None
         chosen = None
         if call.coll == "allreduce" and c._ipc is not None:  # an algorithm on device buffers (CUDA IPC) if selected
-            device_call = dataclasses.replace(call, stream=stream)
+            device_call = dataclasses.replace(call, stream=stream, reproducible=c.reproducible)
             chosen = select(device_call, c._layout)  # a host algorithm's cost includes the staging
             if chosen.memory == "cuda":
                 self.chosen = chosen
@@ -549,8 +552,8 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
     if env is None or state is None or state.arena is None or state.status != "ready":
         return False
     a, gate, engine = state.arena, x.gate, c._engine
-    ka, kc = ALGO.env_key, CHECK_CALLS.env_key
-    va, vc, polls = env.get(ka), env.get(kc), gate.polls
+    ka, kc, kr = ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key
+    va, vc, vr, mine, polls = env.get(ka), env.get(kc), env.get(kr), c._reproducible, gate.polls
     send_view = plan.send.view if plan.send is not None else None
     recv_view = plan.recv.view if plan.recv is not None else None
     overlap = not plan.template.in_place and send_view is not None and recv_view is not None
@@ -558,7 +561,8 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
     one_sided = lags and runner.one_sided
 
     def fast(args: tuple) -> bool:
-        if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model or gate.polls != polls:
+        if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or c._reproducible is not mine
+                or cost_model._current is not model or gate.polls != polls):
             return False
         send = send_view(args) if send_view is not None else None
         recv = recv_view(args) if recv_view is not None else None

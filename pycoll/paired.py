@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from .algorithms import ALGO, CHECK_CALLS
+from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
 from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
 from .config import _ENV_BYTES
@@ -102,15 +103,16 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     env, model = _ENV_BYTES, cost_model.current()
     if env is None:
         return False
-    ka, kc = ALGO.env_key, CHECK_CALLS.env_key
-    va, vc = env.get(ka), env.get(kc)
+    ka, kc, kr = ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key
+    va, vc, vr, mine = env.get(ka), env.get(kc), env.get(kr), c._reproducible
     if vc:
         return False
     limit, views = pair.limit, plan.views
     sendq, dead = engine._sendq[peer], engine._dead
 
     def fast(args: tuple) -> bool:
-        if env.get(ka) != va or env.get(kc) != vc or cost_model._current is not model:
+        if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or c._reproducible is not mine
+                or cost_model._current is not model):
             return False
         bound = views(args)
         if bound is None:

@@ -42,6 +42,7 @@ def test_forced_sets_cover_every_flat_algorithm() -> None:
     named = {item for spec in (*FORCED.values(), *MOVEMENT.values()) for item in spec.split(",")}
     named |= {"scan:linear", "scan:doubling", "exscan:linear", "exscan:doubling", "scan:staged", "exscan:staged"}  # forced by tests/cases/scan.py
     named |= {"reduce:ordered", "allreduce:ordered", "reduce_scatter:ordered"}  # forced by tests/cases/user_ops.py
+    named |= {"reduce:owner", "allreduce:owner", "reduce_scatter:owner"}  # forced by tests/cases/reproducible.py
     for coll in ALGORITHMS:
         for name in ALGORITHMS[coll]:
             # hierarchical needs several hosts (tests/test_multihost.py); device algorithms: tests/test_cuda_ipc.py

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -59,7 +60,9 @@ def _layouts(p: int) -> list[Layout]:
 
 ARENA = ("oneshot", "staged", "cma", "slots")  # single-host arena algorithms: they refuse one rank
 DEVICE = ("ipc_oneshot", "ipc_twoshot")  # device buffers only: they refuse these host calls (tests/test_cuda_ipc.py)
-ORDERED = ("ordered",)  # non-commutative ops only: they refuse these calls (tests/test_ops_datatypes.py runs them)
+# non-commutative ops and reproducible calls only: they refuse these calls (tests/test_ops_datatypes.py and
+# test_reproducible_algorithms_give_the_left_fold_bit_for_bit run them)
+ORDERED = ("ordered", "owner")
 
 
 def _algos(coll: str) -> list[str]:
@@ -220,6 +223,62 @@ def test_reduce(name: str, p: int) -> None:
             for r in range(p):
                 if r != root:
                     np.testing.assert_array_equal(sends[r], inputs[r])
+
+
+# ---- reproducible mode ---------------------------------------------------------------------------------
+
+
+def _left_fold(op, arrays: list[np.ndarray]) -> np.ndarray:
+    out = functools.reduce(op.ufunc, arrays)
+    return np.asarray(np.divide(out, out.dtype.type(len(arrays))) if op.averages else out, arrays[0].dtype)
+
+
+@pytest.mark.parametrize("coll", ["allreduce", "reduce", "reduce_scatter"])
+@pytest.mark.parametrize("p", RANKS)
+def test_reproducible_algorithms_give_the_left_fold_bit_for_bit(coll: str, p: int) -> None:
+    """Every algorithm that claims the rank-order left fold gives NumPy's bits on every layout and chunk size, with
+    signed zeros for MIN and MAX; every other one declines the call."""
+    rng = np.random.default_rng(900 + p)
+    ran = 0
+    for lay, dtype, count, in_place, chunk in itertools.product(_layouts(p), (np.float32, np.float16), (0, 1, 7, 100),
+                                                                (False, True), (64, 1 << 20)):
+        for op in (ops.SUM, ops.PROD, ops.MIN, ops.MAX, ops.AVG):
+            total = count * p if coll == "reduce_scatter" else count
+            inputs = [rng.standard_normal(total).astype(dtype) for _ in range(p)]
+            for r, x in enumerate(inputs):
+                x[::3] = -0.0 if r % 2 else 0.0
+            want = _left_fold(op, inputs)
+            for name, algo in ALGORITHMS[coll].items():
+                sends = [a.copy() for a in inputs]
+                root = p - 1
+                if coll == "allreduce":
+                    recvs = [s if in_place else np.full(count, 77, dtype) for s in sends]
+                    calls = [Call(coll, np.dtype(dtype), sends[r], recvs[r], op, in_place=in_place, reproducible=True)
+                             for r in range(p)]
+                    outs, expect = list(range(p)), [want] * p
+                elif coll == "reduce":
+                    recvs = [sends[r] if in_place and r == root else (np.full(count, 77, dtype) if r == root else None)
+                             for r in range(p)]
+                    calls = [Call(coll, np.dtype(dtype), sends[r], recvs[r], op, root=root,
+                                  in_place=in_place and r == root, reproducible=True) for r in range(p)]
+                    outs, expect = [root], {root: want}
+                else:
+                    recvs = [s if in_place else np.full(count, 77, dtype) for s in sends]
+                    calls = [Call(coll, np.dtype(dtype), sends[r], recvs[r], op, counts=[count] * p,
+                                  in_place=in_place, reproducible=True) for r in range(p)]
+                    outs, expect = list(range(p)), [want[r * count:(r + 1) * count] for r in range(p)]
+                reason = algo.refusal(calls[0], lay)
+                if not algo.reproducible:
+                    assert reason and "left fold" in reason, f"{coll}:{name} accepts a reproducible call"
+                if reason is not None:
+                    continue
+                run_schedules(algo, calls, lay, chunk_bytes=chunk)
+                for r in outs:
+                    got = recvs[r][:count] if coll == "reduce_scatter" else recvs[r]
+                    assert got.tobytes() == np.asarray(expect[r]).tobytes(), (
+                        f"{coll}:{name} p={p} {lay} {np.dtype(dtype)} {op.name} n={count} in_place={in_place} rank {r}")
+                ran += 1
+    assert ran > 0
 
 
 # ---- the checker itself catches broken schedules ----------------------------------------------------

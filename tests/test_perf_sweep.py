@@ -503,3 +503,15 @@ def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) 
     text, ok, n = table.stability(one, two)
     assert (ok, n) == (2, 3) and "| pycoll | 3 | 2 | allreduce 2 ranks 8 B | 2.50 |" in text
     assert "| mpi | 3 | 3 |" in text
+
+
+def test_reproducible_mode_runs_as_its_own_pycoll_job_or_interleaved() -> None:
+    o = options.parse_args(["--np", "2", "-C", "allreduce,allgather", "--reproducible"])
+    jobs = sweep.plan_jobs(o, ["pycoll", "mpi"])
+    assert [(j.label, j.algo, j.env) for j in jobs] == [
+        ("pycoll", "auto", {}), ("mpi", None, {}),
+        ("pycoll[reproducible]", "auto", {"PYCOLL_REPRODUCIBLE": "1", "PYCOLL_ALGO": ""})]
+    o = options.parse_args(["--np", "2", "-C", "allreduce", "--reproducible", "--interleave"])
+    auto, = sweep.plan_jobs(o, ["pycoll"])
+    assert [(v.label, v.env["PYCOLL_REPRODUCIBLE"]) for v in auto.variants] == [("pycoll[reproducible]", "1")]
+    assert sweep.plan_jobs(o, ["mpi"])[0].variants == []  # no pycoll job: nothing to compare the mode with

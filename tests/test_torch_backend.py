@@ -91,6 +91,15 @@ def test_every_group_honours_its_own_timeout(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(400)
+def test_ddp_in_reproducible_mode_gives_the_same_bits_for_any_bucket_size(tmp_path: Path) -> None:
+    """3 ranks train from one seed with tiny buckets and with one large one (pg_options, then PYCOLL_REPRODUCIBLE):
+    every parameter agrees bit for bit, on every rank (docs/reproducibility.md)."""
+    proc = _launch(3, RANKS / "reproducible_ddp.py", [str(tmp_path)])
+    results = _results(proc, tmp_path, 3)
+    assert all(res["checks"] == 3 for res in results)
+
+
+@pytest.mark.timeout(400)
 def test_ddp_trains_like_gloo(tmp_path: Path) -> None:
     """20 steps of the README's DDP example on pycoll and on gloo, same seed: the parameters agree."""
     out = tmp_path / "ddp.json"

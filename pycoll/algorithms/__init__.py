@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import ring, chain, direct, tree, halving_doubling, hierarchical, shared, staged, cuda_ipc, scan, ordered, slots, direct_cma  # noqa: F401, I001  (import order = tie order)
+from . import ring, chain, direct, tree, halving_doubling, hierarchical, shared, staged, cuda_ipc, scan, ordered, slots, direct_cma, owner  # noqa: F401, I001  (import order = tie order)
 from .base import CHUNK_SIZE, Call, Layout, Steps
 from .check import CHECK_CALLS, verify_call
 from .cost import CostModel

@@ -91,10 +91,12 @@ def _combine_impl(op, a, b):
         def floats(op, a, b):
             if op == _PROD:
                 return a * b
+            # NaN wins, and of two equal values (-0.0 and 0.0) the second, bit for bit as np.minimum/np.maximum give
+            # for float32 and float64 (float16 never reaches the kernels)
             if op == _MIN:
-                return a if (a <= b or a != a) else b  # NaN wins, as in np.minimum
+                return a if (a < b or a != a) else b
             if op == _MAX:
-                return a if (a >= b or a != a) else b
+                return a if (a > b or a != a) else b
             return a + b  # SUM, AVG
         return floats
     if isinstance(a, types.Complex):
@@ -439,8 +441,8 @@ def pipe_blocks(words, stages, send, recv, sd, rd, counts, me, mode, op, local, 
 
 @njit(cache=True, nogil=True)
 def _reduce_block(stages, send, recv, sd, rd, counts, me, mode, op, slot, c, lo):
-    """Step 2 of ``pipe_blocks`` for the reductions: this rank's block of chunk ``lo`` combined from its input and the
-    peers' sub-slots ``me`` (own first, then the peers in rank order), into ``recv`` or its own sub-slot."""
+    """Step 2 of ``pipe_blocks`` for the reductions: this rank's block of chunk ``lo``, the left fold in rank order of
+    the ranks' parts (its own input at its place, the peers' sub-slots ``me``), into ``recv`` or its own sub-slot."""
     size = stages.shape[0]
     isz = send.itemsize
     m = min(c, counts[me] - lo)
@@ -449,23 +451,25 @@ def _reduce_block(stages, send, recv, sd, rd, counts, me, mode, op, slot, c, lo)
     mine_out = stages[me][own : own + m]
     # slices, not offset indexing: loops over them vectorize; a reduce's other ranks reduce into their stage
     out = mine_out if mode == REDUCE_LEAF else recv[dst : dst + m]
-    last = size - 1 if me != size - 1 else size - 2
     both = mode == ALLREDUCE and op != _AVG  # the last pass writes the stage too (one pass fewer)
-    first = True
-    for q in range(size):
-        if q == me:
-            continue
-        theirs = stages[q][own : own + m]
-        ours = send[src : src + m] if first else out  # own block first: in place, read before written
-        if both and q == last:
+    ours = send[src : src + m]
+    if me >= 2 and mode != REDUCE_LEAF:
+        # in place the first pass writes over this rank's input before the fold reaches it: keep it in the stage
+        for i in range(m):
+            mine_out[i] = ours[i]
+        ours = mine_out
+    acc = ours if me == 0 else stages[0][own : own + m]
+    for q in range(1, size):
+        theirs = ours if q == me else stages[q][own : own + m]
+        if both and q == size - 1:
             for i in range(m):
-                x = _combine(op, ours[i], theirs[i])
+                x = _combine(op, acc[i], theirs[i])
                 out[i] = x
                 mine_out[i] = x
         else:
             for i in range(m):
-                out[i] = _combine(op, ours[i], theirs[i])
-        first = False
+                out[i] = _combine(op, acc[i], theirs[i])
+        acc = out
     if op == _AVG:
         for i in range(m):
             out[i] = _mean(out[i], size)

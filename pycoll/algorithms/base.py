@@ -7,7 +7,7 @@ import functools
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Any, Generator, Optional, Sequence
+from typing import Any, Callable, Generator, Optional, Sequence
 
 import numpy as np
 
@@ -42,6 +42,7 @@ class Call:
     vector: bool = False  # a v-form (Gatherv, Scatterv, Alltoallv, ...): block sizes may differ by rank
     total: int = -1  # elements of the whole vector where every rank knows it (Gather, Scatter); -1: derive
     stream: Any = None  # the caller's CUDA stream, for algorithms that run on device buffers (None: no stream given)
+    reproducible: bool = False  # the result must be the rank-order left fold, bit for bit (PYCOLL_REPRODUCIBLE)
 
     @property
     def nbytes(self) -> int:
@@ -280,9 +281,26 @@ class Steps:
             self._world[peer], out, self._ctx, self._tag, self._sig, self._owner, local=local, ufunc=op.ufunc
         )
 
+    def recv_fold(self, peer: int, local: np.ndarray, out: np.ndarray, op: Op) -> Request:
+        """Receive from ``peer`` and write ``out = op(incoming, local)``: what a lower rank folded comes in on the left."""
+        return self.engine.irecv(
+            self._world[peer], out, self._ctx, self._tag, self._sig, self._owner, local=local,
+            ufunc=_incoming_left(op.ufunc),
+        )
+
     def num_chunks(self, largest_block_bytes: int) -> int:
         """How many chunks every block is cut into, so that chunk k exists in every block."""
         return max(1, math.ceil(largest_block_bytes / self.chunk_bytes))
+
+
+@functools.lru_cache(maxsize=None)
+def _incoming_left(ufunc: Any) -> Callable[..., Any]:
+    """``ufunc`` with its operands swapped, as the engine calls a receive's reduction: ``(local, incoming, out=)``."""
+
+    def fold(local: np.ndarray, incoming: np.ndarray, out: np.ndarray) -> Any:
+        return ufunc(incoming, local, out=out)
+
+    return fold
 
 
 def unfinished(*reqs: Optional[Request]) -> tuple[Request, ...]:

@@ -9,7 +9,7 @@ from functools import lru_cache
 from typing import Callable, Optional, Union
 
 from ..buffers import DeviceArray
-from ..config import str_param
+from ..config import bool_param, str_param
 from ..errors import InvalidArgumentError
 from ..ops import ORDERED
 from . import cost as cost_model
@@ -22,6 +22,14 @@ ALGO = str_param(
     "PYCOLL_ALGO",
     "",
     "Force algorithms per collective, e.g. `allreduce:ring,broadcast:chain`; an algorithm that refuses a call falls back to the default.",
+)
+
+REPRODUCIBLE = bool_param(
+    "PYCOLL_REPRODUCIBLE",
+    False,
+    "`1`: every reduction returns, bit for bit, the left fold of the ranks' inputs in rank order, whatever the "
+    "algorithm, sizes, transport or placement (docs/reproducibility.md); algorithms that cannot keep that order "
+    "decline. `Comm.reproducible` sets it per communicator.",
 )
 
 COLLECTIVES = (
@@ -37,6 +45,9 @@ COLLECTIVES = (
     "scan",
     "exscan",
 )
+
+# The collectives that combine values: in reproducible mode only algorithms that keep the left fold serve them.
+REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter", "scan", "exscan"})
 
 Refusal = Callable[[Call, Layout], Optional[str]]
 Cost = Callable[[CostModel, float, Layout], float]
@@ -59,9 +70,14 @@ class Algorithm:
     memory: str = "host"
     # combines the ranks' values in rank order, lower ranks on the left: it may serve a non-commutative op
     ordered: bool = False
+    # how it gives every element the left fold ((x0 op x1) op x2) ... in rank order, bit for bit whatever the sizes,
+    # transport and placement ("": it does not, and declines reproducible calls)
+    reproducible: str = ""
 
     def refusal(self, call: Call, layout: Layout) -> Optional[str]:
         op = call.op
+        if call.reproducible and not self.reproducible and self.collective in REDUCTIONS:
+            return "its results are not the rank-order left fold that reproducible mode promises"
         if op is not None and op.order:  # an op the kernels do not know (MAXLOC, user-defined, ...)
             if self.memory == "cuda":
                 return f"the device kernels have no {op.name}"
@@ -103,13 +119,15 @@ def register(
     cost: Optional[Cost] = None,
     memory: str = "host",
     ordered: bool = False,
+    reproducible: str = "",
 ) -> Callable[[Callable[[Steps, Call], Schedule]], Callable[[Steps, Call], Schedule]]:
     """Decorator: add an algorithm under ``collective``/``name``; ties in cost go to the first registered.
 
     ``refuse(call, layout)`` returns why the algorithm cannot serve a call, from the call's size, its memory
     (host or device), its op's kind (``Op.order``) and the layout only; ``cost(model, nbytes, layout)`` predicts its
     time in seconds. ``memory`` is "host" or "cuda" (see ``Algorithm.memory``). ``ordered`` says that it combines
-    the ranks' values in rank order (lower ranks on the left), so non-commutative ops may use it.
+    the ranks' values in rank order (lower ranks on the left), so non-commutative ops may use it; ``reproducible``
+    says how it gives the left fold in rank order bit for bit (see ``Algorithm.reproducible``).
     """
     if memory not in ("host", "cuda"):
         raise ValueError(f"memory must be 'host' or 'cuda', not {memory!r}")
@@ -119,7 +137,8 @@ def register(
         table = ALGORITHMS[collective]
         if name in table:
             raise ValueError(f"algorithm {collective}:{name} registered twice")
-        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost, memory, ordered)
+        table[name] = Algorithm(collective, name, description, steps, bytes, fn, refuse, cost, memory, ordered,
+                                reproducible)
         return fn
 
     return wrap
@@ -194,13 +213,14 @@ def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, cal
     """``ranked`` memoised per (collective, size, layout, memory) for the model in force: repeated calls skip the model.
 
     The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
-    than the lookup saves. Refusals may depend only on these, on ``call.vector`` and on the op's kind (``Op.order``)
-    (nothing else in the call) for the cache to hold.
+    than the lookup saves. Refusals may depend only on these, on ``call.vector``, ``call.reproducible`` and on the
+    op's kind (``Op.order``) (nothing else in the call) for the cache to hold.
     """
     if _cache_model[0] is not model:
         _cache.clear()
         _cache_model[0] = model
-    key = (coll, nbytes, layout, on_device(call), call.vector, call.op.order if call.op is not None else 0)
+    key = (coll, nbytes, layout, on_device(call), call.vector, call.op.order if call.op is not None else 0,
+           call.reproducible)
     hit = _cache.get(key)
     if hit is None:
         if len(_cache) > 4096:

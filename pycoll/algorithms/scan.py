@@ -159,24 +159,29 @@ _DOUBLING = ("Recursive doubling of the inputs: in round k rank r passes the inp
              "rounds it holds ranks 0..r and folds them in rank order. For small messages.")
 
 
-@register("scan", "linear", _LINEAR, steps="p-1 + chunks", bytes="n", cost=_linear_cost, ordered=True)
+_FOLDS = "every rank folds the prefix strictly left to right"
+
+
+@register("scan", "linear", _LINEAR, steps="p-1 + chunks", bytes="n", cost=_linear_cost, ordered=True,
+          reproducible=_FOLDS)
 def scan_linear(st: Steps, call: Call) -> Schedule:
     return _linear(st, call, exclusive=False)
 
 
 @register("scan", "doubling", _DOUBLING, steps="ceil(log2 p)", bytes="up to (p-1) · n", cost=_doubling_cost,
-          refuse=_doubling_refuse, ordered=True)
+          refuse=_doubling_refuse, ordered=True, reproducible=_FOLDS)
 def scan_doubling(st: Steps, call: Call) -> Schedule:
     return _doubling(st, call, exclusive=False)
 
 
-@register("exscan", "linear", _LINEAR, steps="p-1 + chunks", bytes="n", cost=_linear_cost, ordered=True)
+@register("exscan", "linear", _LINEAR, steps="p-1 + chunks", bytes="n", cost=_linear_cost, ordered=True,
+          reproducible=_FOLDS)
 def exscan_linear(st: Steps, call: Call) -> Schedule:
     return _linear(st, call, exclusive=True)
 
 
 @register("exscan", "doubling", _DOUBLING, steps="ceil(log2 p)", bytes="up to (p-1) · n", cost=_doubling_cost,
-          refuse=_doubling_refuse, ordered=True)
+          refuse=_doubling_refuse, ordered=True, reproducible=_FOLDS)
 def exscan_doubling(st: Steps, call: Call) -> Schedule:
     return _doubling(st, call, exclusive=True)
 

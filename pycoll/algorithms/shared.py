@@ -15,7 +15,7 @@ import errno
 import logging
 import os
 import time
-from typing import Any, Generator, Optional
+from typing import Any, Callable, Generator, Optional
 
 import numpy as np
 
@@ -415,13 +415,14 @@ def _cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float 
     bytes="n copied in; (p-1) n reduced",
     refuse=_refuse_oneshot,
     cost=_oneshot_cost,
+    reproducible="every rank folds all the slots in rank order",
 )
 def allreduce_oneshot(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
     number = _number(st)
     arena = yield from _ready(st)
     if arena is None:
-        yield from allreduce_doubling(st, call)
+        yield from (_owner("allreduce") if call.reproducible else allreduce_doubling)(st, call)
         return
     op = yield from _begin(st, arena, number)
     mine = oneshot_post(arena, op, call, st.sig)
@@ -455,12 +456,12 @@ def oneshot_reduce(arena: HostArena, op: int, call: Call) -> None:
     assert call.recv is not None and call.op is not None and call.send is not None
     p, nb = arena.size, call.send.nbytes
     views = arena.slot_views(op, nb, call.dtype)
-    out, ufunc = call.recv, call.op.ufunc
-    ufunc(views[0], views[1], out=out)
-    for q in range(2, p):
-        ufunc(out, views[q], out=out)
+    ufunc, acc = call.op.ufunc, views[0]
+    for q in range(1, p):  # a new result each step: NumPy's complex product differs in its last bits with out= aliased
+        acc = ufunc(acc, views[q])
     if call.op.averages:
-        np.divide(out, out.dtype.type(p), out=out)
+        acc = np.divide(acc, acc.dtype.type(p))
+    call.recv[...] = acc
 
 
 def oneshot_rest(st: Steps, arena: HostArena, op: int, call: Call, mine: tuple[int, int, int, int]) -> Schedule:
@@ -505,28 +506,63 @@ def barrier_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int, int, int
 
 def _pull_reduce(st: Steps, arena: HostArena, op: int, send: np.ndarray, out: np.ndarray, first: int,
                  ufunc, pids: list[int], remote_send: list[int]) -> None:
-    """``out`` = op over ranks of elements [first, first + len(out)) of every rank's send buffer, pulled in chunks."""
+    """``out`` = the left fold in rank order of elements [first, first + len(out)) of every rank's send buffer, pulled
+    in chunks: ``((x0 op x1) op x2) ...``, the lower ranks' fold on the left, so the bits are ``functools.reduce``'s.
+    The fold stays in ``out``, except for complex products, whose steps alternate between ``out`` and a scratch
+    (NumPy's complex product rounds differently when it writes over an operand)."""
     p, r = st.size, st.rank
     isz = out.dtype.itemsize
     step = max(1, ARENA_CHUNK.get() // isz)
-    scratch = st.mem.scratch(min(step, max(out.shape[0], 1)), out.dtype)
+    n = min(step, max(out.shape[0], 1))
+    tmp = st.mem.scratch(n, out.dtype)
+    spare = st.mem.scratch(n, out.dtype) if ufunc is np.multiply and out.dtype.kind == "c" else None
+    # in place, this rank's input is the result's memory, written before the fold reaches it: keep it apart
+    own = st.mem.scratch(n, out.dtype) if np.shares_memory(send, out) else None
+    # where fold q goes (alternating only with a spare), so that the last lands in out
+    in_out = [spare is None or (p - 1 - q) % 2 == 0 for q in range(p)]
     read = arena.cma.read_addr
-    buf = scratch.ctypes.data
     try:
         for a in range(0, out.shape[0], step):
             b = min(a + step, out.shape[0])
-            dst, tmp, mine = out[a:b], scratch[: b - a], send[a:b]
-            acc = mine
-            for q in range(p):
+            m = b - a
+            dst, mine, got = out[a:b], send[a:b], tmp[:m]
+            other = spare[:m] if spare is not None else dst
+            if own is not None:
+                own[:m] = mine
+                mine = own[:m]
+            offset = (first + a) * isz
+            if r == 0:
+                acc = mine
+            else:
+                acc = other if p > 1 and in_out[1] else dst  # x0 where fold 1 does not write (with a spare)
+                read(pids[0], acc.ctypes.data, remote_send[0] + offset, m * isz)
+            for q in range(1, p):
                 if q == r:
-                    continue
-                read(pids[q], buf, remote_send[q] + (first + a) * isz, (b - a) * isz)
-                ufunc(acc, tmp, out=dst)
-                acc = dst
-            if acc is mine and dst is not mine:
-                dst[...] = mine
+                    x = mine
+                else:
+                    read(pids[q], got.ctypes.data, remote_send[q] + offset, m * isz)
+                    x = got
+                target = dst if in_out[q] else other
+                ufunc(acc, x, out=target)
+                acc = target
+            if acc is not dst:
+                dst[...] = acc  # one rank: its own input
     finally:
-        st.mem.release(scratch)
+        for buf in (tmp, spare, own):
+            if buf is not None:
+                st.mem.release(buf)
+
+
+_PULLED = "each rank folds its block in rank order from the parts it pulls, then the blocks are read out"
+
+
+def _owner(coll: str) -> Callable[[Steps, Call], Schedule]:
+    """The owner-fold algorithm of ``coll``: where a reproducible call falls back (pycoll.algorithms.owner registers
+    after this module)."""
+    from . import owner  # noqa: PLC0415
+
+    return {"allreduce": owner.allreduce_owner, "reduce_scatter": owner.reduce_scatter_owner,
+            "reduce": owner.reduce_owner}[coll]
 
 
 def _cma_or_none(st: Steps) -> Generator[tuple, None, tuple[Optional[HostArena], int]]:
@@ -567,12 +603,13 @@ def _transfer_error(st: Steps, exc: OSError, what: str, arena: Optional[HostAren
     bytes="2(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
     cost=lambda m, n, lay: _cma_cost(m, n, lay, 3, pulled=(lay.size - 1) / lay.size * n, copied=(lay.size - 1) / lay.size * n),
+    reproducible=_PULLED,
 )
 def allreduce_cma(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
     arena, number = yield from _cma_or_none(st)
     if arena is None:
-        yield from allreduce_ring(st, call)
+        yield from (_owner("allreduce") if call.reproducible else allreduce_ring)(st, call)
         return
     p, r = st.size, st.rank
     others = [q for q in range(p) if q != r]
@@ -611,12 +648,13 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse_single_host,
     cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, pulled=(lay.size - 1) / lay.size * n),
+    reproducible=_PULLED,
 )
 def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
     arena, number = yield from _cma_or_none(st)
     if arena is None:
-        yield from reduce_scatter_ring_algo(st, call)
+        yield from (_owner("reduce_scatter") if call.reproducible else reduce_scatter_ring_algo)(st, call)
         return
     p, r = st.size, st.rank
     others = [q for q in range(p) if q != r]

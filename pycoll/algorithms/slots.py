@@ -293,7 +293,7 @@ _FALLBACK = {
     "allgather": allgather_ring_algo, "reduce_scatter": reduce_scatter_ring_algo, "alltoall": alltoall_pairwise,
     "scan": scan_linear, "exscan": exscan_linear,
 }
-# a non-commutative op keeps rank order in the fallback too (the folds here are in rank order)
+# a non-commutative op, or a reproducible call, keeps the rank-order left fold in the fallback too
 _ORDERED_FALLBACK = {**_FALLBACK, "reduce": reduce_ordered, "reduce_scatter": reduce_scatter_ordered}
 
 
@@ -301,7 +301,7 @@ def _slots(st: Steps, call: Call) -> Schedule:
     number = _number(st)
     arena = yield from _ready(st)
     if arena is None:
-        ordered = call.op is not None and call.op.order == ORDERED
+        ordered = call.reproducible or (call.op is not None and call.op.order == ORDERED)
         yield from (_ORDERED_FALLBACK if ordered else _FALLBACK)[call.coll](st, call)
         return
     op = yield from _begin(st, arena, number)
@@ -335,7 +335,8 @@ def _register(coll: str, what: str) -> Any:
     run.__name__ = run.__qualname__ = f"{coll}_slots"
     register(coll, "slots", f"Each rank copies {what} into its arena slot, meets the others once, then reads what it needs "
              "from their slots. Small messages on one host.", steps="1 meeting", bytes="n copied in, n copied out",
-             refuse=_refuse, cost=_cost, ordered=coll in _REDUCING)(run)
+             refuse=_refuse, cost=_cost, ordered=coll in _REDUCING,
+             reproducible="each rank folds the slots it reads in rank order" if coll in _REDUCING else "")(run)
     return run
 
 

@@ -28,7 +28,8 @@ from .chain import reduce_chain
 from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
 from .shared import (
-    ARENA_PIPE_CHUNK, _PIPE_SPIN_S, _begin, _check_posts, _close_rounds, _meet, _number, _ready, _refuse_single_host, compiled_loops,
+    ARENA_PIPE_CHUNK, _PIPE_SPIN_S, _begin, _check_posts, _close_rounds, _meet, _number, _owner, _ready, _refuse_single_host,
+    compiled_loops,
     post_call,
 )
 
@@ -167,12 +168,14 @@ def _pipe_py(pipe: Pipe, arena: HostArena, send: np.ndarray, recv: np.ndarray, b
             else:
                 m, own = size[me], slot + me * c
                 out = rows[me, own : own + m] if mode == REDUCE_LEAF else recv[rd[me] + lo : rd[me] + lo + m]
-                acc = send[sd[me] + lo : sd[me] + lo + m]  # own block first: in place, read before it is written
-                for q in others:
-                    pipe.op.ufunc(acc, rows[q, own : own + m], out=out)
-                    acc = out
+                # the left fold in rank order, a new array each step (NumPy's complex product rounds differently
+                # in place), all read before ``out`` (in place: this rank's input) is written
+                acc = send[sd[me] + lo : sd[me] + lo + m] if me == 0 else rows[0, own : own + m]
+                for q in range(1, p):
+                    acc = pipe.op.ufunc(acc, send[sd[me] + lo : sd[me] + lo + m] if q == me else rows[q, own : own + m])
                 if pipe.op.averages and m:
-                    np.divide(out, out.dtype.type(p), out=out)
+                    acc = np.divide(acc, acc.dtype.type(p))
+                out[...] = acc
                 if mode == ALLREDUCE:
                     rows[me, own : own + m] = out
             w[mine + REDUCED] = done
@@ -236,6 +239,8 @@ def _pipelined(st: Steps, call: Call, fallback) -> Schedule:
     number = _number(st)
     arena = yield from _ready(st)
     if arena is None or not arena.stage_bytes:
+        if call.reproducible and call.coll in ("allreduce", "reduce_scatter", "reduce"):
+            fallback = _owner(call.coll)  # the flat fallbacks do not keep the fold
         yield from fallback(st, call)
         return
     op = yield from _begin(st, arena, number)
@@ -261,6 +266,9 @@ def _pipe_cost(m: CostModel, n: float, lay: Layout, copied: float, reduced: floa
     return work * m.over(lay) + m.handovers(lay, 2 + steps * phases)
 
 
+_FOLD = "each rank folds its block of every chunk in rank order from its input and the peers' stages"
+
+
 @register(
     "allreduce",
     "staged",
@@ -272,6 +280,7 @@ def _pipe_cost(m: CostModel, n: float, lay: Layout, copied: float, reduced: floa
     refuse=_refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3,
                                       (lay.size - 1) / lay.size),
+    reproducible=_FOLD + ", then copies the others' blocks out",
 )
 def allreduce_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, allreduce_ring)
@@ -287,6 +296,7 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced",
     refuse=_refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 1.0 + 1.0 / lay.size, 2),
+    reproducible=_FOLD,
 )
 def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
     # In place the result overwrites the front of the input: safe, because chunk j of every block is staged
@@ -319,6 +329,7 @@ def allgather_staged(st: Steps, call: Call) -> Schedule:
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced, (p-1)/p · n copied out by the root",
     refuse=_refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3),
+    reproducible=_FOLD + ", and the root copies the blocks out",
 )
 def reduce_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, reduce_chain)
@@ -339,6 +350,7 @@ def _scan_cost(m: CostModel, n: float, lay: Layout) -> float:
     refuse=_refuse_single_host,
     cost=_scan_cost,
     ordered=True,
+    reproducible="every rank folds the staged chunks of the ranks before it strictly left to right",
 )
 def scan_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, scan_linear)
@@ -353,6 +365,7 @@ def scan_staged(st: Steps, call: Call) -> Schedule:
     refuse=_refuse_single_host,
     cost=_scan_cost,
     ordered=True,
+    reproducible="every rank folds the staged chunks of the ranks before it strictly left to right",
 )
 def exscan_staged(st: Steps, call: Call) -> Schedule:
     yield from _pipelined(st, call, exscan_linear)

@@ -49,6 +49,7 @@ class PerfOptions:
     link_rate: Optional[str] = None
     algos: list[str] = field(default_factory=list)  # forced "collective:name" runs besides the automatic one
     interleave: bool = False  # forced algorithms run inside the automatic pycoll job, per point
+    reproducible: bool = False  # also pycoll in reproducible mode (PYCOLL_REPRODUCIBLE=1), as `pycoll[reproducible]`
     rounds: int = 1  # every job this many times, order rotated each round; the median per point is reported
     device: str = "host"  # where the buffers live: host (NumPy) or cuda (CuPy / numba.cuda / torch CUDA tensors)
     buffers: str = "spec"  # spec: [buf, count, MPI.FLOAT]; array: bare arrays; fresh: new arrays every iteration
@@ -89,6 +90,8 @@ class PerfOptions:
             flags.append(f"--hosts {self.hosts}" + (f" --link-rate {self.link_rate}" if self.link_rate else ""))
         if self.algos:
             flags.append(f"--algos {','.join(self.algos)}")
+        if self.reproducible:
+            flags.append("--reproducible")
         if self.interleave:
             flags.append("--interleave")
         if self.rounds > 1:
@@ -220,9 +223,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --hosts: shape each virtual link to RATE, e.g. 1gbit")
     p.add_argument("--algos", default=None, metavar="LIST",
                    help="also run pycoll once per forced algorithm: 'all' or e.g. allreduce:ring,allreduce:tree")
+    p.add_argument("--reproducible", action="store_true",
+                   help="also run pycoll in reproducible mode (PYCOLL_REPRODUCIBLE=1: every reduction the rank-order "
+                        "left fold, bit for bit), reported as pycoll[reproducible]")
     p.add_argument("--interleave", action="store_true",
-                   help="with --algos: measure the forced algorithms inside the automatic pycoll job, alternating "
-                        "with it iteration by iteration, so that the machine's drifts do not pass for an algorithm's")
+                   help="with --algos or --reproducible: measure those runs inside the automatic pycoll job, "
+                        "alternating with it iteration by iteration, so that the machine's drifts do not pass for an "
+                        "algorithm's")
     p.add_argument("--rounds", type=_positive(1), default=1, metavar="R",
                    help="run every job R times, rotating the job order each round, and report each point's median "
                         "time over the rounds: peers then share the machine's drifts alike (default 1)")

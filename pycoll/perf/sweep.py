@@ -60,7 +60,7 @@ class Job:
 
 
 def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
-    """The runnable peers, then one `pycoll[name]` job per forced algorithm name."""
+    """The runnable peers, then one `pycoll[name]` job per forced algorithm name, and `pycoll[reproducible]`."""
     jobs = [Job(p, p, list(opts.collectives), "auto" if p == "pycoll" else None) for p in runnable]
     if opts.algos:  # next to forced runs, `pycoll` is the automatic choice even if PYCOLL_ALGO is exported
         for j in jobs:
@@ -74,6 +74,13 @@ def plan_jobs(opts: PerfOptions, runnable: list[str]) -> list[Job]:
             auto.variants.append(forced)  # measured inside the automatic job, right after it at every point
         else:
             jobs.append(forced)
+    if opts.reproducible and auto is not None:  # the mode chooses its own algorithms: "auto", under its own label
+        rep = Job("pycoll", "pycoll[reproducible]", list(auto.collectives), "auto",
+                  {"PYCOLL_REPRODUCIBLE": "1", "PYCOLL_ALGO": ""})
+        if opts.interleave:
+            auto.variants.append(rep)
+        else:
+            jobs.append(rep)
     return jobs
 
 

@@ -4,8 +4,8 @@
     torch.distributed.init_process_group("pycoll")
 """
 
-from .backend import BACKEND, ProcessGroupPycoll, PycollWork, register
+from .backend import BACKEND, Options, ProcessGroupPycoll, PycollWork, register
 
 register()
 
-__all__ = ["BACKEND", "ProcessGroupPycoll", "PycollWork", "register"]
+__all__ = ["BACKEND", "Options", "ProcessGroupPycoll", "PycollWork", "register"]

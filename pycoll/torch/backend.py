@@ -600,8 +600,30 @@ def _all_of(futures: list[Future], value: Any) -> Future:
 
 
 # ---- registration ------------------------------------------------------------------------------
+class Options:
+    """pycoll's options for one torch group: ``init_process_group("pycoll", pg_options=Options(reproducible=True))``
+    or ``new_group(..., pg_options=...)``. ``reproducible``: the group's reductions return, bit for bit, the rank-order
+    left fold (docs/reproducibility.md); None follows ``PYCOLL_REPRODUCIBLE``."""
+
+    def __init__(self, reproducible: Optional[bool] = None) -> None:
+        self.reproducible = reproducible
+
+    def __repr__(self) -> str:
+        return f"pycoll.torch.Options(reproducible={self.reproducible!r})"
+
+
+def _apply(comm: Any, options: Any) -> None:
+    """Set what ``options`` (an ``Options``, a dict with the same keys, or None) asks of the group's communicator."""
+    if options is None:
+        return
+    wanted = options.get("reproducible") if isinstance(options, dict) else getattr(options, "reproducible", None)
+    if wanted is not None:
+        comm.reproducible = bool(wanted)
+
+
 def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
-    """torch's constructor hook (extended API): one pycoll communicator per torch group."""
+    """torch's constructor hook (extended API): one pycoll communicator per torch group (``backend_options`` is the
+    group's ``pg_options``: see ``Options``)."""
     timeout = common.timeout.total_seconds() if common.timeout is not None else None
     ranks = list(common.global_ranks_in_group) or list(range(common.group_size))
     rt = _runtime.current()
@@ -619,6 +641,7 @@ def _create(common: Any, backend_options: Any = None) -> ProcessGroupPycoll:
         )
     comm = group_comm(rt, ranks, f"torch:{common.group_id}")
     comm.timeout = timeout or rt.timeout  # every wait on this group's communicator honours the group's timeout
+    _apply(comm, backend_options)
     return ProcessGroupPycoll(comm, _progress_thread(rt), comm.timeout)
 
 

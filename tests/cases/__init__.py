@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import os
 import pkgutil
 import traceback
 import zlib
@@ -47,6 +48,7 @@ MODULES = (
     "shapes",
     "user_ops",
     "alltoallw",
+    "reproducible",
 )
 
 
@@ -233,6 +235,30 @@ def tolerance(op: str, dt):
     if dt in (np.float32, np.complex64):
         return 1e-5, 1e-5
     return 1e-12, 1e-12
+
+
+class Env:
+    """Environment variables set alike on every rank for the body of a ``with`` (None: unset), then restored:
+    pycoll reads its knobs (PYCOLL_ALGO, ...) at every call."""
+
+    def __init__(self, **values: Optional[str]) -> None:
+        self.values = values
+
+    def __enter__(self) -> "Env":
+        self.saved = {k: os.environ.get(k) for k in self.values}
+        for k, v in self.values.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def sentinel(dt, count: int) -> np.ndarray:

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 
-from . import COUNTS, case, dname, op_valid, seed_of, sentinel
+from . import COUNTS, Env, case, dname, op_valid, seed_of, sentinel
 
 DTYPES = [np.dtype(t) for t in ("float32", "float64", "int32", "int64", "uint8", "complex128")]
 OPS = ("SUM", "PROD", "MIN", "MAX", "AVG", "BAND", "BOR", "BXOR")
@@ -52,28 +52,11 @@ def _pairs(ctx):
     return [(op, dt) for op in OPS for dt in DTYPES if op_valid(op, dt) and ctx.supports(op, dt)]
 
 
-class _Forced:
-    """PYCOLL_ALGO (and a small PYCOLL_CHUNK_SIZE, so the chain pipelines) for scan and exscan, set alike on
-    every rank for the body of a ``with``; ``None`` leaves selection to the cost model."""
-
-    def __init__(self, algo, chunk="1K"):
-        self.values = {"PYCOLL_ALGO": f"scan:{algo},exscan:{algo}" if algo else None,
-                       "PYCOLL_CHUNK_SIZE": chunk if algo else None,
-                       "PYCOLL_ARENA_PIPE_CHUNK": chunk if algo == "staged" else None}
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        for k, v in self.values.items():
-            if v is not None:
-                os.environ[k] = v
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+def _Forced(algo, chunk="1K"):  # noqa: N802 - used as a context manager, like the class it was
+    """PYCOLL_ALGO (and a small PYCOLL_CHUNK_SIZE, so the chain pipelines) for scan and exscan, set alike on every rank
+    for the body of a ``with``; ``None`` leaves selection to the cost model."""
+    return Env(PYCOLL_ALGO=f"scan:{algo},exscan:{algo}" if algo else None, PYCOLL_CHUNK_SIZE=chunk if algo else None,
+               PYCOLL_ARENA_PIPE_CHUNK=chunk if algo == "staged" else None)
 
 
 def _chosen(ctx):

@@ -4,11 +4,10 @@ object reductions with them, through every collective that reduces, checked agai
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
-from . import case, seed_of
+from . import Env, case, seed_of
 
 # the C layout of {value; int}: what MPI.FLOAT_INT ... MPI.LONG_DOUBLE_INT describe in every MPI
 PAIRS = {"FLOAT_INT": np.float32, "DOUBLE_INT": np.float64, "LONG_INT": np.int64, "INT_INT": np.intc,
@@ -19,29 +18,6 @@ BIG = np.iinfo(np.intc).max
 
 def pair_dtype(value) -> np.dtype:
     return np.dtype([("f0", value), ("f1", np.intc)], align=True)
-
-
-class _Env:
-    """Environment variables set alike on every rank for the body of a ``with`` (None: unset)."""
-
-    def __init__(self, **values):
-        self.values = values
-
-    def __enter__(self):
-        self.saved = {k: os.environ.get(k) for k in self.values}
-        for k, v in self.values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        return self
-
-    def __exit__(self, *exc):
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _chosen(ctx):
@@ -268,7 +244,7 @@ def case_maxloc_every_algorithm(ctx):
     MPI = ctx.MPI
     for coll, names in _UNORDERED_OK.items():
         for algo in names:
-            with _Env(PYCOLL_ALGO=f"{coll}:{algo}", PYCOLL_CHUNK_SIZE="64", PYCOLL_ARENA_PIPE_CHUNK="64"):
+            with Env(PYCOLL_ALGO=f"{coll}:{algo}", PYCOLL_CHUNK_SIZE="64", PYCOLL_ARENA_PIPE_CHUNK="64"):
                 for count in (5, 40):
                     xs = [_pairs_input(ctx, "DOUBLE_INT", count, q) for q in range(ctx.size)]
                     fold = loc_fold(True)
@@ -365,7 +341,7 @@ def case_user_ops_forced(ctx):
                   "allreduce:ordered,reduce:ordered,reduce_scatter:ordered",
                   "allreduce:tree,reduce:slots,reduce_scatter:slots,scan:slots,exscan:slots")
         for algos in forced:
-            with _Env(PYCOLL_ALGO=algos, PYCOLL_CHUNK_SIZE="64"):
+            with Env(PYCOLL_ALGO=algos, PYCOLL_CHUNK_SIZE="64"):
                 for count in (3, 50):
                     xs = [_affine_inputs(ctx, count, q) for q in range(ctx.size)]
                     run_all(ctx, f"[{algos}] n={count}", xs, affine, affine_fold, MPI.DOUBLE_INT, nonblocking=False,
