@@ -70,15 +70,15 @@ def _inputs(rng, dt, p: int, n: int) -> list[np.ndarray]:
     return out
 
 
-def _reduced(op: ops.Op, rows: list[np.ndarray], owner: int) -> np.ndarray:
-    """Block owner ``owner``'s result: its own input first, then the others in rank order, as the pipe combines."""
-    acc = rows[owner].copy()
+def _reduced(op: ops.Op, rows: list[np.ndarray]) -> np.ndarray:
+    """A block's result: the left fold in rank order, a new array each step, as ``functools.reduce`` gives it (the
+    pipe folds each block in rank order, the owner's own input at its place)."""
     with np.errstate(all="ignore"):
-        for q, row in enumerate(rows):
-            if q != owner:
-                op.ufunc(acc, row, out=acc)
+        acc = rows[0].copy()
+        for row in rows[1:]:
+            acc = op.ufunc(acc, row).astype(rows[0].dtype, copy=False)  # LAND, LOR, LXOR give bools
         if op.averages and acc.size:
-            np.divide(acc, acc.dtype.type(len(rows)), out=acc)
+            acc = np.divide(acc, acc.dtype.type(len(rows)))
     return acc
 
 
@@ -101,7 +101,7 @@ def test_allreduce_pipe(tmp_path, p: int, who: str) -> None:
             calls = [Call("allreduce", np.dtype(dt), sends[r], recvs[r], op, in_place=in_place) for r in range(p)]
             _drive(arenas, calls, who)
             d, counts = offsets(even_counts(n, p)), even_counts(n, p)
-            want = np.concatenate([_reduced(op, [row[d[q] : d[q] + counts[q]] for row in rows], q) for q in range(p)]) if n else rows[0]
+            want = np.concatenate([_reduced(op, [row[d[q] : d[q] + counts[q]] for row in rows]) for q in range(p)]) if n else rows[0]
             for r in range(p):
                 assert recvs[r].tobytes() == recvs[0].tobytes()  # every rank holds the same bits
                 if np.dtype(dt).kind == "c" and op is ops.PROD:  # NumPy's vector loops may fuse, by slice length
@@ -131,7 +131,7 @@ def test_reduce_scatter_pipe(tmp_path, p: int, who: str) -> None:
         _drive(arenas, calls, who)
         d = offsets(counts)
         for r in range(p):
-            want = _reduced(op, [row[d[r] : d[r] + counts[r]] for row in rows], r)
+            want = _reduced(op, [row[d[r] : d[r] + counts[r]] for row in rows])
             assert recvs[r][: counts[r]].tobytes() == want.tobytes(), f"{op.name} {np.dtype(dt)} counts={counts} rank {r}"
             if not in_place:
                 assert (recvs[r][counts[r] :] == 7).all()  # nothing written past the block
@@ -184,7 +184,7 @@ def test_reduce_pipe(tmp_path, p: int, who: str) -> None:
                           in_place=in_place and r == root) for r in range(p)]
             _drive(arenas, calls, who)
             d, counts = offsets(even_counts(n, p)), even_counts(n, p)
-            want = np.concatenate([_reduced(op, [row[d[q] : d[q] + counts[q]] for row in rows], q) for q in range(p)]) if n else rows[0]
+            want = np.concatenate([_reduced(op, [row[d[q] : d[q] + counts[q]] for row in rows]) for q in range(p)]) if n else rows[0]
             if np.dtype(dt).kind == "c" and op is ops.PROD:
                 np.testing.assert_allclose(recv, want, rtol=1e-5)
             else:
