@@ -15,7 +15,6 @@ import numpy as np
 from .base import Call, Layout, Schedule, Steps, offsets, split
 from .cost import CostModel
 from .registry import register
-from .tree import broadcast_down, rooted_tree
 
 
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
@@ -104,33 +103,70 @@ def reduce_ordered(st: Steps, call: Call) -> Schedule:
         yield tuple(st.lane(1).recv(last, piece) for piece in split(call.recv, st.num_chunks(call.recv.nbytes)))
 
 
+
+
+def _there_and_back_cost(m: CostModel, n: float, lay: Layout) -> float:
+    # the fold goes up the chain while the results come back down it: both directions of every link busy at once
+    return m.phase(lay, 2 * (lay.size - 1) - 1 + m.messages(n), n, reduced=n, flows=1.0) if lay.size > 1 else 0.0
+
+
 @register(
     "allreduce",
     "ordered",
-    "The rank-order chain to the last rank (as reduce:ordered), then a pipelined binary-tree broadcast: "
-    "non-commutative ops and reproducible calls.",
-    steps="p-1 + log2 p + chunks",
-    bytes="2n",
+    "The rank-order chain to the last rank (as reduce:ordered), whose results go back down the chain chunk by "
+    "chunk while later chunks still go up: non-commutative ops and reproducible calls.",
+    steps="2(p-1) + chunks",
+    bytes="2n (n each way on every link, at once)",
     refuse=_refuse,
-    cost=lambda m, n, lay: 2 * _chain_cost(m, n, lay),
+    cost=_there_and_back_cost,
     ordered=True,
-    reproducible=HOW + ", then the last rank broadcasts it",
+    reproducible=HOW + "; the last rank's results go back down the chain",
 )
 def allreduce_ordered(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None and call.op is not None
-    p, r = st.size, st.rank
-    n = call.recv.shape[0]
-    acc = _result(st, call, n) if r == p - 1 else None
-    yield from chain_to_last(st, call.send, acc, call.op)
-    if r == p - 1:
-        assert acc is not None
-        if call.op.averages:
-            st.mem.scale(acc, p)
-        if acc is not call.recv:
-            st.mem.copy(call.recv, acc)
-            st.mem.release(acc)
-    if p > 1:
-        yield from broadcast_down(st.lane(1), rooted_tree(p, p - 1), split(call.recv, st.num_chunks(call.recv.nbytes)))
+    p, r, op = st.size, st.rank, call.op
+    if p == 1:
+        st.mem.copy(call.recv, call.send)
+        return
+    # at least 16 chunks of 64 KiB or more where the vector allows: the way back only overlaps the way up in chunks
+    k = max(st.num_chunks(call.send.nbytes), min(16, call.send.nbytes // (64 << 10)))
+    ins, outs = split(call.send, k), split(call.recv, k)
+    back = st.lane(1)  # results travel on their own lane, against the chain
+    if r == 0:  # starts the chain; in place its input chunk is read before its result can arrive
+        sends = [st.send(1, piece) for piece in ins]
+        for c in range(k):
+            yield (back.recv(1, outs[c]),)
+        yield tuple(sends)
+        return
+    acc = st.mem.scratch(call.send.shape[0], call.dtype)  # the fold so far (never the user's memory: it may be send)
+    accs = split(acc, k)
+    folds = [st.recv_fold(r - 1, ins[c], accs[c], op) for c in range(k)]
+    last = r == p - 1
+    results = [] if last else [back.recv(r + 1, outs[c]) for c in range(k)]
+    sends = []
+
+    def pass_back(c: int) -> Schedule:
+        if last:
+            if op.averages:
+                st.mem.scale(accs[c], p)
+            st.mem.copy(outs[c], accs[c])
+        else:
+            yield (results[c],)
+        sends.append(back.send(r - 1, outs[c]))
+
+    # Results come back with a lag: rank r+1 passes result c back once its fold c + 2(p-2-r) is done, so rank r waits
+    # for result c - 2(p-1-r) after sending fold c on, two chunks' slack, and never for the chunk it just sent.
+    lag = 2 * (p - 1 - r)
+    for c in range(k):
+        yield (folds[c],)
+        if not last:
+            sends.append(st.send(r + 1, accs[c]))
+        if c >= lag:
+            yield from pass_back(c - lag)
+    for c in range(max(k - lag, 0), k):
+        yield from pass_back(c)
+    yield tuple(sends)
+    st.mem.release(acc)
 
 
 @register(
