@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Generic, TypeVar
+from typing import Callable, Generic, Iterator, Mapping, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -49,6 +50,29 @@ class Param(Generic[T]):
 
     def is_set(self) -> bool:
         return bool(os.environ.get(self.name))
+
+
+@contextlib.contextmanager
+def environ(values: Mapping[str, Optional[str]]) -> Iterator[None]:
+    """``os.environ`` with ``values`` set (None: unset) for the body of a ``with``, then as it was before: knobs are
+    read at every call, so a block runs under them (PYCOLL_ALGO, PYCOLL_REPRODUCIBLE, a rank's thread share)."""
+    if not values:
+        yield
+        return
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _parse_bool(raw: str) -> bool:

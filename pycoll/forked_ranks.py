@@ -10,7 +10,7 @@ import threading
 from types import FrameType
 from typing import Callable, Optional, Sequence
 
-from .config import bool_param, str_param
+from .config import bool_param, environ, str_param
 
 RUN_FORK = bool_param(
     "PYCOLL_RUN_FORK",
@@ -132,19 +132,12 @@ def preload(preset: Optional[dict[str, str]] = None) -> bool:
     they load (thread pools are sized then, and the ranks inherit them); False (fork nothing) if one fails."""
     import importlib
 
-    saved = {k: os.environ.get(k) for k in preset or {}}
-    os.environ.update(preset or {})
     try:
-        for name in filter(None, (m.strip() for m in PRELOAD.get().split(","))):
-            importlib.import_module(name)
+        with environ(preset or {}):
+            for name in filter(None, (m.strip() for m in PRELOAD.get().split(","))):
+                importlib.import_module(name)
     except Exception:  # noqa: BLE001 - the ranks then start fresh and report the import error themselves
         return False
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return True
 
 

@@ -17,7 +17,8 @@ from .cost import CostModel
 from .registry import register
 
 
-def _refuse(call: Call, lay: Layout) -> Optional[str]:
+def folds_only(call: Call, lay: Layout) -> Optional[str]:
+    """The refusal of algorithms that fold in rank order: other commutative calls have faster algorithms."""
     if call.op is None or (call.op.commutative and not call.reproducible):
         return "for non-commutative ops only, or reproducible calls (commutative ones have faster algorithms)"
     return None
@@ -75,7 +76,7 @@ def _result(st: Steps, call: Call, n: int) -> np.ndarray:
     "non-commutative ops and reproducible calls.",
     steps="p-1 + chunks (+1 to a root other than p-1)",
     bytes="n (+n to the root)",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=lambda m, n, lay: _chain_cost(m, n, lay) + (m.phase(lay, m.messages(n), n) if lay.size > 1 else 0.0),
     ordered=True,
     reproducible=HOW,
@@ -117,7 +118,7 @@ def _there_and_back_cost(m: CostModel, n: float, lay: Layout) -> float:
     "chunk while later chunks still go up: non-commutative ops and reproducible calls.",
     steps="2(p-1) + chunks",
     bytes="2n (n each way on every link, at once)",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=_there_and_back_cost,
     ordered=True,
     reproducible=HOW + "; the last rank's results go back down the chain",
@@ -176,7 +177,7 @@ def allreduce_ordered(st: Steps, call: Call) -> Schedule:
     "non-commutative ops and reproducible calls.",
     steps="p-1 + chunks, then 1",
     bytes="n, then (p-1)/p · n from the last rank",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=lambda m, n, lay: _chain_cost(m, n, lay) + (m.phase(lay, 1, n) if lay.size > 1 else 0.0),
     ordered=True,
     reproducible=HOW + ", then the last rank hands out the blocks",

@@ -9,22 +9,17 @@ reduce-scatter, as much again for an allreduce's allgather); the p-1 receipts ar
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts, offsets, split
 from .cost import CostModel
+from .ordered import folds_only
 from .registry import register
 from .ring import allgather_ring, chunked
 
 HOW = "the owner of each block folds the ranks' parts of it in rank order, as they arrive"
-
-
-def _refuse(call: Call, lay: Layout) -> Optional[str]:
-    if call.op is None or (call.op.commutative and not call.reproducible):
-        return "for reproducible calls and non-commutative ops only (other calls have faster algorithms)"
-    return None
 
 
 def owner_fold(st: Steps, send: np.ndarray, counts: list[int], op: Any, dest: np.ndarray) -> Schedule:
@@ -76,7 +71,7 @@ def _ag_cost(m: CostModel, n: float, lay: Layout) -> float:
     "Each rank sends every peer its block and folds its own block from every rank's part in rank order (left fold).",
     steps="p-1 (receipts in rank order)",
     bytes="(p-1)/p · n",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=_rs_cost,
     ordered=True,
     reproducible=HOW,
@@ -99,7 +94,7 @@ def reduce_scatter_owner(st: Steps, call: Call) -> Schedule:
     "The owner reduce-scatter (each block folded in rank order by its owner), then a ring allgather (left fold).",
     steps="p-1 (receipts in rank order) + p-1",
     bytes="2(p-1)/p · n",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=lambda m, n, lay: _rs_cost(m, n, lay) + _ag_cost(m, n, lay),
     ordered=True,
     reproducible=HOW + ", then the blocks are copied out",
@@ -124,7 +119,7 @@ def allreduce_owner(st: Steps, call: Call) -> Schedule:
     "the root (left fold).",
     steps="p-1 (receipts in rank order) + 1",
     bytes="(p-1)/p · n, and (p-1)/p · n into the root",
-    refuse=_refuse,
+    refuse=folds_only,
     cost=lambda m, n, lay: _rs_cost(m, n, lay) + (m.phase(lay, 1, (lay.size - 1) / lay.size * n) if lay.size > 1 else 0.0),
     ordered=True,
     reproducible=HOW + ", then sends it to the root",

@@ -19,6 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 import pycoll
+from pycoll.config import environ
 from pycoll.perf import metrics
 from pycoll.perf import peers as peers_mod
 from pycoll.perf import report, worker
@@ -147,16 +148,8 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, progress: repor
 def _in_process(opts: PerfOptions, job: Job, nccl_via: Optional[str] = None
                 ) -> tuple[list[dict[str, Any]], Optional[str]]:
     records: list[dict[str, Any]] = []
-    saved = {k: os.environ.get(k) for k in job.env}
-    os.environ.update(job.env)  # PYCOLL_ALGO is read at every call
-    try:
+    with environ(job.env):  # PYCOLL_ALGO is read at every call
         worker.run_peer(worker_spec(opts, job.peer, job, nccl_via), records.append)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return records, None
 
 

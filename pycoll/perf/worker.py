@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -12,6 +11,7 @@ from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 
+from pycoll.config import environ
 from pycoll.perf import metrics
 from pycoll.perf.devices import HostArrays
 
@@ -649,7 +649,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     runs = variants or [{}]
     prepared = []
     for v in runs:
-        with _env(v.get("env", {})):
+        with environ(v.get("env", {})):
             run, _ = b.prepare(coll, inplace, count, dtype, op, root)
             for _ in range(spec["warmup"]):
                 run()
@@ -661,7 +661,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     for i in range(spec["iters"]):
         for k in range(len(runs)):
             j = (i + k) % len(runs)
-            with _env(runs[j].get("env", {})):
+            with environ(runs[j].get("env", {})):
                 if fresh:
                     prepared[j] = b.prepare(coll, inplace, count, dtype, op, root)[0]
                     b.sync()
@@ -676,7 +676,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     wrong = [0] * len(runs)
     if spec["check"]:
         for j, v in enumerate(runs):
-            with _env(v.get("env", {})):
+            with environ(v.get("env", {})):
                 run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
                 run()
                 b.sync()
@@ -758,24 +758,6 @@ def _variants(spec: dict[str, Any], coll: str) -> list[dict[str, Any]]:
     """The runs of one point: the job itself, then (interleaved, same processes) each forced algorithm for ``coll``."""
     forced = [v for v in spec.get("variants", []) if coll in v["collectives"]]
     return [{}] + [{"label": v["label"], "algo": v["algo"], "env": v["env"]} for v in forced]
-
-
-@contextlib.contextmanager
-def _env(values: dict[str, str]):
-    """Set environment variables (pycoll reads PYCOLL_ALGO at every call) for the duration of a block."""
-    if not values:
-        yield
-        return
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 DUPLICATE_GPU = "Duplicate GPU detected"
