@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol
 
 import numpy as np
 
 from .ops import Op
+from .transport.cma import PAGE, short_distance
 
 
 class MemoryBackend(Protocol):
@@ -26,6 +28,7 @@ class MemoryBackend(Protocol):
 
 
 _POOLED = 6  # scratch buffers kept for reuse
+_APART_FROM = 4096  # copies from this size go through a middle buffer at the short distance (libc's rep movsb)
 
 
 class HostMemory:
@@ -37,8 +40,27 @@ class HostMemory:
         op.ufunc(a, b, out=out)  # type: ignore[misc]
 
     def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
-        if dst.size and not (dst.ctypes.data == src.ctypes.data and dst.dtype == src.dtype):
+        if not dst.size:
+            return
+        d, s = dst.ctypes.data, src.ctypes.data
+        if d == s and dst.dtype == src.dtype:
+            return
+        if dst.nbytes >= _APART_FROM and short_distance(d, s) and dst.flags.c_contiguous and src.flags.c_contiguous:
+            self._copy_apart(dst, src, s)
+        else:
             np.copyto(dst, src)
+
+    def _copy_apart(self, dst: np.ndarray, src: np.ndarray, s: int) -> None:
+        """dst = src through a buffer half a page from both: libc's memcpy runs about 10x slower when the destination
+        lies a few bytes past the source within a page (``cma.short_distance``); two copies at good distances win."""
+        n = src.nbytes
+        buf = getattr(self._apart, "buf", None)
+        if buf is None or buf.nbytes < n + PAGE:
+            buf = self._apart.buf = np.empty(max(n, 1 << 16) + PAGE, np.uint8)
+        at = (s + PAGE // 2 - buf.ctypes.data) % PAGE
+        mid = buf[at:at + n].view(src.dtype).reshape(src.shape)
+        np.copyto(mid, src)
+        np.copyto(dst, mid)
 
     def scale(self, arr: np.ndarray, divisor: int) -> None:
         if arr.size:
@@ -46,6 +68,7 @@ class HostMemory:
 
     def __init__(self) -> None:
         self._free: list[np.ndarray] = []  # byte buffers handed back by finished calls
+        self._apart = threading.local()  # .buf: this thread's middle for copies at the short distance
 
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray:
         """A flat array of ``count`` elements (contents undefined): the smallest pooled buffer that fits, else a new one."""

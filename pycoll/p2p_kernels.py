@@ -16,10 +16,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .p2p_lane import (ACK_DUE, ACKED, ACKED_OTHER, ANNOUNCED, ANNOUNCED_OWN, EMPTY, HEADER_BYTES, L_ACK, L_BELL,
-                       L_FUTEX, L_GOT_ADDR, L_GOT_BYTES, L_GOT_RID, L_GOT_TAG, L_IN, L_IN_CAP, L_IN_HDR, L_IOV, L_META,
+                       L_FUTEX, L_GOT_ADDR, L_GOT_BYTES, L_GOT_RID, L_GOT_TAG, L_IN, L_IN_CAP, L_IN_HDR, L_META,
                        L_OUT, L_OUT_CAP, L_OUT_HDR, L_PID, L_READV, L_RTS, L_SYSCALL, L_YIELD, NOT_SENT, OTHER, PULLED,
                        PULLED_ACK_DUE, PULLED_IN, RECEIVED, SENT, TAKEN)
-from .transport.atomics import byte_pointer, cpu_relax, load_acquire, store_seq_cst
+from .transport.atomics import byte_pointer, call6, copy_at, cpu_relax, cross_copy, load_acquire, store_seq_cst
 
 
 _BYTES = types.Array(types.uint8, 1, "C")
@@ -116,36 +116,11 @@ def eager_take(data, data64, words, head, dst, ctx, tag, meta, rts_meta, polls):
     return TAKEN, n, got_tag, head
 
 
-@intrinsic
-def _call6(typingctx, fn, a, b, c, d, e, f):
-    """Call the C function at address ``fn`` with six 64-bit integer arguments; its 64-bit result. The address is
-    an argument, never a constant, so the compiled code stays cacheable across processes."""
-
-    def codegen(context, builder, sig, args):
-        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(args[1:], sig.args[1:])]
-        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64)] * 6)
-        ptr = builder.inttoptr(context.cast(builder, args[0], sig.args[0], types.int64), fnty.as_pointer())
-        return builder.call(ptr, vals)
-
-    return types.int64(fn, a, b, c, d, e, f), codegen
-
-
 @njit(inline="always", cache=True, nogil=True)
 def _read_remote(readv, pid, dst, addr, n):
     """Copy ``n`` bytes at ``addr`` in process ``pid`` into ``dst`` (``readv``: the address of libc's
     process_vm_readv); False if a call failed (how is for the caller's Python path to find out)."""
-    iov = np.empty(4, np.int64)  # the local iovec, then the remote one
-    done = 0
-    while done < n:
-        iov[0] = dst.ctypes.data + done
-        iov[2] = addr + done
-        iov[1] = iov[3] = n - done
-        at = iov.ctypes.data
-        got = _call6(readv, pid, at, 1, at + 16, 1, 0)
-        if got <= 0:
-            return False
-        done += got
-    return True
+    return cross_copy(readv, pid, dst.ctypes.data, addr, n, True)
 
 
 @njit(_NEXT, cache=True, nogil=True)
@@ -344,20 +319,6 @@ def _bump32(typingctx, addr):
     return types.void(addr), codegen
 
 
-@intrinsic
-def _copy(typingctx, dst, src, n):
-    """memcpy of ``n`` bytes from address ``src`` to address ``dst``."""
-
-    def codegen(context, builder, sig, args):
-        i8p = ir.IntType(8).as_pointer()
-        d = builder.inttoptr(_int_arg(context, builder, sig, args, 0), i8p)
-        s = builder.inttoptr(_int_arg(context, builder, sig, args, 1), i8p)
-        cgutils.raw_memcpy(builder, d, s, _int_arg(context, builder, sig, args, 2), 1)
-        return context.get_dummy_value()
-
-    return types.void(dst, src, n), codegen
-
-
 @njit(inline="always", cache=True, nogil=True)
 def _wake(d):
     """Wake the peer if it sleeps on its doorbell (its flag word set): bump the futex word, then a futex wake."""
@@ -366,7 +327,7 @@ def _wake(d):
         _bump32(bell + 8)
         fn = _word(d + 8 * L_SYSCALL)
         if fn != 0:
-            _call6(fn, _word(d + 8 * L_FUTEX), bell + 8, 1, 0x7FFFFFFF, 0, 0)
+            call6(fn, _word(d + 8 * L_FUTEX), bell + 8, 1, 0x7FFFFFFF, 0, 0)
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -375,7 +336,7 @@ def _relax(d):
     nr = _word(d + 8 * L_YIELD)
     fn = _word(d + 8 * L_SYSCALL)
     if nr >= 0 and fn != 0:
-        _call6(fn, nr, 0, 0, 0, 0, 0)
+        call6(fn, nr, 0, 0, 0, 0, 0)
     else:
         cpu_relax()
 
@@ -419,9 +380,9 @@ def _frame_out(d, src, n, ctx, tag, meta):
     at = (tail + HEADER_BYTES) % cap  # the header never wraps (64-byte frames, capacity a multiple of 64)
     first = min(n, cap - at)  # the payload may: its rest starts the ring again
     if first > 0:
-        _copy(base + at, src, first)
+        copy_at(base + at, src, first)
     if n > first:
-        _copy(base, src + first, n - first)
+        copy_at(base, src + first, n - first)
     _publish_out(d, tail, n)
     return True
 
@@ -431,21 +392,7 @@ def _pull(d, dst, addr, n):
     """Copy ``n`` bytes at ``addr`` in the peer into ``dst`` by process_vm_readv; False if a call failed (the
     Python path finds out why)."""
     fn = _word(d + 8 * L_READV)
-    if fn == 0:
-        return False
-    iov = d + 8 * L_IOV  # the local iovec, then the remote one
-    pid = _word(d + 8 * L_PID)
-    done = 0
-    while done < n:
-        _put(iov, dst + done)
-        _put(iov + 8, n - done)
-        _put(iov + 16, addr + done)
-        _put(iov + 24, n - done)
-        got = _call6(fn, pid, iov, 1, iov + 16, 1, 0)
-        if got <= 0:
-            return False
-        done += got
-    return True
+    return fn != 0 and cross_copy(fn, _word(d + 8 * L_PID), dst, addr, n, True)
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -504,9 +451,9 @@ def _take_step(d, dst, cap_bytes, ctx, tag, can_ack):
     pos = (head + HEADER_BYTES) % icap
     first = min(n, icap - pos)
     if first > 0:
-        _copy(dst, base + pos, first)
+        copy_at(dst, base + pos, first)
     if n > first:
-        _copy(dst + first, base, n - first)
+        copy_at(dst + first, base, n - first)
     _consume_in(d, head + total)
     return TAKEN
 

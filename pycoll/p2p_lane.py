@@ -17,7 +17,6 @@ PULLED_ACK_DUE, NOT_SENT = 6, 7
 (L_OUT, L_OUT_CAP, L_OUT_HDR, L_IN, L_IN_CAP, L_IN_HDR, L_BELL, L_SYSCALL, L_FUTEX, L_PID, L_READV, L_META, L_RTS,
  L_ACK, L_YIELD) = range(15)
 L_GOT_TAG, L_GOT_BYTES, L_GOT_RID, L_GOT_ADDR = 16, 17, 18, 19
-L_IOV = 24  # four words of scratch: the iovecs of a cross-memory pull
 LANE_WORDS = 32
 
 # exchange_rdv's state bits: the send was announced; acknowledged; the receive completed; its acknowledgement is due;

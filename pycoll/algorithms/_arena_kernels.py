@@ -8,8 +8,8 @@ from numba.extending import overload
 
 from .. import ops as _ops
 from ..transport import arena as _arena
-from ..transport.atomics import address_pointer as _address_pointer, byte_pointer as _byte_pointer, call6 as _call6
-from ..transport.atomics import call_c0, cpu_relax, load_acquire, store_seq_cst
+from ..transport.atomics import address_pointer as _address_pointer, byte_pointer as _byte_pointer
+from ..transport.atomics import call_c0, cpu_relax, cross_copy as _cross_copy, load_acquire, store_seq_cst
 
 _HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
@@ -723,24 +723,6 @@ def _local(send, recv, which, offset):
 
 
 @njit(cache=True, nogil=True)
-def _cross(fn, pid, local, remote, n, iov):
-    """``n`` bytes between ``local`` here and ``remote`` in process ``pid`` by ``fn`` (process_vm_readv or _writev);
-    False if a call failed."""
-    done = 0
-    while done < n:
-        iov[0] = local + done
-        iov[1] = n - done
-        iov[2] = remote + done
-        iov[3] = n - done
-        at = iov.ctypes.data
-        got = _call6(fn, pid, at, 1, at + 16, 1, 0)
-        if got <= 0:
-            return False
-        done += got
-    return True
-
-
-@njit(cache=True, nogil=True)
 def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
     """A whole cross-memory-attach call when the peers keep up: post this rank's addresses (``send``, ``recv``: 0 for
     none) and byte count, make its own copies (they depend on no peer; once per call: ``prog[C_COPIED]`` keeps the
@@ -782,14 +764,14 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
     for r in range(size):
         if prog[expect + r] >= 0 and np.int64(words[bases[r] + _NBYTES_WORD]) != prog[expect + r]:
             return _MISMATCH | wake
-    iov = np.empty(4, np.int64)
     for k in range(prog[C_NROWS]):
         row = rows + 7 * k
         q = prog[row]
         remote = np.int64(words[bases[q] + prog[row + 1]]) + prog[row + 2]
         local = _local(send, recv, prog[row + 3], prog[row + 4])
-        fn = prog[C_WRITEV] if prog[row + 6] else prog[C_READV]
-        if not _cross(fn, prog[pids + q], local, remote, prog[row + 5], iov):
+        writing = prog[row + 6] != 0
+        fn = prog[C_WRITEV] if writing else prog[C_READV]
+        if not _cross_copy(fn, prog[pids + q], local, remote, prog[row + 5], not writing):
             return _FAILED | wake
     wake |= _finish(words, me, size, opno)
     budget = polls

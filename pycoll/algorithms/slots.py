@@ -16,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import MismatchError
+from ..memory import HOST
 from ..p2p import Sig
 from ..transport.arena import DEPTH, HostArena, slot_bytes_for
 from . import arena_jit
@@ -227,13 +228,13 @@ def _pack_py(arena: HostArena, op: int, call: Call, prog: Program) -> None:
     slot = arena.slot(arena.rank, op)
     if prog.typed:
         n = call.send.nbytes
-        slot[:n] = _bytes(call.send)
+        HOST.copy(slot[:n], _bytes(call.send))
         return
     if prog.head.size:
         slot[: prog.head.size * 8] = prog.head.view(np.uint8)
     src = _bytes(call.recv if prog.pack_from_recv else call.send)
     for s_off, d_off, n in prog.pack:
-        slot[d_off:d_off + n] = src[s_off:s_off + n]
+        HOST.copy(slot[d_off:d_off + n], src[s_off:s_off + n])
 
 
 def _table(arena: HostArena, op: int, rank: int, entry: int) -> tuple[int, int]:
@@ -263,7 +264,7 @@ def _unpack_py(st: Steps, arena: HostArena, op: int, call: Call, prog: Program) 
             if got != n:
                 raise st.owner.error(MismatchError, f"rank {q} has a {got}-byte block for this rank, which expects {n}",
                                      [st.world_rank(int(q))])
-        recv[d_off:d_off + n] = arena.slot(int(q), op)[s_off:s_off + n]
+        HOST.copy(recv[d_off:d_off + n], arena.slot(int(q), op)[s_off:s_off + n])
 
 
 def _check_sizes(st: Steps, arena: HostArena, op: int, prog: Program) -> None:

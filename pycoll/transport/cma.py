@@ -17,6 +17,20 @@ CMA_DISABLE = bool_param(
 )
 
 
+# The kernel copies with `rep movsb`, which on some CPUs runs several times slower when the destination lies 1-31
+# bytes past the source modulo a page (AMD EPYC here: 1 MiB in 0.7 ms against 0.13 ms). Two arrays allocated one after
+# the other on the heap sit 16 bytes apart modulo a page, in every rank alike, so a program's send and receive buffers
+# often meet at that distance. Such copies go through a bounce buffer half a page from both ends.
+PAGE = 4096
+SHORT_DISTANCE = 64
+BOUNCE_BYTES = 1 << 20  # the bounce's size: one system call costs about 9 µs, so it moves at least this much
+
+
+def short_distance(dst: int, src: int) -> bool:
+    """Whether a copy from address ``src`` to ``dst`` meets the slow distance (then it is bounced)."""
+    return 0 < (dst - src) % PAGE < SHORT_DISTANCE
+
+
 class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
@@ -50,6 +64,7 @@ class CrossMemory:
             fn.restype = ctypes.c_ssize_t
         self._readv, self._writev = readv, writev
         self._local, self._remote = _IoVec(), _IoVec()
+        self._bounce: Optional[np.ndarray] = None  # for copies at the short distance
         self._local_p, self._remote_p = ctypes.addressof(self._local), ctypes.addressof(self._remote)
 
     def function_address(self, kind: str) -> int:
@@ -61,7 +76,25 @@ class CrossMemory:
     def loaded(self) -> bool:
         return self._readv is not None
 
-    def _transfer(self, fn, pid: int, local: int, remote: int, nbytes: int) -> None:
+    def _transfer(self, fn, pid: int, local: int, remote: int, nbytes: int, reading: bool) -> None:
+        if not short_distance(*((local, remote) if reading else (remote, local))):
+            self._move(fn, pid, local, remote, nbytes)
+            return
+        chunk = min(nbytes, BOUNCE_BYTES)
+        if self._bounce is None or self._bounce.nbytes < chunk + PAGE:
+            self._bounce = np.empty(BOUNCE_BYTES + PAGE, np.uint8)
+        b = self._bounce.ctypes.data
+        b += (remote + PAGE // 2 - b) % PAGE
+        for done in range(0, nbytes, chunk):
+            m = min(chunk, nbytes - done)
+            if reading:
+                self._move(fn, pid, b, remote + done, m)
+                ctypes.memmove(local + done, b, m)
+            else:
+                ctypes.memmove(b, local + done, m)
+                self._move(fn, pid, b, remote + done, m)
+
+    def _move(self, fn, pid: int, local: int, remote: int, nbytes: int) -> None:
         lo, re = self._local, self._remote
         done = 0
         while done < nbytes:
@@ -80,20 +113,20 @@ class CrossMemory:
     def read(self, pid: int, dst: np.ndarray, remote_addr: int) -> None:
         """Copy ``dst.nbytes`` bytes at ``remote_addr`` in process ``pid`` into ``dst``."""
         if dst.nbytes:
-            self._transfer(self._readv, pid, dst.ctypes.data, remote_addr, dst.nbytes)
+            self._transfer(self._readv, pid, dst.ctypes.data, remote_addr, dst.nbytes, True)
 
     def write(self, pid: int, src: np.ndarray, remote_addr: int) -> None:
         """Copy ``src`` into process ``pid`` at ``remote_addr``."""
         if src.nbytes:
-            self._transfer(self._writev, pid, src.ctypes.data, remote_addr, src.nbytes)
+            self._transfer(self._writev, pid, src.ctypes.data, remote_addr, src.nbytes, False)
 
     def read_addr(self, pid: int, local_addr: int, remote_addr: int, nbytes: int) -> None:
         if nbytes:
-            self._transfer(self._readv, pid, local_addr, remote_addr, nbytes)
+            self._transfer(self._readv, pid, local_addr, remote_addr, nbytes, True)
 
     def write_addr(self, pid: int, local_addr: int, remote_addr: int, nbytes: int) -> None:
         if nbytes:
-            self._transfer(self._writev, pid, local_addr, remote_addr, nbytes)
+            self._transfer(self._writev, pid, local_addr, remote_addr, nbytes, False)
 
     def probe(self, pid: int, remote_addr: int, expect: bytes) -> Optional[str]:
         """None if reading ``len(expect)`` bytes at ``remote_addr`` in ``pid`` gives ``expect``, else why not."""

@@ -1,0 +1,119 @@
+"""Cross-memory copies (process_vm_readv/writev) at every distance between source and destination within a page,
+including the short distances that go through a bounce buffer, in Python and in the compiled helper."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from pycoll.transport import cma
+
+CM = cma.CrossMemory()
+pytestmark = pytest.mark.skipif(not CM.loaded, reason=f"no cross-memory attach here: {CM.reason}")
+
+SIZES = [1, 100, 4096, 65536 + 5, 2 * cma.BOUNCE_BYTES + 4099]  # the last crosses the bounce's chunks
+DISTANCES = [0, 1, 8, 16, 31, 32, 48, 63, 64, 100, 2048, 4095]
+
+
+def _pair(n: int, dist: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(source, destination) views of n bytes whose addresses differ by ``dist`` modulo a page."""
+    rng = np.random.default_rng(seed)
+    src_buf = rng.integers(0, 256, n + 2 * cma.PAGE, dtype=np.uint8)
+    dst_buf = np.zeros(n + 2 * cma.PAGE, np.uint8)
+    s = (-src_buf.ctypes.data) % cma.PAGE + 7  # an odd offset in the page, as heap arrays have
+    d = (src_buf.ctypes.data + s + dist - dst_buf.ctypes.data) % cma.PAGE
+    src, dst = src_buf[s:s + n], dst_buf[d:d + n]
+    assert (dst.ctypes.data - src.ctypes.data) % cma.PAGE == dist
+    return src, dst
+
+
+def test_short_distance_is_the_few_bytes_past_the_source():
+    assert [d for d in range(cma.PAGE) if cma.short_distance(1000 + d, 1000)] == list(range(1, cma.SHORT_DISTANCE))
+    assert not cma.short_distance(5, 5 + 16)  # the destination before the source
+    assert cma.short_distance(cma.PAGE * 7 + 16, 0)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dist", DISTANCES)
+def test_python_read_and_write_copy_exactly_the_bytes(n, dist):
+    src, dst = _pair(n, dist, n + dist)
+    guard = dst.base.copy()
+    CM.read(os.getpid(), dst, src.ctypes.data)  # this process as the peer: the same system calls
+    assert np.array_equal(dst, src)
+    lo = dst.ctypes.data - dst.base.ctypes.data
+    assert np.array_equal(dst.base[:lo], guard[:lo]) and np.array_equal(dst.base[lo + n:], guard[lo + n:])
+    back = np.zeros_like(src)
+    # writing: the remote is the destination, so the distance is measured the other way round
+    CM.write(os.getpid(), src, back.ctypes.data)
+    assert np.array_equal(back, src)
+
+
+def test_python_write_at_the_short_distance_leaves_the_neighbours():
+    src, dst = _pair(10_000, 16, 3)
+    before = dst.base.copy()
+    CM.write(os.getpid(), src, dst.ctypes.data)
+    lo = dst.ctypes.data - dst.base.ctypes.data
+    assert np.array_equal(dst, src)
+    assert np.array_equal(dst.base[:lo], before[:lo]) and np.array_equal(dst.base[lo + 10_000:], before[lo + 10_000:])
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    pytest.importorskip("numba")
+    from pycoll.transport import atomics
+
+    return atomics
+
+
+@pytest.mark.parametrize("n", [1, 4096, 65536 + 5, 2 * cma.BOUNCE_BYTES + 4099])
+@pytest.mark.parametrize("dist", [0, 1, 16, 31, 63, 64, 2048])
+def test_compiled_cross_copy_reads_and_writes_at_every_distance(compiled, n, dist):
+    readv, writev = CM.function_address("read"), CM.function_address("write")
+    src, dst = _pair(n, dist, 7 * n + dist)
+    guard = dst.base.copy()
+    assert compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, src.ctypes.data, n, True)
+    assert np.array_equal(dst, src)
+    lo = dst.ctypes.data - dst.base.ctypes.data
+    assert np.array_equal(dst.base[:lo], guard[:lo]) and np.array_equal(dst.base[lo + n:], guard[lo + n:])
+    src2, dst2 = _pair(n, dist, 11 * n + dist)
+    assert compiled.cross_copy(writev, os.getpid(), src2.ctypes.data, dst2.ctypes.data, n, False)
+    assert np.array_equal(dst2, src2)
+
+
+def test_compiled_cross_copy_reports_a_failed_call(compiled):
+    readv = CM.function_address("read")
+    dst = np.zeros(64, np.uint8)
+    unmapped = 8 + (dst.ctypes.data - 8) % cma.PAGE // 2  # the first page is never mapped
+    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, unmapped, 64, True)
+    short = (dst.ctypes.data - 16) % cma.PAGE  # 16 bytes short of the destination: through the bounce
+    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, short, 64, True)
+
+
+@pytest.mark.parametrize("dist", [0, 16, 2048])
+def test_compiled_copy_at_copies_at_every_distance(compiled, dist):
+    from numba import njit
+
+    copy = njit(lambda d, s, n: compiled.copy_at(d, s, n))
+    src, dst = _pair(70_000, dist, dist)
+    copy(dst.ctypes.data, src.ctypes.data, 70_000)
+    assert np.array_equal(dst, src)
+
+
+@pytest.mark.parametrize("dist", [0, 16, 48, 2048])
+@pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.complex128])
+def test_host_copy_at_every_distance(dist, dtype):
+    from pycoll.memory import HOST
+
+    src_b, dst_b = _pair(96 * 1024, dist, dist)
+    src, dst = src_b.view(dtype).reshape(4, -1), dst_b.view(dtype).reshape(4, -1)
+    guard = dst_b.base.copy()
+    HOST.copy(dst, src)
+    assert np.array_equal(dst_b, src_b)
+    lo = dst_b.ctypes.data - dst_b.base.ctypes.data
+    assert np.array_equal(dst_b.base[:lo], guard[:lo]) and np.array_equal(dst_b.base[lo + dst_b.nbytes:],
+                                                                          guard[lo + dst_b.nbytes:])
+    strided = np.zeros((4, dst.shape[1] * 2), dtype)[:, ::2]  # not contiguous: copied directly
+    HOST.copy(strided, src)
+    assert np.array_equal(strided.copy().view(np.uint8), src.view(np.uint8))  # bytes: random floats hold NaNs
