@@ -505,6 +505,10 @@ def _ptx_plan() -> list[tuple[str, Callable, tuple]]:
         plan.append((f"ptx/finish/{dt.name}", case_ptx, ("pairwise", dt, "AVG", (9, 0), {"finish": True, "dual": True})))
         plan.append((f"ptx/nary-avg/{dt.name}", case_ptx, ("nary", dt, "AVG", (8, 0), {"finish": True, "nsrc": 8})))
         plan.append((f"ptx/scale/{dt.name}", case_ptx, ("scale", dt, "SUM", (9, 0), {})))
+        # reproducible mode's fold, each step rounded to the dtype
+        plan.append((f"ptx/nary-in-dtype/{dt.name}", case_ptx, ("nary", dt, "SUM", (9, 0), {"in_dtype": True, "nsrc": 3})))
+        plan.append((f"ptx/nary-avg-in-dtype/{dt.name}", case_ptx,
+                     ("nary", dt, "AVG", (8, 0), {"finish": True, "in_dtype": True, "nsrc": 4})))
     plan.append(("ptx/copies", case_ptx_copies, ()))
     return plan
 

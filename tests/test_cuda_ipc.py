@@ -195,7 +195,7 @@ def test_shm_stand_in_size_mismatch(tmp_path) -> None:
 # ---- rank jobs ------------------------------------------------------------------------------------------------------
 
 CASES = ["cuda_ipc.allreduce", "cuda_ipc.same_bits_on_every_rank", "cuda_ipc.growth_and_limit", "cuda_ipc.nonblocking",
-         "cuda_ipc.free", "cuda_ipc.setup_failure_stages_everywhere"]
+         "cuda_ipc.free", "cuda_ipc.setup_failure_stages_everywhere", "cuda_ipc.reproducible"]
 ENV = {"PYCOLL_IPC_BYTES": "4K"}
 
 

@@ -28,7 +28,7 @@ from .cost import CostModel
 from .halving_doubling import allreduce_doubling
 from .registry import register
 from .ring import allreduce_ring
-from .shared import _begin, _check_posts, _meet, _number, _ready, arena_enabled, post_call
+from .shared import _begin, _check_posts, _meet, _number, _owner, _ready, arena_enabled, post_call
 
 log = logging.getLogger("pycoll")
 
@@ -83,6 +83,9 @@ def _refuse_ipc(call: Call, lay: Layout) -> Optional[str]:
         return "its flags live in the host arena, which is off (PYCOLL_ARENA_DISABLE, PYCOLL_SHM_DISABLE) or has no directory"
     if call.size_bytes > IPC_BYTES.get():
         return f"{call.size_bytes} bytes exceed the IPC buffer's {IPC_BYTES.get()} (PYCOLL_IPC_BYTES)"
+    if call.reproducible and call.op is not None and call.op.name == "PROD" and call.dtype.kind == "c":
+        # NumPy's complex product fuses a multiply-add where the CPU has FMA: the host fold (staged) keeps its bits
+        return "reproducible complex products follow NumPy's CPU loop, which the device kernel does not promise"
     return None
 
 
@@ -135,10 +138,12 @@ class _Device:
         dst.copy_to_device(src, stream=self.stream)
 
     def reduce(self, out: Any, srcs: list[Any]) -> None:
-        """``out`` = op over ``srcs`` in order (``out`` may be one of them), one kernel on the stream."""
+        """``out`` = op over ``srcs`` in order (``out`` may be one of them), one kernel on the stream; in reproducible
+        mode each step rounds to the dtype, as the left fold does."""
         from ..cuda import launch
 
-        launch.reduce_many(self.call.op, out, srcs, dtype=self.call.dtype, stream=self.stream)
+        launch.reduce_many(self.call.op, out, srcs, dtype=self.call.dtype, stream=self.stream,
+                           in_dtype=self.call.reproducible)
 
     def copy_in(self, arena: Any, op: int) -> None:
         """This rank's input into its slot for ``op``, after the caller's queued work; complete on return."""
@@ -275,7 +280,9 @@ def _staged(st: Steps, call: Call) -> Schedule:
         raise st.owner.error(DeviceError, f"staging the device buffers failed ({type(exc).__name__}: {exc})") from None
     try:
         host = stage.call
-        if call.size_bytes <= _SMALL:
+        if call.reproducible:  # the owner's rank-order fold: doubling and ring add partial sums
+            yield from _owner("allreduce")(st, host)
+        elif call.size_bytes <= _SMALL:
             yield from allreduce_doubling(st, host)
         else:
             yield from allreduce_ring(st, host)
@@ -323,6 +330,7 @@ def _ipc_call(st: Steps, call: Call, body: Any) -> Schedule:
     refuse=_refuse_ipc,
     cost=_oneshot_cost,
     memory="cuda",
+    reproducible="one kernel folds the ranks' buffers in rank order, rounding each step to the dtype",
 )
 def allreduce_ipc_oneshot(st: Steps, call: Call) -> Schedule:
     yield from _ipc_call(st, call, _oneshot)
@@ -350,6 +358,8 @@ def _oneshot(st: Steps, harena: Any, op: int, arena: Any, dev: _Device, others: 
     refuse=_refuse_ipc,
     cost=_twoshot_cost,
     memory="cuda",
+    reproducible="each block's owner folds the ranks' buffers in rank order, rounding each step to the dtype; the "
+                 "blocks are then copied out",
 )
 def allreduce_ipc_twoshot(st: Steps, call: Call) -> Schedule:
     yield from _ipc_call(st, call, _twoshot)

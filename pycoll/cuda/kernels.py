@@ -239,11 +239,12 @@ def pairwise(dtype: np.dtype, op: str, dual: bool = False, finish: bool = False)
 
 
 @functools.cache
-def nary(dtype: np.dtype, op: str, finish: bool = False) -> Any:
+def nary(dtype: np.dtype, op: str, finish: bool = False, in_dtype: bool = False) -> Any:
     """Kernel ``(out, srcs, div)``: ``out[i] = srcs[0][i] op srcs[1][i] op ...`` in rank order, ``srcs`` a tuple.
 
-    The accumulator is the layout's ``acc`` type, narrowed once on store (after ``/ div`` when ``finish``).
-    Each tuple length compiles once. ``out`` may alias any source.
+    The accumulator is the layout's ``acc`` type, narrowed once on store (after ``/ div`` when ``finish``). With
+    ``in_dtype`` every partial result is narrowed to the dtype, as NumPy's left fold rounds each step (reproducible
+    mode); AVG then divides the rounded fold. Each tuple length compiles once. ``out`` may alias any source.
     """
     LD, A, OP, ST, FIN = _parts(np.dtype(dtype), op)
 
@@ -253,6 +254,8 @@ def nary(dtype: np.dtype, op: str, finish: bool = False) -> Any:
             x = A(LD(srcs[0][i]))
             for j in range(1, len(srcs)):
                 x = A(OP(x, A(LD(srcs[j][i]))))
+                if in_dtype:
+                    x = A(LD(ST(x)))
             if finish:
                 x = A(FIN(x, div))
             out[i] = ST(x)

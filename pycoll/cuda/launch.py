@@ -74,13 +74,9 @@ class KernelSet:
     def reduce_copy_avg(self) -> Any:
         return _k.pairwise(self.layout.dtype, self.op.name, dual=True, finish=True)
 
-    @property
-    def reduce_many(self) -> Any:
-        return _k.nary(self.layout.dtype, self.op.name)
-
-    @property
-    def reduce_many_avg(self) -> Any:
-        return _k.nary(self.layout.dtype, self.op.name, finish=True)
+    def nary(self, finish: bool = False, in_dtype: bool = False) -> Any:
+        """The n-ary kernel (``kernels.nary``): AVG's division when ``finish``; every step rounded when ``in_dtype``."""
+        return _k.nary(self.layout.dtype, self.op.name, finish, in_dtype)
 
 
 @functools.cache
@@ -231,11 +227,12 @@ def reduce_copy(op: Any, out: Any, out2: Any, a: Any, b: Any, *, dtype: Any = No
 
 
 def reduce_many(op: Any, out: Any, srcs: Sequence[Any], *, dtype: Any = None, divisor: Any = None,
-                stream: Any = None) -> None:
+                stream: Any = None, in_dtype: bool = False) -> None:
     """``out = srcs[0] op srcs[1] op ...`` in the order given, accumulated wide and rounded once.
 
     For AVG the sum is divided by ``divisor``, default ``len(srcs)``, before the one rounding. ``out`` may be one of
-    ``srcs``. At most MAX_SRCS sources; one source is a copy (then divided, for AVG).
+    ``srcs``. At most MAX_SRCS sources; one source is a copy (then divided, for AVG). ``in_dtype``: round every
+    partial result to the dtype, which gives NumPy's left fold bit for bit (float16 and bfloat16 differ otherwise).
     """
     op = _ops.resolve(op)
     srcs = list(srcs)
@@ -252,9 +249,9 @@ def reduce_many(op: Any, out: Any, srcs: Sequence[Any], *, dtype: Any = None, di
         return
     if op.averages:
         div = _dt.divisor_arg(logical, len(srcs) if divisor is None else divisor, wide=True)
-        kernel = ks.reduce_many_avg
     else:
-        div, kernel = np.float64(1), ks.reduce_many
+        div = np.float64(1)
+    kernel = ks.nary(finish=op.averages, in_dtype=in_dtype)
     _launch(kernel, n, stream, views[0], tuple(views[1:]), div)
 
 

@@ -282,3 +282,46 @@ def case_mismatch_is_named(ctx):
         ctx.check("sendbuf unchanged", send.copy_to_host(), np.arange(n, dtype=np.float32))
     finally:
         _restore(old)
+
+
+@case
+def case_reproducible(ctx):
+    """Reproducible mode on device buffers: both IPC kernels, and host algorithms over staged buffers, give NumPy's
+    rank-order left fold bit for bit (float16 and bfloat16 round every step, unlike the default wide sum); an
+    algorithm that cannot keep the fold declines and selection serves the call."""
+    from .reproducible import DTYPES, OPS, _valid, check_bits, inputs, left_fold
+
+    cuda = _cuda(ctx)
+    ctx.comm.reproducible = True
+    try:
+        for algo in (*ALGOS, "owner", "ring"):
+            old = _force(algo)
+            try:
+                for dt in DTYPES:
+                    for op in OPS:
+                        if not _valid(op, dt):
+                            continue
+                        for k, count in enumerate((0, 1, 7, 300)):
+                            xs = inputs(ctx, op, dt, count, "device")
+                            want = left_fold(op, xs, dt)
+                            lab = f"{algo} {op} {dt} count={count}"
+                            send, spec = _to_device(cuda, xs[ctx.rank])
+                            if k % 2:
+                                ctx.comm.Allreduce(ctx.MPI.IN_PLACE, spec, op=ctx.op(op))
+                                got = _host(send, dt)
+                            else:
+                                recv, rspec = _to_device(cuda, np.zeros(count, dt))
+                                ctx.comm.Allreduce(spec, rspec, op=ctx.op(op))
+                                got = _host(recv, dt)
+                            check_bits(ctx, lab, got, want)
+                            # ring declines, and so do the IPC kernels for complex products (NumPy's CPU loop fuses
+                            # a multiply-add): selection then picks an algorithm that keeps the fold
+                            declines = algo == "ring" or (algo in ALGOS and op == "PROD" and dt.kind == "c")
+                            if count and not declines:
+                                ctx.check_equal(lab + " ran as forced", _chosen(), algo)
+                            elif count:
+                                ctx.expect(_chosen() != algo, lab + ": declines", got=_chosen())
+            finally:
+                _restore(old)
+    finally:
+        ctx.comm.reproducible = None
