@@ -1,5 +1,6 @@
 """Reproducible mode: every reduction bit for bit the rank-order left fold (tests/cases/reproducible.py), on 1-5 ranks
-over shared memory, over TCP, with the arena's NumPy paths, and on two virtual hosts blocked and interleaved."""
+over shared memory, over TCP, over RDMA (the fake NIC), with the arena's NumPy paths, and on two virtual hosts blocked
+and interleaved. Device buffers: tests/test_cuda_ipc.py (cuda_ipc.reproducible)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,16 @@ def test_every_reduction_is_the_left_fold(n, transport, env, tmp_path):
     res = harness.run_cases(n, ["reproducible.*"], transport=transport, out_dir=str(tmp_path), job_timeout=260,
                             env=env)
     res.assert_ok()
+
+
+@pytest.mark.timeout(300)
+def test_over_rdma(tmp_path):
+    """Shared memory off: every pair of the three ranks talks RDMA through the fake NIC (small rings, so they wrap)."""
+    env = {"PYCOLL_IB_FAKE": "1", "PYCOLL_IB_BUFFER": "256K", "PYCOLL_IB_CHUNK": "64K", "PYCOLL_IB_ZCOPY": "128K",
+           "PYCOLL_DEBUG": "INFO"}
+    res = harness.run_cases(3, ["reproducible.*"], transport="tcp", out_dir=str(tmp_path), job_timeout=260, env=env)
+    res.assert_ok()
+    assert "0:self, 1:rdma, 2:rdma" in res.proc.stderr, res.proc.stderr[-3000:]
 
 
 @pytest.mark.timeout(300)
