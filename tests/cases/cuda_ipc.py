@@ -323,5 +323,32 @@ def case_reproducible(ctx):
                                 ctx.expect(_chosen() != algo, lab + ": declines", got=_chosen())
             finally:
                 _restore(old)
+        _reproducible_staged(ctx, cuda, DTYPES, check_bits, inputs, left_fold)
     finally:
         ctx.comm.reproducible = None
+
+
+def _reproducible_staged(ctx, cuda, dtypes, check_bits, inputs, left_fold):
+    """Reduce, Reduce_scatter_block, Scan and Exscan on device buffers (staged through host memory) in the mode."""
+    comm, MPI, p, r = ctx.comm, ctx.MPI, ctx.size, ctx.rank
+    for dt in dtypes:
+        for op in ("SUM", "PROD"):
+            xs = inputs(ctx, op, dt, 7 * p, "staged")
+            lab = f"{op} {dt}"
+            send, spec = _to_device(cuda, xs[r])
+            recv, rspec = _to_device(cuda, np.zeros(7 * p, dt))
+            comm.Reduce(spec, rspec, op=ctx.op(op), root=p - 1)
+            if r == p - 1:
+                check_bits(ctx, "Reduce " + lab, _host(recv, dt), left_fold(op, xs, dt))
+            block, bspec = _to_device(cuda, np.zeros(7, dt))
+            comm.Reduce_scatter_block(spec, bspec, op=ctx.op(op))
+            check_bits(ctx, "Reduce_scatter_block " + lab, _host(block, dt),
+                       left_fold(op, [x[7 * r:7 * r + 7] for x in xs], dt))
+            comm.Scan(spec, rspec, op=ctx.op(op))
+            check_bits(ctx, "Scan " + lab, _host(recv, dt), left_fold(op, xs[:r + 1], dt))
+            if r:
+                recv2, r2spec = _to_device(cuda, np.zeros(7 * p, dt))
+                comm.Exscan(spec, r2spec, op=ctx.op(op))
+                check_bits(ctx, "Exscan " + lab, _host(recv2, dt), left_fold(op, xs[:r], dt))
+            else:
+                comm.Exscan(spec, rspec, op=ctx.op(op))  # rank 0's output is undefined
