@@ -60,19 +60,19 @@ def environ(values: Mapping[str, Optional[str]]) -> Iterator[None]:
         yield
         return
     saved = {k: os.environ.get(k) for k in values}
+    _set_environ(values)
+    try:
+        yield
+    finally:
+        _set_environ(saved)
+
+
+def _set_environ(values: Mapping[str, Optional[str]]) -> None:
     for k, v in values.items():
         if v is None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _parse_bool(raw: str) -> bool:

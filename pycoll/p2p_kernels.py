@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .p2p_lane import (ACK_DUE, ACKED, ACKED_OTHER, ANNOUNCED, ANNOUNCED_OWN, EMPTY, HEADER_BYTES, L_ACK, L_BELL,

@@ -104,8 +104,6 @@ def reduce_ordered(st: Steps, call: Call) -> Schedule:
         yield tuple(st.lane(1).recv(last, piece) for piece in split(call.recv, st.num_chunks(call.recv.nbytes)))
 
 
-
-
 def _there_and_back_cost(m: CostModel, n: float, lay: Layout) -> float:
     # the fold goes up the chain while the results come back down it: both directions of every link busy at once
     return m.phase(lay, 2 * (lay.size - 1) - 1 + m.messages(n), n, reduced=n, flows=1.0) if lay.size > 1 else 0.0
