@@ -428,6 +428,8 @@ class Executor:
         c = self.comm
         c._live(label)
         self.chosen = None
+        if self.gate.kernels is None and c._arena is not None:
+            self.gate.open()  # a shape's first call opens the compiled kernels, so its second never stalls on them
         try:
             with buffers.collecting_packed() as unpacking:  # derived datatypes' packed receive buffers
                 call, sig = build(*args)

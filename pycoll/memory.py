@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from typing import Protocol
 
@@ -25,6 +26,29 @@ class MemoryBackend(Protocol):
     def scratch(self, count: int, dtype: np.dtype) -> np.ndarray: ...
 
     def release(self, arr: np.ndarray) -> None: ...
+
+
+def _data_field_offset() -> int:
+    """Where a NumPy array object keeps its data pointer (NumPy's ``PyArrayObject_fields.data``, right after the
+    object header), checked against ``__array_interface__`` on arrays and views; -1 where it is not there."""
+    offset = object.__basicsize__
+    probes = np.arange(4, dtype=np.float64), np.zeros(3, np.uint8)[1:], np.empty((2, 3), np.int32).T
+    for a in probes:
+        if ctypes.c_size_t.from_address(id(a) + offset).value != a.__array_interface__["data"][0]:
+            return -1
+    return offset
+
+
+DATA_FIELD = _data_field_offset()  # for the hottest callers, which read the word themselves
+_word_at = ctypes.c_size_t.from_address
+
+
+def host_address(arr: np.ndarray) -> int:
+    """The address of a NumPy array's first byte, read from the array object itself: about 0.2 µs, where
+    ``__array_interface__`` takes about 3 and ``ctypes.addressof(c_char.from_buffer(arr))`` 1."""
+    if DATA_FIELD < 0 or not isinstance(arr, np.ndarray):
+        return arr.__array_interface__["data"][0]
+    return _word_at(id(arr) + DATA_FIELD).value
 
 
 _POOLED = 6  # scratch buffers kept for reuse

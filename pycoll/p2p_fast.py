@@ -8,6 +8,7 @@ from typing import Any, Optional
 import numpy as np
 
 from .config import int_param
+from .memory import DATA_FIELD, host_address
 from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
 
 _TAG_MAX = (1 << 63) - 1
@@ -17,6 +18,7 @@ P2P_YIELDS = int_param(
     "gives up the core (sched_yield) before it sleeps on the doorbell (default 4096, a few ms when the core is idle).",
 )
 _NO_SEGMENTS: list = []
+_word_at = ctypes.c_size_t.from_address
 
 # Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
 # address, their length). An entry holds its array (so its id names nobody else while it is there); the entries and
@@ -46,20 +48,50 @@ def _spec_parts(buf: Any) -> Optional[tuple]:
 
 def _cached(buf: Any, writable: bool) -> Optional[tuple]:
     """The cached resolution of a buffer spec: by the array's identity if it is still right for it (same object,
-    count, datatype and dtype; writable for a receive), else by its shape (``_by_shape``); None if neither knows it."""
-    parts = _spec_parts(buf)
-    if parts is None:
+    count, datatype and dtype; writable for a receive), else by its shape (a fresh array or view per call, as
+    programs pass them); None if neither knows it. The entry's flat bytes (``flat``) are made only if asked for.
+    Written out in one body: each spec of a small call spends its time here (about 1 µs)."""
+    t = type(buf)
+    if t is list or t is tuple:
+        n = len(buf)
+        if n == 3:
+            obj, count, datatype = buf
+            if type(count) is not int:
+                return None
+        elif n == 2:
+            obj, datatype = buf
+            count = None
+        else:
+            return None
+    elif t is np.ndarray:
+        obj, count, datatype = buf, None, None
+    else:
         return None
-    t, obj, count, datatype = parts
     e = _SPECS.get(id(obj))
     if (e is not None and e[0] is obj and e[1] == count and e[2] is datatype and obj.dtype is e[3]
             and (not writable or obj.flags.writeable)):
         return e
-    e = _by_shape(t, obj, count, datatype, writable)
-    if e is not None and e[6] and obj.base is not None:
-        # a view kept by identity too (it holds no memory of its own): a window's receive slots are found at once
-        _keep(obj, e)
-    return e
+    if type(obj) is not np.ndarray:
+        return None
+    f = obj.flags
+    if not f.c_contiguous:
+        return None
+    try:
+        nbytes = _SHAPES.get((t, obj.shape, obj.dtype, f.writeable, count, datatype, writable))
+    except TypeError:  # an unhashable datatype argument
+        return None
+    if nbytes is None:
+        return None
+    addr = (_word_at(id(obj) + DATA_FIELD).value if DATA_FIELD >= 0 else host_address(obj)) if nbytes else 0
+    return (obj, count, datatype, obj.dtype, None, addr, nbytes)
+
+
+def flat(e: tuple) -> np.ndarray:
+    """An entry's flat bytes: kept where the full parse made them, else viewed over its array now."""
+    got = e[4]
+    if got is None:
+        got = e[0].reshape(-1).view(_UINT8)[:e[6]]
+    return got
 
 
 # What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
@@ -80,35 +112,12 @@ def _shape_key(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> 
     return (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
 
 
-def _by_shape(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> Optional[tuple]:
-    """The resolution of a spec whose shape resolved before (checked then: the same shape passes the same checks),
-    with this array's own address; None if its shape is new."""
-    key = _shape_key(t, obj, count, datatype, writable)
-    if key is None:
-        return None
-    try:
-        nbytes = _SHAPES.get(key)
-    except TypeError:  # an unhashable datatype argument
-        return None
-    if nbytes is None:
-        return None
-    if not nbytes:
-        return (obj, count, datatype, obj.dtype, np.frombuffer(obj, np.uint8, 0), 0, 0)
-    try:
-        flat = np.frombuffer(obj, np.uint8, nbytes)
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(obj)) if obj.flags.writeable else \
-            flat.__array_interface__["data"][0]
-    except (TypeError, ValueError, BufferError):  # a dtype the buffer protocol does not export (bfloat16)
-        return None
-    return (obj, count, datatype, obj.dtype, flat, addr, nbytes)
-
-
 def _remember_shape(key: Optional[tuple], obj: np.ndarray, arr: np.ndarray, addr: int) -> None:
     """Keep the length of a spec's flat bytes ``arr`` under its shape ``key`` where they are a prefix of its array
     ``obj``'s own memory."""
     if key is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
         return
-    if arr.nbytes and (not obj.nbytes or obj.__array_interface__["data"][0] != addr):
+    if arr.nbytes and (not obj.nbytes or host_address(obj) != addr):
         return
     if len(_SHAPES) >= _SHAPES_MAX:
         _SHAPES.clear()
@@ -124,7 +133,7 @@ def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
     arr = comm._p2p_buf(buf, opname, writable)
     parts = _spec_parts(buf)
     t, obj, count, datatype = parts if parts is not None else (None, None, None, None)
-    addr = arr.__array_interface__["data"][0] if arr.nbytes else 0
+    addr = host_address(arr) if arr.nbytes else 0
     if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
         return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
     _remember_shape(_shape_key(t, obj, count, datatype, writable), obj, arr, addr)
@@ -222,20 +231,20 @@ class FastP2P:
                         return None
                 elif self.engine._rdv_ok(peer, n):
                     return self._rendezvous(peer, d, e, dest, tag)
-        return e[4]
+        return flat(e)
 
     def _rendezvous(self, peer: int, d: int, e: tuple, dest: int, tag: int) -> Optional[np.ndarray]:
         """A blocking send by rendezvous: announce, then wait for the acknowledgement (spinning first)."""
         if not self.lock.acquire(False):
-            return e[4]
+            return flat(e)
         try:
             engine = self.engine
             rid = engine._rdv_seq = engine._rdv_seq + 1
             if not self.k.announce_at(d, e[5], e[6], self.ctx, tag, rid):
-                return e[4]
+                return flat(e)
             if self.k.await_ack(d, self.ctx, tag, rid, self.polls):
                 return None
-            req = self._pending_send(peer, rid, e[4], "Send", dest, tag)
+            req = self._pending_send(peer, rid, flat(e), "Send", dest, tag)
         finally:
             self.lock.release()
         self.comm._p2p_wait(req)
@@ -267,10 +276,10 @@ class FastP2P:
                         engine = self.engine
                         rid = engine._rdv_seq = engine._rdv_seq + 1
                         if self.k.announce_at(d, e[5], n, self.ctx, tag, rid):
-                            return self._pending_send(peer, rid, e[4], "Isend", dest, tag)
+                            return self._pending_send(peer, rid, flat(e), "Isend", dest, tag)
                     finally:
                         self.lock.release()
-        return e[4]
+        return flat(e)
 
     # ---- receives ------------------------------------------------------------------------------
     def _take(self, peer: int, d: int, e: tuple, tag: int, polls: int, status: int = -1) -> int:
@@ -314,7 +323,7 @@ class FastP2P:
                         w = self.words[peer]
                         status.source, status.tag, status.nbytes = source, w[16], w[17]
                     return None
-        return e[4]
+        return flat(e)
 
     def irecv(self, buf: Any, source: Any, tag: Any) -> Any:
         """A nonblocking receive: the message taken now if it is next in ``source``'s ring ((tag, nbytes)), or the
@@ -331,7 +340,7 @@ class FastP2P:
                 try:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:
-                        return e[4]
+                        return flat(e)
                     if self.posted:  # messages already in for the receives posted before: completed first
                         self._complete_posted(peer, d)
                     if not self.posted:
@@ -339,13 +348,13 @@ class FastP2P:
                         if not status or not self._take(peer, d, e, tag, 0, status):
                             w = self.words[peer]
                             return w[16], w[17]
-                    req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, e[4])
+                    req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, flat(e))
                     req.addr = e[5]
                     self.posted.append(req)
                     return req
                 finally:
                     self.lock.release()
-        return e[4]
+        return flat(e)
 
     def wait_posted(self, reqs: list) -> None:
         """Complete, in posting order, the receives among ``reqs`` that this path posted, each waiting (compiled)
@@ -422,12 +431,12 @@ class FastP2P:
         if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
                 or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size
                 or not 0 <= sendtag <= _TAG_MAX or not -1 <= recvtag <= _TAG_MAX):
-            return s[4], r[4]
+            return flat(s), flat(r)
         speer, rpeer = self.world[dest], self.world[source]
         dd, ds = lanes[speer], lanes[rpeer]
         if (not dd or not ds or self.sendq[speer] or not self._quiet(rpeer) or self._dead()
                 or not self.lock.acquire(False)):
-            return s[4], r[4]
+            return flat(s), flat(r)
         engine = self.engine
         ctx = self.ctx
         try:
@@ -436,7 +445,7 @@ class FastP2P:
                 got = self.k.exchange(dd, ds, s[5], n, sendtag, r[5], r[6], recvtag, ctx, self.polls,
                                       0 if self.sendq[rpeer] else 1)
                 if got == 7:  # NOT_SENT: no room for it
-                    return s[4], r[4]
+                    return flat(s), flat(r)
                 if got == 4:  # an acknowledgement was ahead: go on taking
                     engine._acked(rpeer, self.words[rpeer][18])
                     got = self._take(rpeer, ds, r, recvtag, self.polls)
@@ -452,14 +461,14 @@ class FastP2P:
             elif engine._rdv_ok(speer, n):
                 sreq, received = self._exchange_rdv(speer, rpeer, dd, ds, s, r, dest, sendtag, recvtag)
                 if sreq is False:
-                    return s[4], r[4]
+                    return flat(s), flat(r)
             else:
-                return s[4], r[4]
+                return flat(s), flat(r)
         finally:
             self.lock.release()
         comm = self.comm
         if not received:
-            rreq = comm._irecv_array(r[4], source, recvtag, "Sendrecv")
+            rreq = comm._irecv_array(flat(r), source, recvtag, "Sendrecv")
             pending = [x for x in (rreq, sreq) if x is not None and not x.done]
             if pending:
                 engine.wait_requests(pending, comm.timeout, pending[0].owner)
@@ -499,5 +508,5 @@ class FastP2P:
             if not state & 16:
                 break
             engine._acked(rpeer, self.words[rpeer][18])  # ACKED_OTHER: another send of this rank is done; go on
-        sreq = None if state & 2 else self._pending_send(speer, rid, s[4], "Sendrecv", dest, sendtag)
+        sreq = None if state & 2 else self._pending_send(speer, rid, flat(s), "Sendrecv", dest, sendtag)
         return sreq, bool(state & 4)

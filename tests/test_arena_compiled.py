@@ -190,6 +190,22 @@ def test_compiled_path_in_jobs(n: int, tmp_path) -> None:
             assert sum(inline.values()) > 0, inline
 
 
+@pytest.mark.ranks
+@pytest.mark.timeout(120)
+def test_first_call_of_a_communicator_opens_the_kernels(tmp_path) -> None:
+    """Without PYCOLL_ARENA_JIT_LOAD=now: the ahead-of-time kernels are open after one call (the second would
+    otherwise stall loading them, 10-30 ms at 4 ranks on 2 cores)."""
+    from pycoll import native
+
+    res = harness.run_cases(3, ["repeated.first_call_opens_kernels"], transport="shm", out_dir=str(tmp_path),
+                            job_timeout=90)
+    res.assert_ok()
+    if native.load_together(arena_jit.ARENA_FAMILIES) is None:
+        pytest.skip(f"no ahead-of-time kernels here: {native.why('arena+staged')}")
+    for name in ("allreduce", "bcast"):
+        assert res.records("repeated.first_call_opens_kernels", f"open_{name}") == dict.fromkeys(range(3), True)
+
+
 # ---- cross-memory attach programs (direct_cma), every rank of one arena stepped in this process ----------------------
 
 def _cma_calls(coll: str, p: int, count: int, in_place: bool, rng) -> tuple[list, list]:

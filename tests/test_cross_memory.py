@@ -117,3 +117,17 @@ def test_host_copy_at_every_distance(dist, dtype):
     strided = np.zeros((4, dst.shape[1] * 2), dtype)[:, ::2]  # not contiguous: copied directly
     HOST.copy(strided, src)
     assert np.array_equal(strided.copy().view(np.uint8), src.view(np.uint8))  # bytes: random floats hold NaNs
+
+
+def test_host_address_reads_each_arrays_first_byte():
+    from pycoll import memory
+
+    assert memory.DATA_FIELD >= 0  # CPython's and NumPy's layouts here: the fast read is on
+    base = np.arange(1000, dtype=np.float64)
+    import ml_dtypes
+
+    arrays = [base, base[3:17], base[::-3], base.reshape(10, 100).T, base.view(np.uint8)[5:], np.zeros(0),
+              np.zeros((), np.int16), np.zeros(7, ml_dtypes.bfloat16), np.ma.masked_array(base[5:9]).data,
+              np.matrix(np.ones((2, 2)))[1:]]
+    for a in arrays:
+        assert memory.host_address(a) == a.__array_interface__["data"][0], a

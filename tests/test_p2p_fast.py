@@ -265,7 +265,7 @@ def test_timeouts_are_honoured(n, tmp_path):
         assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
 
 
-def test_views_found_by_shape_are_kept_by_identity_and_fresh_arrays_are_not() -> None:
+def test_views_and_fresh_arrays_are_found_by_shape_and_not_kept() -> None:
     import numpy as np
 
     from pycoll import MPI, p2p_fast
@@ -274,17 +274,24 @@ def test_views_found_by_shape_are_kept_by_identity_and_fresh_arrays_are_not() ->
         def _p2p_buf(self, buf, opname, writable):
             return buf[0].reshape(-1).view(np.uint8)
 
-    base = np.zeros(64, np.float32)
+    base = np.arange(64, dtype=np.float32)
     first = base[0:8]
     p2p_fast._resolve(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
-    slot = base[8:16]  # a window's next receive slot: a view of the same shape
-    found = p2p_fast._cached([slot, MPI.FLOAT], True)
-    assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
-    assert p2p_fast._cached([slot, MPI.FLOAT], True) is found  # by identity the next time: no new flat view
+    for lo in (8, 16, 40):  # a window's receive slots, or a halo's fresh views: each its own address
+        slot = base[lo:lo + 8]
+        found = p2p_fast._cached([slot, MPI.FLOAT], True)
+        assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
+        assert found[4] is None and id(slot) not in p2p_fast._SPECS  # nothing made or kept until asked for
+        assert (p2p_fast.flat(found) == slot.view(np.uint8)).all() and p2p_fast.flat(found).base is not None
     fresh = np.zeros(8, np.float32)  # an array of its own, made per call: resolved by shape, not kept alive
     got = p2p_fast._cached([fresh, MPI.FLOAT], True)
     assert got is not None and got[5] == fresh.__array_interface__["data"][0]
     assert id(fresh) not in p2p_fast._SPECS
+    assert p2p_fast._cached([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
+    ro = np.zeros(8, np.float32)
+    ro.flags.writeable = False
+    assert p2p_fast._cached([ro, MPI.FLOAT], True) is None  # a receive into read-only memory: the full parse says no
+    assert p2p_fast._cached([base[0:16:2], MPI.FLOAT], True) is None  # strided: never by shape
 
 
 _TCP_EAGER = _COMMON + """

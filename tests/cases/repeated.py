@@ -171,3 +171,22 @@ def case_staged_repeated(ctx):
             os.environ.pop("PYCOLL_ALGO", None)
         else:
             os.environ["PYCOLL_ALGO"] = saved
+
+
+@case
+def case_first_call_opens_kernels(ctx):
+    """A communicator's first collective (a shape not seen before, checked in full) opens the compiled kernels, so
+    the shape's second call, the first to run compiled, does not stall loading them. Records whether they were
+    open after one Allreduce and after one Bcast on two fresh communicators."""
+    if ctx.impl != "pycoll":
+        ctx.skip("needs pycoll")
+    MPI = ctx.MPI
+    for name, call in (("allreduce", lambda c, a, b: c.Allreduce([a, 3, MPI.FLOAT], [b, 3, MPI.FLOAT])),
+                       ("bcast", lambda c, a, b: c.Bcast([a, 3, MPI.FLOAT], root=ctx.size - 1))):
+        comm = ctx.comm.Dup()
+        a, b = np.full(3, ctx.rank + 1, np.float32), np.zeros(3, np.float32)
+        call(comm, a, b)
+        ctx.record(f"open_{name}", _compiled_on(comm))
+        want = np.full(3, ctx.size * (ctx.size + 1) / 2, np.float32) if name == "allreduce" else np.full(3, ctx.size, np.float32)
+        ctx.check(f"first {name}", b if name == "allreduce" else a, want, 0, 0)
+        comm.Free()
