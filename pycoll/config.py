@@ -134,6 +134,7 @@ def all_params() -> list[Param]:
     import pycoll.algorithms  # noqa: F401  (declares PYCOLL_ALGO, PYCOLL_CHUNK_SIZE)
     import pycoll.bootstrap  # noqa: F401
     import pycoll.comm  # noqa: F401
+    import pycoll.horovod.engine  # noqa: F401  (the PYCOLL_HVD_* knobs)
     import pycoll.launcher  # noqa: F401
     import pycoll.p2p  # noqa: F401
     import pycoll.topology.discover  # noqa: F401  (declares PYCOLL_TOPO_FILE, PYCOLL_TOPO_DUMP_FILE, PYCOLL_TOPO_DISCOVER)

@@ -1,0 +1,119 @@
+"""pycoll.horovod.torch: Horovod's PyTorch API on pycoll, checked against NumPy on 1 to 4 ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the Horovod API needs torch (the test extra installs it)")
+
+ROOT = Path(__file__).resolve().parent.parent
+RANKS = Path(__file__).resolve().parent / "horovod_ranks"
+
+
+def _launch(n: int, script: Path, args: list[str], env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    full = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(n), "--timeout", str(int(timeout - 20)), "--",
+           sys.executable, str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full)
+
+
+def _results(proc: subprocess.CompletedProcess, out: Path, n: int) -> list[dict]:
+    tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    found = sorted(out.glob("rank*.json"))
+    assert proc.returncode == 0 and len(found) == n, f"exit {proc.returncode}, {len(found)} of {n} ranks reported{tail}"
+    results = [json.loads(p.read_text()) for p in found]
+    for res in results:
+        assert "error" not in res, f"rank {res['rank']} raised:\n{res['error']}{tail}"
+        assert not res["failures"], f"rank {res['rank']}: {len(res['failures'])} checks failed: {res['failures'][:10]}"
+        assert res["checks"] > 0
+    return results
+
+
+def _run(n: int, part: str, tmp_path: Path, env: dict | None = None) -> list[dict]:
+    out = tmp_path / f"{part}-{n}"
+    out.mkdir()
+    return _results(_launch(n, RANKS / "ops.py", ["--out", str(out), "--part", part], env), out, n)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_every_operation_against_numpy(n: int, tmp_path: Path) -> None:
+    """allreduce (every op, 7 dtypes, 0-1000 elements, in place, scales, fp16, grouped), allgather with uneven first
+    dimensions, broadcast from every root, alltoall with splits, reducescatter, objects, handles, process sets."""
+    results = _run(n, "ops", tmp_path)
+    assert min(r["checks"] for r in results) > 400
+    if n > 1:
+        assert all(r["fused"] > 0 for r in results), "grouped allreduces were fused"
+
+
+@pytest.mark.timeout(300)
+def test_fusion_on_and_off_give_the_same_bits(tmp_path: Path) -> None:
+    fused = _run(3, "ops", tmp_path)
+    (tmp_path / "off").mkdir()
+    alone = _run(3, "ops", tmp_path / "off", {"PYCOLL_HVD_FUSION_THRESHOLD": "0"})
+    assert [r["digest"] for r in fused] == [r["digest"] for r in alone]
+    assert all(r["fused"] == 0 for r in alone) and all(r["fused"] > 0 for r in fused)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_named_tensors_in_any_order_and_the_response_cache(n: int, tmp_path: Path) -> None:
+    _run(n, "order", tmp_path)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [1, 3])
+def test_join(n: int, tmp_path: Path) -> None:
+    _run(n, "join", tmp_path)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n", [2, 3])
+def test_mismatches_and_stalls_name_the_tensor_and_ranks(n: int, tmp_path: Path) -> None:
+    _run(n, "errors", tmp_path, {"PYCOLL_HVD_STALL_CHECK_TIME": "0.4"})
+
+
+@pytest.mark.timeout(300)
+def test_timeline_is_a_chrome_trace_with_every_phase(tmp_path: Path) -> None:
+    trace = tmp_path / "timeline.json"
+    _run(2, "order", tmp_path, {"PYCOLL_HVD_TIMELINE": str(trace)})
+    events = json.loads(trace.read_text())
+    phases = {e["name"] for e in events if e.get("ph") == "B"}
+    for phase in ("NEGOTIATE_ALLREDUCE", "QUEUE", "MEMCPY_IN_FUSION_BUFFER", "ALLREDUCE", "MEMCPY_OUT_FUSION_BUFFER"):
+        assert phase in phases, f"{phase} missing from {sorted(phases)}"
+    tracks = {e["args"]["name"] for e in events if e.get("ph") == "M"}
+    assert {f"g.{k}" for k in range(20)} <= tracks
+    algos = {e["args"]["algorithm"] for e in events if e.get("name") == "ALLREDUCE" and e.get("ph") == "B"}
+    assert algos and all(isinstance(a, str) and a for a in algos), algos
+    begins = sum(e.get("ph") == "B" for e in events)
+    assert begins == sum(e.get("ph") == "E" for e in events)
+
+
+@pytest.mark.timeout(300)
+def test_mnist_example_trains_to_the_parameters_of_ddp_on_gloo(tmp_path: Path) -> None:
+    """examples/horovod_mnist.py (Horovod's PyTorch MNIST example, synthetic data) with DistributedOptimizer, and the
+    same steps with DDP on gloo, from the same seed: the same parameters, bit for bit, at 2 ranks (the average of two
+    gradients is exact either way)."""
+    example = ROOT / "examples" / "horovod_mnist.py"
+    common = ["--epochs", "1", "--samples", "512"]
+    for mode, extra in (("hvd", []), ("ddp", ["--ddp", "gloo"])):
+        proc = _launch(2, example, [*common, *extra, "--save", str(tmp_path / f"{mode}.pt")])
+        assert proc.returncode == 0, f"{mode}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    hvd_params, ddp_params = (torch.load(tmp_path / f"{m}.pt") for m in ("hvd", "ddp"))
+    assert hvd_params.keys() == ddp_params.keys() and len(hvd_params) == 8
+    for k in hvd_params:
+        assert torch.equal(hvd_params[k], ddp_params[k]), f"{k}: max difference {(hvd_params[k] - ddp_params[k]).abs().max()}"
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("horovod_mnist", example)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(42)
+    start = module.Net().state_dict()
+    assert all(not torch.equal(start[k], hvd_params[k]) for k in start), "training moved every parameter"
