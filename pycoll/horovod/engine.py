@@ -76,6 +76,9 @@ CACHEABLE = frozenset({"allreduce", "broadcast", "reducescatter", "barrier"})  #
 OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
 
 _HAS_NEW, _JOINED, _SHUTDOWN = 1, 2, 4
+# Seconds between cycles while this rank has nothing in flight: a peer waiting on its requests waits for this rank's
+# submission anyway; its cycles then only keep the peers' waits short of pycoll's timeout.
+_IDLE_CYCLE_S = 0.02
 
 
 class HorovodError(PycollError):
@@ -192,6 +195,7 @@ class Engine:
         self.cached: dict[str, int] = {}
         self._lock = loop.cond
         self._queue: list[Request] = []
+        self._queued: set[str] = set()  # the names in _queue
         self.pending: dict[str, Request] = {}  # submitted here, not finished
         self._to_send: list[Request] = []  # not known to the cache: for the coordinator
         self._bits: dict[int, Request] = {}  # cache slot -> the ready request here
@@ -210,12 +214,17 @@ class Engine:
         self._table: dict[str, dict[int, tuple]] = {}
         self._first_seen: dict[str, float] = {}
         self._bit_seen: dict[int, float] = {}
+        self._next_stall_check = 0.0
         self._warned: set = set()
         self._fusion = np.empty(0, np.uint8)
 
     def busy(self) -> bool:
         """Whether the next cycle should start now (something submitted, a join to take); the loop's lock held."""
         return bool(self._queue) or (self._join_req is not None and not self._joined)
+
+    def idle(self) -> bool:
+        """Whether this rank has nothing in flight (nothing it waits for can complete before it submits again)."""
+        return not (self.pending or self._queue or self._joined or self._join_req is not None or self._shutdown)
 
     # ---- submission (any thread) ------------------------------------------------------------------------
     def submit(self, req: Request) -> Request:
@@ -225,12 +234,12 @@ class Engine:
                                    rank=self.rank) from self.broken
             if self._shutdown:
                 raise HorovodError("the Horovod engine was shut down", op=f"{req.kind} {req.name!r}", rank=self.rank)
-            if req.name in self.pending or any(q.name == req.name for q in self._queue):
+            if req.name in self.pending or req.name in self._queued:
                 raise HorovodError(f"a request named {req.name!r} is still in flight on this rank; names must be "
                                    "unique among the requests in flight", op=f"{req.kind} {req.name!r}", rank=self.rank)
             req.submitted_us = self.timeline.now_us() if self.timeline else 0.0
-            self._queue.append(req)
-            self._lock.notify_all()
+            self._queued.add(req.name)
+            self._queue.append(req)  # the next cycle takes it: the loop's, or a waiting caller's at once
         return req
 
     def join(self) -> Request:
@@ -262,6 +271,7 @@ class Engine:
                 waiting.append(self._join_req)
             self.pending.clear()
             self._queue.clear()
+            self._queued.clear()
             self._join_req = None
         for req in waiting:
             if not req.done.is_set():
@@ -270,10 +280,12 @@ class Engine:
     def _take_new(self) -> None:
         with self._lock:
             new, self._queue = self._queue, []
+            self._queued.clear()
+            for req in new:
+                self.pending[req.name] = req
             if self._join_req is not None and not self._joined:
                 self._joined = True
         for req in new:
-            self.pending[req.name] = req
             slot = self.cached.get(req.name)
             if slot is None:
                 self._to_send.append(req)
@@ -284,26 +296,21 @@ class Engine:
                 self._to_send.append(req)
 
     def _row(self) -> np.ndarray:
+        """This rank's row: flags, then the ready and the contradicted cache slots as bit sets (little-endian words)."""
         w = self.words
-        row = np.zeros(1 + 2 * w, np.uint64)
         flags = (_HAS_NEW if self._to_send else 0) | (_JOINED if self._joined else 0) | (_SHUTDOWN if self._shutdown else 0)
-        row[0] = flags
-        bits = row[1:1 + w]
-        for slot in self._bits:
-            bits[slot >> 6] |= np.uint64(1 << (slot & 63))
-        inv = row[1 + w:]
-        for slot in self._invalid:
-            inv[slot >> 6] |= np.uint64(1 << (slot & 63))
-        return row
+        ready = sum(1 << slot for slot in self._bits)
+        contradicted = sum(1 << slot for slot in self._invalid)
+        raw = flags.to_bytes(8, "little") + ready.to_bytes(8 * w, "little") + contradicted.to_bytes(8 * w, "little")
+        return np.frombuffer(bytearray(raw), np.uint64)
 
     @staticmethod
-    def _slots_of(words: np.ndarray) -> list[int]:
+    def _slots_of(bits: int) -> list[int]:
         out = []
-        for i, word in enumerate(words.tolist()):
-            while word:
-                low = word & -word
-                out.append(i * 64 + low.bit_length() - 1)
-                word ^= low
+        while bits:
+            low = bits & -bits
+            out.append(low.bit_length() - 1)
+            bits ^= low
         return out
 
     def _cycle(self) -> bool:
@@ -314,15 +321,21 @@ class Engine:
         self.comm.Allgather(self._row(), rows)
         self.cycles += 1
         self._invalid.clear()
-        flags = [int(f) for f in rows[:, 0]]
+        raw = rows.tobytes()
+        stride = 8 * (1 + 2 * w)
+        flags, ready_of, contradicted = [], [], 0
+        for r in range(size):
+            at = r * stride
+            flags.append(int.from_bytes(raw[at:at + 8], "little"))
+            ready_of.append(int.from_bytes(raw[at + 8:at + 8 + 8 * w], "little"))
+            contradicted |= int.from_bytes(raw[at + 8 + 8 * w:at + stride], "little")
         joined = [bool(f & _JOINED) for f in flags]
         for r in range(size):
             if joined[r] and r not in self._join_cycle:
                 self._join_cycle[r] = self.cycles
         active = [r for r in range(size) if not joined[r]]
         # cache entries some rank contradicted: dropped everywhere; requests waiting on them are negotiated
-        evict = self._slots_of(np.bitwise_or.reduce(rows[:, 1 + w:], axis=0))
-        for slot in evict:
+        for slot in self._slots_of(contradicted):
             name = self.slots[slot][0]  # type: ignore[index]
             self.slots[slot] = None
             self.cached.pop(name, None)
@@ -332,15 +345,18 @@ class Engine:
                 self._to_send.append(req)
         responses: list[Response] = []
         if active:
-            ready = np.bitwise_and.reduce(rows[active, 1:1 + w], axis=0)
-            for slot in self._slots_of(ready):
+            ready = -1
+            for r in active:
+                ready &= ready_of[r]
+            for slot in self._slots_of(ready & ~contradicted):
                 if self.slots[slot] is not None:
                     name, meta = self.slots[slot]  # type: ignore[misc]
                     responses.append(Response(name, meta))
                     self._bit_seen.pop(slot, None)
                     self._bits.pop(slot, None)
-        if self.rank == 0 and self.stall_s > 0:
-            self._check_cached_stalls(rows, active, {r.name for r in responses})
+        if self.rank == 0 and self.stall_s > 0 and time.monotonic() >= self._next_stall_check:
+            self._next_stall_check = time.monotonic() + min(1.0, self.stall_s / 4)
+            self._check_cached_stalls(ready_of, active, {r.name for r in responses})
             self._check_table_stalls(active)
         # every rank decides this from the same rows: the gather and broadcast are collective
         if any(f & _HAS_NEW for f in flags) or self._table_may_complete(joined):
@@ -416,21 +432,23 @@ class Engine:
                 log.warning("pycoll.horovod: stall: tensor %r was submitted by ranks %s %.0f s ago; ranks %s have "
                             "not submitted it", name, sorted(self._table[name]), now - since, missing)
 
-    def _check_cached_stalls(self, rows: np.ndarray, active: list[int], ran: set) -> None:
+    def _check_cached_stalls(self, ready_of: list[int], active: list[int], ran: set) -> None:
+        """The coordinator's warning for cached requests some ranks have ready and others have not submitted
+        (sampled every quarter of the stall time: the first sighting is that coarse)."""
         now = time.monotonic()
-        w = self.words
+        seen = 0
         for r in active:
-            for slot in self._slots_of(rows[r, 1:1 + w]):
-                self._bit_seen.setdefault(slot, now)
+            seen |= ready_of[r]
+        for slot in self._slots_of(seen):
+            self._bit_seen.setdefault(slot, now)
         for slot, since in list(self._bit_seen.items()):
             entry = self.slots[slot]
-            if entry is None or entry[0] in ran:
+            if entry is None or entry[0] in ran or not seen >> slot & 1:
                 self._bit_seen.pop(slot, None)
                 continue
             if now - since > self.stall_s and ("bit", slot, since) not in self._warned:
                 self._warned.add(("bit", slot, since))
-                word, bit = slot >> 6, np.uint64(1 << (slot & 63))
-                missing = [r for r in active if not rows[r, 1 + word] & bit]
+                missing = [r for r in active if not ready_of[r] >> slot & 1]
                 log.warning("pycoll.horovod: stall: tensor %r has waited %.0f s for ranks %s to submit it",
                             entry[0], now - since, missing)
 
@@ -650,6 +668,7 @@ class Loop:
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
+        self.drive = threading.Lock()  # held by whichever thread runs the cycles: only one calls pycoll
         self.cycle_s = _knob(CYCLE_TIME, "HOROVOD_CYCLE_TIME", float) / 1e3
         self.engines: list[Engine] = []
         self.timeline: Optional[tl.Timeline] = None
@@ -668,27 +687,58 @@ class Loop:
         """Called on the loop's thread (a negotiated call) or before it starts: every rank adds at the same point."""
         self.engines.append(engine)
 
+    def iterate(self) -> bool:
+        """One cycle of every live engine (the caller holds ``drive``); True once every engine has stopped."""
+        for engine in list(self.engines):
+            if engine.stopped:
+                continue
+            try:
+                if engine._cycle():
+                    engine._break(HorovodError("the Horovod engine was shut down", op="shutdown", rank=engine.rank),
+                                  clean=True)
+            except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the cause
+                engine._break(exc)
+        return all(e.stopped for e in self.engines)
+
     def _run(self) -> None:
         while True:
             t0 = time.monotonic()
-            for engine in list(self.engines):
-                if engine.stopped:
-                    continue
+            if self.drive.acquire(False):  # else a waiting caller runs the cycles: no second cycle behind it
                 try:
-                    if engine._cycle():
-                        engine._break(HorovodError("the Horovod engine was shut down", op="shutdown",
-                                                   rank=engine.rank), clean=True)
-                except BaseException as exc:  # noqa: BLE001 - every waiting caller gets the cause
-                    engine._break(exc)
-            if all(e.stopped for e in self.engines):
+                    if self.iterate():
+                        break
+                finally:
+                    self.drive.release()
+            elif all(e.stopped for e in self.engines):
                 break
             with self.cond:
-                if not any(e.busy() for e in self.engines if not e.stopped):
-                    wait = self.cycle_s - (time.monotonic() - t0)
+                live = [e for e in self.engines if not e.stopped]
+                if not any(e.busy() for e in live):
+                    # idle: the other ranks' requests wait for this rank's anyway, and a submission wakes the
+                    # thread; slow cycles leave the interpreter to the training thread
+                    pace = _IDLE_CYCLE_S if all(e.idle() for e in live) else self.cycle_s
+                    wait = pace - (time.monotonic() - t0)
                     if wait > 0:
                         self.cond.wait(wait)
         if self.timeline is not None:
             self.timeline.close()
+
+    def drive_until(self, reqs: list[Request]) -> None:
+        """Wait for ``reqs``, running the cycles in this (the waiting) thread whenever the loop's thread is not:
+        a blocking call then needs no hand-over to the loop's thread and back, each a wake-up of tens of µs."""
+        for req in reqs:
+            while not req.done.is_set():
+                if self.drive.acquire(False):
+                    try:
+                        if req.done.is_set():
+                            break
+                        if self.iterate():
+                            break
+                    finally:
+                        self.drive.release()
+                else:
+                    req.done.wait(0.001)
+            req.done.wait()
 
     def shutdown(self, timeout: float) -> None:
         """Every engine asks to stop; wait (at most ``timeout`` s) for the others' ranks to ask too."""

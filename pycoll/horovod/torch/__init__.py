@@ -332,6 +332,9 @@ def _handle(reqs: list[Request], finish: Any) -> int:
 
 
 def _wait(reqs: list[Request]) -> list[Any]:
+    state = _state
+    if state is not None:
+        state.loop.drive_until(reqs)
     for req in reqs:
         req.done.wait()
     for req in reqs:
