@@ -7,6 +7,7 @@ staged through host memory. Horovod's async forms return an integer handle for `
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import pickle
 import threading
@@ -94,6 +95,7 @@ class _State:
 
 
 _state: Optional[_State] = None
+_exit_hook: list = []
 _init_lock = threading.Lock()
 _handles: dict[int, tuple[list[Request], Any]] = {}
 _next_handle = itertools.count(1)
@@ -112,6 +114,8 @@ def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) 
         if comm is not None and isinstance(comm, (list, tuple)):
             raise NotProvidedError("hvd.init(comm=[ranks]) is not supported; pass a pycoll communicator", op="init")
         _state = _State(comm if comm is not None else MPI.COMM_WORLD)
+        if not _exit_hook:
+            _exit_hook.append(atexit.register(shutdown))  # the others' cycles wait for this rank's until then
     for ps in process_sets or ():
         add_process_set(ps)
 
