@@ -238,6 +238,8 @@ class Engine:
                 raise HorovodError(f"a request named {req.name!r} is still in flight on this rank; names must be "
                                    "unique among the requests in flight", op=f"{req.kind} {req.name!r}", rank=self.rank)
             req.submitted_us = self.timeline.now_us() if self.timeline else 0.0
+            if not self.pending and not self._queue:
+                self._lock.notify_all()  # the first in flight: the loop leaves its idle pace now, not in 20 ms
             self._queued.add(req.name)
             self._queue.append(req)  # the next cycle takes it: the loop's, or a waiting caller's at once
         return req
