@@ -392,3 +392,45 @@ def run_cases_on_hosts(
         with open(path) as fh:
             res.startup_errors.append(json.load(fh))
     return res
+
+
+# --------------------------------------------------------------------------------------------
+# rank scripts that write one report each (tests/torch_ranks, tests/horovod_ranks)
+# --------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(n: int, script, args: Sequence[str], env: Optional[dict] = None, launcher: str = "pycoll",
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """``script`` on ``n`` ranks under ``pycoll run`` (or torchrun), one intra-op thread each, ``env`` added."""
+    full = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
+    if launcher == "pycoll":
+        cmd = [PYTHON, "-m", "pycoll", "run", "-n", str(n), "--timeout", str(int(timeout - 20)), "--", PYTHON,
+               str(script), *args]
+    else:
+        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), str(script), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full)
+
+
+def rank_reports(proc: subprocess.CompletedProcess, out, n: int) -> List[dict]:
+    """The ``rank*.json`` reports in ``out`` of a job: it exited 0, every rank reported, none raised or failed a
+    check, each made at least one."""
+    from pathlib import Path
+
+    tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
+    found = sorted(Path(out).glob("rank*.json"))
+    assert proc.returncode == 0 and len(found) == n, f"exit {proc.returncode}, {len(found)} of {n} ranks reported{tail}"
+    results = [json.loads(p.read_text()) for p in found]
+    for res in results:
+        assert "error" not in res, f"rank {res['rank']} raised:\n{res['error']}{tail}"
+        assert not res["failures"], f"rank {res['rank']}: {len(res['failures'])} checks failed: {res['failures'][:10]}"
+        assert res["checks"] > 0
+    return results

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from harness import rank_reports, run_script
 
 torch = pytest.importorskip("torch", reason="the Horovod API needs torch (the test extra installs it)")
 
@@ -16,29 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS = Path(__file__).resolve().parent / "horovod_ranks"
 
 
-def _launch(n: int, script: Path, args: list[str], env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    full = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
-    cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(n), "--timeout", str(int(timeout - 20)), "--",
-           sys.executable, str(script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=full)
-
-
-def _results(proc: subprocess.CompletedProcess, out: Path, n: int) -> list[dict]:
-    tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
-    found = sorted(out.glob("rank*.json"))
-    assert proc.returncode == 0 and len(found) == n, f"exit {proc.returncode}, {len(found)} of {n} ranks reported{tail}"
-    results = [json.loads(p.read_text()) for p in found]
-    for res in results:
-        assert "error" not in res, f"rank {res['rank']} raised:\n{res['error']}{tail}"
-        assert not res["failures"], f"rank {res['rank']}: {len(res['failures'])} checks failed: {res['failures'][:10]}"
-        assert res["checks"] > 0
-    return results
-
-
 def _run(n: int, part: str, tmp_path: Path, env: dict | None = None) -> list[dict]:
     out = tmp_path / f"{part}-{n}"
     out.mkdir()
-    return _results(_launch(n, RANKS / "ops.py", ["--out", str(out), "--part", part], env), out, n)
+    return rank_reports(run_script(n, RANKS / "ops.py", ["--out", str(out), "--part", part], env, timeout=240), out, n)
 
 
 @pytest.mark.timeout(300)
@@ -103,7 +83,7 @@ def test_mnist_example_trains_to_the_parameters_of_ddp_on_gloo(tmp_path: Path) -
     example = ROOT / "examples" / "horovod_mnist.py"
     common = ["--epochs", "1", "--samples", "512"]
     for mode, extra in (("hvd", []), ("ddp", ["--ddp", "gloo"])):
-        proc = _launch(2, example, [*common, *extra, "--save", str(tmp_path / f"{mode}.pt")])
+        proc = run_script(2, example, [*common, *extra, "--save", str(tmp_path / f"{mode}.pt")], timeout=240)
         assert proc.returncode == 0, f"{mode}: exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
     hvd_params, ddp_params = (torch.load(tmp_path / f"{m}.pt") for m in ("hvd", "ddp"))
     assert hvd_params.keys() == ddp_params.keys() and len(hvd_params) == 8

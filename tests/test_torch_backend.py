@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+import harness
 
 torch = pytest.importorskip("torch", reason="the torch backend needs torch (the test extra installs it)")
 
@@ -17,40 +15,12 @@ ROOT = Path(__file__).resolve().parent.parent
 RANKS = Path(__file__).resolve().parent / "torch_ranks"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(n: int, script: Path, args: list[str], launcher: str = "pycoll", timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    if launcher == "pycoll":
-        cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(n), "--timeout", str(int(timeout - 20)), "--", sys.executable, str(script), *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-               "--master-port", str(_free_port()), str(script), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-
-
-def _results(proc: subprocess.CompletedProcess, out: Path, n: int) -> list[dict]:
-    tail = f"\n--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}"
-    found = sorted(out.glob("rank*.json"))
-    assert proc.returncode == 0 and len(found) == n, f"exit {proc.returncode}, {len(found)} of {n} ranks reported{tail}"
-    results = [json.loads(p.read_text()) for p in found]
-    for res in results:
-        assert "error" not in res, f"rank {res['rank']} raised:\n{res['error']}{tail}"
-        assert not res["failures"], f"rank {res['rank']}: {len(res['failures'])} checks failed: {res['failures'][:10]}"
-        assert res["checks"] > 0
-    return results
-
-
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("n", [2, 3])
 def test_every_operation_matches_gloo(n: int, tmp_path: Path) -> None:
     """float32, float64, bfloat16, int64, uint8; every op; odd counts; every root; subgroups; p2p."""
-    proc = _launch(n, RANKS / "against_gloo.py", ["--out", str(tmp_path)])
-    results = _results(proc, tmp_path, n)
+    proc = harness.run_script(n, RANKS / "against_gloo.py", ["--out", str(tmp_path)])
+    results = harness.rank_reports(proc, tmp_path, n)
     assert all(r["backend"] == "pycoll" for r in results)
     assert min(r["checks"] for r in results) > 300
 
@@ -59,15 +29,15 @@ def test_every_operation_matches_gloo(n: int, tmp_path: Path) -> None:
 @pytest.mark.parametrize("launcher,init", [("torchrun", "env"), ("pycoll", "store"), ("pycoll", "tcp")])
 def test_launchers_and_init_methods(launcher: str, init: str, tmp_path: Path) -> None:
     """torchrun's env://, an explicit TCPStore, and a tcp:// init_method."""
-    proc = _launch(2, RANKS / "against_gloo.py", ["--out", str(tmp_path), "--init", init, "--quick"], launcher=launcher)
-    _results(proc, tmp_path, 2)
+    proc = harness.run_script(2, RANKS / "against_gloo.py", ["--out", str(tmp_path), "--init", init, "--quick"], launcher=launcher)
+    harness.rank_reports(proc, tmp_path, 2)
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n", [2, 3])
 def test_async_work_futures_and_errors(n: int, tmp_path: Path) -> None:
-    proc = _launch(n, RANKS / "work_and_errors.py", ["--out", str(tmp_path)])
-    _results(proc, tmp_path, n)
+    proc = harness.run_script(n, RANKS / "work_and_errors.py", ["--out", str(tmp_path)])
+    harness.rank_reports(proc, tmp_path, n)
 
 
 @pytest.mark.timeout(300)
@@ -75,8 +45,8 @@ def test_async_work_futures_and_errors(n: int, tmp_path: Path) -> None:
 def test_device_mesh_dtensor_functional_collectives_and_fsdp2(n: int, tmp_path: Path) -> None:
     """Group names (and destroying a subgroup), the functional collectives, DeviceMesh, DTensor redistribution,
     FSDP2's aliased all-gather, and 5 FSDP2 steps that end where gloo's end."""
-    proc = _launch(n, RANKS / "mesh_and_fsdp.py", ["--out", str(tmp_path)])
-    results = _results(proc, tmp_path, n)
+    proc = harness.run_script(n, RANKS / "mesh_and_fsdp.py", ["--out", str(tmp_path)])
+    results = harness.rank_reports(proc, tmp_path, n)
     assert all(r["checks"] >= 18 for r in results)
     assert max(r["fsdp2_max_abs_diff"] for r in results) <= 1e-6
 
@@ -85,8 +55,8 @@ def test_device_mesh_dtensor_functional_collectives_and_fsdp2(n: int, tmp_path: 
 def test_every_group_honours_its_own_timeout(tmp_path: Path) -> None:
     """Groups with 1, 2 and 3 s timeouts: a blocking call, Work.wait() and a barrier raise at that time, naming it
     and the rank waited for; the default group works afterwards."""
-    proc = _launch(2, RANKS / "timeouts.py", ["--out", str(tmp_path)])
-    results = _results(proc, tmp_path, 2)
+    proc = harness.run_script(2, RANKS / "timeouts.py", ["--out", str(tmp_path)])
+    results = harness.rank_reports(proc, tmp_path, 2)
     assert len(results[0]["seconds"]) == 3
 
 
@@ -95,8 +65,8 @@ def test_ddp_in_reproducible_mode_gives_the_same_bits_for_any_bucket_size(tmp_pa
     """3 ranks train from one seed with tiny buckets and with one large one (pg_options, then PYCOLL_REPRODUCIBLE):
     every parameter agrees bit for bit, on every rank (docs/reproducibility.md); torch's all_reduce, reduce and
     reduce_scatter_tensor give NumPy's left fold bit for bit."""
-    proc = _launch(3, RANKS / "reproducible_ddp.py", [str(tmp_path)])
-    results = _results(proc, tmp_path, 3)
+    proc = harness.run_script(3, RANKS / "reproducible_ddp.py", [str(tmp_path)])
+    results = harness.rank_reports(proc, tmp_path, 3)
     # 3 training checks; 9 (dtype, count) points of torch calls: all_reduce, AVG, reduce_scatter, and reduce on rank 0
     assert [res["checks"] for res in results] == [3 + 9 * 4, 3 + 9 * 3, 3 + 9 * 3]
 
@@ -105,7 +75,7 @@ def test_ddp_in_reproducible_mode_gives_the_same_bits_for_any_bucket_size(tmp_pa
 def test_ddp_trains_like_gloo(tmp_path: Path) -> None:
     """20 steps of the README's DDP example on pycoll and on gloo, same seed: the parameters agree."""
     out = tmp_path / "ddp.json"
-    proc = _launch(2, ROOT / "examples" / "ddp_mlp.py", ["--compare", "gloo", "--json", str(out)])
+    proc = harness.run_script(2, ROOT / "examples" / "ddp_mlp.py", ["--compare", "gloo", "--json", str(out)])
     assert proc.returncode == 0 and out.exists(), f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     res = json.loads(out.read_text())
     assert res["steps"] == 20 and res["ranks"] == 2

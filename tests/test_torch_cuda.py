@@ -3,9 +3,6 @@ simulator (CPU tensors sent down the device path), and the same operations on a 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,9 +14,8 @@ from pycoll import buffers  # noqa: E402
 from pycoll.datatypes import BFLOAT16  # noqa: E402
 from pycoll.errors import InvalidArgumentError  # noqa: E402
 from pycoll.torch import tensors as T  # noqa: E402
-from test_torch_backend import _results  # noqa: E402 - rank reports: exit code, one file per rank, no failures
+from harness import rank_reports, run_script  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(__file__).resolve().parent / "torch_ranks" / "cuda_sim.py"
 
 
@@ -95,11 +91,8 @@ def test_flat_concat_and_split_keep_shapes() -> None:
 
 
 def _launch(n: int, out: Path, env: dict[str, str], args: list[str], timeout: float) -> None:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **env)
-    cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(n), "--timeout", str(int(timeout - 20)), "--",
-           sys.executable, str(SCRIPT), "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
-    assert min(res["checks"] for res in _results(proc, out, n)) > 30
+    proc = run_script(n, SCRIPT, ["--out", str(out), *args], env, timeout=timeout)
+    assert min(res["checks"] for res in rank_reports(proc, out, n)) > 30
 
 
 @pytest.mark.timeout(200)
