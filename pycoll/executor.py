@@ -26,7 +26,7 @@ from .composed import HostComposition
 from .config import _ENV_BYTES
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
-from .memory import backend
+from .memory import backend, host_address
 from .ops import Op
 from .p2p import Schedule, Sig
 from .request import Request
@@ -138,10 +138,6 @@ def _arrays(args: tuple):
             yield (i, 0), a[0]
 
 
-def _address(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
 class _Rebind:
     """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range.
 
@@ -164,11 +160,11 @@ class _Rebind:
             return None
         if type(view) is not np.ndarray or not view.flags.c_contiguous:
             return False
-        addr = _address(view) if view.size else -1
+        addr = host_address(view) if view.size else -1
         for (i, j), a in _arrays(args):
             if not a.flags.c_contiguous or a.dtype.hasobject:
                 continue
-            base = _address(a)
+            base = host_address(a)
             isz = view.dtype.itemsize
             if view.size == 0:
                 if a.size == 0 or a.nbytes % isz:

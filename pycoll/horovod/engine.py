@@ -14,6 +14,7 @@ threshold, and enters each completed cacheable response into the cache at the sa
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ import numpy as np
 
 from .. import MPI
 from ..algorithms.registry import last_choice
-from ..config import float_param, int_param, size_param, str_param
+from ..config import float_param, int_param, parse_size, size_param, str_param
 from ..errors import MismatchError, PycollError
 from . import timeline as tl
 
@@ -58,20 +59,11 @@ CACHE_CAPACITY = int_param(
 
 def _knob(p: Any, horovod_name: str, parse: Any) -> Any:
     """A knob's value: pycoll's if set, else Horovod's variable of the same meaning, else pycoll's default."""
-    import os
-
     if not p.is_set() and os.environ.get(horovod_name, "").strip():
         return parse(os.environ[horovod_name])
     return p.get()
 
 
-def _parse_threshold(raw: str) -> int:
-    from ..config import parse_size
-
-    return parse_size(raw)
-
-
-KINDS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "call")
 CACHEABLE = frozenset({"allreduce", "broadcast", "reducescatter", "barrier"})  # every rank's metadata is the same
 OPS = {"sum": MPI.SUM, "min": MPI.MIN, "max": MPI.MAX, "product": MPI.PROD}
 
@@ -184,7 +176,7 @@ class Engine:
     def __init__(self, comm: Any, loop: "Loop", label: str = "global") -> None:
         self.comm, self.loop, self.label = comm, loop, label
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.threshold = _knob(FUSION_THRESHOLD, "HOROVOD_FUSION_THRESHOLD", _parse_threshold)
+        self.threshold = _knob(FUSION_THRESHOLD, "HOROVOD_FUSION_THRESHOLD", parse_size)
         self.stall_s = _knob(STALL_CHECK, "HOROVOD_STALL_CHECK_TIME_SECONDS", float)
         capacity = max(0, _knob(CACHE_CAPACITY, "HOROVOD_CACHE_CAPACITY", int))
         self.timeline = loop.timeline if label == "global" else None
@@ -748,9 +740,6 @@ class Loop:
             engine.shutdown()
         if self._thread is not None and self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
-
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
 
 def rows_of(first: int, size: int) -> list[int]:

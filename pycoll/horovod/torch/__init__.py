@@ -12,13 +12,14 @@ import itertools
 import pickle
 import threading
 import warnings
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import torch
 
 from ...errors import InvalidArgumentError, NotProvidedError
-from ..engine import Engine, HorovodError, Loop, Request, rows_of
+from ...torch.tensors import array, check_tensor
+from ..engine import Engine, HorovodError, Loop, Request
 from .compression import Compression
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
 
@@ -262,24 +263,8 @@ def _run_call(engine: Engine, name: str, fn: Any) -> Any:
 
 # ---- tensors ----------------------------------------------------------------------------------------------------
 def _host_array(t: torch.Tensor) -> np.ndarray:
-    """A NumPy view of a contiguous CPU tensor (bfloat16 and bool through same-size integer views)."""
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    if t.dtype == torch.bool:
-        return t.view(torch.uint8).numpy().view(np.bool_)
-    return t.numpy()
-
-
-def _check(t: Any, op: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise InvalidArgumentError(f"expected a torch.Tensor, got {type(t).__name__}", op=op)
-    if t.is_sparse:
-        raise InvalidArgumentError("sparse tensors are not taken here; use sparse_as_dense or torch.distributed",
-                                   op=op)
-    return t
+    """A NumPy view of a contiguous CPU tensor, in its shape (the backend's flat view, reshaped: no copy)."""
+    return array(t).reshape(t.shape)
 
 
 class _Staged:
@@ -287,7 +272,7 @@ class _Staged:
     result is put back (``back``)."""
 
     def __init__(self, t: torch.Tensor, op: str) -> None:
-        self.tensor = _check(t, op)
+        self.tensor = check_tensor(op, t)
         own = t.device.type == "cpu" and t.is_contiguous()
         self.host = t.detach() if own else t.detach().to("cpu", memory_format=torch.contiguous_format).contiguous()
         self.own = own
@@ -534,7 +519,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
                    process_set: ProcessSet = global_process_set) -> int:
     """Start sending ``splits[i]`` rows of ``tensor`` (in order) to rank ``i`` (equal parts when None)."""
     engine = _engine_of(process_set, "alltoall_async")
-    t = _check(tensor, "alltoall_async")
+    t = check_tensor("alltoall_async", tensor)
     if t.dim() == 0:
         raise InvalidArgumentError("alltoall takes a tensor of at least one dimension", op="alltoall_async")
     first = int(t.shape[0])
@@ -571,7 +556,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     one row more where they do not divide evenly)."""
     op = _op(op, None, Average, "reducescatter_async")
     engine = _engine_of(process_set, "reducescatter_async")
-    t = _check(tensor, "reducescatter_async")
+    t = check_tensor("reducescatter_async", tensor)
     if t.dim() == 0:
         raise InvalidArgumentError("reducescatter takes a tensor of at least one dimension", op="reducescatter_async")
     staged = _Staged(t, "reducescatter_async")
