@@ -3,9 +3,10 @@
 The model has many small parameter tensors, as Horovod's fusion is for: 200 bias-free linear layers of 4-64 KiB
 each (widths cycling through 32, 64 and 128) between two 1024x1024 layers (4 MiB each), float32. Each round runs
 every variant for ``--steps`` timed steps after 2 warm-up steps, in the order DDP on gloo, DDP on pycoll,
-``DistributedOptimizer`` with fusion, the same with fusion off (threshold 0); the variants alternate over
-``--rounds``. Horovod's engine is started for its two variants and shut down before the DDP ones (one thread calls
-pycoll at a time). A step's time is the slowest rank's; each variant's figure is the median over all its steps.
+``DistributedOptimizer`` with fusion, the same with fusion off (threshold 0), and with fusion and the background
+thread's overlap forced on (``PYCOLL_HVD_OVERLAP=on``: where the ranks fill the host's cores, ``auto`` leaves it off);
+the variants alternate over ``--rounds``. Horovod's engine is started for its variants and shut down before the DDP
+ones (one thread calls pycoll at a time). A step's time is the slowest rank's; each variant's figure is the median over all its steps.
 
     flock /tmp/pycoll-bench.lock pycoll run -n 2 -- python perf/horovod_steps.py --json perf/results/horovod/steps-np2.json
 """
@@ -71,8 +72,9 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     shapes = [tuple(p.shape) for p in make_model(args.layers).parameters()]
     small = [s for s in shapes if 4 << 10 <= 4 * int(torch.tensor(s).prod()) <= 64 << 10]
-    times: dict[str, list[float]] = {"ddp-gloo": [], "ddp-pycoll": [], "hvd-fusion": [], "hvd-no-fusion": []}
-    counters: dict[str, list] = {"hvd-fusion": [], "hvd-no-fusion": []}
+    variants = (("hvd-fusion", True, None), ("hvd-no-fusion", False, None), ("hvd-fusion-overlap-on", True, True))
+    times: dict[str, list[float]] = {"ddp-gloo": [], "ddp-pycoll": [], **{v[0]: [] for v in variants}}
+    counters: dict[str, list] = {v[0]: [] for v in variants}
     for _ in range(args.rounds):
         for name, group in (("ddp-gloo", gloo), ("ddp-pycoll", None)):
             model = DDP(make_model(args.layers), process_group=group)
@@ -80,9 +82,11 @@ def main() -> None:
             times[name] += steps(model, opt, args.steps, rank, lambda: dist.barrier(group=gloo))
             del model, opt
         hvd.init()
-        engine = hvd._get().engine
-        for name, threshold in (("hvd-fusion", engine.threshold or 64 << 20), ("hvd-no-fusion", 0)):
-            engine.threshold = threshold  # the same engine, fusion on or off (read at each cycle)
+        engine, loop = hvd._get().engine, hvd._get().loop
+        fused, overlap = engine.threshold or 64 << 20, loop.overlap
+        for name, fusion, overlap_on in variants:
+            engine.threshold = fused if fusion else 0  # the same engine, fusion on or off (read at each cycle)
+            loop.overlap = overlap if overlap_on is None else overlap_on  # PYCOLL_HVD_OVERLAP's choice, or forced on
             model = make_model(args.layers)
             opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-4),
                                            named_parameters=model.named_parameters())

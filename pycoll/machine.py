@@ -123,6 +123,14 @@ def set_load(ranks: int, cores: int) -> None:
     _load = (ranks, cores)
 
 
+def free_cores(size: int = 1) -> int:
+    """The cores of this machine beyond one per rank of the job (negative where the ranks outnumber them): the
+    runtime's count once it is up, else ``size`` ranks against this process's usable cores."""
+    if _load is not None:
+        return _load[1] - _load[0]
+    return usable_cores() - size
+
+
 def oversubscribed(size: int = 0) -> bool:
     """Whether this machine's ranks outnumber their cores: the runtime's count once it is up (the same on every rank
     of the machine), else ``size`` ranks against this process's usable cores."""

@@ -14,6 +14,7 @@ threshold, and enters each completed cacheable response into the cache at the sa
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .. import MPI
+from .. import MPI, machine
 from ..algorithms.registry import last_choice
 from ..config import float_param, int_param, parse_size, size_param, str_param
 from ..errors import MismatchError, PycollError
@@ -37,8 +38,15 @@ FUSION_THRESHOLD = size_param(
 )
 CYCLE_TIME = float_param(
     "PYCOLL_HVD_CYCLE_TIME", 1.0,
-    "Horovod engine: milliseconds between negotiation cycles while nothing is submitted (default 1; a submission "
-    "starts the next cycle at once). HOROVOD_CYCLE_TIME is read where this is not set.",
+    "Horovod engine: milliseconds from the start of one background cycle to the next while requests are in flight "
+    "(default 1). HOROVOD_CYCLE_TIME is read where this is not set.",
+)
+OVERLAP = str_param(
+    "PYCOLL_HVD_OVERLAP", "auto",
+    "Horovod engine: whether the background thread reduces while the training thread computes. on: a cycle every "
+    "cycle time (Horovod's way); off: cycles run when a caller waits for a result (synchronize, step, a blocking "
+    "call), the background thread only every 0.1 s; auto (default): on where this host has a core beyond its "
+    "ranks, off where the ranks fill its cores (there a background reduction takes a core from the computation).",
 )
 TIMELINE = str_param(
     "PYCOLL_HVD_TIMELINE", "",
@@ -71,10 +79,51 @@ _HAS_NEW, _JOINED, _SHUTDOWN = 1, 2, 4
 # Seconds between cycles while this rank has nothing in flight: a peer waiting on its requests waits for this rank's
 # submission anyway; its cycles then only keep the peers' waits short of pycoll's timeout.
 _IDLE_CYCLE_S = 0.02
+# Seconds between the background thread's cycles where it does not overlap the computation: the callers' waits run
+# the cycles; these only keep a peer's wait (a poll loop, a rank that joined) moving.
+_BACKSTOP_CYCLE_S = 0.1
+
+
+def overlap_wanted() -> bool:
+    """PYCOLL_HVD_OVERLAP: whether the background thread cycles while requests are in flight (``auto``: where the
+    job's ranks on this host leave a core free)."""
+    mode = OVERLAP.get().strip().lower()
+    if mode in ("on", "1", "true", "yes"):
+        return True
+    if mode in ("off", "0", "false", "no"):
+        return False
+    if mode != "auto":
+        raise ValueError(f"PYCOLL_HVD_OVERLAP={OVERLAP.get()!r}: expected on, off or auto")
+    return machine.free_cores() > 0
 
 
 class HorovodError(PycollError):
     """A request the engine could not carry out (the engine stopped, a root that has joined, a duplicate name)."""
+
+
+class Done:
+    """A request's completion, as ``threading.Event`` offers it, for a fraction of its cost (a gradient hook makes
+    one per tensor): a flag, and one condition that every waiter of the process shares."""
+
+    __slots__ = ("flag",)
+    _cond = threading.Condition(threading.Lock())
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def is_set(self) -> bool:
+        return self.flag
+
+    def set(self) -> None:
+        with Done._cond:
+            self.flag = True
+            Done._cond.notify_all()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        if self.flag:
+            return True
+        with Done._cond:
+            return Done._cond.wait_for(self.is_set, timeout)
 
 
 @dataclass(eq=False)
@@ -95,7 +144,7 @@ class Request:
     fn: Optional[Callable[[], Any]] = None  # a "call": run on the loop's thread at the agreed point
     result: Any = None
     error: Optional[BaseException] = None
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     submitted_us: float = 0.0
     agreed_us: float = 0.0
 
@@ -161,12 +210,14 @@ def _identity(op: str, dtype: np.dtype) -> Any:
     return info.max if op == "min" else info.min
 
 
-def _scale(buf: np.ndarray, factor: float) -> None:
-    if factor != 1.0:
-        if buf.dtype.kind in "iub":
-            np.multiply(buf, factor, out=buf, casting="unsafe")
-        else:
-            np.multiply(buf, buf.dtype.type(factor), out=buf)
+def _scale_into(out: np.ndarray, src: np.ndarray, factor: float) -> None:
+    """``out`` = ``src`` * ``factor`` in one pass (a copy where the factor is 1; integers truncated, as Horovod)."""
+    if factor == 1.0:
+        np.copyto(out, src)
+    elif out.dtype.kind in "iub":
+        np.multiply(src, factor, out=out, casting="unsafe")
+    else:
+        np.multiply(src, out.dtype.type(factor), out=out)
 
 
 class Engine:
@@ -209,10 +260,6 @@ class Engine:
         self._next_stall_check = 0.0
         self._warned: set = set()
         self._fusion = np.empty(0, np.uint8)
-
-    def busy(self) -> bool:
-        """Whether the next cycle should start now (something submitted, a join to take); the loop's lock held."""
-        return bool(self._queue) or (self._join_req is not None and not self._joined)
 
     def idle(self) -> bool:
         """Whether this rank has nothing in flight (nothing it waits for can complete before it submits again)."""
@@ -495,7 +542,7 @@ class Engine:
     @staticmethod
     def _nbytes(resp: Response) -> int:
         _, dtype, shape = resp.meta[:3]
-        return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return math.prod(shape) * dtype.itemsize
 
     def _span(self, name: str, phase: str, t0: float, args: Optional[dict] = None) -> float:
         """Record ``phase`` of ``name`` from ``t0`` to now; now."""
@@ -515,32 +562,36 @@ class Engine:
         reqs = [self.pending.pop(r.name, None) for r in group]
         for resp, req in zip(group, reqs):
             self._negotiated(req, resp.name, "allreduce")
-        sizes = [int(np.prod(r.meta[2], dtype=np.int64)) for r in group]
+        sizes = [math.prod(r.meta[2]) for r in group]
         total = sum(sizes)
         t0 = self.timeline.now_us() if self.timeline else 0.0
         alone = len(group) == 1 and reqs[0] is not None and reqs[0].out is not None and reqs[0].out.flags.c_contiguous
+        # the scale factors ride on the copies into and out of the fusion buffer (one pass each)
         if alone:
             req = reqs[0]
             buf = req.out.reshape(-1)  # type: ignore[union-attr]
-            if req.out is not req.array:
-                np.copyto(buf, req.array.reshape(-1))  # type: ignore[union-attr]
+            if req.out is not req.array or prescale != 1.0:
+                _scale_into(buf, req.array.reshape(-1), prescale)  # type: ignore[union-attr]
         else:
             raw = self._fusion if self._fusion.nbytes >= total * dtype.itemsize else np.empty(total * dtype.itemsize, np.uint8)
             self._fusion = raw
             buf = raw[:total * dtype.itemsize].view(dtype)
-            off = 0
-            for n, req in zip(sizes, reqs):
-                if req is not None:
-                    np.copyto(buf[off:off + n], req.array.reshape(-1))  # type: ignore[union-attr]
-                else:  # this rank joined: a value that changes nobody's result
-                    buf[off:off + n] = _identity(op, dtype)
-                off += n
+            if prescale == 1.0 and None not in reqs:  # one call packs them all
+                np.concatenate([req.array.reshape(-1) for req in reqs], out=buf)  # type: ignore[union-attr]
+            else:
+                off = 0
+                for n, req in zip(sizes, reqs):
+                    if req is not None:
+                        _scale_into(buf[off:off + n], req.array.reshape(-1), prescale)  # type: ignore[union-attr]
+                    else:  # this rank joined: a value that changes nobody's result
+                        buf[off:off + n] = _identity(op, dtype)
+                    off += n
         if len(group) > 1:
             self.fused_calls += 1
         t1 = self._span_all(group, tl.MEMCPY_IN, t0) if not alone else t0
-        _scale(buf, prescale)
         self.comm.Allreduce(MPI.IN_PLACE, buf, OPS[op])
-        _scale(buf, postscale)
+        if alone and postscale != 1.0:
+            _scale_into(buf, buf, postscale)
         t2 = self._span_all(group, "ALLREDUCE", t1, {"algorithm": last_choice.algorithm, "tensors": len(group),
                                                      "bytes": total * dtype.itemsize})
         off = 0
@@ -550,11 +601,8 @@ class Engine:
                     result = req.out
                 else:
                     seg = buf[off:off + n].reshape(resp.meta[2])
-                    if req.out is not None:
-                        np.copyto(req.out, seg)
-                        result = req.out
-                    else:
-                        result = seg.copy()
+                    result = req.out if req.out is not None else np.empty_like(seg)
+                    _scale_into(result, seg, postscale)
                 req.finish(result)
             off += n
         if not alone:
@@ -572,7 +620,7 @@ class Engine:
         req = self.pending.pop(resp.name, None)
         self._negotiated(req, resp.name, "allgather")
         _, dtype, rest, *_ = resp.meta
-        row = int(np.prod(rest, dtype=np.int64))
+        row = math.prod(rest)
         firsts = [int(e) if e is not None else 0 for e in resp.extras]  # type: ignore[union-attr]
         out = np.empty((sum(firsts),) + tuple(rest), dtype)
         send = req.array.reshape(-1) if req is not None else np.empty(0, dtype)  # type: ignore[union-attr]
@@ -607,7 +655,7 @@ class Engine:
         req = self.pending.pop(resp.name, None)
         self._negotiated(req, resp.name, "alltoall")
         _, dtype, rest, *_ = resp.meta
-        row = int(np.prod(rest, dtype=np.int64))
+        row = math.prod(rest)
         splits = [list(e) if e is not None else [0] * self.size for e in resp.extras]  # type: ignore[union-attr]
         sends = splits[self.rank]
         recvs = [splits[s][self.rank] for s in range(self.size)]
@@ -624,17 +672,17 @@ class Engine:
         self._negotiated(req, resp.name, "reducescatter")
         _, dtype, shape, op, _, prescale, postscale = resp.meta
         rows = rows_of(shape[0] if shape else 0, self.size)
-        row = int(np.prod(shape[1:], dtype=np.int64))
+        row = math.prod(shape[1:])
         if req is not None:
-            send = np.array(req.array, copy=True, order="C").reshape(-1)
+            send = np.empty(math.prod(shape), dtype)
+            _scale_into(send, req.array.reshape(-1), prescale)
         else:
-            send = np.full(int(np.prod(shape, dtype=np.int64)), _identity(op, dtype), dtype)
-        _scale(send, prescale)
+            send = np.full(math.prod(shape), _identity(op, dtype), dtype)
         out = np.empty((rows[self.rank],) + tuple(shape[1:]), dtype)
         t0 = self.timeline.now_us() if self.timeline else 0.0
         self.comm.Reduce_scatter(send, out.reshape(-1), [k * row for k in rows], OPS[op])
         self._span(resp.name, "REDUCESCATTER", t0, {"algorithm": last_choice.algorithm})
-        _scale(out, postscale)
+        _scale_into(out, out, postscale)
         if req is not None:
             req.finish(out)
 
@@ -664,6 +712,7 @@ class Loop:
         self.cond = threading.Condition()
         self.drive = threading.Lock()  # held by whichever thread runs the cycles: only one calls pycoll
         self.cycle_s = _knob(CYCLE_TIME, "HOROVOD_CYCLE_TIME", float) / 1e3
+        self.overlap = overlap_wanted()
         self.engines: list[Engine] = []
         self.timeline: Optional[tl.Timeline] = None
         self._thread: Optional[threading.Thread] = None
@@ -706,16 +755,24 @@ class Loop:
             elif all(e.stopped for e in self.engines):
                 break
             with self.cond:
-                live = [e for e in self.engines if not e.stopped]
-                if not any(e.busy() for e in live):
-                    # idle: the other ranks' requests wait for this rank's anyway, and a submission wakes the
-                    # thread; slow cycles leave the interpreter to the training thread
-                    pace = _IDLE_CYCLE_S if all(e.idle() for e in live) else self.cycle_s
-                    wait = pace - (time.monotonic() - t0)
-                    if wait > 0:
-                        self.cond.wait(wait)
+                while True:  # a submission or a shutdown wakes the wait; the pace decides whether to cycle now
+                    wait = self._pace() - (time.monotonic() - t0)
+                    if wait <= 0:
+                        break
+                    self.cond.wait(wait)
         if self.timeline is not None:
             self.timeline.close()
+
+    def _pace(self) -> float:
+        """Seconds from one background cycle's start to the next (the loop's lock held)."""
+        live = [e for e in self.engines if not e.stopped]
+        if not live:
+            return 0.0
+        if any(e._shutdown for e in live):
+            return self.cycle_s
+        if all(e.idle() for e in live):
+            return _BACKSTOP_CYCLE_S if not self.overlap else _IDLE_CYCLE_S
+        return self.cycle_s if self.overlap else _BACKSTOP_CYCLE_S
 
     def drive_until(self, reqs: list[Request]) -> None:
         """Wait for ``reqs``, running the cycles in this (the waiting) thread whenever the loop's thread is not:

@@ -109,6 +109,16 @@ def part_ops(ck: Checker, r: int, n: int) -> None:
     hvd.grouped_allreduce_(group, op=hvd.Average)
     for k, o in enumerate(group):
         ck.same(o, np.full(k + 1, sum(q + k for q in range(n)) / n), f"grouped in place {k}")
+    # scales applied on the way into and out of the fusion buffer: floats, and integers truncated at each scaling
+    scaled = [torch.full((k + 2,), float(r + k)) for k in range(4)]
+    outs = hvd.grouped_allreduce(scaled, op=hvd.Sum, prescale_factor=3.0, postscale_factor=0.25, name="grp.scaled")
+    for k, o in enumerate(outs):
+        ck.same(o, np.full(k + 2, sum(3.0 * (q + k) for q in range(n)) * 0.25), f"grouped scaled {k}")
+    ints = [torch.full((k + 3,), 2 * r + k + 1, dtype=torch.int32) for k in range(3)]
+    hvd.grouped_allreduce_(ints, op=hvd.Sum, prescale_factor=1.5, postscale_factor=0.5, name="grp.int")
+    for k, o in enumerate(ints):
+        total = sum(int((2 * q + k + 1) * 1.5) for q in range(n))
+        ck.same(o, np.full(k + 3, int(total * 0.5), np.int32), f"grouped int scaled {k}")
     # allgather: first dimensions differ by rank (rank 0 sends none when n > 1)
     for dtype in (torch.float32, torch.int64, torch.bfloat16):
         rows = [q if n > 1 else 2 for q in range(n)]
@@ -257,7 +267,8 @@ def main() -> None:
         result["error"] = traceback.format_exc()
     engine = hvd._get().engine
     result.update(checks=ck.checks, failures=ck.failures, digest=ck.digest.hexdigest(), cycles=engine.cycles,
-                  negotiations=engine.negotiations, fused=engine.fused_calls, size=n)
+                  negotiations=engine.negotiations, fused=engine.fused_calls, size=n,
+                  overlap=hvd._get().loop.overlap)
     hvd.shutdown()
     with open(os.path.join(args.out, f"rank{r}.json"), "w") as f:
         json.dump(result, f)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...errors import InvalidArgumentError, NotProvidedError
-from ...torch.tensors import array, check_tensor
+from ...torch.tensors import DTYPES, array, check_tensor
 from ..engine import Engine, HorovodError, Loop, Request
 from .compression import Compression
 from .optimizer import DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters
@@ -267,11 +267,21 @@ def _host_array(t: torch.Tensor) -> np.ndarray:
     return array(t).reshape(t.shape)
 
 
+# dtypes whose CPU tensors torch views as NumPy arrays itself (bfloat16 goes through the backend's view)
+_NUMPY_DTYPES = frozenset(d for d in DTYPES if d is not torch.bfloat16)
+
+
 class _Staged:
     """A tensor as the engine sees it: its own memory if a contiguous CPU tensor, else a contiguous host copy whose
     result is put back (``back``)."""
 
     def __init__(self, t: torch.Tensor, op: str) -> None:
+        if type(t) is torch.Tensor and t.is_cpu and t.dtype in _NUMPY_DTYPES and t.layout is torch.strided \
+                and not t.requires_grad and t.is_contiguous():  # a gradient: its own memory, viewed at once
+            self.tensor = self.host = t
+            self.own = True
+            self.array = t.numpy()
+            return
         self.tensor = check_tensor(op, t)
         own = t.device.type == "cpu" and t.is_contiguous()
         self.host = t.detach() if own else t.detach().to("cpu", memory_format=torch.contiguous_format).contiguous()
