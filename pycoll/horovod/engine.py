@@ -79,9 +79,11 @@ _HAS_NEW, _JOINED, _SHUTDOWN = 1, 2, 4
 # Seconds between cycles while this rank has nothing in flight: a peer waiting on its requests waits for this rank's
 # submission anyway; its cycles then only keep the peers' waits short of pycoll's timeout.
 _IDLE_CYCLE_S = 0.02
-# Seconds between the background thread's cycles where it does not overlap the computation: the callers' waits run
-# the cycles; these only keep a peer's wait (a poll loop, a rank that joined) moving.
-_BACKSTOP_CYCLE_S = 0.1
+# Seconds from the last cycle (any thread's) to the background thread's next where it does not overlap the
+# computation: the callers' waits run the cycles, each training step's at least; these only move requests nobody
+# waits for (a poll loop). Longer than a step, so that they do not land in one: a background cycle in the middle of
+# the computation waits for the other ranks' and holds back this rank's own.
+_BACKSTOP_CYCLE_S = 1.0
 
 
 def overlap_wanted() -> bool:
@@ -713,6 +715,7 @@ class Loop:
         self.drive = threading.Lock()  # held by whichever thread runs the cycles: only one calls pycoll
         self.cycle_s = _knob(CYCLE_TIME, "HOROVOD_CYCLE_TIME", float) / 1e3
         self.overlap = overlap_wanted()
+        self.last_cycle = 0.0  # when the last cycle started, in whichever thread
         self.engines: list[Engine] = []
         self.timeline: Optional[tl.Timeline] = None
         self._thread: Optional[threading.Thread] = None
@@ -732,6 +735,7 @@ class Loop:
 
     def iterate(self) -> bool:
         """One cycle of every live engine (the caller holds ``drive``); True once every engine has stopped."""
+        self.last_cycle = time.monotonic()
         for engine in list(self.engines):
             if engine.stopped:
                 continue
@@ -745,7 +749,7 @@ class Loop:
 
     def _run(self) -> None:
         while True:
-            t0 = time.monotonic()
+            tried = time.monotonic()
             if self.drive.acquire(False):  # else a waiting caller runs the cycles: no second cycle behind it
                 try:
                     if self.iterate():
@@ -756,7 +760,7 @@ class Loop:
                 break
             with self.cond:
                 while True:  # a submission or a shutdown wakes the wait; the pace decides whether to cycle now
-                    wait = self._pace() - (time.monotonic() - t0)
+                    wait = self._pace() - (time.monotonic() - max(tried, self.last_cycle))
                     if wait <= 0:
                         break
                     self.cond.wait(wait)
