@@ -45,8 +45,9 @@ OVERLAP = str_param(
     "PYCOLL_HVD_OVERLAP", "auto",
     "Horovod engine: whether the background thread reduces while the training thread computes. on: a cycle every "
     "cycle time (Horovod's way); off: cycles run when a caller waits for a result (synchronize, step, a blocking "
-    "call), the background thread only every 0.1 s; auto (default): on where this host has a core beyond its "
-    "ranks, off where the ranks fill its cores (there a background reduction takes a core from the computation).",
+    "call), the background thread only 1 s after the last cycle; auto (default): on where this host has a core "
+    "beyond its ranks, off where the ranks fill its cores (there a background reduction takes a core from the "
+    "computation).",
 )
 TIMELINE = str_param(
     "PYCOLL_HVD_TIMELINE", "",
