@@ -65,7 +65,9 @@ P2P_CMA = bool_param(
     "process_vm_readv).",
 )
 P2P_CMA_BYTES = size_param(
-    "PYCOLL_P2P_CMA_BYTES", 64 << 10, "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA)."
+    "PYCOLL_P2P_CMA_BYTES", 128 << 10,
+    "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA; default 128K: "
+    "below it the eager ring's two copies, pipelined between the ranks, beat the rendezvous' handshake).",
 )
 TCP_EAGER = bool_param(
     "PYCOLL_TCP_EAGER", True,

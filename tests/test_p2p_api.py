@@ -18,11 +18,12 @@ import json, os, pickle, sys, time
 import numpy as np
 from pycoll import MPI
 from pycoll.errors import InvalidArgumentError, MismatchError, TimeoutError
+from pycoll.p2p import P2P_CMA_BYTES
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size
 nxt, prv = (rank + 1) % size, (rank - 1) % size
-T = 64 << 10  # PYCOLL_P2P_CMA_BYTES's default: from here on a rendezvous over shared memory
+T = P2P_CMA_BYTES.default  # from here on a rendezvous over shared memory
 SIZES = [0, 100, 20 << 10, T + 8]  # one frame, a frame past 16 KiB, a rendezvous (a streamed one over tcp)
 bad = []
 

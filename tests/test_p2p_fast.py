@@ -9,10 +9,11 @@ import textwrap
 import pytest
 
 import harness
+from pycoll.p2p import P2P_CMA_BYTES
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
-THRESHOLD = 64 << 10  # PYCOLL_P2P_CMA_BYTES's default
+THRESHOLD = P2P_CMA_BYTES.default  # from here on a rendezvous
 
 _COMMON = """
 import json, os, sys, time
