@@ -64,6 +64,7 @@ P2P_CMA = bool_param(
     "PYCOLL_P2P_CMA_BYTES go by rendezvous: the receiver copies them straight from the sender's buffer (one "
     "process_vm_readv).",
 )
+RDV_PULL_S_PER_BYTE = 0.25e-9  # a rendezvous send spins out its receiver's pull down to 4 GB/s (this VM's moves ~8)
 P2P_CMA_BYTES = size_param(
     "PYCOLL_P2P_CMA_BYTES", 128 << 10,
     "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA; default 128K: "
@@ -435,6 +436,7 @@ class Engine:
         self._readv = 0  # libc's process_vm_readv for the kernels (0: none)
         self._eager_calls = 0
         self._eager_kernel_polls = 20000
+        self.kernel_polls_per_byte = 0.0  # polls a rendezvous send's wait adds per byte (set with the kernels)
         # The per-call fast path (p2p_fast): world rank -> address of its lane's words (0: none), once the kernels
         # are in; a lane is zeroed when its channel fails or closes.
         self.lane_of: Optional[list[int]] = None
@@ -818,6 +820,14 @@ class Engine:
             self._send_ctl(peer, _ACK, ctx, tag, rid)
         return nbytes, tag
 
+    def _ack_polls(self, peer: int, rid: int) -> int:
+        """Polls a rendezvous send spins for its acknowledgement: the usual spin and the receiver's pull of its
+        bytes (only the usual where ranks outnumber cores: the receiver needs the core)."""
+        if self.oversubscribed:
+            return self._kernel_spin_polls
+        data = self._rdv_data.get((peer, rid))
+        return self._kernel_spin_polls + int((data.nbytes if data is not None else 0) * self.kernel_polls_per_byte)
+
     def _await_ack(self, req: SendRequest) -> bool:
         """A blocking rendezvous send whose announcement has left: spin (compiled) for its acknowledgement as the
         next frame from the receiver; True once taken (the send is done), False to wait the engine's way."""
@@ -828,7 +838,7 @@ class Engine:
         try:
             ch = lane[6]
             head = self._kernels.take_header(lane[3], lane[4], lane[5], ch.head, req.ctx, req.tag, _ACK_META, req.rdv,
-                                             self._kernel_spin_polls)
+                                             self._ack_polls(peer, req.rdv))
             if head < 0:
                 return False
             ch.consumed(head)
@@ -990,7 +1000,10 @@ class Engine:
                            if hasattr(ch, "kernel_lane") and p in self._has_input and p not in self._closed}
             self._readv = self._readv_address()
             self._kernels = k
-            self._eager_kernel_polls = self._polls_in(k, SPIN_US.get() * 1e-6)
+            poll_s = self._poll_seconds(k)
+            self._eager_kernel_polls = max(int(SPIN_US.get() * 1e-6 / poll_s), 1)
+            # a rendezvous send also spins out the receiver's pull before it sleeps
+            self.kernel_polls_per_byte = RDV_PULL_S_PER_BYTE / poll_s
             self._build_lanes(k)
         return None
 
@@ -1048,15 +1061,14 @@ class Engine:
             return 0
 
     @staticmethod
-    def _polls_in(k: Any, seconds: float) -> int:
-        """How many polls of ``eager_take``'s spin take about ``seconds`` here, timed on a private empty ring."""
+    def _poll_seconds(k: Any) -> float:
+        """How long one poll of ``eager_take``'s spin takes here, timed on a private empty ring."""
         data, words, dst = np.zeros(64, np.uint8), np.zeros(32, np.uint64), np.zeros(0, np.uint8)
         k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 0, 10)
         polls = 20_000
         t0 = time.perf_counter()
         k.eager_take(data, data.view(np.uint64), words, 0, dst, 0, 0, 0, 0, polls)
-        per_poll = max((time.perf_counter() - t0) / polls, 1e-10)
-        return max(int(seconds / per_poll), 1)
+        return max((time.perf_counter() - t0) / polls, 1e-10)
 
     def _enqueue(self, peer: int, req: SendRequest) -> None:
         """Queue a send behind ``peer``'s others; alone in the queue, it starts at once (small ones leave here)."""
