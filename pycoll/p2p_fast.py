@@ -19,6 +19,7 @@ P2P_YIELDS = int_param(
 )
 _NO_SEGMENTS: list = []
 _word_at = ctypes.c_size_t.from_address
+_memmove = ctypes.memmove
 
 # Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
 # address, their length). An entry holds its array (so its id names nobody else while it is there); the entries and
@@ -320,7 +321,16 @@ class FastP2P:
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
             peer = self.world[source]
             d = lanes[peer]
-            if d and self._quiet(peer) and not self._dead() and self.lock.acquire(False):
+            if d and self.unexpected and not self._dead() and self.lock.acquire(False):
+                try:
+                    got = self._take_unexpected(peer, e, tag)
+                finally:
+                    self.lock.release()
+                if got is not None:
+                    if status is not None:
+                        status.source, status.tag, status.nbytes = source, got[0], got[1]
+                    return None
+            elif d and self._quiet(peer) and not self._dead() and self.lock.acquire(False):
                 try:
                     got = self._take(peer, d, e, tag, self.polls)
                 finally:
@@ -342,7 +352,15 @@ class FastP2P:
             peer = self.world[source]
             d = lanes[peer]
             comm = self.comm
-            if (d and not self.unexpected and not self.schedules and not self.aborts and not comm._freed
+            if (d and self.unexpected and not self.aborts and not comm._freed and comm._aborted is None
+                    and not self.broken and self.lock.acquire(False)):
+                try:
+                    got = self._take_unexpected(peer, e, tag)
+                finally:
+                    self.lock.release()
+                if got is not None:
+                    return got
+            elif (d and not self.schedules and not self.aborts and not comm._freed
                     and comm._aborted is None and not self.broken and self.lock.acquire(False)):
                 try:
                     st = self.inbound[peer]
@@ -362,6 +380,25 @@ class FastP2P:
                 finally:
                     self.lock.release()
         return flat(e)
+
+    def _take_unexpected(self, peer: int, e: tuple, tag: int) -> Optional[tuple[int, int]]:
+        """The first buffered message (one that came while this rank was in another call) that a receive of ``tag``
+        from ``peer`` matches, copied into ``e`` and dropped from the buffer: (its tag, its length). None where
+        there is none or where it needs the engine: a rendezvous, a synchronous send, one still arriving, one larger
+        than the buffer (the engine's path then raises). The engine's lock is held."""
+        ctx = self.ctx
+        unexpected = self.unexpected
+        for i, u in enumerate(unexpected):
+            if u.ctx == ctx and u.src == peer and (tag < 0 or u.tag == tag):
+                data = u.data
+                n = data.nbytes
+                if u.rdv is not None or u.sync or u.got != n or u.waiter is not None or n > e[6]:
+                    return None
+                if n:
+                    _memmove(e[5], host_address(data), n)
+                del unexpected[i]
+                return u.tag, n
+        return None
 
     def wait_posted(self, reqs: list) -> None:
         """Complete, in posting order, the receives among ``reqs`` that this path posted, each waiting (compiled)

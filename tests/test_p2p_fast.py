@@ -189,6 +189,66 @@ time.sleep(4.0)  # still alive when the other rank's timeout ends
 """
 
 
+_BUFFERED = _COMMON + """
+from pycoll.errors import MismatchError
+from pycoll import p2p_fast
+bad = []
+def pattern(n, salt):
+    return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
+sizes = {1: 8, 2: 4096, 3: 100, 4: 16, 5: 64, 6: 40}
+if rank == 0:
+    for tag, n in sizes.items():
+        comm.Send([pattern(n, tag), n, MPI.BYTE], 1, tag)
+    comm.Send([pattern(8, 7), 8, MPI.BYTE], 1, 7)
+else:
+    engine = comm._engine
+    t0 = time.monotonic()
+    while len(engine._unexpected) < 7 and time.monotonic() - t0 < 30:
+        engine.progress()  # the messages come while this rank is busy elsewhere: the engine buffers them
+    out["buffered"] = len(engine._unexpected)
+    taken = []
+    real = p2p_fast.FastP2P._take_unexpected
+    def spy(self, peer, e, tag):
+        got = real(self, peer, e, tag)
+        taken.append(got is not None)
+        return got
+    p2p_fast.FastP2P._take_unexpected = spy
+    st = MPI.Status()
+    got3 = np.zeros(100, np.uint8)
+    comm.Recv([got3, 100, MPI.BYTE], 0, 3, st)  # by tag, past two earlier messages
+    if not np.array_equal(got3, pattern(100, 3)) or (st.source, st.tag, st.Get_count(MPI.BYTE)) != (0, 3, 100):
+        bad.append("Recv tag 3")
+    big = np.zeros(8192, np.uint8)
+    r1 = comm.Irecv([big, MPI.BYTE], 0, MPI.ANY_TAG)  # the earliest left: tag 1, 8 bytes into a larger buffer
+    st = MPI.Status()
+    r1.Wait(st)
+    if not np.array_equal(big[:8], pattern(8, 1)) or big[8:].any() or (st.tag, st.Get_count(MPI.BYTE)) != (1, 8):
+        bad.append(f"Irecv any tag {st.tag} {st.Get_count(MPI.BYTE)}")
+    views = np.zeros(4096 + 16, np.uint8)
+    rs = [comm.Irecv([views[:4096], 4096, MPI.BYTE], 0, 2), comm.Irecv([views[4096:], 16, MPI.BYTE], 0, 4)]
+    MPI.Request.Waitall(rs)
+    if not (np.array_equal(views[:4096], pattern(4096, 2)) and np.array_equal(views[4096:], pattern(16, 4))):
+        bad.append("views")
+    small = np.full(8, 9, np.uint8)
+    try:
+        comm.Recv([small, 8, MPI.BYTE], 0, 5)  # 64 bytes into 8: the engine's path raises, the buffer kept
+        bad.append("no truncation error")
+    except MismatchError as exc:
+        out["truncation"] = str(exc)
+    if not (small == 9).all():
+        bad.append("truncated receive wrote its buffer")
+    rest = np.zeros(48, np.uint8)
+    comm.Recv([rest, 40, MPI.BYTE], 0, 6)
+    comm.Recv([rest, 8, MPI.BYTE], 0, 7)
+    if not np.array_equal(rest[:8], pattern(8, 7)):
+        bad.append("last")
+    out["taken_here"] = sum(taken)
+    out["left"] = len(engine._unexpected)
+out["bad"] = bad
+comm.Barrier()
+done()
+"""
+
 def _run(tmp_path, program: str, args: list, transport: str = "shm", env: dict | None = None, timeout: float = 150):
     path = tmp_path / "prog.py"
     path.write_text(textwrap.dedent(program))
@@ -352,3 +412,16 @@ def test_messages_between_hosts_go_straight_through_the_socket(eager, tmp_path):
         assert outs[1]["recvs"] >= 400 and outs[0]["recvs"] >= 150, outs
     else:
         assert all(o["sends"] == 0 and o["recvs"] == 0 for o in outs.values()), outs
+
+
+def test_buffered_messages_are_taken_in_matching_order(tmp_path):
+    """Messages that came while the receiver was busy elsewhere (the engine buffered them): receives by tag, by
+    ANY_TAG and into views take them through the compiled path, in MPI's matching order, with their statuses; one
+    too large for its buffer still raises on the engine's path and leaves the buffer alone."""
+    proc, outs = _run(tmp_path, _BUFFERED, [], "shm", {"PYCOLL_ARENA_JIT_LOAD": "now"})
+    assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    o = outs[1]
+    assert o["bad"] == [] and outs[0]["bad"] == [], o
+    assert o["buffered"] == 7 and o["left"] == 0, o
+    assert o["taken_here"] >= 5, o  # every receive but the truncated one
+    assert "64 bytes" in o["truncation"] and "8-byte" in o["truncation"], o["truncation"]
