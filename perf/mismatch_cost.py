@@ -5,7 +5,7 @@ sequence number as the tag); receivers compare it with their own. This script ti
 16 MiB on 2 ranks with the comparisons as shipped and with them replaced by no-ops (header packing stays:
 the header is needed for framing anyway), alternating call by call, and reports medians per variant.
 
-    pycoll run -n 2 python perf/mismatch_cost.py --json perf/results/issue7/mismatch_cost.json
+    pycoll run -n 2 python perf/mismatch_cost.py --json perf/results/reliability/mismatch_cost.json
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def main() -> int:
             rows.append(measure(comm, nbytes, iters, algo))
     if comm.rank == 0:
         out = {"ranks": comm.size, "rows": rows, "micro": micro(),
-               "command": "pycoll run -n 2 python perf/mismatch_cost.py --json perf/results/issue7/mismatch_cost.json"}
+               "command": "pycoll run -n 2 python perf/mismatch_cost.py --json perf/results/reliability/mismatch_cost.json"}
         print(json.dumps(out, indent=1))
         if args.json:
             os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)

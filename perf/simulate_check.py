@@ -6,7 +6,7 @@ Usage: python perf/simulate_check.py [--out DIR] [SWEEP.json ...]
 (b) DGX-A100 nodes, 8 GPUs and 8 x 200 Gb/s InfiniBand each, 2 to 16 nodes: the busbw of the algorithm the
     model picks at 1 GiB against NCCL's published ~192 GB/s across nodes.
 (c) Every record of pycoll's sweeps at >= 1 MiB (default: issue 8's one-host sweeps of the arena algorithms and
-    the ring on 2-4 ranks, 1-256 MiB (perf/issue8_host_sweep.sh), and issue 4's two network-namespace hosts at
+    the ring on 2-4 ranks, 1-256 MiB (perf/simulator_host_sweep.sh), and issue 4's two network-namespace hosts at
     1 Gbit/s): the measured time of the algorithm that ran (the forced one, else ``algo_used``; where the sweep
     did not record it, the model's pick) against the simulated time of that algorithm for the same ranks and
     layout. This machine is modelled as a one-host topology of CPU ranks with the sweep's core count; the
@@ -21,12 +21,12 @@ Usage: python perf/simulate_check.py [--out DIR] [SWEEP.json ...]
     machine undisturbed. The median's ratio is kept in every row (``median_ratio``).
     One-host points with more ranks than cores are listed but not judged: there the OS scheduler decides who
     runs, and the same point's rounds differ by more than the tolerance (their ``spread`` column shows it).
-    The earlier one-host sweeps of the same code (perf/results/issue8/earlier) are compared too. Between sweeps an
+    The earlier one-host sweeps of the same code (perf/results/simulator-check/earlier) are compared too. Between sweeps an
     hour apart the same point's best round has moved by up to 2x, more than the tolerance, so on one host the
     verdict is each point's median ratio over the sweeps whose buffers `pycoll perf` placed in mappings of their
     own (``EARLIER`` and the current one); every sweep's own count is printed as well, the older ones'
     (``UNCONTROLLED_PAGES``) included.
-    Issue 5's sweeps (perf/results/issue5) were taken with older code; pass them as arguments to compare.
+    Issue 5's sweeps (perf/results/host-vs-mpich-gloo) were taken with older code; pass them as arguments to compare.
 
 A point PASSes when the prediction is within +-25 % of the figure it is compared with. With --out it writes
 ``simulate_check.json`` (every row) and the simulated sweeps of (a) and (b) as `pycoll perf` JSON that
@@ -60,25 +60,25 @@ MiB, GiB = 1 << 20, 1 << 30
 TOLERANCE = 0.25
 LARGE = 1 * GiB
 SWEEPS = [
-    "perf/results/issue4/allreduce_2hosts_2x2_1gbit_large.json",
-    "perf/results/issue8/host_allreduce_mid.json",
-    "perf/results/issue8/host_allreduce_large.json",
-    "perf/results/issue8/host_others_mid.json",
-    "perf/results/issue8/host_others_large.json",
-    "perf/results/issue8/host_allreduce_large_over.json",
-    "perf/results/issue8/host_others_large_over.json",
-    "perf/results/issue8/host_allgather_ring.json",
+    "perf/results/algorithm-selection/allreduce_2hosts_2x2_1gbit_large.json",
+    "perf/results/simulator-check/host_allreduce_mid.json",
+    "perf/results/simulator-check/host_allreduce_large.json",
+    "perf/results/simulator-check/host_others_mid.json",
+    "perf/results/simulator-check/host_others_large.json",
+    "perf/results/simulator-check/host_allreduce_large_over.json",
+    "perf/results/simulator-check/host_others_large_over.json",
+    "perf/results/simulator-check/host_allgather_ring.json",
 ]
 # Earlier one-host sweeps of the same algorithm code, each taken alone on the machine. The VM moves between sweeps
 # by more than the tolerance (docs/simulator.md), so the one-host verdict is each point's median ratio over the
 # current sweep and the ``EARLIER`` ones.
 WARM_UP_US = 1000.0
 _JUDGED = ("host_allreduce_mid", "host_allreduce_large", "host_others_mid", "host_others_large", "host_allgather_ring")
-EARLIER = {name: [f"perf/results/issue8/earlier/{name}/{f}.json" for f in _JUDGED] for name in ("sixth", "seventh")}
+EARLIER = {name: [f"perf/results/simulator-check/earlier/{name}/{f}.json" for f in _JUDGED] for name in ("sixth", "seventh")}
 # Sweeps whose buffers came from malloc as it happened: a 1-24 MiB buffer sat on huge pages or on 4 KiB ones
 # depending on what the job had freed before, and cma's kernel copies from 4 KiB pages take up to twice as long.
 # Counted and printed, not judged (the second, git 8533ca4, also ran partly beside other jobs).
-UNCONTROLLED_PAGES = {name: [f"perf/results/issue8/earlier/{name}/{f}.json" for f in _JUDGED]
+UNCONTROLLED_PAGES = {name: [f"perf/results/simulator-check/earlier/{name}/{f}.json" for f in _JUDGED]
                       for name in ("third", "fourth", "fifth")}
 # Published NCCL figures (nccl-tests all_reduce_perf, busbw at large sizes): see docs/simulator.md for the sources.
 H100_NVLINK_BUSBW = 370.0
@@ -202,7 +202,7 @@ def measured_checks(paths: list[str], builtin: bool = False) -> list[dict[str, A
     rows = []
     for path in paths:
         if not (ROOT / path).exists() and not os.path.isabs(path):
-            print(f"# (no {path}: run perf/issue8_host_sweep.sh)", file=sys.stderr)
+            print(f"# (no {path}: run perf/simulator_host_sweep.sh)", file=sys.stderr)
             continue
         data = json.loads((ROOT / path).read_text() if not os.path.isabs(path) else Path(path).read_text())
         meta, limits = data.get("meta", {}), data.get("limits", {})

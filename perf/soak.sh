@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 7's long soak: 10^5 small and 10^3 large (16 MiB) collectives on 2 ranks, over shared memory and TCP;
+# The long soak (perf/results/reliability): 10^5 small and 10^3 large (16 MiB) collectives on 2 ranks, over shared memory and TCP;
 # RSS, open descriptors and /dev/shm entries sampled along the way (tests/faults/test_soak.py runs a short form).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=perf/results/issue7
+out=perf/results/reliability
 mkdir -p "$out/soak-shm" "$out/soak-tcp"
 python -m pycoll run -n 2 -- python tests/faults/soak_rank.py --small 100000 --large 1000 --out "$out/soak-shm"
 PYCOLL_SHM_DISABLE=1 python -m pycoll run -n 2 -- python tests/faults/soak_rank.py --small 100000 --large 1000 --out "$out/soak-tcp"
