@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -143,7 +144,8 @@ def test_a_forked_rank_holds_none_of_the_launchers_sockets(tmp_path):
     """)
     res = run_cli(["-n", "2", "--", sys.executable, "-c", "import sys; print('pycoll.launcher' in sys.modules)\n" + script])
     assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["True", "True"]
+    # the two ranks share the launcher's stdout unprefixed, so their words may interleave ("TrueTrue\n\n")
+    assert re.findall(r"True|False", res.stdout) == ["True", "True"], res.stdout
 
 
 def test_an_in_process_launch_never_forks_its_caller(tmp_path):
