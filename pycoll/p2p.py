@@ -820,13 +820,10 @@ class Engine:
             self._send_ctl(peer, _ACK, ctx, tag, rid)
         return nbytes, tag
 
-    def _ack_polls(self, peer: int, rid: int) -> int:
-        """Polls a rendezvous send spins for its acknowledgement: the usual spin and the receiver's pull of its
-        bytes (only the usual where ranks outnumber cores: the receiver needs the core)."""
-        if self.oversubscribed:
-            return self._kernel_spin_polls
-        data = self._rdv_data.get((peer, rid))
-        return self._kernel_spin_polls + int((data.nbytes if data is not None else 0) * self.kernel_polls_per_byte)
+    def pull_polls(self, nbytes: int) -> int:
+        """Polls a rendezvous send of ``nbytes`` spins for its acknowledgement on top of the usual spin: the
+        receiver's pull of its bytes (none where ranks outnumber cores: the receiver needs the core)."""
+        return 0 if self.oversubscribed else int(nbytes * self.kernel_polls_per_byte)
 
     def _await_ack(self, req: SendRequest) -> bool:
         """A blocking rendezvous send whose announcement has left: spin (compiled) for its acknowledgement as the
@@ -837,8 +834,10 @@ class Engine:
             return False
         try:
             ch = lane[6]
+            data = self._rdv_data.get((peer, req.rdv))
+            polls = self._kernel_spin_polls + self.pull_polls(data.nbytes if data is not None else 0)
             head = self._kernels.take_header(lane[3], lane[4], lane[5], ch.head, req.ctx, req.tag, _ACK_META, req.rdv,
-                                             self._ack_polls(peer, req.rdv))
+                                             polls)
             if head < 0:
                 return False
             ch.consumed(head)

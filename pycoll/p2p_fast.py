@@ -203,13 +203,6 @@ class FastP2P:
         self.lanes = engine.lane_of
         return self.lanes
 
-    def _ack_polls(self, nbytes: int) -> int:
-        """Polls a rendezvous send of ``nbytes`` spins for its acknowledgement: the receiver's pull on top of the
-        usual spin (where ranks outnumber cores, the yields alone: the receiver needs the core)."""
-        if self.engine.oversubscribed:
-            return self.polls
-        return self.polls + int(nbytes * self.engine.kernel_polls_per_byte)
-
     def _dead(self) -> bool:
         """Whether the communicator was freed, torn down or broken (the general path raises the error)."""
         comm = self.comm
@@ -250,7 +243,7 @@ class FastP2P:
             rid = engine._rdv_seq = engine._rdv_seq + 1
             if not self.k.announce_at(d, e[5], e[6], self.ctx, tag, rid):
                 return flat(e)
-            if self.k.await_ack(d, self.ctx, tag, rid, self._ack_polls(e[6])):
+            if self.k.await_ack(d, self.ctx, tag, rid, self.polls + self.engine.pull_polls(e[6])):
                 return None
             req = self._pending_send(peer, rid, flat(e), "Send", dest, tag)
         finally:
@@ -538,8 +531,9 @@ class FastP2P:
         ctx = self.ctx
         rid = engine._rdv_seq = engine._rdv_seq + 1
         state = 0
+        polls = self.polls + engine.pull_polls(s[6])  # the usual spin and the receiver's pull
         while True:
-            state = self.k.exchange_rdv(dd, ds, s[5], s[6], sendtag, r[5], r[6], recvtag, ctx, rid, self._ack_polls(s[6]),
+            state = self.k.exchange_rdv(dd, ds, s[5], s[6], sendtag, r[5], r[6], recvtag, ctx, rid, polls,
                                         0 if self.sendq[rpeer] else 1, state)
             if not state & 1:  # not announced: nothing done
                 return False, False

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import MPI, machine
 from ..algorithms.registry import last_choice
-from ..config import float_param, int_param, parse_size, size_param, str_param
+from ..config import _parse_bool, float_param, int_param, parse_size, size_param, str_param
 from ..errors import MismatchError, PycollError
 from . import timeline as tl
 
@@ -90,14 +90,13 @@ _BACKSTOP_CYCLE_S = 1.0
 def overlap_wanted() -> bool:
     """PYCOLL_HVD_OVERLAP: whether the background thread cycles while requests are in flight (``auto``: where the
     job's ranks on this host leave a core free)."""
-    mode = OVERLAP.get().strip().lower()
-    if mode in ("on", "1", "true", "yes"):
-        return True
-    if mode in ("off", "0", "false", "no"):
-        return False
-    if mode != "auto":
-        raise ValueError(f"PYCOLL_HVD_OVERLAP={OVERLAP.get()!r}: expected on, off or auto")
-    return machine.free_cores() > 0
+    mode = OVERLAP.get()
+    if mode.strip().lower() == "auto":
+        return machine.free_cores() > 0
+    try:
+        return _parse_bool(mode)  # on / off, and the spellings every boolean knob takes
+    except ValueError:
+        raise ValueError(f"PYCOLL_HVD_OVERLAP={mode!r}: expected on, off or auto") from None
 
 
 class HorovodError(PycollError):
@@ -775,9 +774,9 @@ class Loop:
             return 0.0
         if any(e._shutdown for e in live):
             return self.cycle_s
-        if all(e.idle() for e in live):
-            return _BACKSTOP_CYCLE_S if not self.overlap else _IDLE_CYCLE_S
-        return self.cycle_s if self.overlap else _BACKSTOP_CYCLE_S
+        if not self.overlap:
+            return _BACKSTOP_CYCLE_S
+        return _IDLE_CYCLE_S if all(e.idle() for e in live) else self.cycle_s
 
     def drive_until(self, reqs: list[Request]) -> None:
         """Wait for ``reqs``, running the cycles in this (the waiting) thread whenever the loop's thread is not:
