@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import weakref
 from typing import Any, Optional
 
 import numpy as np
@@ -28,6 +29,7 @@ _SPECS: dict = {}
 _SPECS_MAX = 256
 _PINNED_MAX = 256 << 20
 _pinned: dict = {}  # id(base array) -> its bytes
+_last_root: Any = lambda: None  # the array of the last view found by its shape (a weak reference)
 
 
 def _spec_parts(buf: Any) -> Optional[tuple]:
@@ -84,7 +86,25 @@ def _cached(buf: Any, writable: bool) -> Optional[tuple]:
     if nbytes is None:
         return None
     addr = (_word_at(id(obj) + DATA_FIELD).value if DATA_FIELD >= 0 else host_address(obj)) if nbytes else 0
-    return (obj, count, datatype, obj.dtype, None, addr, nbytes)
+    e = (obj, count, datatype, obj.dtype, None, addr, nbytes)
+    root = obj.base
+    if type(root) is np.ndarray and root.base is None:  # a view (a fresh array per call is never kept)
+        _keep_view(obj, root, e)
+    return e
+
+
+def _keep_view(obj: np.ndarray, root: np.ndarray, e: tuple) -> None:
+    """Cache a view found by its shape under its identity where that holds no memory that would be freed otherwise:
+    its array's bytes are held already, or a view of the same array came just before (a program's receive slots of
+    one buffer); a view of a fresh array per call is not kept."""
+    global _last_root
+    if id(root) in _pinned:
+        if len(_SPECS) < _SPECS_MAX:
+            _SPECS[id(obj)] = e
+    elif _last_root() is root:
+        _keep(obj, e)
+    else:
+        _last_root = weakref.ref(root)
 
 
 def flat(e: tuple) -> np.ndarray:

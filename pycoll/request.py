@@ -185,7 +185,8 @@ class Request:
         self._p2p = p2p
         self._finish = finish  # turns received bytes into the object of a lowercase irecv
         self._after = after  # a device call's staging (pycoll.cuda.memory.Staged): copies the result back on completion
-        self._status: Optional[Status] = None  # made when asked for after the operation finished
+        # made when asked for after the operation finished (an eager receive keeps its (source, tag, nbytes) till then)
+        self._status: Any = None
         self._result: Any = None
         self._more: Optional[tuple[_P2PRequest, ...]] = None  # further transfers the request waits for (Isendrecv)
         self._origin: Optional[Request] = None  # the request this one copies (they compare equal)
@@ -223,11 +224,9 @@ class Request:
 
     @staticmethod
     def _received(source: int, tag: int, nbytes: int) -> "Request":
-        """``_finished`` for an eager receive, with its status."""
-        st = _new(Status)
-        st.source, st.tag, st.nbytes, st.error, st.cancelled = source, tag, nbytes, 0, False
+        """``_finished`` for an eager receive, with its status as (source, tag, nbytes) until one is asked for."""
         req = _new(_Done)
-        req._status, req._active, req._completed = st, True, False
+        req._status, req._active, req._completed = (source, tag, nbytes), True, False
         return req
 
     # ---- identity (mpi4py's handle semantics) -------------------------------------------------
@@ -365,7 +364,9 @@ class Request:
 
     def _own_status(self) -> Status:
         st = self._status
-        if st is None:
+        if type(st) is tuple:  # an eager receive's (source, tag, nbytes)
+            st = self._status = Status._of(*st)
+        elif st is None:
             p = self._p2p
             if type(p) is RecvRequest and p.done and p.error is None:
                 st = Status._of(self._comm.world_to_comm(p.source) if self._comm else p.source, p.recv_tag, p.nbytes)

@@ -92,6 +92,27 @@ if len(full) > 8:
     bad.append(f"fresh views were resolved in full: {len(full)} times")
 comm.Barrier()
 
+# an Irecv that finds its message next in the ring is done at once: Wait, Get_status and Test report its status
+if rank == 0:
+    comm.Send([np.arange(5, dtype=np.float32), 5, F], 1, 44)
+    comm.Send([np.arange(3, dtype=np.float32), 3, F], 1, 45)
+    comm.Barrier()
+else:
+    comm.Barrier()
+    got = np.zeros(8, np.float32)
+    r1 = comm.Irecv([got, 8, F], 0, MPI.ANY_TAG)
+    st, st2 = MPI.Status(), MPI.Status()
+    if not r1.Get_status(st2) or (st2.Get_source(), st2.Get_tag(), st2.Get_count(F)) != (0, 44, 5):
+        bad.append(f"Get_status of a taken Irecv {(st2.Get_source(), st2.Get_tag(), st2.Get_count(F))}")
+    r1.Wait(st)
+    if (st.Get_source(), st.Get_tag(), st.Get_count(F)) != (0, 44, 5):
+        bad.append(f"Wait status of a taken Irecv {(st.Get_source(), st.Get_tag(), st.Get_count(F))}")
+    r2 = comm.Irecv([got, 8, F], 0, 45)
+    st3 = MPI.Status()
+    if not r2.Test(st3) or (st3.Get_source(), st3.Get_tag(), st3.Get_count(F)) != (0, 45, 3):
+        bad.append(f"Test status of a taken Irecv {(st3.Get_source(), st3.Get_tag(), st3.Get_count(F))}")
+comm.Barrier()
+
 # a receive into an array made read-only since its last receive, and a count that is not an int, fail as ever
 if rank == 1:
     ro = np.zeros(4, np.float32)

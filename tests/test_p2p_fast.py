@@ -326,7 +326,7 @@ def test_timeouts_are_honoured(n, tmp_path):
         assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
 
 
-def test_views_and_fresh_arrays_are_found_by_shape_and_not_kept() -> None:
+def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory_kept() -> None:
     import numpy as np
 
     from pycoll import MPI, p2p_fast
@@ -342,8 +342,15 @@ def test_views_and_fresh_arrays_are_found_by_shape_and_not_kept() -> None:
         slot = base[lo:lo + 8]
         found = p2p_fast._cached([slot, MPI.FLOAT], True)
         assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
-        assert found[4] is None and id(slot) not in p2p_fast._SPECS  # nothing made or kept until asked for
+        assert found[4] is None  # no flat bytes made until asked for
+        # the cache holds ``base`` already: the view is kept too (no more memory), and found by identity next time
+        assert p2p_fast._SPECS.get(id(slot)) is found and p2p_fast._cached([slot, MPI.FLOAT], True) is found
         assert (p2p_fast.flat(found) == slot.view(np.uint8)).all() and p2p_fast.flat(found).base is not None
+    fresh_root = np.arange(64, dtype=np.float32)  # memory the cache does not hold: a single view is found, not kept
+    view = fresh_root[8:16]
+    assert p2p_fast._cached([view, MPI.FLOAT], True) is not None and id(view) not in p2p_fast._SPECS
+    second = fresh_root[16:24]  # a second view of the same array in a row (a program's slots): kept from now on
+    assert p2p_fast._cached([second, MPI.FLOAT], True) is not None and id(second) in p2p_fast._SPECS
     fresh = np.zeros(8, np.float32)  # an array of its own, made per call: resolved by shape, not kept alive
     got = p2p_fast._cached([fresh, MPI.FLOAT], True)
     assert got is not None and got[5] == fresh.__array_interface__["data"][0]
