@@ -75,7 +75,8 @@ def _set_environ(values: Mapping[str, Optional[str]]) -> None:
             os.environ[k] = v
 
 
-def _parse_bool(raw: str) -> bool:
+def parse_bool(raw: str) -> bool:
+    """A boolean knob's value: 1/true/yes/on or 0/false/no/off, any case; ValueError otherwise."""
     low = raw.strip().lower()
     if low in ("1", "true", "yes", "on"):
         return True
@@ -110,7 +111,7 @@ def param(name: str, default: T, parse: Callable[[str], T], doc: str) -> Param[T
 
 
 def bool_param(name: str, default: bool, doc: str) -> Param[bool]:
-    return param(name, default, _parse_bool, doc)
+    return param(name, default, parse_bool, doc)
 
 
 def size_param(name: str, default: int, doc: str) -> Param[int]:

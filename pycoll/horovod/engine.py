@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import MPI, machine
 from ..algorithms.registry import last_choice
-from ..config import _parse_bool, float_param, int_param, parse_size, size_param, str_param
+from ..config import parse_bool, float_param, int_param, parse_size, size_param, str_param
 from ..errors import MismatchError, PycollError
 from . import timeline as tl
 
@@ -94,7 +94,7 @@ def overlap_wanted() -> bool:
     if mode.strip().lower() == "auto":
         return machine.free_cores() > 0
     try:
-        return _parse_bool(mode)  # on / off, and the spellings every boolean knob takes
+        return parse_bool(mode)  # on / off, and the spellings every boolean knob takes
     except ValueError:
         raise ValueError(f"PYCOLL_HVD_OVERLAP={mode!r}: expected on, off or auto") from None
 
