@@ -30,6 +30,8 @@ _SPECS_MAX = 256
 _PINNED_MAX = 256 << 20
 _pinned: dict = {}  # id(base array) -> its bytes
 _last_root: Any = lambda: None  # the array of the last view found by its shape (a weak reference)
+_seen: dict = {}  # id(array) -> a weak reference to it, for arrays found by their shape once
+_SEEN_MAX = 64
 
 
 def _spec_parts(buf: Any) -> Optional[tuple]:
@@ -88,9 +90,23 @@ def _cached(buf: Any, writable: bool) -> Optional[tuple]:
     addr = (_word_at(id(obj) + DATA_FIELD).value if DATA_FIELD >= 0 else host_address(obj)) if nbytes else 0
     e = (obj, count, datatype, obj.dtype, None, addr, nbytes)
     root = obj.base
-    if type(root) is np.ndarray and root.base is None:  # a view (a fresh array per call is never kept)
+    if root is None:
+        _keep_returning(obj, e)
+    elif type(root) is np.ndarray and root.base is None:
         _keep_view(obj, root, e)
     return e
+
+
+def _keep_returning(obj: np.ndarray, e: tuple) -> None:
+    """Cache an array found by its shape under its identity when it comes a second time (a program's own buffers,
+    several of one shape); a fresh array per call is only ever referenced weakly here."""
+    ref = _seen.get(id(obj))
+    if ref is not None and ref() is obj:
+        _keep(obj, e)
+        return
+    if len(_seen) >= _SEEN_MAX:
+        _seen.clear()
+    _seen[id(obj)] = weakref.ref(obj)
 
 
 def _keep_view(obj: np.ndarray, root: np.ndarray, e: tuple) -> None:
@@ -217,9 +233,10 @@ class FastP2P:
                 return None
         self.k = engine._kernels
         self.words = engine.lane_views
-        # the kernels' wait for a frame: about the engine's spin, or where ranks outnumber cores that many
-        # sched_yields (the core goes to a rank with work; the peer's answer comes sooner than a futex wake)
-        self.polls = engine._kernel_spin_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
+        # the kernels' wait for a frame: PYCOLL_P2P_SPIN_US (the engine's spin and the start of its yields, without
+        # its per-poll Python and its posted receive), or where ranks outnumber cores that many sched_yields (the
+        # core goes to a rank with work; the peer's answer comes sooner than a futex wake)
+        self.polls = engine.p2p_wait_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
         self.lanes = engine.lane_of
         return self.lanes
 

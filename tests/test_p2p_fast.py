@@ -326,7 +326,7 @@ def test_timeouts_are_honoured(n, tmp_path):
         assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
 
 
-def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory_kept() -> None:
+def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory_or_returning_arrays_kept() -> None:
     import numpy as np
 
     from pycoll import MPI, p2p_fast
@@ -355,6 +355,13 @@ def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory
     got = p2p_fast._cached([fresh, MPI.FLOAT], True)
     assert got is not None and got[5] == fresh.__array_interface__["data"][0]
     assert id(fresh) not in p2p_fast._SPECS
+    assert p2p_fast._cached([fresh, MPI.FLOAT], True) is not None  # it comes back: kept by identity from now on
+    held = p2p_fast._SPECS.get(id(fresh))
+    assert held is not None and held[0] is fresh and p2p_fast._cached([fresh, MPI.FLOAT], True) is held
+    for _ in range(3):  # a new array per call is never held: only weakly referenced until it comes back
+        again = np.zeros(8, np.float32)
+        assert p2p_fast._cached([again, MPI.FLOAT], True) is not None and id(again) not in p2p_fast._SPECS
+        del again
     assert p2p_fast._cached([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
     ro = np.zeros(8, np.float32)
     ro.flags.writeable = False
@@ -432,3 +439,54 @@ def test_buffered_messages_are_taken_in_matching_order(tmp_path):
     assert o["buffered"] == 7 and o["left"] == 0, o
     assert o["taken_here"] >= 5, o  # every receive but the truncated one
     assert "64 bytes" in o["truncation"] and "8-byte" in o["truncation"], o["truncation"]
+
+
+_LATE_PEER = _COMMON + """
+posted = [0]
+irecv = comm._irecv_array
+def counted(*a, **k):  # the engine's receive: what a compiled call hands over when it stops waiting
+    posted[0] += 1
+    return irecv(*a, **k)
+comm._irecv_array = counted
+bad = []
+halo = np.zeros(64)
+for step in range(60):
+    if rank == 1:  # the late rank: 300 us of work before each exchange
+        until = time.perf_counter() + 300e-6
+        while time.perf_counter() < until:
+            pass
+    send = np.full(8, 100 * rank + step, np.float64)
+    comm.Sendrecv([send, 8, MPI.DOUBLE], peer, 3, [halo[8:16], 8, MPI.DOUBLE], peer, 3)
+    if not (halo[8:16] == 100 * peer + step).all():
+        bad.append(f"sendrecv {step}")
+    if rank == 0:
+        got = np.zeros(2)
+        comm.Recv([got, MPI.DOUBLE], 1, 4)
+        if not (got == step).all():
+            bad.append(f"recv {step}")
+    else:
+        comm.Send(np.full(2, step, np.float64), 0, 4)
+out["bad"], out["posted"] = bad, posted[0]
+out["compiled"] = comm._engine._kernels is not None
+comm.Barrier()
+done()
+"""
+
+
+@pytest.mark.parametrize("spin_us", ["2000", "20"])
+def test_a_late_peer_is_awaited_in_the_compiled_call(spin_us, tmp_path):
+    """Where each rank has a core, a compiled Sendrecv or Recv whose peer comes 300 µs late keeps waiting in the
+    kernel (PYCOLL_P2P_SPIN_US) rather than posting an engine receive; with a spin shorter than the delay it hands
+    over, and the data is right either way."""
+    env = {"PYCOLL_ARENA_JIT_LOAD": "now", "PYCOLL_P2P_SPIN_US": spin_us}
+    proc, outs = _run(tmp_path, _LATE_PEER, [], "shm", env)
+    assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert outs[0]["bad"] == [] and outs[1]["bad"] == [], outs
+    assert outs[0]["compiled"], outs
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: the ranks share it, so the compiled wait yields instead of spinning")
+    if spin_us == "2000":
+        assert outs[0]["posted"] <= 6, outs  # 60 waits of 300 µs; a few may lose the core for longer
+    else:
+        assert outs[0]["posted"] >= 30, outs
