@@ -35,12 +35,6 @@ log = logging.getLogger("pycoll")
 
 SPIN_US = float_param("PYCOLL_SPIN_US", 50.0, "Microseconds a wait busy-polls before it starts yielding the core (default 50, or 2 with more ranks than cores).")
 _OVERSUBSCRIBED_SPIN_US = 2.0
-P2P_SPIN_US = float_param(
-    "PYCOLL_P2P_SPIN_US", 2000.0,
-    "Microseconds a compiled blocking point-to-point call (Recv, Sendrecv, Wait) spins for its peer's message before the "
-    "engine's wait takes over, where every rank of the host has a core (where they share cores, PYCOLL_P2P_YIELDS "
-    "counts its yields instead).",
-)
 YIELD_US = float_param("PYCOLL_YIELD_US", 2000.0, "Microseconds a wait then spends in sched_yield before it sleeps.")
 PROBE_AFTER_S = 1.0  # a collective idle this long asks the ranks it waits for which call they are in (deadlocks)
 STALL_WARN = float_param(
@@ -442,7 +436,6 @@ class Engine:
         self._readv = 0  # libc's process_vm_readv for the kernels (0: none)
         self._eager_calls = 0
         self._eager_kernel_polls = 20000
-        self.p2p_wait_polls = 20000  # a compiled blocking call's spin for its peer (p2p_fast), set with the kernels
         self.kernel_polls_per_byte = 0.0  # polls a rendezvous send's wait adds per byte (set with the kernels)
         # The per-call fast path (p2p_fast): world rank -> address of its lane's words (0: none), once the kernels
         # are in; a lane is zeroed when its channel fails or closes.
@@ -1008,7 +1001,6 @@ class Engine:
             self._kernels = k
             poll_s = self._poll_seconds(k)
             self._eager_kernel_polls = max(int(SPIN_US.get() * 1e-6 / poll_s), 1)
-            self.p2p_wait_polls = max(int(P2P_SPIN_US.get() * 1e-6 / poll_s), 1)
             # a rendezvous send also spins out the receiver's pull before it sleeps
             self.kernel_polls_per_byte = RDV_PULL_S_PER_BYTE / poll_s
             self._build_lanes(k)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ctypes
+import os
+import time
 import weakref
 from typing import Any, Optional
 
 import numpy as np
 
-from .config import int_param
+from .config import float_param, int_param
 from .memory import DATA_FIELD, host_address
 from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
 
@@ -18,6 +20,13 @@ P2P_YIELDS = int_param(
     "Where a host runs more ranks than cores: how many times a compiled point-to-point call waiting for its peer "
     "gives up the core (sched_yield) before it sleeps on the doorbell (default 4096, a few ms when the core is idle).",
 )
+P2P_SPIN_US = float_param(
+    "PYCOLL_P2P_SPIN_US", 2000.0,
+    "Where every rank of the host has a core: microseconds a compiled blocking Recv or Sendrecv keeps polling for its "
+    "peer's message, giving up the core (sched_yield) between short spins, before the engine's wait takes over "
+    "(where ranks share cores, PYCOLL_P2P_YIELDS counts its yields instead).",
+)
+_EMPTY = 1  # a take's status: no frame came within its polls (p2p_lane.EMPTY)
 _NO_SEGMENTS: list = []
 _word_at = ctypes.c_size_t.from_address
 _memmove = ctypes.memmove
@@ -204,7 +213,8 @@ class FastP2P:
     only while nothing else could match it first."""
 
     __slots__ = ("comm", "engine", "ctx", "size", "world", "lanes", "words", "k", "posted", "unexpected",
-                 "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners")
+                 "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners", "linger_s",
+                 "linger_polls")
 
     def __init__(self, comm: Any) -> None:
         engine: Engine = comm._engine
@@ -222,6 +232,8 @@ class FastP2P:
         self.lock = engine.lock
         self.eager_max = engine.eager_max
         self.polls = 0
+        self.linger_s = 0.0
+        self.linger_polls = 1
         self.owners: dict = {}  # (call, rank, tag) -> its owner, for the requests this path posts
 
     def _lanes(self) -> Optional[list[int]]:
@@ -233,10 +245,12 @@ class FastP2P:
                 return None
         self.k = engine._kernels
         self.words = engine.lane_views
-        # the kernels' wait for a frame: PYCOLL_P2P_SPIN_US (the engine's spin and the start of its yields, without
-        # its per-poll Python and its posted receive), or where ranks outnumber cores that many sched_yields (the
-        # core goes to a rank with work; the peer's answer comes sooner than a futex wake)
-        self.polls = engine.p2p_wait_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
+        # the kernels' wait for a frame: about the engine's spin, or where ranks outnumber cores that many
+        # sched_yields (the core goes to a rank with work; the peer's answer comes sooner than a futex wake); then,
+        # where each rank has a core, ``_linger`` for PYCOLL_P2P_SPIN_US
+        self.polls = engine._kernel_spin_polls if not engine.oversubscribed else max(P2P_YIELDS.get(), 0)
+        self.linger_s = P2P_SPIN_US.get() * 1e-6 if not engine.oversubscribed else 0.0
+        self.linger_polls = max(engine._kernel_spin_polls // 10, 1)  # about 5 µs between yields
         self.lanes = engine.lane_of
         return self.lanes
 
@@ -344,6 +358,20 @@ class FastP2P:
                 return 0
             return status
 
+    def _linger(self, peer: int, d: int, e: tuple, tag: int) -> int:
+        """After the spin found no frame from ``peer``: take again between ``sched_yield``s (the core goes to any
+        thread that is ready; on an idle core the call returns at once) for PYCOLL_P2P_SPIN_US, where each rank has
+        a core. The engine's wait would do the same after posting a receive, at several µs of Python a poll, and
+        complete it through its queues: a peer late by more than the spin (ranks drift apart after uneven work)
+        cost a halo step 20-40 µs. The take's status; the engine's lock is held."""
+        until = time.monotonic() + self.linger_s
+        polls = self.linger_polls
+        while True:
+            os.sched_yield()
+            status = self._take(peer, d, e, tag, polls)
+            if status != _EMPTY or self.aborts or time.monotonic() >= until:
+                return status
+
     def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
         """A blocking receive of the next frame from ``source``'s ring, spinning briefly for it."""
         e = _cached(buf, True) or _resolve(self.comm, buf, "Recv", True)
@@ -363,6 +391,8 @@ class FastP2P:
             elif d and self._quiet(peer) and not self._dead() and self.lock.acquire(False):
                 try:
                     got = self._take(peer, d, e, tag, self.polls)
+                    if got == _EMPTY and self.linger_s:
+                        got = self._linger(peer, d, e, tag)
                 finally:
                     self.lock.release()
                 if not got:
@@ -530,6 +560,8 @@ class FastP2P:
                         w = self.words[rpeer]
                         engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
                     got = 0
+                if got == _EMPTY and self.linger_s:  # sent: wait on for the peer's message
+                    got = self._linger(rpeer, ds, r, recvtag)
                 sreq = None
                 received = got == 0
             elif engine._rdv_ok(speer, n):

@@ -475,9 +475,9 @@ done()
 
 @pytest.mark.parametrize("spin_us", ["2000", "20"])
 def test_a_late_peer_is_awaited_in_the_compiled_call(spin_us, tmp_path):
-    """Where each rank has a core, a compiled Sendrecv or Recv whose peer comes 300 µs late keeps waiting in the
-    kernel (PYCOLL_P2P_SPIN_US) rather than posting an engine receive; with a spin shorter than the delay it hands
-    over, and the data is right either way."""
+    """Where each rank has a core, a compiled Sendrecv or Recv whose peer comes 300 µs late keeps polling its ring
+    between yields (PYCOLL_P2P_SPIN_US) rather than posting an engine receive; with a span shorter than the delay
+    it hands over, and the data is right either way."""
     env = {"PYCOLL_ARENA_JIT_LOAD": "now", "PYCOLL_P2P_SPIN_US": spin_us}
     proc, outs = _run(tmp_path, _LATE_PEER, [], "shm", env)
     assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
