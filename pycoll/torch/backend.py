@@ -27,6 +27,7 @@ log = logging.getLogger("pycoll.torch")
 
 BACKEND = "pycoll"
 INLINE_BYTES = 1 << 20  # host calls below this size run in the caller's thread when nothing is in flight
+_inline_bytes = [INLINE_BYTES]  # every size where the machine's ranks have at most a core each (``_share_cores``)
 
 _lock = threading.Lock()
 _progress: Optional[ProgressThread] = None
@@ -559,7 +560,7 @@ class ProcessGroupPycoll(dist.ProcessGroup):
 
 def _runs_inline(nbytes: int, opts: Any) -> bool:
     """Whether a host call of ``nbytes`` (-1: unknown) runs in the caller's thread when nothing is in flight."""
-    return 0 <= nbytes and (nbytes < INLINE_BYTES or _waits(opts))
+    return 0 <= nbytes and (nbytes < _inline_bytes[0] or _waits(opts))
 
 
 def _waits(opts: Any) -> bool:
@@ -653,8 +654,13 @@ def _share_cores(ranks: int, cores: int) -> None:
     for several ranks on a node. Each rank's pool otherwise takes every core, and while one rank computes on all of
     them its peers wait in a collective for its result: 2 ranks on 2 cores, a small MLP's DDP step took 4-64 ms
     against 2-3 ms with one thread each. ``ranks``: the job's on this machine (namespaces included); ``cores``: theirs
-    (pycoll.machine)."""
+    (pycoll.machine). Where the ranks have at most a core each, every host call runs in the caller's thread when
+    nothing is in flight, at any size: handed to the progress thread, a DDP bucket's allreduce only took turns with
+    the backward pass on the same cores, plus the hop (25 MB of gradients, 2 ranks on 2 cores: 78-81 against 65-79
+    ms a step; 4 ranks: 166-192 against 154-158)."""
     _shared_cores.append(True)
+    if cores <= ranks:  # no core for the progress thread to overlap a call on: it would only take turns with torch
+        _inline_bytes[0] = 1 << 62
     if os.environ.get("OMP_NUM_THREADS") or ranks <= 1:
         return
     share = max(1, cores // ranks)

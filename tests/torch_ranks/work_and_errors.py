@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 
 import pycoll.torch  # noqa: F401
+from pycoll import runtime as pycoll_runtime
 from pycoll.errors import InvalidArgumentError
+from pycoll.torch import backend
 
 
 def run(r: int, n: int, fail: list[str]) -> int:
@@ -80,9 +82,10 @@ def run(r: int, n: int, fail: list[str]) -> int:
     t = torch.ones(5)
     dist.all_reduce(t)
     expect(bool((t == n).all()), "allreduce after rejected calls")
-    # a large call the caller waits for at once (async_op=False) runs in the caller's thread, pycoll's blocking call;
-    # one it may overlap (async_op=True) goes to the progress thread
+    # a large call the caller waits for at once (async_op=False) runs in the caller's thread, pycoll's blocking call
     comm = dist.group.WORLD.comm
+    rt = pycoll_runtime.current()
+    no_spare = rt.machine_cores <= len(rt.machine_ranks)
     threads: list[threading.Thread] = []
     blocking, posting = comm.Allreduce, comm.Iallreduce
     comm.Allreduce = lambda *a, **k: (threads.append(threading.current_thread()), blocking(*a, **k))[1]
@@ -92,12 +95,26 @@ def run(r: int, n: int, fail: list[str]) -> int:
         dist.all_reduce(big)
         expect(threads == [threading.main_thread()], f"a blocking 2 MiB all_reduce ran in {threads}")
         expect(bool((big == sum(range(n))).all()), "blocking 2 MiB all_reduce")
-        threads.clear()
-        dist.all_reduce(big, async_op=True).wait()
-        expect(len(threads) == 1 and threads[0] is not threading.main_thread(), f"an async 2 MiB all_reduce ran in {threads}")
-        expect(bool((big == n * sum(range(n))).all()), "async 2 MiB all_reduce")
+        # with a core to spare for each rank, an async call from 1 MiB goes to the progress thread; where the
+        # machine's ranks have a core each at most, it runs in the caller's thread (nothing to overlap on)
+        expect(backend._inline_bytes[0] == (1 << 62 if no_spare else backend.INLINE_BYTES),
+               f"inline limit {backend._inline_bytes[0]} for {len(rt.machine_ranks)} ranks on {rt.machine_cores} cores")
+        want = sum(range(n))
+        for spare in (True, False):
+            backend._inline_bytes[0] = backend.INLINE_BYTES if spare else 1 << 62
+            with backend._progress._start_lock:  # the thread may still be leaving the last job, which it ran itself
+                pass
+            threads.clear()
+            dist.all_reduce(big, async_op=True).wait()
+            want *= n
+            if spare:
+                expect(len(threads) == 1 and threads[0] is not threading.main_thread(), f"an async 2 MiB all_reduce ran in {threads}")
+            else:
+                expect(threads == [threading.main_thread()], f"an async 2 MiB all_reduce without a spare core ran in {threads}")
+            expect(bool((big == want).all()), f"async 2 MiB all_reduce (spare core: {spare})")
     finally:
         del comm.Allreduce, comm.Iallreduce
+        backend._inline_bytes[0] = 1 << 62 if no_spare else backend.INLINE_BYTES
     # batch_isend_irecv (coalesced point-to-point)
     nxt, prv = (r + 1) % n, (r - 1) % n
     got = torch.empty(6)
