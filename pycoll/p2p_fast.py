@@ -13,6 +13,7 @@ import numpy as np
 from .config import float_param, int_param
 from .memory import DATA_FIELD, host_address
 from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
+from .p2p_lane import EMPTY
 
 _TAG_MAX = (1 << 63) - 1
 P2P_YIELDS = int_param(
@@ -26,7 +27,6 @@ P2P_SPIN_US = float_param(
     "peer's message, giving up the core (sched_yield) between short spins, before the engine's wait takes over "
     "(where ranks share cores, PYCOLL_P2P_YIELDS counts its yields instead).",
 )
-_EMPTY = 1  # a take's status: no frame came within its polls (p2p_lane.EMPTY)
 _NO_SEGMENTS: list = []
 _word_at = ctypes.c_size_t.from_address
 _memmove = ctypes.memmove
@@ -369,7 +369,7 @@ class FastP2P:
         while True:
             os.sched_yield()
             status = self._take(peer, d, e, tag, polls)
-            if status != _EMPTY or self.aborts or time.monotonic() >= until:
+            if status != EMPTY or self.aborts or time.monotonic() >= until:
                 return status
 
     def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
@@ -391,7 +391,7 @@ class FastP2P:
             elif d and self._quiet(peer) and not self._dead() and self.lock.acquire(False):
                 try:
                     got = self._take(peer, d, e, tag, self.polls)
-                    if got == _EMPTY and self.linger_s:
+                    if got == EMPTY and self.linger_s:
                         got = self._linger(peer, d, e, tag)
                 finally:
                     self.lock.release()
@@ -560,7 +560,7 @@ class FastP2P:
                         w = self.words[rpeer]
                         engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
                     got = 0
-                if got == _EMPTY and self.linger_s:  # sent: wait on for the peer's message
+                if got == EMPTY and self.linger_s:  # sent: wait on for the peer's message
                     got = self._linger(rpeer, ds, r, recvtag)
                 sreq = None
                 received = got == 0

@@ -27,7 +27,8 @@ log = logging.getLogger("pycoll.torch")
 
 BACKEND = "pycoll"
 INLINE_BYTES = 1 << 20  # host calls below this size run in the caller's thread when nothing is in flight
-_inline_bytes = [INLINE_BYTES]  # every size where the machine's ranks have at most a core each (``_share_cores``)
+EVERY_SIZE = 1 << 62  # the inline limit where the machine's ranks have at most a core each (``_share_cores``)
+_inline_bytes = [INLINE_BYTES]
 
 _lock = threading.Lock()
 _progress: Optional[ProgressThread] = None
@@ -167,8 +168,8 @@ class ProcessGroupPycoll(dist.ProcessGroup):
                 blocking: Optional[Callable[[], None]] = None, nbytes: int = -1, opts: Any = None) -> PycollWork:
         """Queue the call for the progress thread: ``start`` posts it nonblocking, ``blocking`` (host tensors only)
         is the same call made blocking, which the thread prefers when nothing else is in flight. A call of
-        ``nbytes`` under INLINE_BYTES runs that way at once in the caller's thread when nothing is in flight:
-        blocking it that long costs less than the hop to the thread and back. So does a call of any size whose
+        ``nbytes`` under the inline limit (INLINE_BYTES, or EVERY_SIZE without a spare core) runs that way at once
+        in the caller's thread when nothing is in flight: blocking it that long costs less than the hop to the thread and back. So does a call of any size whose
         caller waits for it at once (``opts.asyncOp`` False: torch's ``async_op=False``)."""
         if at is not None and at.cuda:
             blocking = None
@@ -660,7 +661,7 @@ def _share_cores(ranks: int, cores: int) -> None:
     ms a step; 4 ranks: 166-192 against 154-158)."""
     _shared_cores.append(True)
     if cores <= ranks:  # no core for the progress thread to overlap a call on: it would only take turns with torch
-        _inline_bytes[0] = 1 << 62
+        _inline_bytes[0] = EVERY_SIZE
     if os.environ.get("OMP_NUM_THREADS") or ranks <= 1:
         return
     share = max(1, cores // ranks)
