@@ -1,4 +1,5 @@
-"""Build hook: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed."""
+"""Build hooks: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed, and
+the C shape key of a call (pycoll/_callkey.c), optional: without it pycoll keys calls in Python."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
@@ -29,4 +30,13 @@ class BuildPyWithKernels(build_py):
             print("pycoll: the ahead-of-time kernels did not build; pycoll will use Numba's JIT", file=sys.stderr)
 
 
-setup(cmdclass={"build_py": BuildPyWithKernels})
+def _numpy_include() -> str:
+    import numpy
+
+    return numpy.get_include()
+
+
+# optional: a failed compile leaves the Python form of the key (pycoll.executor.shape_key) in use
+CALL_KEY = Extension("pycoll._callkey", ["pycoll/_callkey.c"], include_dirs=[_numpy_include()], optional=True)
+
+setup(cmdclass={"build_py": BuildPyWithKernels}, ext_modules=[CALL_KEY])

@@ -23,7 +23,7 @@ from .algorithms.registry import REDUCTIONS, REPRODUCIBLE, last_choice, parse_ov
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
 from .composed import HostComposition
-from .config import _ENV_BYTES
+from .config import _ENV_BYTES, str_param
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
 from .memory import backend, host_address
@@ -35,6 +35,12 @@ from .transport.arena import DEPTH, fold_seq
 if TYPE_CHECKING:
     from .comm import Comm
 
+CALL_KEY = str_param(
+    "PYCOLL_CALL_KEY", "auto",
+    "How a collective call's shape key (the key of its cached plan, built on every call) is made: `auto`, in C "
+    "where `pycoll/_callkey.c` was compiled at install (about 0.2 µs against 1.1-1.6 µs), else in Python; "
+    "`python`: always in Python. Read when pycoll is imported.",
+)
 _PLANS = 64  # plans kept per communicator (oldest dropped first)
 _FAST_SPIN_S = 50e-6  # how long an inline arena call spins for its peers before it waits as a schedule
 # where ranks outnumber cores: a fifth of a microsecond, then the kernel gives the core away (arena_jit.YIELDS)
@@ -45,13 +51,14 @@ _YIELD_RETRY_S = 1e-3
 _SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
 
 
-def shape_key(args: tuple) -> Optional[tuple]:
+def shape_key_python(args: tuple) -> Optional[tuple]:
     """What a call's arguments are, apart from buffer addresses: None where an argument is of a kind not planned.
 
     One entry per argument; a list or tuple becomes a tuple of its type and its items' entries, so no two different
     argument lists share a key. The usual buffer specs, ``[buf, count, type]`` and ``[buf, type]``, get one flat
     entry each (an array's entry is its shape, dtype and C-order and writable flags, a Datatype stands bare), which
     no other argument list can produce. Built without recursion or per-item calls: it runs on every call.
+    ``shape_key`` is this function's C form (``pycoll/_callkey.c``) where it was compiled at install.
     """
     key = []
     add = key.append
@@ -127,6 +134,21 @@ def _describe_scalar(t: type, a: Any) -> Any:
     if isinstance(a, np.integer):
         return int(a)
     return None
+
+
+def _compiled_shape_key() -> Optional[Callable[[tuple], Optional[tuple]]]:
+    """The C form of ``shape_key_python``, or None where it was not built (PYCOLL_CALL_KEY=python: never used)."""
+    if CALL_KEY.get() == "python":
+        return None
+    try:
+        from . import _callkey
+    except ImportError:
+        return None
+    _callkey.configure(Datatype, Op, IN_PLACE, _TRUE, _FALSE, _describe_items, _describe_scalar)
+    return _callkey.shape_key
+
+
+shape_key: Callable[[tuple], Optional[tuple]] = _compiled_shape_key() or shape_key_python
 
 
 def _arrays(args: tuple):

@@ -8,10 +8,17 @@ import pytest
 from pycoll import MPI
 from pycoll.algorithms import Call
 from pycoll.buffers import IN_PLACE
-from pycoll.executor import _Rebind, shape_key
+from pycoll.executor import _compiled_shape_key, _Rebind, shape_key_python
+
+_COMPILED = _compiled_shape_key()
+# both forms of the key: the C one (pycoll/_callkey.c) where the install compiled it, and the Python one
+KEY_FORMS = [pytest.param(shape_key_python, id="python"), pytest.param(
+    _COMPILED, id="compiled",
+    marks=pytest.mark.skipif(_COMPILED is None, reason="pycoll._callkey was not compiled at install (no C compiler)"))]
 
 
-def test_shape_key_ignores_addresses_and_sees_everything_else() -> None:
+@pytest.mark.parametrize("shape_key", KEY_FORMS)
+def test_shape_key_ignores_addresses_and_sees_everything_else(shape_key) -> None:
     a, b = np.zeros(8, np.float32), np.ones(8, np.float32)
     assert shape_key(([a, MPI.FLOAT], 0)) == shape_key(([b, MPI.FLOAT], 0))  # a fresh array: the same shape
     assert shape_key((a,)) != shape_key((np.zeros(9, np.float32),))
@@ -30,9 +37,48 @@ def test_shape_key_ignores_addresses_and_sees_everything_else() -> None:
     assert shape_key(([a, True, MPI.FLOAT],)) != shape_key(([a, 1, MPI.FLOAT],))
 
 
-@pytest.mark.parametrize("buf", [bytearray(8), memoryview(bytearray(8)), object()])
-def test_shape_key_declines_buffers_it_cannot_describe(buf) -> None:
+@pytest.mark.parametrize("shape_key", KEY_FORMS)
+@pytest.mark.parametrize("buf", [bytearray(8), memoryview(bytearray(8)), object(), [bytearray(8), MPI.BYTE]])
+def test_shape_key_declines_buffers_it_cannot_describe(shape_key, buf) -> None:
     assert shape_key((buf, 0)) is None
+
+
+class _List(list):
+    pass
+
+
+def _argument_lists() -> list[tuple]:
+    a = np.arange(12, dtype=np.float32)
+    ro = a.copy()
+    ro.flags.writeable = False
+    F, B = MPI.FLOAT, MPI.BYTE
+    return [
+        (), ([a, 12, F], [a.copy(), 12, F], 0, False), ([a, F], [ro, F], 3, True), (IN_PLACE, a, MPI.SUM),
+        (IN_PLACE, [a, F], MPI.MAX), ([a[::2], 6, F], None), ([a.reshape(3, 4), B], "x"), ((a, 12, F), (a, F)),
+        ([a, [1, 2, 3], [0, 1, 3], F], 1), ([a, ([4, 8], [0, 4]), F],), ([a, 12, B, 0],), ([a],), ([a, np.int64(3), F],),
+        ([a, 3.0, F],), ([a, True, F],), ([a, F, 12],), (np.float32(1.5), 2.5, np.int32(7)), (a, np.int64(1)),
+        (np.zeros((), np.int8),), (np.zeros((2, 0, 3)),), (a.reshape(3, 4).T,), (_List([a, 12, F]),), (F,), (MPI.SUM,),
+        ([IN_PLACE, a],), ([[a, F]],), ([memoryview(a), F],), (b"bytes",), ({1: 2},), ([{1: 2}],),
+    ]
+
+
+@pytest.mark.skipif(_COMPILED is None, reason="pycoll._callkey was not compiled at install (no C compiler)")
+def test_the_compiled_key_is_the_python_key() -> None:
+    """Every kind of argument list gives the same key (or the same None) in C and in Python."""
+    import sys
+
+    lists = _argument_lists()
+    for args in lists:
+        assert _COMPILED(args) == shape_key_python(args), args
+    # nothing leaks or is freed early: references to the objects a key holds are back where they were
+    F, dtype = MPI.FLOAT, np.dtype(np.float32)
+    before = sys.getrefcount(F), sys.getrefcount(dtype), sys.getrefcount(list)
+    for _ in range(1000):
+        for args in lists:
+            _COMPILED(args)
+    assert (sys.getrefcount(F), sys.getrefcount(dtype), sys.getrefcount(list)) == before
+    with pytest.raises(TypeError):
+        _COMPILED([1, 2])  # not a tuple
 
 
 def test_rebind_finds_views_in_new_buffers() -> None:
