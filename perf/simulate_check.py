@@ -51,10 +51,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from pycoll.algorithms import CostModel  # noqa: E402
-from pycoll.netns import parse_rate  # noqa: E402
+from pycoll.config import parse_rate  # noqa: E402
 from pycoll.perf import report  # noqa: E402
 from pycoll.topology.model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology  # noqa: E402
-from pycoll.topology.simulate import placement_of, simulate  # noqa: E402
+from pycoll.perf.simulate import placement_of, simulate  # noqa: E402
 
 MiB, GiB = 1 << 20, 1 << 30
 TOLERANCE = 0.25

@@ -9,17 +9,19 @@ from typing import Any
 
 import numpy as _np
 
+from . import comm as _comm_module
 from . import datatypes as _datatypes
 from . import errors as _errors
 from . import ops as _ops
 from . import runtime as _runtime
 from .buffers import IN_PLACE
-from .comm import COMM_NULL, UNDEFINED, Comm, self_comm, world_comm
+from .comm import _PREDEFINED, COMM_NULL, UNDEFINED, Comm, self_comm, world_comm
 from .datatypes import Datatype
 from .errors import PycollError as Exception  # noqa: A001 - mpi4py's name
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
 from .request import REQUEST_NULL, Request, Status
+from .version import version as _version
 
 Intracomm = Comm
 BOTTOM = None
@@ -40,7 +42,7 @@ BAND, BOR, BXOR, LAND, LOR, LXOR = _ops.BAND, _ops.BOR, _ops.BXOR, _ops.LAND, _o
 
 globals().update(_datatypes.DATATYPES)  # MPI.FLOAT, MPI.DOUBLE, MPI.INT, MPI.INT64_T, ...
 
-_comms: dict[str, Comm] = {}
+_comms = _PREDEFINED  # COMM_WORLD and COMM_SELF once made (kept in pycoll.comm, which pickles them by name)
 
 
 def _world() -> Comm:
@@ -49,6 +51,14 @@ def _world() -> Comm:
         _comms["world"] = world_comm(rt)
         _comms["self"] = self_comm(rt)
     return _comms["world"]
+
+
+def _predefined(name: str) -> Comm:
+    """``COMM_WORLD`` or ``COMM_SELF`` by name: how a pickled one unpickles."""
+    return __getattr__(name)
+
+
+_comm_module._predefined_by_name[:] = [_predefined]
 
 
 def __getattr__(name: str) -> Any:
@@ -103,17 +113,14 @@ def Get_version() -> tuple[int, int]:  # noqa: N802
 
 
 def Get_library_version() -> str:  # noqa: N802
-    from . import __version__
-
-    return f"pycoll {__version__}"
+    return f"pycoll {_version()}"
 
 
 # ---- communicator management: groups, topologies, comparisons, and the features pycoll does not provide ----
-from .comm import COMM_TYPE_SHARED  # noqa: E402
+from .comm import COMM_TYPE_SHARED, Intercomm  # noqa: E402
 from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group  # noqa: E402
 from .not_provided import (  # noqa: E402
     File,
-    Intercomm,
     Win,
     Close_port,
     Lookup_name,
@@ -135,9 +142,7 @@ for _unavailable in ("C_LONG_DOUBLE_COMPLEX",):
 
 def get_vendor() -> tuple[str, tuple[int, int, int]]:
     """The implementation's name and (major, minor, micro) version, as mpi4py.MPI.get_vendor() returns MPICH's."""
-    from . import __version__
-
-    parts = [int(p) if p.isdigit() else 0 for p in __version__.split(".")[:3]]
+    parts = [int(p) if p.isdigit() else 0 for p in _version().split(".")[:3]]
     major, minor, micro = parts + [0] * (3 - len(parts))
     return ("pycoll", (major, minor, micro))
 
@@ -155,7 +160,6 @@ def Query_thread() -> int:  # noqa: N802
 # ---- point-to-point and requests: probes, matched messages, persistent requests, buffered mode ----
 from .request import MESSAGE_NO_PROC, MESSAGE_NULL, Grequest, Message, Prequest  # noqa: E402
 
-from . import comm as _comm_mod  # noqa: E402
 from .comm import BUFFER_AUTOMATIC  # noqa: E402
 
 BSEND_OVERHEAD = 96  # MPICH's; pycoll's Bsend copies the message itself and needs no attached space
@@ -177,7 +181,7 @@ def Attach_buffer(buf: Any) -> None:  # noqa: N802
     """Attach the process's buffer for buffered sends: writable memory, or None / BUFFER_AUTOMATIC. pycoll's
     Bsend copies each message into memory of its own, so the buffer is only kept, not used (see Comm.Attach_buffer)."""
     global _attached
-    _attached = _comm_mod.attach_buffer(_attached, buf, "Attach_buffer")
+    _attached = _comm_module.attach_buffer(_attached, buf, "Attach_buffer")
 
 
 def Detach_buffer() -> Any:  # noqa: N802
@@ -189,7 +193,7 @@ def Detach_buffer() -> Any:  # noqa: N802
 
 def Flush_buffer() -> None:  # noqa: N802
     """Wait until the buffered sends of every communicator have left."""
-    _comm_mod.flush_all_bsends()
+    _comm_module.flush_all_bsends()
 
 
 def Iflush_buffer() -> Request:  # noqa: N802

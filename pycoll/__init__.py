@@ -54,15 +54,6 @@ def finalize() -> None:
     runtime.shutdown()
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("pycoll")
-    except PackageNotFoundError:  # running from a source tree
-        return "0.1.0"
-
-
 def __getattr__(name: str):
     # Lazy: `import pycoll` (the launcher, the CLI) must not pull in NumPy or importlib.metadata.
     if name == "MPI":
@@ -74,6 +65,8 @@ def __getattr__(name: str):
 
         return IN_PLACE
     if name == "__version__":
-        value = globals()["__version__"] = _version()
+        from .version import version
+
+        value = globals()["__version__"] = version()
         return value
     raise AttributeError(f"module 'pycoll' has no attribute {name!r}")

@@ -37,7 +37,7 @@ def _import_status(name: str) -> str:
 def _bootstrap_status() -> str:
     import importlib.util
 
-    from pycoll.bootstrap import detect_launcher
+    from pycoll.bootstrap.rendezvous import detect_launcher
 
     launcher = detect_launcher()
     notes = {
@@ -95,17 +95,45 @@ def add_info_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
     return p
 
 
+def add_warmup_parser(subparsers: Any) -> Any:
+    """`pycoll warmup`: build the ahead-of-time kernels for the current sources (``pycoll.native_build``), else
+    compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
+    p = subparsers.add_parser("warmup", help="build the compiled kernels now (pip install does it; run after editing them)")
+
+    def run(args: Any) -> int:
+        import time
+
+        from .algorithms.arena_jit import warm_up
+
+        t0 = time.perf_counter()
+        try:
+            from . import native_build
+
+            native_build.build()
+        except Exception as exc:  # noqa: BLE001 - no compiler, no pycc: the JIT's cache instead
+            print(f"pycoll warmup: no ahead-of-time build ({type(exc).__name__}: {exc}); filling Numba's cache")
+        why = warm_up()
+        if why is not None:
+            print(f"pycoll warmup: the compiled path is off here: {why}")
+            return 1
+        print(f"pycoll warmup: kernels ready in {time.perf_counter() - t0:.1f} s")
+        return 0
+
+    p.set_defaults(func=run)
+    return p
+
+
 # Subcommands in help order. An entry's second item is the add-parser function itself or
 # "module:function", imported only when the CLI is built (keeps heavy modules off `pycoll run`).
 SUBCOMMANDS: list[tuple[str, Union[AddParser, str]]] = [
     ("run", "pycoll.launcher:add_run_parser"),
     ("info", add_info_parser),
     ("plot", "pycoll.perf.plot:add_plot_parser"),
-    ("perf", "pycoll.perf.options:add_perf_parser"),
+    ("perf", "pycoll.perf.command:add_perf_parser"),
     ("tune", "pycoll.tune:add_tune_parser"),
     ("topo", "pycoll.topology.cli:add_topo_parser"),
-    ("simulate", "pycoll.topology.simulate:add_simulate_parser"),
-    ("warmup", "pycoll.algorithms.arena_jit:add_warmup_parser"),
+    ("simulate", "pycoll.perf.simulate:add_simulate_parser"),
+    ("warmup", add_warmup_parser),
 ]
 
 

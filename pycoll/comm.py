@@ -10,8 +10,7 @@ import sys
 import threading
 import warnings
 import weakref
-from math import prod
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
@@ -22,6 +21,7 @@ from .algorithms.registry import REPRODUCIBLE
 from .algorithms.cuda_ipc import IpcState
 from .algorithms.shared import ArenaState, arena_enabled
 from .buffers import IN_PLACE, Buf, VBuf
+from .config import SHM_DIR
 from .errors import AbortedError, InvalidArgumentError, InvalidRootError
 from .executor import Executor
 from .ops import Op
@@ -29,7 +29,6 @@ from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner, Sig
 from .p2p_fast import FastP2P
 from .request import MESSAGE_NO_PROC, Message, Prequest, Request, Status
 from .runtime import Runtime
-from .transport.shm import SHM_DIR
 
 UNDEFINED = -32766
 
@@ -1379,13 +1378,11 @@ class Comm:
 
     def __reduce__(self) -> Any:
         """COMM_WORLD and COMM_SELF pickle by name; any other communicator cannot leave its process (mpi4py)."""
-        from . import MPI
-
         for name, key in (("COMM_WORLD", "world"), ("COMM_SELF", "self")):
-            if MPI._comms.get(key) is self:
-                return (_predefined, (name,))
-            if MPI._comms.get(key) == self:  # another reference to it: unpickles as another reference
-                return (type(self), (MPI._comms[key],))
+            if _PREDEFINED.get(key) is self and _predefined_by_name:
+                return (_predefined_by_name[0], (name,))
+            if _PREDEFINED.get(key) == self:  # another reference to it: unpickles as another reference
+                return (type(self), (_PREDEFINED[key],))
         raise ValueError(f"cannot pickle {self!r}: a communicator is local to its process")
 
     def _child(self, world: list[int], ctx: int, name: str) -> "Comm":
@@ -1582,68 +1579,40 @@ class Comm:
 
     py2f = toint
 
+    # The topology communicators (pycoll.topology_comm) subclass Comm, so this module cannot import them; that
+    # module registers its constructors here when it is imported (pycoll.MPI imports it).
     def Create_cart(self, dims: Sequence[int], periods: Any = None, reorder: bool = False) -> Any:  # noqa: N802
         """Collective: a Cartcomm laying the first prod(dims) ranks out on the grid, in rank order (``reorder``
         is accepted; pycoll keeps the order); the other ranks get COMM_NULL."""
-        from .topology_comm import Cartcomm, cart_args
-
-        op = "Create_cart"
-        self._live(op)
-        self._children += 1
-        problem, grid = "", None
-        try:
-            grid = cart_args(dims, periods, op)
-            if prod(grid[0]) > self._size:
-                raise InvalidArgumentError(f"dims {grid[0]} need {prod(grid[0])} ranks; the communicator has {self._size}", op=op)
-        except InvalidArgumentError as exc:
-            problem = exc.cause
-        self._agreed(op, grid, problem, same=True)
-        assert grid is not None
-        if self._rank >= prod(grid[0]):
-            return COMM_NULL
-        ctx = _child_ctx(self._ctx, self._children, ("cart", tuple(grid[0]), tuple(grid[1])))
-        name = f"{self._name}.cart({'x'.join(map(str, grid[0]))})"
-        return Cartcomm._build(self, self._world[: prod(grid[0])], ctx, name, grid[0], grid[1])
+        return _topologies("Create_cart").create_cart(self, dims, periods)
 
     def Cart_map(self, dims: Sequence[int], periods: Any = None) -> int:  # noqa: N802
         """The rank this process would have in ``Create_cart(dims, periods, reorder=True)``: its own, or
         UNDEFINED past the grid."""
-        from .topology_comm import cart_args
-
-        d, _ = cart_args(dims, periods, "Cart_map")
-        if prod(d) > self._size:
-            raise InvalidArgumentError(f"dims {d} need {prod(d)} ranks; the communicator has {self._size}", op="Cart_map", rank=self._rank)
-        return self._rank if self._rank < prod(d) else UNDEFINED
+        return _topologies("Cart_map").cart_map(self, dims, periods)
 
     def Create_graph(self, index: Sequence[int], edges: Sequence[int], reorder: bool = False) -> Any:  # noqa: N802
         """Collective: a Graphcomm over the first len(index) ranks (node i's neighbors are
         edges[index[i-1]:index[i]]); the other ranks get COMM_NULL. ``reorder`` is accepted; the order stays."""
-        from .topology_comm import create_graph
-
-        return create_graph(self, index, edges)
+        return _topologies("Create_graph").create_graph(self, index, edges)
 
     def Graph_map(self, index: Sequence[int], edges: Sequence[int]) -> int:  # noqa: N802
-        from .topology_comm import graph_map
-
-        return graph_map(self, index, edges)
+        return _topologies("Graph_map").graph_map(self, index, edges)
 
     def Create_dist_graph_adjacent(  # noqa: N802
         self, sources: Optional[Sequence[int]], destinations: Optional[Sequence[int]], sourceweights: Any = None,
         destweights: Any = None, info: Any = None, reorder: bool = False,
     ) -> Any:
         """Collective: a Distgraphcomm in which each rank names its own incoming and outgoing neighbors."""
-        from .topology_comm import create_dist_graph_adjacent
-
-        return create_dist_graph_adjacent(self, sources, destinations, sourceweights, destweights)
+        return _topologies("Create_dist_graph_adjacent").create_dist_graph_adjacent(
+            self, sources, destinations, sourceweights, destweights)
 
     def Create_dist_graph(  # noqa: N802
         self, sources: Sequence[int], degrees: Sequence[int], destinations: Sequence[int], weights: Any = None,
         info: Any = None, reorder: bool = False,
     ) -> Any:
         """Collective: a Distgraphcomm from edges any rank may contribute (sources[i] to degrees[i] destinations)."""
-        from .topology_comm import create_dist_graph
-
-        return create_dist_graph(self, sources, degrees, destinations, weights)
+        return _topologies("Create_dist_graph").create_dist_graph(self, sources, degrees, destinations, weights)
 
     def Dup(self, info: Any = None) -> "Comm":  # noqa: N802
         """A communicator over the same ranks with contexts of its own (a topology communicator keeps its
@@ -1804,6 +1773,21 @@ class _NullComm:
 
 COMM_NULL = _NullComm()
 
+
+class Intercomm:
+    """mpi4py's intercommunicator class. ``Intercomm()`` is a null communicator, as in mpi4py; nothing makes
+    a live one, since pycoll does not provide intercommunicators."""
+
+    def __new__(cls, comm: Any = None) -> Any:
+        if comm is None or isinstance(comm, _NullComm):
+            return _NullComm()
+        raise TypeError("expecting an intercommunicator (pycoll does not provide intercommunicators)")
+
+    @classmethod
+    def Create_from_groups(cls, *args: Any, **kwargs: Any) -> NoReturn:  # noqa: N802
+        not_provided.refuse(not_provided.INTERCOMM, "Intercomm.Create_from_groups")
+
+
 # ---- communicator management helpers ---------------------------------------------------------------
 COMM_TYPE_SHARED = 1  # Split_type: the ranks of one host (MPICH's value)
 _FROM_GROUP: dict[tuple[int, tuple[int, ...], str], int] = {}  # Create_from_group calls per (runtime, group, tag)
@@ -1879,17 +1863,29 @@ def _info_items(info: Any, opname: str, rank: Optional[int] = None) -> dict[str,
     return dict(info.items())
 
 
-def _predefined(name: str) -> Comm:
-    """``MPI.COMM_WORLD`` or ``MPI.COMM_SELF`` (how they unpickle)."""
-    from . import MPI
+# pycoll.topology_comm's constructors of Cartcomm, Graphcomm and Distgraphcomm, registered by it when imported
+_topology_constructors: list[Any] = []
 
-    return getattr(MPI, name)
+
+def register_topologies(constructors: Any) -> None:
+    """Called by pycoll.topology_comm: the object whose functions build topology communicators from a Comm."""
+    _topology_constructors[:] = [constructors]
+
+
+def _topologies(op: str) -> Any:
+    if not _topology_constructors:
+        raise InvalidArgumentError("topology communicators come with pycoll.MPI: import it first", op=op)
+    return _topology_constructors[0]
+
+
+# COMM_WORLD and COMM_SELF ("world", "self") once ``pycoll.MPI`` made them, and its function that returns one by
+# its MPI name, which a pickled one calls to unpickle: both set there, the only place they are made
+_PREDEFINED: dict[str, Comm] = {}
+_predefined_by_name: list[Callable[[str], Comm]] = []
 
 
 def _is_predefined(comm: Comm) -> bool:
-    from . import MPI
-
-    return any(c == comm for c in MPI._comms.values())
+    return any(c == comm for c in _PREDEFINED.values())
 
 
 def world_comm(runtime: Runtime) -> Comm:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Generic, Iterator, Mapping, Optional, TypeVar
 
@@ -99,6 +100,26 @@ def parse_size(raw: str) -> int:
     return value
 
 
+_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.I)
+# tc's rate units (man tc): *bit are bits/s, *bps are bytes/s; "i" forms are powers of 1024.
+_RATE_UNITS = {"": 1, "bit": 1, "bps": 8}
+for _p, _si in (("k", 1e3), ("m", 1e6), ("g", 1e9), ("t", 1e12)):
+    _iec = 1024 ** (" kmgt".index(_p))
+    _RATE_UNITS.update({f"{_p}bit": _si, f"{_p}ibit": _iec, f"{_p}bps": 8 * _si, f"{_p}ibps": 8 * _iec})
+
+
+def parse_rate(text: str) -> int:
+    """A tc rate ("1gbit", "100mbit", "125mbps" = bytes/s) in bits per second."""
+    m = _RATE_RE.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _RATE_UNITS:
+        raise ValueError(f"bad link rate {text!r}: use a number with a tc unit such as 100mbit, 1gbit or 10gbit")
+    bits = int(float(m.group(1)) * _RATE_UNITS[unit])
+    if bits < 8000:
+        raise ValueError(f"link rate {text!r} is below 8kbit")
+    return bits
+
+
 def param(name: str, default: T, parse: Callable[[str], T], doc: str) -> Param[T]:
     """Declare a knob; its name must start with PYCOLL_ and be declared once."""
     if not name.startswith("PYCOLL_"):
@@ -130,20 +151,13 @@ def str_param(name: str, default: str, doc: str) -> Param[str]:
     return param(name, default, str, doc)
 
 
-def all_params() -> list[Param]:
-    """Every declared knob, after importing the modules that declare them."""
-    import pycoll.algorithms  # noqa: F401  (declares PYCOLL_ALGO, PYCOLL_CHUNK_SIZE)
-    import pycoll.bootstrap  # noqa: F401
-    import pycoll.comm  # noqa: F401
-    import pycoll.horovod.engine  # noqa: F401  (the PYCOLL_HVD_* knobs)
-    import pycoll.launcher  # noqa: F401
-    import pycoll.p2p  # noqa: F401
-    import pycoll.topology.discover  # noqa: F401  (declares PYCOLL_TOPO_FILE, PYCOLL_TOPO_DUMP_FILE, PYCOLL_TOPO_DISCOVER)
-    import pycoll.transport  # noqa: F401
-    import pycoll.transport.rdma  # noqa: F401  (loaded by the transports only where a host has RDMA)
-
+def declared_params() -> list[Param]:
+    """Every knob declared so far, by name: those of the modules imported (each module declares its own)."""
     return sorted(_REGISTRY.values(), key=lambda p: p.name)
 
+
+# every layer that maps shared memory (arenas, rings, the CUDA simulator's IPC, the fake NIC) makes its files here
+SHM_DIR = str_param("PYCOLL_SHM_DIR", "/dev/shm", "Directory (a tmpfs) that holds the shared-memory segments while they are set up.")
 
 TIMEOUT = float_param(
     "PYCOLL_TIMEOUT", 300.0, "Seconds any wait may last before it raises pycoll.TimeoutError (per communicator: `comm.timeout`)."

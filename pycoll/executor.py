@@ -10,6 +10,7 @@ on the progress engine. Every collective goes through ``Executor.run``/``Executo
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -140,8 +141,8 @@ def _compiled_shape_key() -> Optional[Callable[[tuple], Optional[tuple]]]:
     """The C form of ``shape_key_python``, or None where it was not built (PYCOLL_CALL_KEY=python: never used)."""
     if CALL_KEY.get() == "python":
         return None
-    try:
-        from . import _callkey
+    try:  # an extension module, absent where the install had no compiler
+        _callkey = importlib.import_module("pycoll._callkey")
     except ImportError:
         return None
     _callkey.configure(Datatype, Op, IN_PLACE, _TRUE, _FALSE, _describe_items, _describe_scalar)
@@ -617,7 +618,7 @@ class Runner:
 
     def __init__(self, x: Executor, plan: Plan) -> None:
         self.x, self.plan, self.label, self.sig = x, plan, plan.label, plan.sig
-        self.words = shared.sig_words(plan.sig)
+        self.words = arena_jit.sig_words(plan.sig)
         self.sig_array = arena_jit.sig_array(self.words)
         self.arena: Any = None  # the arena the prepared arguments are for
         self.kernel: Any = None  # the fast path's kernel step (send, recv, opno, seq) -> status, for its retries

@@ -462,7 +462,7 @@ def run_command(args: argparse.Namespace) -> int:
         elif rate:
             raise ValueError("--link-rate needs --hosts")
         if rate:
-            from pycoll.netns import parse_rate
+            from pycoll.config import parse_rate
 
             parse_rate(rate)
     except ValueError as exc:

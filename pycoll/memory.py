@@ -9,7 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from .ops import Op
-from .transport.cma import PAGE, short_distance
+from .pages import PAGE, short_distance
 
 
 class MemoryBackend(Protocol):
@@ -76,7 +76,7 @@ class HostMemory:
 
     def _copy_apart(self, dst: np.ndarray, src: np.ndarray, s: int) -> None:
         """dst = src through a buffer half a page from both: libc's memcpy runs about 10x slower when the destination
-        lies a few bytes past the source within a page (``cma.short_distance``); two copies at good distances win."""
+        lies a few bytes past the source within a page (``pages.short_distance``); two copies at good distances win."""
         n = src.nbytes
         buf = getattr(self._apart, "buf", None)
         if buf is None or buf.nbytes < n + PAGE:

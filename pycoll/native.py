@@ -47,11 +47,11 @@ NATIVE_DIR = str_param(
 PACKAGE = Path(__file__).resolve().parent
 # The files each family's compiled code depends on (constants, layouts, intrinsics), relative to the package.
 _ARENA_SOURCES = ("algorithms/_arena_kernels.py", "algorithms/_arena_signatures.py", "transport/atomics.py",
-                  "transport/cma.py", "transport/arena.py", "ops.py", "native_build.py")
+                  "transport/cma.py", "pages.py", "transport/arena.py", "ops.py", "native_build.py")
 SOURCES: dict[str, tuple[str, ...]] = {
     "arena": _ARENA_SOURCES,  # the small collectives and Barrier
     "staged": _ARENA_SOURCES,  # the staged pipes' chunk loops (apart, so the two build in parallel)
-    "p2p": ("p2p_kernels.py", "p2p_lane.py", "transport/atomics.py", "transport/cma.py", "native_build.py"),
+    "p2p": ("p2p_kernels.py", "p2p_lane.py", "transport/atomics.py", "transport/cma.py", "pages.py", "native_build.py"),
 }
 # Parameters that carry a user's buffer (or a view of one): the only ones ``fast`` checks.
 USER_PARAMS = frozenset({"send", "recv", "buf", "payload", "dst"})

@@ -16,6 +16,8 @@ import subprocess
 import threading
 from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from .config import parse_rate
+
 T = TypeVar("T")
 
 CLONE_NEWNET = 0x40000000
@@ -30,29 +32,11 @@ MIN_BURST = 32 << 10
 LATENCY_MS = 50
 
 _NAME_RE = re.compile(rf"^{NAME_PREFIX}-(\d+)-\d+-(?:h\d+|sw)$")
-_RATE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*$", re.I)
-# tc's rate units (man tc): *bit are bits/s, *bps are bytes/s; "i" forms are powers of 1024.
-_RATE_UNITS = {"": 1, "bit": 1, "bps": 8}
-for _p, _si in (("k", 1e3), ("m", 1e6), ("g", 1e9), ("t", 1e12)):
-    _iec = 1024 ** (" kmgt".index(_p))
-    _RATE_UNITS.update({f"{_p}bit": _si, f"{_p}ibit": _iec, f"{_p}bps": 8 * _si, f"{_p}ibps": 8 * _iec})
 _counter = itertools.count()
 
 
 class NetnsError(RuntimeError):
     """A namespace, link or qdisc could not be created."""
-
-
-def parse_rate(text: str) -> int:
-    """A tc rate ("1gbit", "100mbit", "125mbps" = bytes/s) in bits per second."""
-    m = _RATE_RE.match(str(text))
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _RATE_UNITS:
-        raise ValueError(f"bad link rate {text!r}: use a number with a tc unit such as 100mbit, 1gbit or 10gbit")
-    bits = int(float(m.group(1)) * _RATE_UNITS[unit])
-    if bits < 8000:
-        raise ValueError(f"link rate {text!r} is below 8kbit")
-    return bits
 
 
 def tbf_settings(bits: int) -> tuple[int, int]:

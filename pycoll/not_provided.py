@@ -18,22 +18,6 @@ def refuse(feature: str, call: str) -> NoReturn:
     raise NotProvidedError(f"pycoll does not provide {feature}", op=call)
 
 
-class Intercomm:
-    """mpi4py's intercommunicator class. ``Intercomm()`` is a null communicator, as in mpi4py; nothing makes
-    a live one, since pycoll does not provide intercommunicators."""
-
-    def __new__(cls, comm: Any = None) -> Any:
-        from .comm import _NullComm
-
-        if comm is None or isinstance(comm, _NullComm):
-            return _NullComm()
-        raise TypeError("expecting an intercommunicator (pycoll does not provide intercommunicators)")
-
-    @classmethod
-    def Create_from_groups(cls, *args: Any, **kwargs: Any) -> NoReturn:  # noqa: N802
-        refuse(INTERCOMM, "Intercomm.Create_from_groups")
-
-
 class Win:
     """mpi4py's one-sided window class: every constructor raises NotProvidedError."""
 

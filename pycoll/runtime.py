@@ -17,12 +17,14 @@ from . import config, machine
 from .algorithms import arena_jit, cost
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
-from .bootstrap import BootstrapInfo, bootstrap, ipv4_addresses, publish_all
+from .bootstrap.interfaces import ipv4_addresses
+from .bootstrap.rendezvous import BootstrapInfo, bootstrap, publish_all
 from .bootstrap.store import barrier as store_barrier
+from .config import parse_rate
 from .errors import InvalidArgumentError
 from .p2p import Engine
 from .topology import live as topo_live
-from .topology.discover import format_cpulist, parse_cpulist
+from .topology.values import format_cpulist, parse_cpulist
 from .topology.model import Device, Topology
 from .topology.rings import comm_ring
 from .transport import Channel, PeerInfo, choose, make_transports
@@ -54,8 +56,6 @@ log = logging.getLogger("pycoll")
 
 def link_rate_bits(text: str) -> int:
     """Bits per second of a link rate the user gave (tc units); InvalidArgumentError naming PYCOLL_LINK_RATE."""
-    from .netns import parse_rate  # a pure parser; the namespaces themselves are not touched
-
     try:
         return parse_rate(text)
     except ValueError as exc:

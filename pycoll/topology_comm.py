@@ -3,14 +3,15 @@ shifts, sub-grids and the neighborhood collectives."""
 
 from __future__ import annotations
 
+import sys
 from math import prod
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from . import buffers
 from .buffers import IN_PLACE
-from .comm import COMM_NULL, UNDEFINED, Comm, _child_ctx
+from .comm import COMM_NULL, UNDEFINED, Comm, _child_ctx, register_topologies
 from .errors import InvalidArgumentError
 from .not_provided import refuse
 from .p2p import PROC_NULL
@@ -554,22 +555,60 @@ def _graph(parent: Comm, world: list[int], ctx: int, name: str, index: Sequence[
     return graph
 
 
+def _agreed_layout(parent: Comm, op: str, check: Callable[[], Any]) -> Any:
+    """A new topology's layout, ``check()``ed on every rank and agreed among them (collective): every rank raises
+    if any rank's arguments were bad or differ from the others'."""
+    parent._live(op)
+    parent._children += 1
+    problem, layout = "", None
+    try:
+        layout = check()
+    except InvalidArgumentError as exc:
+        problem = exc.cause
+    parent._agreed(op, layout, problem, same=True)
+    assert layout is not None
+    return layout
+
+
+def create_cart(parent: Comm, dims: Any, periods: Any) -> Any:
+    """``Comm.Create_cart``: collective; the first prod(dims) ranks form the grid (rank order kept), the others
+    get COMM_NULL."""
+    op = "Create_cart"
+
+    def check() -> Any:
+        grid = cart_args(dims, periods, op)
+        if prod(grid[0]) > parent._size:
+            raise InvalidArgumentError(f"dims {grid[0]} need {prod(grid[0])} ranks; the communicator has {parent._size}", op=op)
+        return grid
+
+    grid = _agreed_layout(parent, op, check)
+    if parent._rank >= prod(grid[0]):
+        return COMM_NULL
+    ctx = _child_ctx(parent._ctx, parent._children, ("cart", tuple(grid[0]), tuple(grid[1])))
+    name = f"{parent._name}.cart({'x'.join(map(str, grid[0]))})"
+    return Cartcomm._build(parent, parent._world[: prod(grid[0])], ctx, name, grid[0], grid[1])
+
+
+def cart_map(parent: Comm, dims: Any, periods: Any) -> int:
+    """``Comm.Cart_map``: this rank in the grid pycoll would make (its own), or UNDEFINED past it."""
+    d, _ = cart_args(dims, periods, "Cart_map")
+    if prod(d) > parent._size:
+        raise InvalidArgumentError(f"dims {d} need {prod(d)} ranks; the communicator has {parent._size}", op="Cart_map", rank=parent._rank)
+    return parent._rank if parent._rank < prod(d) else UNDEFINED
+
+
 def create_graph(parent: Comm, index: Any, edges: Any) -> Any:
     """``Comm.Create_graph``: collective; the first nnodes ranks form the graph (rank order kept), the others
     get COMM_NULL."""
     op = "Create_graph"
-    parent._live(op)
-    parent._children += 1
-    problem, spec = "", None
-    try:
+
+    def check() -> Any:
         spec = graph_args(index, edges, op)
         if len(spec[0]) > parent._size:
             raise InvalidArgumentError(f"the graph has {len(spec[0])} nodes; the communicator {parent._size} ranks", op=op)
-    except InvalidArgumentError as exc:
-        problem = exc.cause
-    parent._agreed(op, spec, problem, same=True)
-    assert spec is not None
-    idx, e = spec
+        return spec
+
+    idx, e = _agreed_layout(parent, op, check)
     if parent._rank >= len(idx):
         return COMM_NULL
     ctx = _child_ctx(parent._ctx, parent._children, ("graph", tuple(idx), tuple(e)))
@@ -673,3 +712,6 @@ def create_dist_graph(parent: Comm, sources: Any, degrees: Any, destinations: An
     both = ([w for _, w in ins], [w for _, w in outs]) if weighted else None
     ctx = _child_ctx(parent._ctx, parent._children, "dist_graph")
     return _dist_graph(parent, list(parent._world), ctx, f"{parent._name}.dist_graph", [s for s, _ in ins], [d for d, _ in outs], both)
+
+
+register_topologies(sys.modules[__name__])

@@ -32,6 +32,7 @@ from .algorithms import ALGORITHMS, CHUNK_SIZE, Call, Layout, cost
 from .algorithms.cost import CostModel
 from .perf import metrics
 from .topology import HostLink, Topology
+from .topology import files as topology_files
 from .topology.discover import TOPO_FILE
 
 SIZES = (8, 4 << 10, 64 << 10, 1 << 20, 8 << 20)
@@ -142,7 +143,7 @@ def save_links(links: list[HostLink], cluster: Topology, path: str) -> str:
     """Write ``links`` into the topology file at ``path``: the file's own hosts are kept when it exists, else the
     job's merged topology is written. Replaces earlier measurements of the same pairs."""
     try:
-        base = Topology.load(path)
+        base = topology_files.load(path)
     except FileNotFoundError:
         base = dataclasses.replace(cluster, source="")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

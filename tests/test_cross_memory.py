@@ -8,31 +8,32 @@ import os
 import numpy as np
 import pytest
 
+from pycoll import pages
 from pycoll.transport import cma
 
 CM = cma.CrossMemory()
 pytestmark = pytest.mark.skipif(not CM.loaded, reason=f"no cross-memory attach here: {CM.reason}")
 
-SIZES = [1, 100, 4096, 65536 + 5, 2 * cma.BOUNCE_BYTES + 4099]  # the last crosses the bounce's chunks
+SIZES = [1, 100, 4096, 65536 + 5, 2 * pages.BOUNCE_BYTES + 4099]  # the last crosses the bounce's chunks
 DISTANCES = [0, 1, 8, 16, 31, 32, 48, 63, 64, 100, 2048, 4095]
 
 
 def _pair(n: int, dist: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(source, destination) views of n bytes whose addresses differ by ``dist`` modulo a page."""
     rng = np.random.default_rng(seed)
-    src_buf = rng.integers(0, 256, n + 2 * cma.PAGE, dtype=np.uint8)
-    dst_buf = np.zeros(n + 2 * cma.PAGE, np.uint8)
-    s = (-src_buf.ctypes.data) % cma.PAGE + 7  # an odd offset in the page, as heap arrays have
-    d = (src_buf.ctypes.data + s + dist - dst_buf.ctypes.data) % cma.PAGE
+    src_buf = rng.integers(0, 256, n + 2 * pages.PAGE, dtype=np.uint8)
+    dst_buf = np.zeros(n + 2 * pages.PAGE, np.uint8)
+    s = (-src_buf.ctypes.data) % pages.PAGE + 7  # an odd offset in the page, as heap arrays have
+    d = (src_buf.ctypes.data + s + dist - dst_buf.ctypes.data) % pages.PAGE
     src, dst = src_buf[s:s + n], dst_buf[d:d + n]
-    assert (dst.ctypes.data - src.ctypes.data) % cma.PAGE == dist
+    assert (dst.ctypes.data - src.ctypes.data) % pages.PAGE == dist
     return src, dst
 
 
 def test_short_distance_is_the_few_bytes_past_the_source():
-    assert [d for d in range(cma.PAGE) if cma.short_distance(1000 + d, 1000)] == list(range(1, cma.SHORT_DISTANCE))
-    assert not cma.short_distance(5, 5 + 16)  # the destination before the source
-    assert cma.short_distance(cma.PAGE * 7 + 16, 0)
+    assert [d for d in range(pages.PAGE) if pages.short_distance(1000 + d, 1000)] == list(range(1, pages.SHORT_DISTANCE))
+    assert not pages.short_distance(5, 5 + 16)  # the destination before the source
+    assert pages.short_distance(pages.PAGE * 7 + 16, 0)
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -67,7 +68,7 @@ def compiled():
     return atomics
 
 
-@pytest.mark.parametrize("n", [1, 4096, 65536 + 5, 2 * cma.BOUNCE_BYTES + 4099])
+@pytest.mark.parametrize("n", [1, 4096, 65536 + 5, 2 * pages.BOUNCE_BYTES + 4099])
 @pytest.mark.parametrize("dist", [0, 1, 16, 31, 63, 64, 2048])
 def test_compiled_cross_copy_reads_and_writes_at_every_distance(compiled, n, dist):
     readv, writev = CM.function_address("read"), CM.function_address("write")
@@ -85,9 +86,9 @@ def test_compiled_cross_copy_reads_and_writes_at_every_distance(compiled, n, dis
 def test_compiled_cross_copy_reports_a_failed_call(compiled):
     readv = CM.function_address("read")
     dst = np.zeros(64, np.uint8)
-    unmapped = 8 + (dst.ctypes.data - 8) % cma.PAGE // 2  # the first page is never mapped
+    unmapped = 8 + (dst.ctypes.data - 8) % pages.PAGE // 2  # the first page is never mapped
     assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, unmapped, 64, True)
-    short = (dst.ctypes.data - 16) % cma.PAGE  # 16 bytes short of the destination: through the bounce
+    short = (dst.ctypes.data - 16) % pages.PAGE  # 16 bytes short of the destination: through the bounce
     assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, short, 64, True)
 
 

@@ -98,7 +98,7 @@ def test_forcing_an_ipc_algorithm_falls_back_for_host_calls(monkeypatch: pytest.
 
 
 def test_topology_model_takes_the_gpu_link_for_ipc() -> None:
-    from pycoll.topology.simulate import load_topology, placement_of
+    from pycoll.perf.simulate import load_topology, placement_of
 
     topo = load_topology("dgx-h100")
     placement, _ = placement_of(topo, 8, "gpu", 0)

@@ -48,7 +48,7 @@ def alive(pid: int) -> bool:
 
 def wait_for_files(paths: list[Path], limit: float = 30.0) -> None:
     deadline = time.monotonic() + limit
-    while not all(p.exists() for p in paths):
+    while not all(p.exists() and p.stat().st_size for p in paths):  # written, not just created
         assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
         time.sleep(0.05)
 

@@ -14,7 +14,7 @@ from pycoll.algorithms import CostModel, Layout
 from pycoll.algorithms import cost
 from pycoll.perf.plot import load_sweep
 from pycoll.topology.model import Topology
-from pycoll.topology.simulate import main, placement_of, simulate
+from pycoll.perf.simulate import main, placement_of, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -226,7 +226,7 @@ def test_check_judges_one_host_points_by_their_median_ratio_over_the_sweeps(tmp_
 def test_the_subcommand_registers_as_simulate(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     import argparse
 
-    from pycoll.topology.simulate import add_simulate_parser
+    from pycoll.perf.simulate import add_simulate_parser
 
     parser = argparse.ArgumentParser(prog="pycoll")
     add_simulate_parser(parser.add_subparsers(dest="command"))

@@ -24,7 +24,7 @@ UNUSED = (
     "importlib.metadata", "email", "uuid",
     "pycoll.torch", "pycoll.perf", "pycoll.tune", "pycoll.netns",
     "pycoll.cuda.kernels", "pycoll.cuda.launch", "pycoll.cuda.memory",
-    "pycoll.topology.nccl_xml", "pycoll.topology.simulate", "pycoll.topology.cli",
+    "pycoll.topology.nccl_xml", "pycoll.perf.simulate", "pycoll.topology.cli",
 )
 RANK_MUST_NOT_IMPORT = UNUSED + ("pycoll.launcher", "pycoll.cli")
 # Numba and the compiled arena kernels: checked on their own (test_barrier_rank_loads_no_numba).

@@ -13,7 +13,8 @@ import pytest
 
 from pycoll.topology import Device, PathType, Topology, discover, fixtures, load_or_discover, merge, ring_order, trees
 from pycoll.topology.cli import add_topo_parser
-from pycoll.topology.discover import normalize_bus_id, parse_cpulist
+from pycoll.topology.values import normalize_bus_id, parse_cpulist
+from pycoll.topology import files as topology_files
 from pycoll.topology.model import Gpu, Host, Numa, NvLink, PciNode, pcie_GBps
 from pycoll.topology.nccl_xml import cpumask_to_cpulist, parse
 from pycoll.topology.rings import _btree_parents, ring_bottleneck
@@ -350,12 +351,12 @@ def test_load_or_discover_honours_the_knobs(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setenv("PYCOLL_TOPO_DUMP_FILE", str(out))
     topo = load_or_discover()
     assert len(topo.hosts[0].gpus) == 8
-    assert Topology.load(str(out)).to_dict() == topo.to_dict()
+    assert topology_files.load(str(out)).to_dict() == topo.to_dict()
     monkeypatch.delenv("PYCOLL_TOPO_FILE")
     fs = two_socket_box(tmp_path)
     topo = load_or_discover(str(fs.root), nvml=FakeNvml([GPU0], [[]]))
     assert [g.bus_id for g in topo.hosts[0].gpus] == ["0000:03:00.0"]
-    assert Topology.load(str(out)).hosts[0].gpus[0].bus_id == "0000:03:00.0"
+    assert topology_files.load(str(out)).hosts[0].gpus[0].bus_id == "0000:03:00.0"
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
 
 
@@ -380,7 +381,7 @@ def test_bus_ids_and_cpu_lists() -> None:
 
 def test_nccl_xml_import() -> None:
     path = str(DATA / "nccl_topo_dgx_like.xml")
-    topo = Topology.load(path)
+    topo = topology_files.load(path)
     assert topo.source == f"nccl-xml:{path}"
     (h,) = topo.hosts
     assert [(n.id, n.cpus, n.socket) for n in h.numa] == [(0, "0-15,32-47", 0), (1, "16-31,48-63", 1)]
@@ -584,7 +585,7 @@ def test_topo_cli_on_this_machine_and_dump(tmp_path: Path, capsys: pytest.Captur
     dump = tmp_path / "here.json"
     rc, out, _ = _topo_cli(["--dump", str(dump)], capsys)
     assert rc == 0 and f"wrote {dump}" in out
-    here = Topology.load(str(dump))
+    here = topology_files.load(str(dump))
     assert here.hosts[0].name == socket.gethostname()
     assert "absent sources:" in out and "ring of" in out and "trees:" in out
     if not here.hosts[0].gpus:
@@ -607,7 +608,7 @@ def test_measured_links_price_the_paths_between_hosts_and_survive_json_and_merge
     assert len(again.links) == 1 and again.link(1, 0).GBps == 3.0  # a new measurement replaces the pair's old one
     out = tmp_path / "t.json"
     measured.dump(str(out))
-    loaded = Topology.load(str(out))
+    loaded = topology_files.load(str(out))
     assert loaded.links == measured.links and loaded.link(0, 1).source == "test"
     # every rank of a host brings the same links: the merged cluster holds each pair once
     one = [Topology(hosts=[h], links=measured.links) for h in measured.hosts]

@@ -273,6 +273,11 @@ def polls_for(seconds: float) -> int:
     return max(int(seconds * 1e9 / _ns_per_poll), 1)
 
 
+def sig_words(sig: Any) -> tuple[int, int, int, int]:
+    """A call's signature (``p2p.Sig``) as the four words it posts on the arena: kind, dtype and op packed in one."""
+    return (sig.kind | (sig.dtype << 8) | (sig.op << 16), sig.root, sig.count, sig.vhash)
+
+
 def sig_array(words: tuple[int, int, int, int]) -> np.ndarray:
     """A call's four posted signature words, as the kernels take them, and the fourth again (word 4): the kernels
     that take a call number fold it into word 3 from there."""
@@ -289,8 +294,6 @@ class Prepared:
 
     def __init__(self, arena: _arena.HostArena, sig: Any, op: _ops.Op, dtype: np.dtype, count: int,
                  kern: Any = None) -> None:
-        from .shared import sig_words
-
         self.arena = arena
         self.words = sig_words(sig)
         self.sig = sig_array(self.words)
@@ -377,27 +380,3 @@ class Gate:
         self.polls = polls_for(self.spin_s)
         self.kernels = _kernels
         return self.kernels
-
-
-def add_warmup_parser(subparsers: Any) -> Any:
-    """`pycoll warmup`: build the ahead-of-time kernels for the current sources (``pycoll.native_build``), else
-    compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
-    p = subparsers.add_parser("warmup", help="build the compiled kernels now (pip install does it; run after editing them)")
-
-    def run(args: Any) -> int:
-        t0 = time.perf_counter()
-        try:
-            from .. import native_build
-
-            native_build.build()
-        except Exception as exc:  # noqa: BLE001 - no compiler, no pycc: the JIT's cache instead
-            print(f"pycoll warmup: no ahead-of-time build ({type(exc).__name__}: {exc}); filling Numba's cache")
-        why = warm_up()
-        if why is not None:
-            print(f"pycoll warmup: the compiled path is off here: {why}")
-            return 1
-        print(f"pycoll warmup: kernels ready in {time.perf_counter() - t0:.1f} s")
-        return 0
-
-    p.set_defaults(func=run)
-    return p

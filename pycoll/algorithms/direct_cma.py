@@ -26,12 +26,13 @@ import numpy as np
 from ..errors import MismatchError
 from ..memory import MemoryBackend
 from ..transport.arena import COUNT, KIND, NBYTES, RECV, ROOT, SEND, SEQ, VHASH
+from .arena_jit import sig_words
 from .base import Call, Layout, Schedule, Steps
 from .chain import broadcast_chain
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
 from .registry import register
 from .ring import allgather_ring_algo
-from .shared import _begin, _check_posts, _cma_cost, _cma_or_none, _meet, _refuse_single_host, _transfer_error, sig_words
+from .shared import _begin, _check_posts, _cma_cost, _cma_or_none, _meet, _refuse_single_host, _transfer_error
 
 _PAGE = 4096
 # Gather and Scatter blocks from this size on are split between the root and the block's other rank, one kernel copy

@@ -19,11 +19,11 @@ from typing import Any, Callable, Generator, Optional
 
 import numpy as np
 
-from ..config import bool_param, size_param
+from ..config import SHM_DIR, bool_param, size_param
 from ..errors import MismatchError, PeerFailureError
 from ..p2p import Sig
 from ..transport.arena import ARENA_STAGE, CONSUMED, DONE, POST, REDUCED, STAGED, ArenaUnavailable, HostArena, fold_seq, slot_bytes_for
-from ..transport.shm import SHM_DIR, SHM_DISABLE
+from ..transport.shm import SHM_DISABLE
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
 from .chain import broadcast_chain
@@ -163,10 +163,6 @@ class ArenaWait:
     def requests(self) -> list[_Peer]:
         """One pending item per rank still waited for (named in timeout errors)."""
         return [_Peer(self.st.world_rank(r)) for r in self.arena.waiting_for(self.what, self.op, self.ranks)]
-
-
-def sig_words(sig: Sig) -> tuple[int, int, int, int]:
-    return (sig.kind | (sig.dtype << 8) | (sig.op << 16), sig.root, sig.count, sig.vhash)
 
 
 def _describe_words(st: Steps, words: tuple[int, int, int, int]) -> str:
@@ -442,7 +438,7 @@ def oneshot_post(arena: HostArena, op: int, call: Call, sig: Sig) -> tuple[int, 
 
 def post_call(arena: HostArena, op: int, sig: Sig) -> tuple[int, int, int, int]:
     """Post this rank's call signature for arena operation ``op``; returns the posted words."""
-    mine = sig_words(sig)
+    mine = arena_jit.sig_words(sig)
     try:
         arena.post(op, mine)
     except BaseException:
@@ -615,7 +611,7 @@ def allreduce_cma(st: Steps, call: Call) -> Schedule:
     others = [q for q in range(p) if q != r]
     op = yield from _begin(st, arena, number)
     try:
-        mine = sig_words(st.sig)
+        mine = arena_jit.sig_words(st.sig)
         arena.post(op, mine, _addr(call.send), _addr(call.recv), call.recv.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)
@@ -664,7 +660,7 @@ def reduce_scatter_cma(st: Steps, call: Call) -> Schedule:
     # In place the result goes to the start of the buffer, which peers still read: reduce into scratch first.
     out = st.mem.scratch(c, call.dtype) if call.in_place else call.recv[:c]
     try:
-        mine = sig_words(st.sig)
+        mine = arena_jit.sig_words(st.sig)
         arena.post(op, mine, _addr(call.send), 0, call.send.nbytes)
         yield from _meet(st, arena, op, others)
         _check_posts(st, arena, op, others, mine)

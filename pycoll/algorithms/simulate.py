@@ -18,7 +18,7 @@ import numpy as np
 from ..memory import HostMemory
 from ..p2p import Owner, Request, Schedule, Sig
 from .base import Call, Layout, Steps
-from ..transport.shm import SHM_DIR
+from ..config import SHM_DIR
 from .registry import ALGORITHMS, Algorithm
 from .shared import ArenaState, arena_enabled
 

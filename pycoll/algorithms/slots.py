@@ -29,7 +29,7 @@ from .ordered import reduce_ordered, reduce_scatter_ordered
 from .registry import register
 from .ring import allgather_ring_algo, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
-from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, lag_wait, sig_words
+from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, lag_wait
 
 _REDUCING = ("reduce", "reduce_scatter", "scan", "exscan")
 _TABLED = ("scatter", "alltoall")  # readers cannot know their block's place: the writer's slot starts with a table
@@ -174,7 +174,7 @@ class Prepared:
         p = arena.size
         self.arena = arena
         self.prog = Program(call, p, rank)
-        self.words = sig_words(sig)
+        self.words = arena_jit.sig_words(sig)
         self.sig = arena_jit.sig_array(self.words)
         code = call.op.code if call.op is not None else 0
         self.metas = [_meta(self.prog, rank, p, arena_jit.line_bases(arena, k), code, self.words) for k in range(DEPTH)]
@@ -312,7 +312,7 @@ def _slots(st: Steps, call: Call) -> Schedule:
 def _slots_from_pack(st: Steps, arena: HostArena, op: int, call: Call) -> Schedule:
     """Pack and post in NumPy, then ``slots_rest``."""
     prog = Program(call, st.size, st.rank)
-    mine = sig_words(st.sig)
+    mine = arena_jit.sig_words(st.sig)
     try:
         _pack_py(arena, op, call, prog)
         arena.post(op, mine, nbytes=prog.nbytes)

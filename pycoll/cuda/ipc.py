@@ -131,7 +131,7 @@ class ShmIpc:
 
     def __init__(self, directory: Optional[str] = None) -> None:
         if directory is None:
-            from ..transport.shm import SHM_DIR
+            from ..config import SHM_DIR
 
             directory = SHM_DIR.get()
         self.directory = directory

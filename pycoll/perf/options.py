@@ -158,7 +158,7 @@ def _dtype(text: str) -> str:
 
 
 def _rate(text: str) -> str:
-    from pycoll.netns import parse_rate
+    from pycoll.config import parse_rate
 
     try:
         parse_rate(text)
@@ -274,19 +274,3 @@ def parse_args(argv: list[str]) -> PerfOptions:
     """Parse `pycoll perf` arguments (without the subcommand name)."""
     parser = build_parser()
     return from_namespace(parser.parse_args(argv), parser, argv)
-
-
-def _perf_command(args: argparse.Namespace) -> int:
-    from pycoll.perf.sweep import run_sweep  # heavy part imported only when perf runs
-    import sys
-    argv = sys.argv[2:] if sys.argv[1:2] == ["perf"] else []  # else: command() rebuilds it
-    return run_sweep(from_namespace(args, args._perf_parser, argv))
-
-
-def add_perf_parser(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
-    """Register `pycoll perf`."""
-    p = subparsers.add_parser("perf", help="nccl-tests style sweeps: pycoll against mpi4py, Gloo and NCCL",
-                              description="nccl-tests style bandwidth sweeps of pycoll, MPI, Gloo and NCCL.")
-    add_arguments(p)
-    p.set_defaults(func=_perf_command, _perf_parser=p)
-    return p

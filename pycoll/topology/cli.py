@@ -7,6 +7,7 @@ import sys
 import textwrap
 from typing import Optional, TextIO
 
+from . import files as topology_files
 from .model import LATENCY_US, Device, PathType, Topology, matrix
 from .rings import comm_ring, label, ring_bottleneck, trees
 
@@ -136,7 +137,7 @@ def topo_command(args: argparse.Namespace) -> int:
     """Entry point of ``pycoll topo``."""
     try:
         if args.file:
-            topo = Topology.load(args.file)
+            topo = topology_files.load(args.file)
         else:
             from .discover import load_or_discover
 

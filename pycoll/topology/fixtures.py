@@ -20,6 +20,7 @@ import os
 from importlib import resources
 from typing import Callable, Optional
 
+from . import files as topology_files
 from .model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology
 
 GEN4, GEN5 = 16.0, 32.0
@@ -113,7 +114,7 @@ def path(name: str) -> str:
 
 def load(name: str) -> Topology:
     """A fixture read from its committed JSON file."""
-    return Topology.load(path(name))
+    return topology_files.load(path(name))
 
 
 def write(directory: str = DIR) -> list[str]:

@@ -19,7 +19,8 @@ import time
 from typing import Any, Mapping, Optional, Sequence
 
 from ..machine import affinity
-from .discover import TOPO_DISCOVER, format_cpulist, load_or_discover, merge, parse_cpulist
+from .discover import TOPO_DISCOVER, load_or_discover, merge
+from .values import format_cpulist, parse_cpulist
 from .model import Device, Host, Numa, Topology
 
 log = logging.getLogger("pycoll.topology")

@@ -382,19 +382,6 @@ class Topology:
                 pass
             raise
 
-    @classmethod
-    def load(cls, path: str) -> "Topology":
-        """A topology from a pycoll JSON file, or from NCCL's XML format (by content)."""
-        with open(path) as f:
-            text = f.read()
-        if text.lstrip().startswith("<"):
-            from .nccl_xml import parse
-
-            return parse(text, source=f"nccl-xml:{path}")
-        topo = cls.from_dict(json.loads(text))
-        topo.source = topo.source or path
-        return topo
-
     # ---- building clusters ---------------------------------------------------------------------
     @classmethod
     def cluster(cls, node: "Topology", count: int, name: str = "node") -> "Topology":

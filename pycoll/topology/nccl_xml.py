@@ -27,7 +27,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Optional
 
-from .discover import format_cpulist, normalize_bus_id, nvlink_GBps, parse_cpulist, parse_link_speed
+from .values import format_cpulist, normalize_bus_id, nvlink_GBps, parse_cpulist, parse_link_speed
 from .model import Gpu, Host, Nic, Numa, NvLink, PciNode, Topology
 
 BRIDGE_CLASS = 0x0604

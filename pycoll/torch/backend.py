@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import runtime as _runtime
-from ..bootstrap import from_torch_store
+from ..bootstrap.rendezvous import from_torch_store
 from ..buffers import IN_PLACE
 from ..comm import Comm, group_comm
 from ..errors import InvalidArgumentError

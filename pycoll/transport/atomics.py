@@ -12,7 +12,7 @@ from numba import carray, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .cma import BOUNCE_BYTES, PAGE, SHORT_DISTANCE
+from ..pages import BOUNCE_BYTES, PAGE, SHORT_DISTANCE
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 
@@ -110,7 +110,7 @@ def call6(typingctx, fn, a, b, c, d, e, f):
 @njit(inline="always", cache=True, nogil=True)
 def copy_at(dst, src, n):
     """``n`` bytes from address ``src`` to address ``dst`` (this process), in a loop LLVM vectorizes: not libc's
-    memcpy, whose ``rep movsb`` runs about 10x slower at the short distance (``cma.short_distance``) from 4 KiB up."""
+    memcpy, whose ``rep movsb`` runs about 10x slower at the short distance (``pages.short_distance``) from 4 KiB up."""
     d = carray(address_pointer(dst), n)
     s = carray(address_pointer(src), n)
     for i in range(n):
@@ -139,7 +139,7 @@ def cross_copy(fn, pid, local, remote, n, reading):
     """Copy ``n`` bytes between ``local`` in this process and ``remote`` in process ``pid`` by ``fn`` (the address of
     libc's process_vm_readv when ``reading``, else of _writev); False if a call failed (the caller's Python path
     finds out why). A copy whose destination lies a few bytes past its source within a page goes through a bounce
-    buffer half a page from both (``cma.short_distance``)."""
+    buffer half a page from both (``pages.short_distance``)."""
     local, remote, n = np.int64(local), np.int64(remote), np.int64(n)
     iov = np.empty(4, np.int64)
     dist = ((local - remote) if reading else (remote - local)) & (PAGE - 1)

@@ -27,7 +27,8 @@ from typing import Optional
 import numpy as np
 
 from .rdma_proto import Completion, Endpoint, Nic, NoRdma, PortInfo, Provider, Region
-from .shm import SHM_DIR, _process_alive, _Segment
+from ..config import SHM_DIR
+from .shm import _process_alive, _Segment
 
 _PAGE = 4096
 _MR_HEADER = struct.Struct("<QQ")  # base address, length: lets a peer turn a remote address into an offset

@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any, Optional
 
-from ..config import bool_param, size_param, str_param
+from ..config import SHM_DIR, bool_param, size_param
 from ..errors import PeerFailureError
 from .base import Barrier, Channel, PeerInfo, Transport
 from .futex import Futex
@@ -17,7 +17,6 @@ SHM_DISABLE = bool_param("PYCOLL_SHM_DISABLE", False, "Set to 1 to turn the shar
 SHM_BUFFER = size_param(
     "PYCOLL_SHM_BUFFER", 4 << 20, "Bytes of each shared-memory ring (one per ordered pair of ranks on a host); rounded up to 4 KiB."
 )
-SHM_DIR = str_param("PYCOLL_SHM_DIR", "/dev/shm", "Directory (a tmpfs) that holds the shared-memory segments while they are set up.")
 
 # Ring header: four 64-byte lines so the two writers never share a cache line.
 _TAIL, _HEAD, _SENDER_STATE, _RECEIVER_STATE = 0, 64, 128, 192

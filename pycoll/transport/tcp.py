@@ -16,7 +16,8 @@ import threading
 import time
 from typing import Any, Optional, Union
 
-from ..bootstrap import SOCKET_IFNAME, interface_address, job_token
+from ..bootstrap.interfaces import SOCKET_IFNAME, interface_address
+from ..bootstrap.rendezvous import job_token
 from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, ascii_host, auth_proof
 from ..config import size_param, str_param
 from ..errors import PeerFailureError, PycollError, TimeoutError

@@ -15,6 +15,7 @@ from typing import Callable, Optional
 import pytest
 
 import pycoll.bootstrap as bs
+from pycoll.bootstrap import rendezvous
 from pycoll import p2p
 from pycoll.bootstrap import store as store_mod
 from pycoll.bootstrap.store import TCPStore, TCPStoreServer
@@ -483,7 +484,7 @@ def test_socket_ifname_picks_the_interface(monkeypatch, spec):
         assert host == LOOPBACK and t._listener.getsockname()[0] == LOOPBACK
     finally:
         t.close()
-    assert bs._mpi_store_host(["host-a", "host-b"]) == LOOPBACK  # rank 0's store under mpiexec too
+    assert rendezvous._mpi_store_host(["host-a", "host-b"]) == LOOPBACK  # rank 0's store under mpiexec too
 
 
 def test_socket_ifname_exclusion():

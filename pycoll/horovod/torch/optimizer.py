@@ -9,13 +9,8 @@ from typing import Any, Iterator, Optional
 import torch
 
 from ...errors import InvalidArgumentError
+from . import api
 from .compression import Compression
-
-
-def _hvd() -> Any:
-    from pycoll.horovod import torch as hvd  # the package, imported by the time anything here runs
-
-    return hvd
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -26,7 +21,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Any, compression: Any, backward_passes_per_step: int, op: int,
                  gradient_predivide_factor: float, process_set: Any, sparse_as_dense: bool) -> None:
         super(self.__class__, self).__init__(params)  # the user's optimizer class, on its own param groups
-        hvd = _hvd()
         if named_parameters is not None:
             named = list(named_parameters)
         else:
@@ -48,7 +42,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = int(backward_passes_per_step)
         if self.backward_passes_per_step < 1:
             raise ValueError("backward_passes_per_step must be at least 1")
-        if op == hvd.Average and gradient_predivide_factor != 1.0:
+        if op == api.Average and gradient_predivide_factor != 1.0:
             self._prescale, self._postscale = 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
         elif gradient_predivide_factor != 1.0:
             raise ValueError("gradient_predivide_factor is taken only with op=hvd.Average")
@@ -80,7 +74,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._handles[p] = (None, None)
 
     def _reduce_async(self, p: torch.Tensor) -> tuple[int, Any]:
-        hvd = _hvd()
         if p.grad is None:  # a parameter the backward pass did not reach: every rank reduces zeros for it
             p.grad = torch.zeros_like(p)
         grad = p.grad
@@ -90,7 +83,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                            op="DistributedOptimizer")
             grad = p.grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
-        handle = hvd.allreduce_async_(compressed, name=self._parameter_names.get(id(p)), op=self.op,
+        handle = api.allreduce_async_(compressed, name=self._parameter_names.get(id(p)), op=self.op,
                                       prescale_factor=self._prescale, postscale_factor=self._postscale,
                                       process_set=self._process_set)
         return handle, (compressed, ctx)
@@ -100,12 +93,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._hooks:
             self._synchronized = True
             return
-        hvd = _hvd()
         for p in self._requires_update:
             if self._handles.get(p, (None, None))[0] is None:
                 self._handles[p] = self._reduce_async(p)
         for p, (handle, (compressed, ctx)) in self._handles.items():
-            output = hvd.synchronize(handle)
+            output = api.synchronize(handle)
             self._delay[p] = self.backward_passes_per_step
             result = self._compression.decompress(output, ctx)
             if result is not p.grad:
@@ -145,19 +137,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
                          sparse_as_dense: bool = False, process_set: Any = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step`` applies gradients averaged (``op``) over the process set. Grouping
     arguments (``num_groups``, ``groups``) are accepted; the engine's fusion packs the ready gradients anyway."""
-    hvd = _hvd()
-    op = hvd.Average if op is None else op
-    if op == hvd.Adasum:
-        hvd._op(op, None, hvd.Average, "DistributedOptimizer")  # raises: not built
+    op = api.Average if op is None else op
+    if op == api.Adasum:
+        api._op(op, None, api.Average, "DistributedOptimizer")  # raises: not built
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, process_set or hvd.global_process_set, sparse_as_dense)
+               gradient_predivide_factor, process_set or api.global_process_set, sparse_as_dense)
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite every tensor of ``params`` (a state_dict, or (name, tensor) pairs) with ``root_rank``'s."""
-    hvd = _hvd()
-    process_set = process_set or hvd.global_process_set
+    process_set = process_set or api.global_process_set
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
@@ -166,16 +156,15 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
             items = [(str(i), x) for i, x in enumerate(items)]
     else:
         raise ValueError(f"invalid params of type {type(params).__name__}")
-    handles = [hvd.broadcast_async_(p, root_rank, name=f"broadcast.{name}", process_set=process_set)
+    handles = [api.broadcast_async_(p, root_rank, name=f"broadcast.{name}", process_set=process_set)
                for name, p in items if isinstance(p, torch.Tensor)]
     for h in handles:
-        hvd.synchronize(h)
+        api.synchronize(h)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None) -> None:
     """Give every rank's optimizer ``root_rank``'s state (its state_dict, sent as one object)."""
-    hvd = _hvd()
-    process_set = process_set or hvd.global_process_set
-    state = hvd.broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state", process_set=process_set)
+    process_set = process_set or api.global_process_set
+    state = api.broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state", process_set=process_set)
     if process_set.rank() != root_rank:
         optimizer.load_state_dict(state)

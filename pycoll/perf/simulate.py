@@ -22,15 +22,17 @@ import numpy as np
 from ..algorithms import ALGORITHMS, Call, CostModel, Layout
 from ..algorithms import cost as cost_model
 from ..algorithms.registry import Algorithm
-from ..perf import metrics, report
-from ..perf.options import DTYPES, ITEMSIZE, _dtype, _np_list, _positive, _size
-from .model import Device, Topology
+from ..topology import files as topology_files
+from ..topology import fixtures
+from ..topology.model import Device, Topology
+from . import metrics, report
+from .options import DTYPES, ITEMSIZE, _dtype, _np_list, _positive, _size
 
 # Collectives with cost functions and an nccl-tests bus factor (alltoall's algorithm has no cost function).
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
 # Algorithms that work through one host's shared-memory arena on host buffers: they never serve device memory.
 HOST_MEMORY_MODULES = frozenset({"pycoll.algorithms.shared", "pycoll.algorithms.staged"})
-FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+FIXTURES = fixtures.DIR  # the topology fixtures shipped with pycoll
 
 
 def host_memory_only(algo: Algorithm) -> bool:
@@ -41,11 +43,11 @@ def host_memory_only(algo: Algorithm) -> bool:
 def load_topology(spec: str) -> Topology:
     """A topology file (pycoll JSON or NCCL XML), or the name of a fixture in ``pycoll/topology/fixtures``."""
     if os.path.isfile(spec):
-        return Topology.load(spec)
+        return topology_files.load(spec)
     name = spec if spec.endswith((".json", ".xml")) else f"{spec}.json"
     path = os.path.join(FIXTURES, name)
     if os.path.isfile(path):
-        return Topology.load(path)
+        return topology_files.load(path)
     raise FileNotFoundError(f"no topology file {spec!r}, and no fixture {name!r} in {FIXTURES}")
 
 
