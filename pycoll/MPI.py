@@ -9,13 +9,15 @@ from typing import Any
 
 import numpy as _np
 
-from . import comm as _comm_module
+from . import comm_management as _management
+from . import comm_p2p as _p2p_calls
 from . import datatypes as _datatypes
 from . import errors as _errors
 from . import ops as _ops
 from . import runtime as _runtime
 from .buffers import IN_PLACE
-from .comm import _PREDEFINED, COMM_NULL, UNDEFINED, Comm, self_comm, world_comm
+from .comm import Comm, self_comm, world_comm
+from .comm_management import _PREDEFINED, COMM_NULL, UNDEFINED
 from .datatypes import Datatype
 from .errors import PycollError as Exception  # noqa: A001 - mpi4py's name
 from .ops import Op
@@ -58,7 +60,7 @@ def _predefined(name: str) -> Comm:
     return __getattr__(name)
 
 
-_comm_module._predefined_by_name[:] = [_predefined]
+_management._predefined_by_name[:] = [_predefined]
 
 
 def __getattr__(name: str) -> Any:
@@ -117,7 +119,7 @@ def Get_library_version() -> str:  # noqa: N802
 
 
 # ---- communicator management: groups, topologies, comparisons, and the features pycoll does not provide ----
-from .comm import COMM_TYPE_SHARED, Intercomm  # noqa: E402
+from .comm_management import COMM_TYPE_SHARED, Intercomm  # noqa: E402
 from .group import CONGRUENT, GROUP_EMPTY, GROUP_NULL, IDENT, SIMILAR, UNEQUAL, Group  # noqa: E402
 from .not_provided import (  # noqa: E402
     File,
@@ -160,7 +162,7 @@ def Query_thread() -> int:  # noqa: N802
 # ---- point-to-point and requests: probes, matched messages, persistent requests, buffered mode ----
 from .request import MESSAGE_NO_PROC, MESSAGE_NULL, Grequest, Message, Prequest  # noqa: E402
 
-from .comm import BUFFER_AUTOMATIC  # noqa: E402
+from .comm_p2p import BUFFER_AUTOMATIC  # noqa: E402
 
 BSEND_OVERHEAD = 96  # MPICH's; pycoll's Bsend copies the message itself and needs no attached space
 globals().setdefault("ERR_ARG", 12)  # MPICH's error classes, as Status.error values
@@ -181,7 +183,7 @@ def Attach_buffer(buf: Any) -> None:  # noqa: N802
     """Attach the process's buffer for buffered sends: writable memory, or None / BUFFER_AUTOMATIC. pycoll's
     Bsend copies each message into memory of its own, so the buffer is only kept, not used (see Comm.Attach_buffer)."""
     global _attached
-    _attached = _comm_module.attach_buffer(_attached, buf, "Attach_buffer")
+    _attached = _p2p_calls.attach_buffer(_attached, buf, "Attach_buffer")
 
 
 def Detach_buffer() -> Any:  # noqa: N802
@@ -193,7 +195,7 @@ def Detach_buffer() -> Any:  # noqa: N802
 
 def Flush_buffer() -> None:  # noqa: N802
     """Wait until the buffered sends of every communicator have left."""
-    _comm_module.flush_all_bsends()
+    _p2p_calls.flush_all_bsends()
 
 
 def Iflush_buffer() -> Request:  # noqa: N802

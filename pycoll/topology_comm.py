@@ -11,7 +11,8 @@ import numpy as np
 
 from . import buffers
 from .buffers import IN_PLACE
-from .comm import COMM_NULL, UNDEFINED, Comm, _child_ctx, register_topologies
+from .comm import Comm
+from .comm_management import COMM_NULL, UNDEFINED, _child_ctx, register_topologies
 from .errors import InvalidArgumentError
 from .not_provided import refuse
 from .p2p import PROC_NULL
