@@ -17,12 +17,12 @@ from . import ops as _ops
 from . import runtime as _runtime
 from .buffers import IN_PLACE
 from .comm import Comm, self_comm, world_comm
-from .comm_management import _PREDEFINED, COMM_NULL, UNDEFINED
+from .comm_management import _PREDEFINED, COMM_NULL
 from .datatypes import Datatype
 from .errors import PycollError as Exception  # noqa: A001 - mpi4py's name
 from .ops import Op
 from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
-from .request import REQUEST_NULL, Request, Status
+from .request import REQUEST_NULL, UNDEFINED, Request, Status
 from .version import version as _version
 
 Intracomm = Comm
@@ -44,7 +44,7 @@ BAND, BOR, BXOR, LAND, LOR, LXOR = _ops.BAND, _ops.BOR, _ops.BXOR, _ops.LAND, _o
 
 globals().update(_datatypes.DATATYPES)  # MPI.FLOAT, MPI.DOUBLE, MPI.INT, MPI.INT64_T, ...
 
-_comms = _PREDEFINED  # COMM_WORLD and COMM_SELF once made (kept in pycoll.comm, which pickles them by name)
+_comms = _PREDEFINED  # COMM_WORLD and COMM_SELF once made (kept in pycoll.comm_management; Comm pickles them by name)
 
 
 def _world() -> Comm:

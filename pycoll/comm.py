@@ -1,4 +1,6 @@
-"""The communicator: mpi4py's buffer and object API, argument checks, and dispatch to algorithms."""
+"""The communicator: its state, the argument checks every call shares, and the children it makes. Its mpi4py
+methods are the mixins it inherits, one module per kind (``comm_reductions``, ``comm_collectives``, ``comm_p2p``,
+``comm_objects``, ``comm_management``)."""
 
 from __future__ import annotations
 
@@ -59,8 +61,6 @@ def _describe(sig: Sig) -> str:
     if sig.vhash:
         parts.append(f"counts#{sig.vhash & 0xFFFF:04x}")
     return f"{name}({', '.join(parts)})"
-
-
 
 
 class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, CommManagement):

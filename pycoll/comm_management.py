@@ -13,13 +13,12 @@ import numpy as np
 
 from . import not_provided
 from .errors import AbortedError, InvalidArgumentError
-from .request import Request
+from .request import UNDEFINED, Request
 
 if TYPE_CHECKING:  # annotations only: the mixins are bases of Comm
     from .comm import Comm
 
 
-UNDEFINED = -32766
 _WORLD_CTX = 2
 
 

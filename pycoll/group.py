@@ -6,8 +6,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from .errors import InvalidArgumentError
 from .p2p import PROC_NULL
+from .request import UNDEFINED
 
-UNDEFINED = -32766  # the value MPICH (and pycoll.comm) use
 
 # results of Group.Compare and Comm.Compare (MPICH's values)
 IDENT, CONGRUENT, SIMILAR, UNEQUAL = 0, 1, 2, 3

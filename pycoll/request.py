@@ -16,7 +16,7 @@ from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, RecvRequest, Request as
 if TYPE_CHECKING:
     from .comm import Comm
 
-UNDEFINED = -32766  # MPI.UNDEFINED (the same value as comm.UNDEFINED): no index
+UNDEFINED = -32766  # MPI.UNDEFINED (MPICH's value): no index, no rank, no color
 
 
 def _type_size(datatype: Any, op: str) -> int:

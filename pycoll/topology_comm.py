@@ -12,10 +12,11 @@ import numpy as np
 from . import buffers
 from .buffers import IN_PLACE
 from .comm import Comm
-from .comm_management import COMM_NULL, UNDEFINED, _child_ctx, register_topologies
+from .comm_management import COMM_NULL, _child_ctx, register_topologies
 from .errors import InvalidArgumentError
 from .not_provided import refuse
 from .p2p import PROC_NULL
+from .request import UNDEFINED
 
 # Comm.Get_topology() results (MPICH's values); a communicator without a topology answers UNDEFINED
 GRAPH, CART, DIST_GRAPH = 1, 2, 3
