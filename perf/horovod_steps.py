@@ -26,7 +26,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import pycoll.horovod.torch as hvd
-from pycoll.horovod.torch import api as hvd_api
+from pycoll.horovod.torch import processes as hvd_processes
 import pycoll.torch  # noqa: F401  (the "pycoll" backend)
 
 WIDTHS = [32, 64, 128]
@@ -83,7 +83,7 @@ def main() -> None:
             times[name] += steps(model, opt, args.steps, rank, lambda: dist.barrier(group=gloo))
             del model, opt
         hvd.init()
-        engine, loop = hvd_api._get().engine, hvd_api._get().loop
+        engine, loop = hvd_processes.current_state().engine, hvd_processes.current_state().loop
         fused, overlap = engine.threshold or 64 << 20, loop.overlap
         for name, fusion, overlap_on in variants:
             engine.threshold = fused if fusion else 0  # the same engine, fusion on or off (read at each cycle)

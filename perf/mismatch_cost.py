@@ -23,9 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pycoll import MPI  # noqa: E402
 from pycoll.algorithms import shared  # noqa: E402
-from pycoll.p2p import Engine, Sig  # noqa: E402
+from pycoll.p2p import Engine  # noqa: E402
+from pycoll.p2p_protocol import Sig  # noqa: E402
 
-_REAL_CHECK, _REAL_POSTS = Engine._check, shared._check_posts
+_REAL_CHECK, _REAL_POSTS = Engine._check, shared.check_posts
 
 
 def _no_sig_check(self, req, src, sig, nbytes):
@@ -39,7 +40,7 @@ def _no_sig_check(self, req, src, sig, nbytes):
 
 def _set(checked: bool) -> None:
     Engine._check = _REAL_CHECK if checked else _no_sig_check
-    shared._check_posts = _REAL_POSTS if checked else (lambda *a, **k: None)
+    shared.check_posts = _REAL_POSTS if checked else (lambda *a, **k: None)
 
 
 def measure(comm, nbytes: int, iters: int, algo: str) -> dict:

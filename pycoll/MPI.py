@@ -11,7 +11,7 @@ import numpy as _np
 
 from . import comm_management as _management
 from . import comm_p2p as _p2p_calls
-from . import datatypes as _datatypes
+from . import datatypes as _datatypes, derived_types as _derived_types
 from . import errors as _errors
 from . import ops as _ops
 from . import runtime as _runtime
@@ -21,8 +21,9 @@ from .comm_management import _PREDEFINED, COMM_NULL
 from .datatypes import Datatype
 from .errors import PycollError as Exception  # noqa: A001 - mpi4py's name
 from .ops import Op
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL
-from .request import REQUEST_NULL, UNDEFINED, Request, Status
+from .p2p_protocol import ANY_SOURCE, ANY_TAG, PROC_NULL
+from .request import REQUEST_NULL, Request
+from .status import UNDEFINED, Status
 from .version import version as _version
 
 Intracomm = Comm
@@ -130,9 +131,10 @@ from .not_provided import (  # noqa: E402
     Publish_name,
     Unpublish_name,
 )
-from .topology_comm import CART, DIST_GRAPH, GRAPH, UNWEIGHTED, WEIGHTS_EMPTY  # noqa: E402
-from .topology_comm import Cartcomm, Distgraphcomm, Graphcomm, Topocomm  # noqa: E402
-from .topology_comm import compute_dims as Compute_dims  # noqa: E402, N812
+from .cart_comm import Cartcomm  # noqa: E402
+from .cart_comm import compute_dims as Compute_dims  # noqa: E402, N812
+from .graph_comm import UNWEIGHTED, WEIGHTS_EMPTY, Distgraphcomm, Graphcomm  # noqa: E402
+from .topology_comm import CART, DIST_GRAPH, GRAPH, Topocomm  # noqa: E402
 
 
 # ---- names mpi4py's own test helpers (mpiunittest.py, arrayimpl.py, main.py) look up at import ----
@@ -160,7 +162,8 @@ def Query_thread() -> int:  # noqa: N802
 
 
 # ---- point-to-point and requests: probes, matched messages, persistent requests, buffered mode ----
-from .request import MESSAGE_NO_PROC, MESSAGE_NULL, Grequest, Message, Prequest  # noqa: E402
+from .message import MESSAGE_NO_PROC, MESSAGE_NULL, Message  # noqa: E402
+from .request import Grequest, Prequest  # noqa: E402
 
 from .comm_p2p import BUFFER_AUTOMATIC  # noqa: E402
 
@@ -253,11 +256,11 @@ globals().setdefault("pickle", Pickle())
 # ---- reduction ops and datatypes: MAXLOC/MINLOC and their value-index pairs, REPLACE, NO_OP, OP_NULL, user-defined
 # ops (Op.Create), derived datatypes (Datatype.Create_*) and addresses. The pair types (FLOAT_INT, DOUBLE_INT,
 # LONG_INT, INT_INT/TWOINT, SHORT_INT, LONG_DOUBLE_INT) come with the other datatypes from pycoll.datatypes.
-from . import buffers as _buffers  # noqa: E402
+from . import flat_bytes as _flat_bytes  # noqa: E402
 
 MAXLOC, MINLOC, REPLACE, NO_OP, OP_NULL = _ops.MAXLOC, _ops.MINLOC, _ops.REPLACE, _ops.NO_OP, _ops.OP_NULL
 DATATYPE_NULL = _datatypes.DATATYPE_NULL
-ORDER_C, ORDER_FORTRAN, ORDER_F = _datatypes.ORDER_C, _datatypes.ORDER_FORTRAN, _datatypes.ORDER_FORTRAN
+ORDER_C, ORDER_FORTRAN, ORDER_F = _derived_types.ORDER_C, _derived_types.ORDER_FORTRAN, _derived_types.ORDER_FORTRAN
 globals().update({f"COMBINER_{_name}": _code for _name, _code in _datatypes.COMBINERS.items()})
 # Fortran element types with no NumPy counterpart here: DATATYPE_NULL, which mpi4py's tests read as "not available".
 for _name in ("CHARACTER", "LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "LOGICAL16", "INTEGER16",
@@ -268,7 +271,7 @@ for _name in ("CHARACTER", "LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGIC
 
 def Get_address(location: Any) -> int:  # noqa: N802
     """The address of a buffer's first byte, as an integer (mpi4py's MPI.Get_address)."""
-    return _buffers.address(location)
+    return _flat_bytes.address(location)
 
 
 def Aint_add(base: int, disp: int) -> int:  # noqa: N802

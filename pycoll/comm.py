@@ -9,13 +9,14 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import buffers, datatypes
+from . import arrays, buffers, datatypes
 from . import ops as _ops
 from .algorithms import Call, Layout
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms.cuda_ipc import IpcState
-from .algorithms.shared import ArenaState, arena_enabled
-from .buffers import IN_PLACE, Buf, VBuf
+from .algorithms.arena_meeting import ArenaState, arena_enabled
+from .arrays import Buf, VBuf
+from .buffers import IN_PLACE
 from .config import SHM_DIR
 from .errors import AbortedError, InvalidArgumentError, InvalidRootError
 from .comm_collectives import CollectiveCalls
@@ -25,7 +26,7 @@ from .comm_p2p import PointToPointCalls
 from .comm_reductions import ReductionCalls
 from .executor import Executor
 from .ops import Op
-from .p2p import Owner, Sig
+from .p2p_protocol import Owner, Sig
 from .p2p_fast import FastP2P
 from .runtime import Runtime
 
@@ -226,7 +227,7 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
             raise InvalidArgumentError(f"sendbuf holds {a.name} but recvbuf holds {b.name}", op=opname, rank=self._rank)
 
     def _distinct(self, send: np.ndarray, recv: np.ndarray, opname: str) -> None:
-        if buffers.overlaps(send, recv):
+        if arrays.overlaps(send, recv):
             raise InvalidArgumentError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE instead", op=opname, rank=self._rank)
 
     # ---- children ----------------------------------------------------------------------
@@ -236,7 +237,6 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
         child.timeout = self.timeout
         child._reproducible = self._reproducible
         return child
-
 
     @classmethod
     def Create_from_group(cls, group: Any, stringtag: str = "org.mpi4py", info: Any = None, errhandler: Any = None) -> "Comm":  # noqa: N802
@@ -254,7 +254,6 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
         key = (id(rt), members, str(stringtag))
         _FROM_GROUP[key] = count = _FROM_GROUP.get(key, 0) + 1
         return Comm(rt, list(members), _child_ctx(_WORLD_CTX, -3, ("from_group", members, str(stringtag), count)), str(stringtag))
-
 
 
 def world_comm(runtime: Runtime) -> Comm:

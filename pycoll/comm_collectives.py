@@ -10,15 +10,12 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import buffers, datatypes, errors, typemap
+from . import arrays, buffers, datatypes, derived_buffers, errors, typemap
 from .algorithms import Call
 from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
-from .p2p import Sig
+from .p2p_protocol import Sig
 from .request import Request
-
-
-
 
 
 def _vhash(values: Sequence[int]) -> int:
@@ -65,7 +62,7 @@ class _WSide:
         counts = self.nbytes
         stage = self.gathered()[0].copy() if fill else np.empty(sum(counts), np.uint8)
         back = _WriteBack(self.raw, self.blocks, stage)
-        current = getattr(buffers._collecting, "current", None)  # the executor's collector of packed receive buffers
+        current = getattr(derived_buffers.collecting, "current", None)  # the executor's collector of packed receive buffers
         if current is None:
             raise InvalidArgumentError("recvbuf: derived datatypes with gaps need the executor's write-back")
         current.packed.append(back)
@@ -73,7 +70,7 @@ class _WSide:
 
 
 class _WriteBack:
-    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``buffers.Packed``)."""
+    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``derived_buffers.Packed``)."""
 
     __slots__ = ("raw", "blocks", "stage")
 
@@ -100,7 +97,6 @@ class _WPlan:
 
     def __init__(self, send: _WSide, recv: _WSide, in_place: bool) -> None:
         self.send, self.recv, self.in_place = send, recv, in_place
-
 
 
 class CollectiveCalls:
@@ -293,23 +289,23 @@ class CollectiveCalls:
             if counts is None:
                 counts, displs = [1] * size, [0] * size
             else:
-                counts = buffers._int_list(counts, size, "counts", what, name)
-                displs = buffers._int_list(displs, size, "displs", what, name)
+                counts = arrays.int_list(counts, size, "counts", what, name)
+                displs = arrays.int_list(displs, size, "displs", what, name)
             if isinstance(types, (list, tuple)):
                 if len(types) != size:
                     raise InvalidArgumentError(f"{what}: datatypes has {len(types)} entries for {size} ranks", op=name)
             else:
                 types = [types] * size
             layouts = [t._live(what) if isinstance(t, datatypes.Datatype) else
-                       typemap.Layout.basic(buffers._dtype_of(t, what, name)) for t in types]
+                       typemap.Layout.basic(arrays.dtype_of(t, what, name)) for t in types]
             if obj is None:  # MPI.BOTTOM: the datatypes' displacements are absolute addresses
                 return self._w_bottom(counts, displs, layouts, what, name)
-            flat = buffers._as_flat_array(obj, what, name)
-            device = isinstance(flat, buffers.DeviceArray)
-            raw = flat.view(np.uint8) if device else buffers._raw_bytes(obj, what, name)
+            flat = arrays.as_flat_array(obj, what, name)
+            device = isinstance(flat, arrays.DeviceArray)
+            raw = flat.view(np.uint8) if device else derived_buffers.raw_bytes(obj, what, name)
         except InvalidArgumentError as err:
             raise InvalidArgumentError(err.cause, op=name, rank=self._rank) from None
-        if writable and not buffers._writable(raw):
+        if writable and not arrays.is_writable(raw):
             raise InvalidArgumentError(f"{what} is read-only", op=name, rank=self._rank)
         nbytes = int(raw.shape[0])
         blocks: list[tuple[int, Any, int]] = []  # per rank: (byte displacement, Access or None, bytes)
@@ -335,7 +331,7 @@ class CollectiveCalls:
         if writable:  # contiguous blocks written twice: MPI forbids it
             spans = [(d + a.offset, n) for d, a, n in blocks if a is not None and a.contiguous]
             try:
-                buffers._check_disjoint([n for _, n in spans], [s for s, _ in spans], what, name)
+                arrays.check_disjoint([n for _, n in spans], [s for s, _ in spans], what, name)
             except InvalidArgumentError as err:
                 raise InvalidArgumentError(err.cause.replace("elements", "bytes"), op=name, rank=self._rank) from None
         return _WSide(raw, blocks)
@@ -390,7 +386,7 @@ class CollectiveCalls:
                 send = recv
             else:
                 send = self._w_side(sendbuf, "sendbuf", name, writable=False)
-                if buffers.overlaps(send.raw, recv.raw):
+                if arrays.overlaps(send.raw, recv.raw):
                     raise InvalidArgumentError("sendbuf and recvbuf overlap; pass MPI.IN_PLACE instead", op=name,
                                                rank=self._rank)
             plan = _WPlan(send, recv, sendbuf is IN_PLACE)

@@ -7,13 +7,15 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import types
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, Optional, Sequence
 
 import numpy as np
 
 from . import not_provided
 from .errors import AbortedError, InvalidArgumentError
-from .request import UNDEFINED, Request
+from .request import Request
+from .status import UNDEFINED
 
 if TYPE_CHECKING:  # annotations only: the mixins are bases of Comm
     from .comm import Comm
@@ -233,8 +235,8 @@ class CommManagement:
 
     py2f = toint
 
-    # The topology communicators (pycoll.topology_comm) subclass Comm, so this module cannot import them; that
-    # module registers its constructors here when it is imported (pycoll.MPI imports it).
+    # The topology communicators (pycoll.cart_comm, pycoll.graph_comm) subclass Comm, so this module cannot import
+    # them; those modules register their constructors here when imported (pycoll.MPI imports them).
     def Create_cart(self, dims: Sequence[int], periods: Any = None, reorder: bool = False) -> Any:  # noqa: N802
         """Collective: a Cartcomm laying the first prod(dims) ranks out on the grid, in rank order (``reorder``
         is accepted; pycoll keeps the order); the other ranks get COMM_NULL."""
@@ -394,7 +396,6 @@ class CommManagement:
             self._engine.request_abort(self._ctx & ~1, err, self._world)
 
 
-
 class _NullComm:
     """``MPI.COMM_NULL``: equal to every null communicator (``MPI.Comm()``) and to freed ones; any call on it
     is an error."""
@@ -473,19 +474,21 @@ def _info_items(info: Any, opname: str, rank: Optional[int] = None) -> dict[str,
     return dict(info.items())
 
 
-# pycoll.topology_comm's constructors of Cartcomm, Graphcomm and Distgraphcomm, registered by it when imported
-_topology_constructors: list[Any] = []
+# The constructors of Cartcomm (pycoll.cart_comm), Graphcomm and Distgraphcomm (pycoll.graph_comm), by their method's
+# name in lower case; each module registers its own when imported
+_topology_constructors = types.SimpleNamespace()
 
 
-def register_topologies(constructors: Any) -> None:
-    """Called by pycoll.topology_comm: the object whose functions build topology communicators from a Comm."""
-    _topology_constructors[:] = [constructors]
+def register_topologies(**constructors: Callable[..., Any]) -> None:
+    """Called by the topology modules: functions that build topology communicators from a Comm."""
+    for name, fn in constructors.items():
+        setattr(_topology_constructors, name, fn)
 
 
 def _topologies(op: str) -> Any:
-    if not _topology_constructors:
+    if not hasattr(_topology_constructors, op.lower()):
         raise InvalidArgumentError("topology communicators come with pycoll.MPI: import it first", op=op)
-    return _topology_constructors[0]
+    return _topology_constructors
 
 
 # COMM_WORLD and COMM_SELF ("world", "self") once ``pycoll.MPI`` made them, and its function that returns one by

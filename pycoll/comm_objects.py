@@ -11,9 +11,9 @@ import numpy as np
 
 from . import ops as _ops
 from .errors import InvalidArgumentError
-from .p2p import ANY_SOURCE, ANY_TAG
-from .request import Request, Status
-
+from .p2p_protocol import ANY_SOURCE, ANY_TAG
+from .request import Request
+from .status import Status
 
 
 _LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table entries

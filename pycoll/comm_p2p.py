@@ -8,17 +8,18 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import buffers
+from . import flat_bytes
 from .errors import InvalidArgumentError
-from .p2p import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, Owner
-from .request import MESSAGE_NO_PROC, Message, Prequest, Request, Status
+from .p2p_protocol import ANY_SOURCE, ANY_TAG, P2P_SIG, PROC_NULL, TAG_MAX, Owner
+from .message import MESSAGE_NO_PROC, Message
+from .request import Prequest, Request
+from .status import Status
 
 if TYPE_CHECKING:  # annotations only: the mixins are bases of Comm
     from .comm import Comm
 
 
 _NO_BYTES = np.empty(0, np.uint8)
-_TAG_MAX = (1 << 63) - 1  # a tag travels as a signed 64-bit header word
 
 
 def _no_data(buf: Any) -> Optional[np.ndarray]:
@@ -48,8 +49,8 @@ class PointToPointCalls:
     def _tag(self, tag: int, opname: str, allow_any: bool) -> int:
         if not isinstance(tag, (int, np.integer)) or (tag < 0 and not (allow_any and tag == ANY_TAG)):
             raise InvalidArgumentError(f"tag {tag!r} must be a non-negative integer", op=opname, rank=self._rank)
-        if tag > _TAG_MAX:
-            raise InvalidArgumentError(f"tag {tag!r} is above the largest tag, {_TAG_MAX}", op=opname, rank=self._rank)
+        if tag > TAG_MAX:
+            raise InvalidArgumentError(f"tag {tag!r} is above the largest tag, {TAG_MAX}", op=opname, rank=self._rank)
         return int(tag)
 
     def _p2p_ready(self, opname: str) -> Owner:
@@ -66,13 +67,13 @@ class PointToPointCalls:
         """Whether a call naming ``peer`` (a rank here) and ``tag`` (>= 0, or ANY_TAG for a receive) may take the
         engine's eager path: plain ints in range on a live communicator; anything else goes through the checks of
         the posted path."""
-        return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (0 <= tag <= _TAG_MAX or any_tag and tag == ANY_TAG)
+        return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (0 <= tag <= TAG_MAX or any_tag and tag == ANY_TAG)
                 and not (self._freed or self._aborted is not None or self._engine.broken_ctxs))
 
     def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
         """The engine's send request (None for PROC_NULL); arguments checked in the common case by type alone."""
         base = self._p2p_ready(opname)
-        if type(dest) is int and type(tag) is int and 0 <= dest < self._size and 0 <= tag <= _TAG_MAX:
+        if type(dest) is int and type(tag) is int and 0 <= dest < self._size and 0 <= tag <= TAG_MAX:
             peer = self._world[dest]
         else:
             peer = self._peer(dest, opname, False)
@@ -84,7 +85,7 @@ class PointToPointCalls:
     def _irecv_array(self, arr: Optional[np.ndarray], source: int, tag: int, opname: str) -> Any:
         """The engine's receive request (None for PROC_NULL)."""
         base = self._p2p_ready(opname)
-        if type(source) is int and type(tag) is int and 0 <= source < self._size and -1 <= tag <= _TAG_MAX:
+        if type(source) is int and type(tag) is int and 0 <= source < self._size and -1 <= tag <= TAG_MAX:
             peer = self._world[source]
         else:
             peer = self._peer(source, opname, True)
@@ -96,7 +97,7 @@ class PointToPointCalls:
     def _p2p_buf(self, buf: Any, opname: str, writable: bool = False) -> np.ndarray:
         """A host buffer for point-to-point, as flat bytes; device buffers are for collectives only in this build."""
         try:
-            arr = buffers.parse_bytes(buf, "buf", opname, writable)
+            arr = flat_bytes.parse_bytes(buf, "buf", opname, writable)
         except InvalidArgumentError as exc:
             arr = _no_data(buf)
             if arr is None:

@@ -11,7 +11,7 @@ from . import ops as _ops
 from .algorithms import Call
 from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
-from .p2p import Sig
+from .p2p_protocol import Sig
 from .request import Request
 from .comm_collectives import _vhash
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import buffers, paired
+from . import arrays, derived_buffers, paired
 from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
 from .algorithms import arena_jit
 from .algorithms.registry import REDUCTIONS, last_choice, parse_override
@@ -30,7 +30,7 @@ from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend, host_address
 from .ops import Op
-from .p2p import Schedule, Sig
+from .p2p_protocol import Schedule, Sig
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -234,7 +234,7 @@ class Plan:
         if send is not None and recv is not None and not self.template.in_place and send.size and recv.size:
             # two distinct arrays that own their memory cannot overlap; the same array twice, or views, may
             if send is recv or send.base is not None or recv.base is not None:
-                if buffers.overlaps(send, recv):
+                if arrays.overlaps(send, recv):
                     return None
         return send, recv
 
@@ -451,7 +451,7 @@ class Executor:
         if self.gate.kernels is None and c._arena is not None:
             self.gate.open()  # a shape's first call opens the compiled kernels, so its second never stalls on them
         try:
-            with buffers.collecting_packed() as unpacking:  # derived datatypes' packed receive buffers
+            with derived_buffers.collecting_packed() as unpacking:  # derived datatypes' packed receive buffers
                 call, sig = build(*args)
             call, stage = self._stage(call, stream, label)
             if unpacking.packed and stage is None:
@@ -469,10 +469,10 @@ class Executor:
     def _stage(self, call: Call, stream: Any, label: str) -> tuple[Call, Any]:
         """(the call to schedule, its Staged device copy or None): device buffers are copied to pinned host memory."""
         c = self.comm
-        mem = {buffers.memory_of(a) for a in (call.send, call.recv) if a is not None}
+        mem = {arrays.memory_of(a) for a in (call.send, call.recv) if a is not None}
         if mem != {"cuda"}:
             if len(mem) > 1:
-                where = "on the device" if buffers.memory_of(call.send) == "cuda" else "in host memory"
+                where = "on the device" if arrays.memory_of(call.send) == "cuda" else "in host memory"
                 raise InvalidArgumentError(
                     f"sendbuf is {where} and recvbuf is not: pass both on the device (as NCCL requires) or both on "
                     "the host", op=label, rank=c._rank)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional, Sequence
 
 from .errors import InvalidArgumentError
-from .p2p import PROC_NULL
-from .request import UNDEFINED
+from .p2p_protocol import PROC_NULL
+from .status import UNDEFINED
 
 
 # results of Group.Compare and Comm.Compare (MPICH's values)

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import buffers
+from . import arrays
 from .algorithms import ALGO, CHECK_CALLS
-from .algorithms import arena_jit, direct_cma, shared, slots, staged
+from .algorithms import arena_jit, arena_meeting, direct_cma, shared, slots, staged
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
 from .config import _ENV_BYTES
@@ -43,7 +43,7 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
     send_view = plan.send.view if plan.send is not None else None
     recv_view = plan.recv.view if plan.recv is not None else None
     overlap = not plan.template.in_place and send_view is not None and recv_view is not None
-    overlaps = buffers.overlaps
+    overlaps = arrays.overlaps
     one_sided = lags and runner.one_sided
 
     def fast(args: tuple) -> bool:
@@ -73,7 +73,6 @@ def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any,
         return True
 
     return fast
-
 
 
 class Runner:
@@ -253,7 +252,7 @@ class _Barrier(Runner):
                 return True
             mine = self.words
         else:
-            mine = shared.post_call(a, opno, self.sig)
+            mine = arena_meeting.post_call(a, opno, self.sig)
             if x.spin_meeting(a, opno, mine, lambda: None):
                 return True
         x.rest(self.label, self.sig, lambda st: shared.barrier_rest(st, a, opno, mine))

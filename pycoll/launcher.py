@@ -16,7 +16,8 @@ import time
 from typing import IO, Any, Callable, Optional, Sequence
 
 from pycoll import forked_ranks
-from pycoll.bootstrap.store import FAILED_KEY, TCPStoreServer, new_token
+from pycoll.bootstrap.store import FAILED_KEY, new_token
+from pycoll.bootstrap.store_server import TCPStoreServer
 from pycoll.config import float_param
 
 LAUNCH_GRACE = float_param(

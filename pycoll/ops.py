@@ -462,7 +462,7 @@ def resolve(op: Any) -> Op:
 
 def reduce_local(op: Any, inbuf: Any, inoutbuf: Any, opname: str = "Reduce_local", rank: Optional[int] = None) -> None:
     """inoutbuf = inbuf op inoutbuf on this process (``Op.Reduce_local``, ``Comm.Reduce_local``)."""
-    from . import buffers
+    from . import arrays, buffers
 
     def bad(cause: str) -> InvalidArgumentError:
         return InvalidArgumentError(cause, op=opname, rank=rank)
@@ -490,7 +490,7 @@ def reduce_local(op: Any, inbuf: Any, inoutbuf: Any, opname: str = "Reduce_local
     bound, unit = o.bind(inout.datatype, inout.dtype, inout.elements)
     a, b = (src.array, inout.array) if unit is None else (src.array.view(unit), inout.array.view(unit))
     if b.size:
-        if buffers.overlaps(a, b) and a is not b:
+        if arrays.overlaps(a, b) and a is not b:
             a = a.copy()
         bound.ufunc(a, b, out=b)
     inout.finish()

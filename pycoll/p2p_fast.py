@@ -1,21 +1,24 @@
-"""Compiled point-to-point calls of one communicator: buffer specs resolved once, then each call between two ranks of one host one Numba call while the engine has nothing else pending."""
+"""Compiled point-to-point calls of one communicator: buffer specs resolved once (``p2p_specs``), then each call
+between two ranks of one host one Numba call while the engine has nothing else pending."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import time
-import weakref
 from typing import Any, Optional
 
 import numpy as np
 
 from .config import float_param, int_param
-from .memory import DATA_FIELD, host_address
-from .p2p import _ACK, Engine, P2POwner, RecvRequest, SendRequest
+from .memory import host_address
+from .p2p import Engine
+from .p2p_protocol import ACK, TAG_MAX, P2POwner, RecvRequest, SendRequest
 from .p2p_lane import EMPTY
+from .p2p_sendrecv import SendRecv
+from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
 
-_TAG_MAX = (1 << 63) - 1
+
 P2P_YIELDS = int_param(
     "PYCOLL_P2P_YIELDS", 4096,
     "Where a host runs more ranks than cores: how many times a compiled point-to-point call waiting for its peer "
@@ -27,185 +30,11 @@ P2P_SPIN_US = float_param(
     "peer's message, giving up the core (sched_yield) between short spins, before the engine's wait takes over "
     "(where ranks share cores, PYCOLL_P2P_YIELDS counts its yields instead).",
 )
-_NO_SEGMENTS: list = []
-_word_at = ctypes.c_size_t.from_address
+NO_SEGMENTS: list = []
 _memmove = ctypes.memmove
 
-# Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
-# address, their length). An entry holds its array (so its id names nobody else while it is there); the entries and
-# the bytes of the arrays they keep alive (their bases, each counted once) are bounded: past a bound, all are dropped.
-_SPECS: dict = {}
-_SPECS_MAX = 256
-_PINNED_MAX = 256 << 20
-_pinned: dict = {}  # id(base array) -> its bytes
-_last_root: Any = lambda: None  # the array of the last view found by its shape (a weak reference)
-_seen: dict = {}  # id(array) -> a weak reference to it, for arrays found by their shape once
-_SEEN_MAX = 64
 
-
-def _spec_parts(buf: Any) -> Optional[tuple]:
-    """(spec type, array, count or None, datatype or None) of ``[arr, count, datatype]`` (an int count),
-    ``[arr, datatype]`` or a bare array; None for any other argument (resolved in full on every call)."""
-    t = type(buf)
-    if t is list or t is tuple:
-        n = len(buf)
-        if n == 3:
-            obj, count, datatype = buf
-            return (t, obj, count, datatype) if type(count) is int else None
-        if n == 2:
-            return t, buf[0], None, buf[1]
-        return None
-    if t is np.ndarray:
-        return t, buf, None, None
-    return None
-
-
-def _cached(buf: Any, writable: bool) -> Optional[tuple]:
-    """The cached resolution of a buffer spec: by the array's identity if it is still right for it (same object,
-    count, datatype and dtype; writable for a receive), else by its shape (a fresh array or view per call, as
-    programs pass them); None if neither knows it. The entry's flat bytes (``flat``) are made only if asked for.
-    Written out in one body: each spec of a small call spends its time here (about 1 µs)."""
-    t = type(buf)
-    if t is list or t is tuple:
-        n = len(buf)
-        if n == 3:
-            obj, count, datatype = buf
-            if type(count) is not int:
-                return None
-        elif n == 2:
-            obj, datatype = buf
-            count = None
-        else:
-            return None
-    elif t is np.ndarray:
-        obj, count, datatype = buf, None, None
-    else:
-        return None
-    e = _SPECS.get(id(obj))
-    if (e is not None and e[0] is obj and e[1] == count and e[2] is datatype and obj.dtype is e[3]
-            and (not writable or obj.flags.writeable)):
-        return e
-    if type(obj) is not np.ndarray:
-        return None
-    f = obj.flags
-    if not f.c_contiguous:
-        return None
-    try:
-        nbytes = _SHAPES.get((t, obj.shape, obj.dtype, f.writeable, count, datatype, writable))
-    except TypeError:  # an unhashable datatype argument
-        return None
-    if nbytes is None:
-        return None
-    addr = (_word_at(id(obj) + DATA_FIELD).value if DATA_FIELD >= 0 else host_address(obj)) if nbytes else 0
-    e = (obj, count, datatype, obj.dtype, None, addr, nbytes)
-    root = obj.base
-    if root is None:
-        _keep_returning(obj, e)
-    elif type(root) is np.ndarray and root.base is None:
-        _keep_view(obj, root, e)
-    return e
-
-
-def _keep_returning(obj: np.ndarray, e: tuple) -> None:
-    """Cache an array found by its shape under its identity when it comes a second time (a program's own buffers,
-    several of one shape); a fresh array per call is only ever referenced weakly here."""
-    ref = _seen.get(id(obj))
-    if ref is not None and ref() is obj:
-        _keep(obj, e)
-        return
-    if len(_seen) >= _SEEN_MAX:
-        _seen.clear()
-    _seen[id(obj)] = weakref.ref(obj)
-
-
-def _keep_view(obj: np.ndarray, root: np.ndarray, e: tuple) -> None:
-    """Cache a view found by its shape under its identity where that holds no memory that would be freed otherwise:
-    its array's bytes are held already, or a view of the same array came just before (a program's receive slots of
-    one buffer); a view of a fresh array per call is not kept."""
-    global _last_root
-    if id(root) in _pinned:
-        if len(_SPECS) < _SPECS_MAX:
-            _SPECS[id(obj)] = e
-    elif _last_root() is root:
-        _keep(obj, e)
-    else:
-        _last_root = weakref.ref(root)
-
-
-def flat(e: tuple) -> np.ndarray:
-    """An entry's flat bytes: kept where the full parse made them, else viewed over its array now."""
-    got = e[4]
-    if got is None:
-        got = e[0].reshape(-1).view(_UINT8)[:e[6]]
-    return got
-
-
-# What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
-# (spec type, array shape, dtype, writable flag, count, datatype, a receive's) -> the length of the flat bytes, which
-# start at the array's first byte. A spec whose bytes are not a prefix of its C-ordered array is never kept here.
-_SHAPES: dict = {}
-_SHAPES_MAX = 1024
-_UINT8 = np.dtype(np.uint8)
-
-
-def _shape_key(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> Optional[tuple]:
-    """The shape key of a spec over a C-ordered array; None for other kinds."""
-    if type(obj) is not np.ndarray:
-        return None
-    f = obj.flags
-    if not f.c_contiguous:
-        return None
-    return (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
-
-
-def _remember_shape(key: Optional[tuple], obj: np.ndarray, arr: np.ndarray, addr: int) -> None:
-    """Keep the length of a spec's flat bytes ``arr`` under its shape ``key`` where they are a prefix of its array
-    ``obj``'s own memory."""
-    if key is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
-        return
-    if arr.nbytes and (not obj.nbytes or host_address(obj) != addr):
-        return
-    if len(_SHAPES) >= _SHAPES_MAX:
-        _SHAPES.clear()
-    try:
-        _SHAPES[key] = arr.nbytes
-    except TypeError:
-        pass
-
-
-def _resolve(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
-    """Resolve ``buf`` by the communicator's full parse (its errors are the call's) and cache the result when it
-    views the array's own memory."""
-    arr = comm._p2p_buf(buf, opname, writable)
-    parts = _spec_parts(buf)
-    t, obj, count, datatype = parts if parts is not None else (None, None, None, None)
-    addr = host_address(arr) if arr.nbytes else 0
-    if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
-        return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
-    _remember_shape(_shape_key(t, obj, count, datatype, writable), obj, arr, addr)
-    entry = (obj, count, datatype, obj.dtype, arr, addr, arr.nbytes)
-    _keep(obj, entry)
-    return entry
-
-
-def _keep(obj: np.ndarray, entry: tuple) -> None:
-    """Cache ``entry`` under ``id(obj)``, within the bounds on entries and on the bytes they keep alive."""
-    root = obj
-    while type(root.base) is np.ndarray:
-        root = root.base
-    if id(root) not in _pinned:
-        if len(_SPECS) >= _SPECS_MAX or sum(_pinned.values()) + root.nbytes > _PINNED_MAX:
-            _SPECS.clear()
-            _pinned.clear()
-        _pinned[id(root)] = root.nbytes
-    elif len(_SPECS) >= _SPECS_MAX:
-        _SPECS.clear()
-        _pinned.clear()
-        _pinned[id(root)] = root.nbytes
-    _SPECS[id(obj)] = entry
-
-
-class FastP2P:
+class FastP2P(SendRecv):
     """One communicator's compiled point-to-point calls. Each method does the whole call and returns None, or
     returns the buffer as flat bytes for the engine's general path when the call cannot go this way (a peer off
     this host, the kernels not loaded yet, receives already posted, unexpected messages buffered, a failure...).
@@ -271,9 +100,9 @@ class FastP2P:
     def send(self, buf: Any, dest: Any, tag: Any) -> Optional[np.ndarray]:
         """A blocking send: an eager message written into the peer's ring, or a rendezvous announced and its
         acknowledgement awaited."""
-        e = _cached(buf, False) or _resolve(self.comm, buf, "Send", False)
+        e = cached_spec(buf, False) or resolve_spec(self.comm, buf, "Send", False)
         lanes = self.lanes or self._lanes()
-        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
+        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= TAG_MAX:
             peer = self.world[dest]
             d = lanes[peer]
             if d and not self.sendq[peer] and not self._dead():
@@ -283,20 +112,20 @@ class FastP2P:
                         return None
                 elif self.engine._rdv_ok(peer, n):
                     return self._rendezvous(peer, d, e, dest, tag)
-        return flat(e)
+        return flat_bytes_of(e)
 
     def _rendezvous(self, peer: int, d: int, e: tuple, dest: int, tag: int) -> Optional[np.ndarray]:
         """A blocking send by rendezvous: announce, then wait for the acknowledgement (spinning first)."""
         if not self.lock.acquire(False):
-            return flat(e)
+            return flat_bytes_of(e)
         try:
             engine = self.engine
             rid = engine._rdv_seq = engine._rdv_seq + 1
             if not self.k.announce_at(d, e[5], e[6], self.ctx, tag, rid):
-                return flat(e)
+                return flat_bytes_of(e)
             if self.k.await_ack(d, self.ctx, tag, rid, self.polls + self.engine.pull_polls(e[6])):
                 return None
-            req = self._pending_send(peer, rid, flat(e), "Send", dest, tag)
+            req = self._pending_send(peer, rid, flat_bytes_of(e), "Send", dest, tag)
         finally:
             self.lock.release()
         self.comm._p2p_wait(req)
@@ -304,7 +133,7 @@ class FastP2P:
 
     def _pending_send(self, peer: int, rid: int, arr: np.ndarray, opname: str, dest: int, tag: int) -> SendRequest:
         """The engine's request for rendezvous ``rid``, announced here, whose acknowledgement is still to come."""
-        req = SendRequest(self._owner(opname, "dest", dest, tag), peer, self.ctx, tag, _NO_SEGMENTS)
+        req = SendRequest(self._owner(opname, "dest", dest, tag), peer, self.ctx, tag, NO_SEGMENTS)
         req.rdv = rid
         self.engine._rdv_sends[(peer, rid)] = req
         self.engine._rdv_data[(peer, rid)] = memoryview(arr)  # streamed from, should the receiver fail to pull
@@ -313,9 +142,9 @@ class FastP2P:
     def isend(self, buf: Any, dest: Any, tag: Any) -> Any:
         """A nonblocking send: True for an eager message written now, the engine's request for a rendezvous
         announced (done at its acknowledgement); else the flat bytes for the engine's path."""
-        e = _cached(buf, False) or _resolve(self.comm, buf, "Isend", False)
+        e = cached_spec(buf, False) or resolve_spec(self.comm, buf, "Isend", False)
         lanes = self.lanes or self._lanes()
-        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= _TAG_MAX:
+        if lanes is not None and type(dest) is int and type(tag) is int and 0 <= dest < self.size and 0 <= tag <= TAG_MAX:
             peer = self.world[dest]
             d = lanes[peer]
             if d and not self.sendq[peer] and not self._dead():
@@ -328,10 +157,10 @@ class FastP2P:
                         engine = self.engine
                         rid = engine._rdv_seq = engine._rdv_seq + 1
                         if self.k.announce_at(d, e[5], n, self.ctx, tag, rid):
-                            return self._pending_send(peer, rid, flat(e), "Isend", dest, tag)
+                            return self._pending_send(peer, rid, flat_bytes_of(e), "Isend", dest, tag)
                     finally:
                         self.lock.release()
-        return flat(e)
+        return flat_bytes_of(e)
 
     # ---- receives ------------------------------------------------------------------------------
     def _take(self, peer: int, d: int, e: tuple, tag: int, polls: int, status: int = -1) -> int:
@@ -354,7 +183,7 @@ class FastP2P:
                 engine.rdv_eager_pulls += 1
                 if status == 6:  # its acknowledgement queues behind this rank's sends to the peer
                     w = self.words[peer]
-                    engine._send_ctl(peer, _ACK, self.ctx, w[16], w[18])
+                    engine._send_ctl(peer, ACK, self.ctx, w[16], w[18])
                 return 0
             return status
 
@@ -374,9 +203,9 @@ class FastP2P:
 
     def recv(self, buf: Any, source: Any, tag: Any, status: Any) -> Optional[np.ndarray]:
         """A blocking receive of the next frame from ``source``'s ring, spinning briefly for it."""
-        e = _cached(buf, True) or _resolve(self.comm, buf, "Recv", True)
+        e = cached_spec(buf, True) or resolve_spec(self.comm, buf, "Recv", True)
         lanes = self.lanes or self._lanes()
-        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
+        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= TAG_MAX:
             peer = self.world[source]
             d = lanes[peer]
             if d and self.unexpected and not self._dead() and self.lock.acquire(False):
@@ -400,15 +229,15 @@ class FastP2P:
                         w = self.words[peer]
                         status.source, status.tag, status.nbytes = source, w[16], w[17]
                     return None
-        return flat(e)
+        return flat_bytes_of(e)
 
     def irecv(self, buf: Any, source: Any, tag: Any) -> Any:
         """A nonblocking receive: the message taken now if it is next in ``source``'s ring ((tag, nbytes)), or the
         engine's receive posted here (the engine's compiled drain completes it); else the flat bytes for the
         engine's path."""
-        e = _cached(buf, True) or _resolve(self.comm, buf, "Irecv", True)
+        e = cached_spec(buf, True) or resolve_spec(self.comm, buf, "Irecv", True)
         lanes = self.lanes or self._lanes()
-        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= _TAG_MAX:
+        if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= TAG_MAX:
             peer = self.world[source]
             d = lanes[peer]
             comm = self.comm
@@ -425,7 +254,7 @@ class FastP2P:
                 try:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:
-                        return flat(e)
+                        return flat_bytes_of(e)
                     if self.posted:  # messages already in for the receives posted before: completed first
                         self._complete_posted(peer, d)
                     if not self.posted:
@@ -433,13 +262,13 @@ class FastP2P:
                         if not status or not self._take(peer, d, e, tag, 0, status):
                             w = self.words[peer]
                             return w[16], w[17]
-                    req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, flat(e))
+                    req = RecvRequest(self._owner("Irecv", "source", source, tag), peer, self.ctx, tag, None, flat_bytes_of(e))
                     req.addr = e[5]
                     self.posted.append(req)
                     return req
                 finally:
                     self.lock.release()
-        return flat(e)
+        return flat_bytes_of(e)
 
     def _take_unexpected(self, peer: int, e: tuple, tag: int) -> Optional[tuple[int, int]]:
         """The first buffered message (one that came while this rank was in another call) that a receive of ``tag``
@@ -506,7 +335,7 @@ class FastP2P:
                 engine.rdv_pulls += 1
                 engine.rdv_eager_pulls += 1
                 if status == 6:
-                    engine._send_ctl(peer, _ACK, req.ctx, w[16], w[18])
+                    engine._send_ctl(peer, ACK, req.ctx, w[16], w[18])
             elif status != 0:
                 return
             del posted[0]
@@ -523,97 +352,3 @@ class FastP2P:
             owner = self.owners[key] = self.comm._p2p_ready(opname).call(opname, word, rank, tag)
         return owner
 
-    # ---- both ----------------------------------------------------------------------------------
-    def sendrecv(self, sendbuf: Any, dest: Any, sendtag: Any, recvbuf: Any, source: Any, recvtag: Any,
-                 status: Any) -> Optional[tuple]:
-        """A Sendrecv: both messages eager in one kernel call, or the send by rendezvous with the peer's message
-        taken (pulled) and the acknowledgement awaited in one kernel call; what is left over goes to the engine
-        here. None when done, else (send bytes, receive bytes) for the engine's path (nothing done)."""
-        r = _cached(recvbuf, True) or _resolve(self.comm, recvbuf, "Sendrecv", True)
-        s = _cached(sendbuf, False) or _resolve(self.comm, sendbuf, "Sendrecv", False)
-        lanes = self.lanes or self._lanes()
-        if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
-                or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size
-                or not 0 <= sendtag <= _TAG_MAX or not -1 <= recvtag <= _TAG_MAX):
-            return flat(s), flat(r)
-        speer, rpeer = self.world[dest], self.world[source]
-        dd, ds = lanes[speer], lanes[rpeer]
-        if (not dd or not ds or self.sendq[speer] or not self._quiet(rpeer) or self._dead()
-                or not self.lock.acquire(False)):
-            return flat(s), flat(r)
-        engine = self.engine
-        ctx = self.ctx
-        try:
-            n = s[6]
-            if n <= self.eager_max:
-                got = self.k.exchange(dd, ds, s[5], n, sendtag, r[5], r[6], recvtag, ctx, self.polls,
-                                      0 if self.sendq[rpeer] else 1)
-                if got == 7:  # NOT_SENT: no room for it
-                    return flat(s), flat(r)
-                if got == 4:  # an acknowledgement was ahead: go on taking
-                    engine._acked(rpeer, self.words[rpeer][18])
-                    got = self._take(rpeer, ds, r, recvtag, self.polls)
-                elif got >= 5:  # pulled from the sender
-                    engine.rdv_pulls += 1
-                    engine.rdv_eager_pulls += 1
-                    if got == 6:
-                        w = self.words[rpeer]
-                        engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
-                    got = 0
-                if got == EMPTY and self.linger_s:  # sent: wait on for the peer's message
-                    got = self._linger(rpeer, ds, r, recvtag)
-                sreq = None
-                received = got == 0
-            elif engine._rdv_ok(speer, n):
-                sreq, received = self._exchange_rdv(speer, rpeer, dd, ds, s, r, dest, sendtag, recvtag)
-                if sreq is False:
-                    return flat(s), flat(r)
-            else:
-                return flat(s), flat(r)
-        finally:
-            self.lock.release()
-        comm = self.comm
-        if not received:
-            rreq = comm._irecv_array(flat(r), source, recvtag, "Sendrecv")
-            pending = [x for x in (rreq, sreq) if x is not None and not x.done]
-            if pending:
-                engine.wait_requests(pending, comm.timeout, pending[0].owner)
-            try:
-                comm._p2p_wait(rreq, status)
-            finally:
-                if sreq is not None:
-                    comm._p2p_wait(sreq)
-            return None
-        if sreq is not None:
-            comm._p2p_wait(sreq)
-        if status is not None:
-            w = self.words[rpeer]
-            status.source, status.tag, status.nbytes = source, w[16], w[17]
-        return None
-
-    def _exchange_rdv(self, speer: int, rpeer: int, dd: int, ds: int, s: tuple, r: tuple, dest: int, sendtag: int,
-                      recvtag: int) -> tuple[Any, bool]:
-        """A Sendrecv's send by rendezvous and its receive, as far as one kernel call takes them: (the engine's
-        request for the send if its acknowledgement is still to come, whether the receive is done); (False,
-        False) when nothing was done. The engine's lock is held."""
-        engine = self.engine
-        ctx = self.ctx
-        rid = engine._rdv_seq = engine._rdv_seq + 1
-        state = 0
-        polls = self.polls + engine.pull_polls(s[6])  # the usual spin and the receiver's pull
-        while True:
-            state = self.k.exchange_rdv(dd, ds, s[5], s[6], sendtag, r[5], r[6], recvtag, ctx, rid, polls,
-                                        0 if self.sendq[rpeer] else 1, state)
-            if not state & 1:  # not announced: nothing done
-                return False, False
-            if state & 32:  # PULLED_IN
-                engine.rdv_pulls += 1
-                state &= ~32
-            if state & 8:  # ACK_DUE: the receive's acknowledgement queues behind this rank's sends
-                w = self.words[rpeer]
-                engine._send_ctl(rpeer, _ACK, ctx, w[16], w[18])
-            if not state & 16:
-                break
-            engine._acked(rpeer, self.words[rpeer][18])  # ACKED_OTHER: another send of this rank is done; go on
-        sreq = None if state & 2 else self._pending_send(speer, rid, flat(s), "Sendrecv", dest, sendtag)
-        return sreq, bool(state & 4)

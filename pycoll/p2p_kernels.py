@@ -2,7 +2,7 @@
 ring in one compiled call. Importing this module needs Numba; it compiles (or loads from Numba's disk cache) its
 explicit signatures at import, so a call never compiles and a buffer of another kind is refused (TypeError).
 
-The frames are the engine's (``p2p._HEADER``): six 64-bit header words (ctx, tag, nbytes, meta | root << 32, count,
+The frames are the engine's (``p2p_protocol.HEADER``): six 64-bit header words (ctx, tag, nbytes, meta | root << 32, count,
 vhash), the payload from byte 64, zero padding to 64 bytes. The rings are ``transport.shm``'s: the writer's count
 in header word 0, the reader's in word 8, each stored with release order after the bytes it covers.
 """
@@ -455,7 +455,6 @@ def _take_step(d, dst, cap_bytes, ctx, tag, can_ack):
         copy_at(dst + first, base, n - first)
     _consume_in(d, head + total)
     return TAKEN
-
 
 
 @njit(types.int64(types.int64, types.int64, types.int64, types.int64, types.int64), cache=True, nogil=True)

@@ -18,7 +18,7 @@ from .algorithms import cost as cost_model
 from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
 from .config import _ENV_BYTES
 from .errors import PycollError
-from .p2p import frame_head
+from .p2p_protocol import frame_head
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor, Plan

@@ -1,159 +1,25 @@
-"""mpi4py's Request, Prequest and Grequest (nonblocking calls), Status (what a receive found) and Message (a matched probe)."""
+"""mpi4py's Request and its kinds: Prequest (persistent) and Grequest (generalized); a running collective's
+schedule or point-to-point transfers behind one handle, and their completion."""
 
 from __future__ import annotations
 
-import time
 import traceback
-import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from . import datatypes
-from .errors import InvalidArgumentError, PycollError, TimeoutError
-from .p2p import ANY_SOURCE, ANY_TAG, PROC_NULL, Engine, RecvRequest, Request as _P2PRequest, Schedule
+from .errors import InvalidArgumentError, PycollError
+from .handles import HANDLES, HandleForms
+from .p2p import Engine
+from .p2p_protocol import RecvRequest, Request as _P2PRequest, Schedule
+from .request_sets import RequestSets, poll_generalized
+from .status import Status
 
 if TYPE_CHECKING:
     from .comm import Comm
 
-UNDEFINED = -32766  # MPI.UNDEFINED (MPICH's value): no index, no rank, no color
 
-
-def _type_size(datatype: Any, op: str) -> int:
-    """Bytes per element of ``datatype`` (None: bytes)."""
-    if datatype is None:
-        return 1
-    get_size = getattr(datatype, "Get_size", None)
-    try:
-        return int(get_size()) if get_size is not None else datatypes.resolve(datatype).itemsize
-    except (TypeError, ValueError, KeyError) as exc:
-        raise InvalidArgumentError(f"{datatype!r} is not a datatype ({exc})", op=op) from None
-
-
-class Status:
-    """What a receive or probe found: ``source``, ``tag``, size in bytes (``count``), ``error``, ``cancelled``
-    (``MPI.Status``). ``Status()`` is empty (ANY_SOURCE, ANY_TAG, 0 bytes); ``Status(other)`` copies one."""
-
-    __slots__ = ("source", "tag", "nbytes", "error", "cancelled")
-
-    def __init__(self, status: Optional["Status"] = None) -> None:
-        if status is None:
-            self.source, self.tag, self.nbytes, self.error, self.cancelled = ANY_SOURCE, ANY_TAG, 0, 0, False
-        elif isinstance(status, Status):
-            self._fill(status)
-        else:
-            raise TypeError(f"Status() copies a Status; got {type(status).__name__}")
-
-    @classmethod
-    def _of(cls, source: int, tag: int, nbytes: int) -> "Status":
-        st = cls.__new__(cls)
-        st.source, st.tag, st.nbytes, st.error, st.cancelled = source, tag, nbytes, 0, False
-        return st
-
-    def _fill(self, other: "Status") -> None:
-        self.source, self.tag, self.nbytes, self.error, self.cancelled = (
-            other.source, other.tag, other.nbytes, other.error, other.cancelled)
-
-    def Get_source(self) -> int:  # noqa: N802
-        return self.source
-
-    def Set_source(self, source: int) -> None:  # noqa: N802
-        self.source = source
-
-    def Get_tag(self) -> int:  # noqa: N802
-        return self.tag
-
-    def Set_tag(self, tag: int) -> None:  # noqa: N802
-        self.tag = tag
-
-    def Get_error(self) -> int:  # noqa: N802
-        return self.error
-
-    def Set_error(self, error: int) -> None:  # noqa: N802
-        self.error = error
-
-    def Get_count(self, datatype: Any = None) -> int:  # noqa: N802
-        """Whole elements of ``datatype`` (default bytes) received; MPI.UNDEFINED if the bytes are not a whole number."""
-        size = _type_size(datatype, "Status.Get_count")
-        if size == 0:
-            return 0
-        count, rest = divmod(self.nbytes, size)
-        return UNDEFINED if rest else count
-
-    def Get_elements(self, datatype: Any = None) -> int:  # noqa: N802
-        return self.Get_count(datatype)
-
-    def Set_elements(self, datatype: Any, count: int) -> None:  # noqa: N802
-        """Say that ``count`` elements of ``datatype`` were received."""
-        self.nbytes = int(count) * _type_size(datatype, "Status.Set_elements")
-
-    def Is_cancelled(self) -> bool:  # noqa: N802
-        return bool(self.cancelled)
-
-    def Set_cancelled(self, flag: bool) -> None:  # noqa: N802
-        self.cancelled = bool(flag)
-
-    @property
-    def count(self) -> int:
-        """Bytes received (``Get_elements(MPI.BYTE)``)."""
-        return self.nbytes
-
-    @count.setter
-    def count(self, value: int) -> None:
-        self.nbytes = int(value)
-
-    def tomemory(self) -> "_StatusWords":
-        """The status as MPICH lays it out (count low, count high and cancelled, source, tag, error), writable."""
-        return _StatusWords(self)
-
-    def __reduce__(self) -> Any:
-        return (_status_of, (self.source, self.tag, self.nbytes, self.error, self.cancelled))
-
-    def __repr__(self) -> str:
-        return f"<pycoll.MPI.Status source={self.source} tag={self.tag} count={self.nbytes} error={self.error}>"
-
-
-def _status_of(source: int, tag: int, nbytes: int, error: int, cancelled: bool) -> Status:
-    st = Status._of(source, tag, nbytes)
-    st.error, st.cancelled = error, cancelled
-    return st
-
-
-class _StatusWords:
-    """``Status.tomemory()``: five integers read from and written through to the status."""
-
-    __slots__ = ("_st",)
-
-    def __init__(self, st: Status) -> None:
-        self._st = st
-
-    def __len__(self) -> int:
-        return 5
-
-    def __getitem__(self, i: int) -> int:
-        st = self._st
-        words = (st.nbytes & 0x7FFFFFFF, (st.nbytes >> 31) << 1 | int(bool(st.cancelled)), st.source, st.tag, st.error)
-        return words[i]
-
-    def __setitem__(self, i: int, value: int) -> None:
-        st = self._st
-        i = range(5)[i]  # negative indices; IndexError past the end
-        if i == 0:
-            st.nbytes = (st.nbytes & ~0x7FFFFFFF) | (int(value) & 0x7FFFFFFF)
-        elif i == 1:
-            st.nbytes = (st.nbytes & 0x7FFFFFFF) | (int(value) >> 1) << 31
-            st.cancelled = bool(int(value) & 1)
-        else:
-            setattr(st, ("source", "tag", "error")[i - 2], int(value))
-
-    def __iter__(self) -> Iterator[int]:
-        return (self[i] for i in range(5))
-
-
-_HANDLES: "weakref.WeakValueDictionary[int, Any]" = weakref.WeakValueDictionary()  # handle -> request or message
-
-
-class Request:
+class Request(RequestSets, HandleForms):
     """A nonblocking operation (``MPI.Request``): a running collective schedule, or point-to-point transfers (one,
     or a receive and a send for Isendrecv).
 
@@ -258,31 +124,17 @@ class Request:
         if not self._active:
             return 0
         target = self._identity()
-        _HANDLES[id(target)] = target
+        HANDLES[id(target)] = target
         return id(target)
 
     @classmethod
     def fromhandle(cls, handle: int) -> "Request":
         if handle == 0:
             return cls()
-        target = _HANDLES.get(handle)
+        target = HANDLES.get(handle)
         if not isinstance(target, Request):
             raise InvalidArgumentError(f"no live request has handle {handle:#x}", op=f"{cls.__name__}.fromhandle")
         return cls(target)
-
-    def toint(self) -> int:
-        return self.handle
-
-    def py2f(self) -> int:
-        return self.handle
-
-    @classmethod
-    def fromint(cls, arg: int, /) -> "Request":
-        return cls.fromhandle(arg)
-
-    @classmethod
-    def f2py(cls, arg: int) -> "Request":
-        return cls.fromhandle(arg)
 
     # ---- completion ---------------------------------------------------------------------------
     def _timeout(self) -> float:
@@ -461,46 +313,6 @@ class Request:
         if self._active:
             self.Free()
 
-    # ---- many requests --------------------------------------------------------------------------
-    @staticmethod
-    def _pending(requests: Sequence["Request"]) -> list[int]:
-        """Indices of the requests whose completion is still to be reported (null and inactive ones are skipped)."""
-        try:
-            return [i for i, r in enumerate(requests) if not r._completed]
-        except AttributeError:
-            bad = next(r for r in requests if not isinstance(r, Request))
-            raise TypeError(f"expected a sequence of requests; got a {type(bad).__name__}") from None
-
-    @staticmethod
-    def _ready(requests: Sequence["Request"], pending: list[int], block: bool) -> list[int]:
-        """The pending requests that are done: after one round of progress, or (``block``) once at least one is."""
-        done = [i for i in pending if requests[i]._done()]
-        if done:
-            return done
-        first = requests[pending[0]]
-        engine = next((requests[i]._engine for i in pending if requests[i]._engine is not None), None)
-        if engine is None:
-            if block:  # generalized requests only: their creators complete them
-                return Grequest._poll(requests, pending)
-            return done
-        engine.progress()
-        done = [i for i in pending if requests[i]._done()]
-        if done or not block:
-            return done
-        owner = next(requests[i]._owner() for i in pending if requests[i]._owner() is not None)
-        engine._wait(
-            lambda: any(requests[i]._done() for i in pending),
-            lambda: sum(s.steps for s in (requests[i]._schedule for i in pending) if s is not None),
-            first._timeout(), owner, lambda: [x for i in pending for x in requests[i]._parts()],
-        )
-        return [i for i in pending if requests[i]._done()]
-
-    @staticmethod
-    def _grow(statuses: Any, n: int) -> None:
-        """mpi4py lengthens a list of statuses to the number it reports."""
-        if isinstance(statuses, list) and len(statuses) < n:
-            statuses.extend(Status() for _ in range(n - len(statuses)))
-
     @staticmethod
     def _complete_each(requests: Sequence["Request"], indices: Sequence[int], statuses: Any) -> list[Any]:
         """Complete ``requests[i]`` for each index (status k into ``statuses[k]``); raise the first error after all."""
@@ -564,163 +376,6 @@ class Request:
             r._completed = True
             r._active = False
         return True
-
-    @staticmethod
-    def _wait_p2p(requests: Sequence["Request"]) -> None:
-        """Wait once for every pending point-to-point transfer among ``requests`` (one engine wait, not one each)."""
-        pending = []
-        first: Optional[Request] = None
-        for r in requests:
-            p = r._p2p
-            if not r._completed and p is not None and not r._done():
-                pending.append(p)
-                if r._more is not None:
-                    pending.extend(r._more)
-                if first is None:
-                    first = r
-        if len(pending) > 1 and first is not None:
-            engine = first._engine
-            if engine is not None and all(r._engine is engine for r in requests if r._p2p is not None):
-                engine.wait_requests(pending, first._timeout(), pending[0].owner)  # a timeout raises here, once
-
-    @classmethod
-    def Waitall(cls, requests: Sequence["Request"], statuses: Optional[Sequence[Status]] = None) -> bool:  # noqa: N802
-        """Complete every request (raising the first error once all are done); True."""
-        cls.waitall(requests, statuses)
-        return True
-
-    @classmethod
-    def waitall(cls, requests: Sequence["Request"], statuses: Optional[Sequence[Status]] = None) -> list[Any]:
-        """Like Waitall; returns each request's object (None but for lowercase receives)."""
-        if statuses is None and Request._wait_compiled(requests):
-            return [None] * len(requests)
-        Request._wait_p2p(requests)
-        return Request._complete_each(requests, range(len(requests)), statuses)
-
-    @classmethod
-    def Testall(cls, requests: Sequence["Request"], statuses: Optional[Sequence[Status]] = None) -> bool:  # noqa: N802
-        """Complete every request if all are done (True); else complete none (False)."""
-        flag, _ = cls.testall(requests, statuses)
-        return flag
-
-    @classmethod
-    def testall(cls, requests: Sequence["Request"], statuses: Optional[Sequence[Status]] = None) -> tuple[bool, Optional[list[Any]]]:
-        pending = Request._pending(requests)
-        if pending and not all(requests[i]._done() for i in pending):
-            engine = next((requests[i]._engine for i in pending if requests[i]._engine is not None), None)
-            if engine is not None:
-                engine.progress()
-            if not all(requests[i]._done() for i in pending):
-                if statuses is not None:
-                    Request._grow(statuses, len(requests))
-                return False, None
-        return True, Request._complete_each(requests, range(len(requests)), statuses)
-
-    @classmethod
-    def Waitany(cls, requests: Sequence["Request"], status: Optional[Status] = None) -> int:  # noqa: N802
-        """Complete one request (blocking until one is done) and return its index; MPI.UNDEFINED if none is active."""
-        index, _ = cls.waitany(requests, status)
-        return index
-
-    @classmethod
-    def waitany(cls, requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, Any]:
-        pending = Request._pending(requests)
-        if not pending:
-            if status is not None:
-                status._fill(Status())
-            return UNDEFINED, None
-        i = Request._ready(requests, pending, True)[0]
-        return i, requests[i].wait(status)
-
-    @classmethod
-    def Testany(cls, requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:  # noqa: N802
-        """(index, True) after completing a done request; (UNDEFINED, False) if none is done; (UNDEFINED, True) if none
-        is active."""
-        index, flag, _ = cls.testany(requests, status)
-        return index, flag
-
-    @classmethod
-    def testany(cls, requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool, Any]:
-        pending = Request._pending(requests)
-        if not pending:
-            if status is not None:
-                status._fill(Status())
-            return UNDEFINED, True, None
-        done = Request._ready(requests, pending, False)
-        if not done:
-            return UNDEFINED, False, None
-        return done[0], True, requests[done[0]].wait(status)
-
-    @classmethod
-    def Waitsome(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> Optional[list[int]]:  # noqa: N802
-        """Complete every done request (blocking until one is): their indices; None if none is active."""
-        indices, _ = cls.waitsome(requests, statuses)
-        return indices
-
-    @classmethod
-    def waitsome(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> tuple[Optional[list[int]], Optional[list[Any]]]:
-        pending = Request._pending(requests)
-        if not pending:
-            return None, None
-        done = Request._ready(requests, pending, True)
-        return done, Request._complete_each(requests, done, statuses)
-
-    @classmethod
-    def Testsome(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> Optional[list[int]]:  # noqa: N802
-        """Complete every done request: their indices (maybe none); None if none is active."""
-        indices, _ = cls.testsome(requests, statuses)
-        return indices
-
-    @classmethod
-    def testsome(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> tuple[Optional[list[int]], Optional[list[Any]]]:
-        pending = Request._pending(requests)
-        if not pending:
-            return None, None
-        done = Request._ready(requests, pending, False)
-        return done, Request._complete_each(requests, done, statuses)
-
-    @classmethod
-    def Get_status_any(cls, requests: Sequence["Request"], status: Optional[Status] = None) -> tuple[int, bool]:  # noqa: N802
-        """Testany without completing anything."""
-        pending = Request._pending(requests)
-        if not pending:
-            if status is not None:
-                status._fill(Status())
-            return UNDEFINED, True
-        done = Request._ready(requests, pending, False)
-        if not done:
-            return UNDEFINED, False
-        requests[done[0]].Get_status(status)
-        return done[0], True
-
-    @classmethod
-    def Get_status_all(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> bool:  # noqa: N802
-        """Testall without completing anything."""
-        pending = Request._pending(requests)
-        if pending and len(Request._ready(requests, pending, False)) < len(pending):
-            return False
-        if statuses is not None:
-            Request._grow(statuses, len(requests))
-            for req, st in zip(requests, statuses):
-                req.Get_status(st)
-        return True
-
-    @classmethod
-    def Get_status_some(cls, requests: Sequence["Request"], statuses: Optional[list[Status]] = None) -> Optional[list[int]]:  # noqa: N802
-        """Testsome without completing anything."""
-        pending = Request._pending(requests)
-        if not pending:
-            return None
-        done = Request._ready(requests, pending, False)
-        if statuses is not None:
-            Request._grow(statuses, len(done))
-            for k, i in enumerate(done[: len(statuses)]):
-                requests[i].Get_status(statuses[k])
-        return done
-
-    get_status_any = Get_status_any
-    get_status_all = Get_status_all
-    get_status_some = Get_status_some
 
 
 class _Done(Request):
@@ -859,19 +514,8 @@ class Grequest(Request):
 
     def wait(self, status: Optional[Status] = None) -> Any:
         if not self._completed and not self._done():
-            Grequest._poll([self], [0])
+            poll_generalized([self], [0])
         return Request.wait(self, status)
-
-    @staticmethod
-    def _poll(requests: Sequence[Request], pending: list[int], timeout: float = 300.0) -> list[int]:
-        """Wait (napping) for another thread to complete one of ``requests``; a TimeoutError after ``timeout`` s."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done = [i for i in pending if requests[i]._done()]
-            if done:
-                return done
-            time.sleep(0.001)
-        raise TimeoutError(f"no generalized request was completed within {timeout:g} s", op="Grequest.Wait")
 
     def Cancel(self) -> None:  # noqa: N802
         if not self._active:
@@ -885,143 +529,4 @@ class Grequest(Request):
         self._call(self._free_fn)
 
 
-class Message:
-    """A message a matched probe took (``MPI.Message``): only its ``Recv``, ``Irecv``, ``recv`` or ``irecv`` receives
-    it, after which it is ``MESSAGE_NULL``. ``MESSAGE_NO_PROC`` is the message of a probe of MPI.PROC_NULL."""
-
-    __slots__ = ("_comm", "_found", "_noproc", "__weakref__")
-
-    def __init__(self, message: Optional["Message"] = None) -> None:
-        if message is None:
-            self._comm, self._found, self._noproc = None, None, False
-        elif isinstance(message, Message):
-            self._comm, self._found, self._noproc = message._comm, message._found, message._noproc
-        else:
-            raise TypeError(f"Message() copies a Message; got {type(message).__name__}")
-
-    @classmethod
-    def _of(cls, comm: "Comm", found: Any) -> "Message":
-        msg = cls()
-        msg._comm, msg._found = comm, found
-        return msg
-
-    def __bool__(self) -> bool:
-        return self._found is not None or self._noproc
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Message):
-            return NotImplemented
-        return self._noproc == other._noproc and self._found is other._found
-
-    __hash__ = object.__hash__
-
-    def __reduce__(self) -> Any:
-        if self is MESSAGE_NULL:
-            return "MESSAGE_NULL"
-        if self is MESSAGE_NO_PROC:
-            return "MESSAGE_NO_PROC"
-        if self._found is None:
-            return (type(self), (MESSAGE_NO_PROC if self._noproc else MESSAGE_NULL,))
-        raise ValueError("cannot serialize 'pycoll.MPI.Message' instance: a matched message is local to its process")
-
-    def __repr__(self) -> str:
-        what = "MESSAGE_NO_PROC" if self._noproc else "MESSAGE_NULL" if self._found is None else "matched message"
-        return f"<pycoll.MPI.Message {what}>"
-
-    @property
-    def handle(self) -> int:
-        if self._found is None:
-            return 1 if self._noproc else 0
-        _HANDLES[id(self._found)] = self
-        return id(self._found)
-
-    @classmethod
-    def fromhandle(cls, handle: int) -> "Message":
-        if handle in (0, 1):
-            return cls(MESSAGE_NO_PROC if handle else MESSAGE_NULL)
-        target = _HANDLES.get(handle)
-        if not isinstance(target, Message) or id(target._found) != handle:
-            raise InvalidArgumentError(f"no pending message has handle {handle:#x}", op="Message.fromhandle")
-        return cls(target)
-
-    def toint(self) -> int:
-        return self.handle
-
-    def py2f(self) -> int:
-        return self.handle
-
-    @classmethod
-    def fromint(cls, arg: int, /) -> "Message":
-        return cls.fromhandle(arg)
-
-    @classmethod
-    def f2py(cls, arg: int) -> "Message":
-        return cls.fromhandle(arg)
-
-    def free(self) -> None:
-        """Nothing to free (as in mpi4py)."""
-
-    def _take(self, opname: str) -> tuple[Optional["Comm"], Any]:
-        """(communicator, engine message) to receive, and this object becomes MESSAGE_NULL; (None, None) for
-        MESSAGE_NO_PROC (the constant itself stays as it is)."""
-        if self._noproc:
-            if self is not MESSAGE_NO_PROC:
-                self._noproc = False
-            return None, None
-        if self._found is None:
-            raise InvalidArgumentError("the message is MPI.MESSAGE_NULL (received already, or never probed)", op=opname)
-        comm, found = self._comm, self._found
-        self._comm = self._found = None
-        return comm, found
-
-    # ---- matched receives -----------------------------------------------------------------------
-    def Recv(self, buf: Any, status: Optional[Status] = None) -> None:  # noqa: N802
-        comm, found = self._take("Message.Recv")
-        if comm is None:
-            if status is not None:
-                status._fill(Status._of(PROC_NULL, ANY_TAG, 0))
-            return
-        comm._mrecv(found, buf, status, "Message.Recv")
-
-    def Irecv(self, buf: Any) -> Request:  # noqa: N802
-        comm, found = self._take("Message.Irecv")
-        if comm is None:
-            return Request.completed(Status._of(PROC_NULL, ANY_TAG, 0))
-        return comm._imrecv(found, buf, "Message.Irecv")
-
-    def recv(self, status: Optional[Status] = None) -> Any:
-        comm, found = self._take("Message.recv")
-        if comm is None:
-            if status is not None:
-                status._fill(Status._of(PROC_NULL, ANY_TAG, 0))
-            return None
-        return comm._imrecv(found, None, "Message.recv", obj=True).wait(status)
-
-    def irecv(self) -> Request:
-        comm, found = self._take("Message.irecv")
-        if comm is None:
-            return Request.completed(Status._of(PROC_NULL, ANY_TAG, 0))
-        return comm._imrecv(found, None, "Message.irecv", obj=True)
-
-    # ---- matched probes ---------------------------------------------------------------------------
-    @classmethod
-    def Probe(cls, comm: "Comm", source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> "Message":  # noqa: N802
-        return comm.Mprobe(source, tag, status)
-
-    @classmethod
-    def Iprobe(cls, comm: "Comm", source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Optional["Message"]:  # noqa: N802
-        return comm.Improbe(source, tag, status)
-
-    @classmethod
-    def probe(cls, comm: "Comm", source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> "Message":
-        return comm.mprobe(source, tag, status)
-
-    @classmethod
-    def iprobe(cls, comm: "Comm", source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> Optional["Message"]:
-        return comm.improbe(source, tag, status)
-
-
 REQUEST_NULL = Request()
-MESSAGE_NULL = Message()
-MESSAGE_NO_PROC = Message()
-MESSAGE_NO_PROC._noproc = True

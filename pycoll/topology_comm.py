@@ -1,135 +1,39 @@
-"""Topology communicators (MPI.Cartcomm, Graphcomm, Distgraphcomm): ranks on a grid or a graph, with coordinates,
-shifts, sub-grids and the neighborhood collectives."""
+"""Topology communicators' common base (MPI.Topocomm): neighbours, the neighborhood collectives in their buffer,
+object and nonblocking forms, and the checks every topology constructor shares."""
 
 from __future__ import annotations
 
-import sys
-from math import prod
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import buffers
+from . import arrays, buffers
 from .buffers import IN_PLACE
 from .comm import Comm
-from .comm_management import COMM_NULL, _child_ctx, register_topologies
+from .comm_management import _child_ctx
 from .errors import InvalidArgumentError
 from .not_provided import refuse
-from .p2p import PROC_NULL
-from .request import UNDEFINED
+from .p2p_protocol import PROC_NULL
+
 
 # Comm.Get_topology() results (MPICH's values); a communicator without a topology answers UNDEFINED
 GRAPH, CART, DIST_GRAPH = 1, 2, 3
 
 
-def _index(value: Any, what: str, opname: str) -> int:
+def checked_index(value: Any, what: str, opname: str) -> int:
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidArgumentError(f"{what} {value!r} is not an integer", op=opname)
     return value.__index__()
 
 
-def _int_list(values: Any, what: str, opname: str) -> list[int]:
+def int_list(values: Any, what: str, opname: str) -> list[int]:
     try:
         items = list(values)
     except TypeError:
         raise InvalidArgumentError(f"{what} must be a sequence of integers, got {values!r}", op=opname) from None
-    return [_index(v, f"{what} entry", opname) for v in items]
+    return [checked_index(v, f"{what} entry", opname) for v in items]
 
 
-# ---- Compute_dims ------------------------------------------------------------------------------
-def _divisors(m: int) -> list[int]:
-    small = [d for d in range(1, int(m**0.5) + 1) if m % d == 0]
-    return sorted(set(small + [m // d for d in small]), reverse=True)
-
-
-def _balanced(m: int, k: int) -> list[int]:
-    """The factorization of m into k factors, largest first, with the least spread (largest - smallest), then the
-    least sum: the grid MPICH's MPI_Dims_create picks (checked for every m <= 256, k <= 5)."""
-    divisors = _divisors(m)
-    best: Optional[tuple[tuple[int, int], list[int]]] = None
-
-    def walk(rest: int, left: int, cap: int, acc: list[int]) -> None:
-        nonlocal best
-        if left == 1:
-            if rest <= cap:
-                f = acc + [rest]
-                score = (f[0] - f[-1], sum(f))
-                if best is None or score < best[0]:
-                    best = (score, f)
-            return
-        for d in divisors:
-            if d > cap or rest % d:
-                continue
-            if d**left < rest:  # d is the largest factor still to come: too small, and so is every later one
-                break
-            walk(rest // d, left - 1, d, acc + [d])
-
-    walk(m, k, m, [])
-    assert best is not None
-    return best[1]
-
-
-def compute_dims(nnodes: int, dims: Any) -> list[int]:
-    """``MPI.Compute_dims``: fill the zero entries of ``dims`` (or ``dims`` zeros, for an integer) with a grid of
-    ``nnodes`` processes that is as square as it can be, in non-increasing order; nonzero entries stay."""
-    op = "Compute_dims"
-    n = _index(nnodes, "nnodes", op)
-    if n < 0:
-        raise InvalidArgumentError(f"nnodes must be non-negative, got {n}", op=op)
-    if hasattr(dims, "__index__") and not isinstance(dims, bool):
-        out = [0] * dims.__index__()
-    else:
-        out = _int_list(dims, "dims", op)
-    if any(d < 0 for d in out):
-        raise InvalidArgumentError(f"dims {out} has a negative entry", op=op)
-    free = [i for i, d in enumerate(out) if d == 0]
-    fixed = prod(d for d in out if d)
-    if n == 0:
-        return out
-    if n % fixed or (not free and fixed != n):
-        raise InvalidArgumentError(f"cannot lay {n} processes out on a grid with dims {out}", op=op)
-    if free:
-        for i, d in zip(free, _balanced(n // fixed, len(free))):
-            out[i] = d
-    return out
-
-
-def cart_args(dims: Any, periods: Any, opname: str) -> tuple[list[int], list[int]]:
-    """Checked ``(dims, periods)`` of Create_cart and Cart_map: positive extents, one period flag (0/1) per
-    dimension; ``periods`` may be None (none periodic) or one bool for all, as in mpi4py."""
-    d = _int_list(dims, "dims", opname)
-    if any(x <= 0 for x in d):
-        raise InvalidArgumentError(f"dims {d} must all be positive", op=opname)
-    if periods is None:
-        periods = False
-    if isinstance(periods, bool):
-        periods = [periods] * len(d)
-    try:
-        flags = list(periods)
-    except TypeError:
-        raise InvalidArgumentError(f"periods must be a bool or a sequence of bools, got {periods!r}", op=opname) from None
-    if len(flags) != len(d):
-        raise InvalidArgumentError(f"periods has {len(flags)} entries for {len(d)} dimensions", op=opname)
-    return d, [1 if p else 0 for p in flags]
-
-
-def coords_of(rank: int, dims: Sequence[int]) -> list[int]:
-    """Row-major coordinates of ``rank`` on a grid of ``dims`` (the last dimension varies fastest)."""
-    out = []
-    for extent in reversed(dims):
-        rank, c = divmod(rank, extent)
-        out.append(c)
-    return out[::-1]
-
-
-def rank_of(coords: Sequence[int], dims: Sequence[int]) -> int:
-    rank = 0
-    for c, extent in zip(coords, dims):
-        rank = rank * extent + c
-    return rank
-
-
-# ---- communicators -----------------------------------------------------------------------------
 class Topocomm(Comm):
     """A communicator with a process topology (Cartesian, graph or distributed graph), and the neighborhood
     collectives over it. As in mpi4py, ``Cartcomm(cart)`` is another reference to ``cart``, and ``Cartcomm(comm)``
@@ -235,7 +139,7 @@ class Topocomm(Comm):
         if send.dtype != recv.dtype:
             raise InvalidArgumentError(f"sendbuf holds {send.dtype.name} but recvbuf holds {recv.dtype.name}", op=opname, rank=self._rank)
         self._exchange(opname, sblocks, rblocks)
-        if isinstance(recv, buffers.Buf):
+        if isinstance(recv, arrays.Buf):
             recv.finish()
 
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
@@ -291,273 +195,7 @@ class Topocomm(Comm):
         self._nonblocking("Ineighbor_alltoallv")
 
 
-class Cartcomm(Topocomm):
-    """A Cartesian grid of ranks (row-major: the last dimension varies fastest), periodic or not per dimension.
-    Every collective and point-to-point call works on it as on any communicator."""
-
-    _dims: tuple[int, ...] = ()
-    _periods: tuple[int, ...] = ()
-    _coords: tuple[int, ...] = ()
-
-    @classmethod
-    def _build(cls, parent: Comm, world: list[int], ctx: int, name: str, dims: Sequence[int], periods: Sequence[int]) -> "Cartcomm":
-        cart = cls._made(parent, world, ctx, name)
-        cart._dims, cart._periods = tuple(dims), tuple(periods)
-        cart._coords = tuple(coords_of(cart._rank, cart._dims))
-        return cart
-
-    def _copy(self, ctx: int, name: str) -> "Cartcomm":  # Dup keeps the grid
-        return Cartcomm._build(self, list(self._world), ctx, name, self._dims, self._periods)
-
-    def __repr__(self) -> str:
-        return f"<pycoll.Cartcomm {self._name} rank {self._rank}/{self._size} dims {list(self._dims)} coords {list(self._coords)}>"
-
-    # ---- inquiry ---------------------------------------------------------------------------
-    def Get_topology(self) -> int:  # noqa: N802
-        return CART
-
-    def Get_dim(self) -> int:  # noqa: N802
-        return len(self._dims)
-
-    @property
-    def dim(self) -> int:
-        return len(self._dims)
-
-    @property
-    def ndim(self) -> int:
-        return len(self._dims)
-
-    def Get_topo(self) -> tuple[list[int], list[int], list[int]]:  # noqa: N802
-        """``(dims, periods, coords)`` of this rank, as new lists (periods as 0/1, as MPI gives them)."""
-        return list(self._dims), list(self._periods), list(self._coords)
-
-    @property
-    def topo(self) -> tuple[list[int], list[int], list[int]]:
-        return self.Get_topo()
-
-    @property
-    def dims(self) -> list[int]:
-        return list(self._dims)
-
-    @property
-    def periods(self) -> list[int]:
-        return list(self._periods)
-
-    @property
-    def coords(self) -> list[int]:
-        return list(self._coords)
-
-    # ---- translation -----------------------------------------------------------------------
-    def Get_cart_rank(self, coords: Sequence[int]) -> int:  # noqa: N802
-        """The rank at ``coords``; a coordinate outside a periodic dimension wraps around, outside a
-        non-periodic one is an error."""
-        op = "Get_cart_rank"
-        c = _int_list(coords, "coords", op)
-        if len(c) != len(self._dims):
-            raise InvalidArgumentError(f"coords {c} has {len(c)} entries for a {len(self._dims)}-dimensional grid", op=op, rank=self._rank)
-        for i, (x, extent, periodic) in enumerate(zip(c, self._dims, self._periods)):
-            if periodic:
-                c[i] = x % extent
-            elif not 0 <= x < extent:
-                raise InvalidArgumentError(
-                    f"coordinate {x} is outside non-periodic dimension {i} (extent {extent})", op=op, rank=self._rank
-                )
-        return rank_of(c, self._dims)
-
-    def Get_coords(self, rank: int) -> list[int]:  # noqa: N802
-        r = _index(rank, "rank", "Get_coords")
-        if not 0 <= r < self._size:
-            raise InvalidArgumentError(f"rank {r} is not in this {self._size}-rank grid", op="Get_coords", rank=self._rank)
-        return coords_of(r, self._dims)
-
-    def Shift(self, direction: int, disp: int) -> tuple[int, int]:  # noqa: N802
-        """``(source, dest)``: the ranks ``disp`` steps back and forward along ``direction``; PROC_NULL past
-        the edge of a non-periodic dimension."""
-        op = "Shift"
-        axis, step = _index(direction, "direction", op), _index(disp, "disp", op)
-        if not 0 <= axis < len(self._dims):
-            raise InvalidArgumentError(f"direction {axis} is not a dimension of this {len(self._dims)}-dimensional grid", op=op, rank=self._rank)
-        extent, periodic = self._dims[axis], self._periods[axis]
-
-        def moved(delta: int) -> int:
-            c = list(self._coords)
-            x = c[axis] + delta
-            if periodic:
-                x %= extent
-            elif not 0 <= x < extent:
-                return PROC_NULL
-            c[axis] = x
-            return rank_of(c, self._dims)
-
-        return moved(-step), moved(step)
-
-    @property
-    def inoutedges(self) -> tuple[list[int], list[int]]:
-        """For each dimension, the ranks one step back and one step forward (PROC_NULL past an edge)."""
-        neighbors: list[int] = []
-        for axis in range(len(self._dims)):
-            neighbors.extend(self.Shift(axis, 1))
-        return neighbors, list(neighbors)
-
-    def _tags(self) -> tuple[list[int], list[int]]:
-        # neighbor 2d is one step back along dimension d, 2d+1 one step forward: what goes forward arrives from
-        # behind. Tagging by the receiver's slot keeps periodic dimensions of 1 or 2 ranks apart (MPI-4's rule).
-        slots = list(range(2 * len(self._dims)))
-        return slots, [j ^ 1 for j in slots]
-
-    # ---- partition -------------------------------------------------------------------------
-    def Sub(self, remain_dims: Sequence[bool]) -> "Cartcomm":  # noqa: N802
-        """Collective: the sub-grid through this rank that keeps the dimensions ``remain_dims`` marks true (one
-        communicator per combination of the dropped coordinates; none kept gives a 0-dimensional grid of one)."""
-        op = "Sub"
-        self._live(op)
-        self._children += 1
-        problem, keep = "", None
-        try:
-            flags = list(remain_dims)
-            if len(flags) != len(self._dims):
-                raise InvalidArgumentError(f"remain_dims has {len(flags)} entries for {len(self._dims)} dimensions", op=op)
-            keep = tuple(bool(f) for f in flags)
-        except (TypeError, InvalidArgumentError) as exc:
-            problem = exc.cause if isinstance(exc, InvalidArgumentError) else f"remain_dims must be a sequence of bools, got {remain_dims!r}"
-        self._agreed(op, keep, problem, same=True)
-        assert keep is not None
-        dropped = [i for i, k in enumerate(keep) if not k]
-        mine = [self._coords[i] for i in dropped]
-        members = [r for r in range(self._size) if [coords_of(r, self._dims)[i] for i in dropped] == mine]
-        ctx = _child_ctx(self._ctx, self._children, ("sub", keep, tuple(mine)))
-        kept = [i for i, k in enumerate(keep) if k]
-        return Cartcomm._build(
-            self, [self._world[r] for r in members], ctx, f"{self._name}.sub({''.join('1' if k else '0' for k in keep)})",
-            [self._dims[i] for i in kept], [self._periods[i] for i in kept],
-        )
-
-
-# ---- graph topologies --------------------------------------------------------------------------
-class _WeightsMarker:
-    """``MPI.UNWEIGHTED`` and ``MPI.WEIGHTS_EMPTY``: the markers the distributed graph constructors take for weights."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def __repr__(self) -> str:
-        return f"MPI.{self._name}"
-
-    def __reduce__(self) -> str:
-        return self._name
-
-
-UNWEIGHTED = _WeightsMarker("UNWEIGHTED")
-WEIGHTS_EMPTY = _WeightsMarker("WEIGHTS_EMPTY")
-
-
-def _ranks_in(ranks: list[int], size: int, what: str, opname: str) -> None:
-    bad = [r for r in ranks if not 0 <= r < size]
-    if bad:
-        raise InvalidArgumentError(f"{what} {bad} are not ranks of a {size}-rank communicator", op=opname)
-
-
-def _weights(weights: Any, degree: int, what: str, opname: str) -> Optional[list[int]]:
-    """None for an unweighted side, else one non-negative weight per neighbor."""
-    if weights is None or weights is UNWEIGHTED:
-        return None
-    if weights is WEIGHTS_EMPTY:
-        if degree:
-            raise InvalidArgumentError(f"{what} is MPI.WEIGHTS_EMPTY but there are {degree} neighbors", op=opname)
-        return []
-    w = _int_list(weights, what, opname)
-    if len(w) != degree:
-        raise InvalidArgumentError(f"{what} has {len(w)} entries for {degree} neighbors", op=opname)
-    if any(x < 0 for x in w):
-        raise InvalidArgumentError(f"{what} {w} has a negative weight", op=opname)
-    return w
-
-
-def graph_args(index: Any, edges: Any, opname: str) -> tuple[list[int], list[int]]:
-    """Checked ``(index, edges)`` of Create_graph and Graph_map: index[i] is the end of node i's neighbors in
-    edges. mpi4py also takes the conventional form with a leading 0, dropped here as there."""
-    idx = _int_list(index, "index", opname)
-    e = _int_list(edges, "edges", opname)
-    if idx and idx[0] == 0 and idx[-1] == len(e):
-        idx = idx[1:]
-    if any(b < a for a, b in zip([0] + idx, idx)) or (idx and idx[-1] != len(e)):
-        raise InvalidArgumentError(f"index {idx} must rise to len(edges) = {len(e)}", op=opname)
-    _ranks_in(e, len(idx), "edges", opname)
-    return idx, e
-
-
-class Graphcomm(Topocomm):
-    """A graph of ranks (``Comm.Create_graph``): node i's neighbors are edges[index[i-1]:index[i]]."""
-
-    _index: tuple[int, ...] = ()
-    _edges: tuple[int, ...] = ()
-
-    def _copy(self, ctx: int, name: str) -> "Graphcomm":  # Dup keeps the graph
-        return _graph(self, list(self._world), ctx, name, self._index, self._edges)
-
-    def Get_topology(self) -> int:  # noqa: N802
-        return GRAPH
-
-    def Get_dims(self) -> tuple[int, int]:  # noqa: N802
-        """``(nnodes, nedges)``."""
-        return len(self._index), len(self._edges)
-
-    @property
-    def dims(self) -> tuple[int, int]:
-        return self.Get_dims()
-
-    @property
-    def nnodes(self) -> int:
-        return len(self._index)
-
-    @property
-    def nedges(self) -> int:
-        return len(self._edges)
-
-    def Get_topo(self) -> tuple[list[int], list[int]]:  # noqa: N802
-        return list(self._index), list(self._edges)
-
-    @property
-    def topo(self) -> tuple[list[int], list[int]]:
-        return self.Get_topo()
-
-    @property
-    def index(self) -> list[int]:
-        return list(self._index)
-
-    @property
-    def edges(self) -> list[int]:
-        return list(self._edges)
-
-    def Get_neighbors(self, rank: int) -> list[int]:  # noqa: N802
-        r = _index(rank, "rank", "Get_neighbors")
-        if not 0 <= r < len(self._index):
-            raise InvalidArgumentError(f"rank {r} is not a node of this {len(self._index)}-node graph", op="Get_neighbors", rank=self._rank)
-        return list(self._edges[self._index[r - 1] if r else 0:self._index[r]])
-
-    def Get_neighbors_count(self, rank: int) -> int:  # noqa: N802
-        return len(self.Get_neighbors(rank))
-
-    @property
-    def neighbors(self) -> list[int]:
-        return self.Get_neighbors(self._rank)
-
-    @property
-    def nneighbors(self) -> int:
-        return len(self.neighbors)
-
-    @property
-    def inoutedges(self) -> tuple[list[int], list[int]]:
-        return self.neighbors, self.neighbors
-
-
-def _graph(parent: Comm, world: list[int], ctx: int, name: str, index: Sequence[int], edges: Sequence[int]) -> Graphcomm:
-    graph = Graphcomm._made(parent, world, ctx, name)
-    graph._index, graph._edges = tuple(index), tuple(edges)
-    return graph
-
-
-def _agreed_layout(parent: Comm, op: str, check: Callable[[], Any]) -> Any:
+def agreed_layout(parent: Comm, op: str, check: Callable[[], Any]) -> Any:
     """A new topology's layout, ``check()``ed on every rank and agreed among them (collective): every rank raises
     if any rank's arguments were bad or differ from the others'."""
     parent._live(op)
@@ -570,150 +208,3 @@ def _agreed_layout(parent: Comm, op: str, check: Callable[[], Any]) -> Any:
     parent._agreed(op, layout, problem, same=True)
     assert layout is not None
     return layout
-
-
-def create_cart(parent: Comm, dims: Any, periods: Any) -> Any:
-    """``Comm.Create_cart``: collective; the first prod(dims) ranks form the grid (rank order kept), the others
-    get COMM_NULL."""
-    op = "Create_cart"
-
-    def check() -> Any:
-        grid = cart_args(dims, periods, op)
-        if prod(grid[0]) > parent._size:
-            raise InvalidArgumentError(f"dims {grid[0]} need {prod(grid[0])} ranks; the communicator has {parent._size}", op=op)
-        return grid
-
-    grid = _agreed_layout(parent, op, check)
-    if parent._rank >= prod(grid[0]):
-        return COMM_NULL
-    ctx = _child_ctx(parent._ctx, parent._children, ("cart", tuple(grid[0]), tuple(grid[1])))
-    name = f"{parent._name}.cart({'x'.join(map(str, grid[0]))})"
-    return Cartcomm._build(parent, parent._world[: prod(grid[0])], ctx, name, grid[0], grid[1])
-
-
-def cart_map(parent: Comm, dims: Any, periods: Any) -> int:
-    """``Comm.Cart_map``: this rank in the grid pycoll would make (its own), or UNDEFINED past it."""
-    d, _ = cart_args(dims, periods, "Cart_map")
-    if prod(d) > parent._size:
-        raise InvalidArgumentError(f"dims {d} need {prod(d)} ranks; the communicator has {parent._size}", op="Cart_map", rank=parent._rank)
-    return parent._rank if parent._rank < prod(d) else UNDEFINED
-
-
-def create_graph(parent: Comm, index: Any, edges: Any) -> Any:
-    """``Comm.Create_graph``: collective; the first nnodes ranks form the graph (rank order kept), the others
-    get COMM_NULL."""
-    op = "Create_graph"
-
-    def check() -> Any:
-        spec = graph_args(index, edges, op)
-        if len(spec[0]) > parent._size:
-            raise InvalidArgumentError(f"the graph has {len(spec[0])} nodes; the communicator {parent._size} ranks", op=op)
-        return spec
-
-    idx, e = _agreed_layout(parent, op, check)
-    if parent._rank >= len(idx):
-        return COMM_NULL
-    ctx = _child_ctx(parent._ctx, parent._children, ("graph", tuple(idx), tuple(e)))
-    return _graph(parent, parent._world[: len(idx)], ctx, f"{parent._name}.graph", idx, e)
-
-
-def graph_map(parent: Comm, index: Any, edges: Any) -> int:
-    """``Comm.Graph_map``: this rank in the graph pycoll would make (its own), or UNDEFINED past its nodes."""
-    idx, _ = graph_args(index, edges, "Graph_map")
-    if len(idx) > parent._size:
-        raise InvalidArgumentError(f"the graph has {len(idx)} nodes; the communicator {parent._size} ranks", op="Graph_map", rank=parent._rank)
-    return parent._rank if parent._rank < len(idx) else UNDEFINED
-
-
-class Distgraphcomm(Topocomm):
-    """A distributed graph (``Comm.Create_dist_graph`` and ``Create_dist_graph_adjacent``): each rank knows its
-    own incoming and outgoing neighbors, optionally weighted."""
-
-    _sources: tuple[int, ...] = ()
-    _destinations: tuple[int, ...] = ()
-    _weights: Optional[tuple[list[int], list[int]]] = None
-
-    def _copy(self, ctx: int, name: str) -> "Distgraphcomm":  # Dup keeps the graph
-        return _dist_graph(self, list(self._world), ctx, name, self._sources, self._destinations, self._weights)
-
-    def Get_topology(self) -> int:  # noqa: N802
-        return DIST_GRAPH
-
-    def Get_dist_neighbors_count(self) -> tuple[int, int, bool]:  # noqa: N802
-        """``(indegree, outdegree, weighted)``."""
-        return len(self._sources), len(self._destinations), self._weights is not None
-
-    def Get_dist_neighbors(self) -> tuple[list[int], list[int], Optional[tuple[list[int], list[int]]]]:  # noqa: N802
-        """``(sources, destinations, (sourceweights, destweights) or None)``."""
-        w = self._weights
-        return list(self._sources), list(self._destinations), (list(w[0]), list(w[1])) if w is not None else None
-
-    @property
-    def inoutedges(self) -> tuple[list[int], list[int]]:
-        return list(self._sources), list(self._destinations)
-
-
-def _dist_graph(parent: Comm, world: list[int], ctx: int, name: str, sources: Sequence[int], destinations: Sequence[int],
-                weights: Optional[tuple[list[int], list[int]]]) -> Distgraphcomm:
-    graph = Distgraphcomm._made(parent, world, ctx, name)
-    graph._sources, graph._destinations, graph._weights = tuple(sources), tuple(destinations), weights
-    return graph
-
-
-def create_dist_graph_adjacent(parent: Comm, sources: Any, destinations: Any, sourceweights: Any, destweights: Any) -> Distgraphcomm:
-    """``Comm.Create_dist_graph_adjacent``: collective; each rank names its own neighbors (None: none)."""
-    op = "Create_dist_graph_adjacent"
-    parent._live(op)
-    parent._children += 1
-    problem, mine = "", None
-    try:
-        src = _int_list(sources, "sources", op) if sources is not None else []
-        dst = _int_list(destinations, "destinations", op) if destinations is not None else []
-        _ranks_in(src + dst, parent._size, "neighbors", op)
-        sw = _weights(sourceweights, len(src), "sourceweights", op)
-        dw = _weights(destweights, len(dst), "destweights", op)
-        if (sw is None) != (dw is None) and (src if sw is None else dst):
-            raise InvalidArgumentError("weights were given for one direction only", op=op)
-        weights = (sw or [], dw or []) if sw is not None or dw is not None else None
-        mine = (src, dst, weights)
-    except InvalidArgumentError as exc:
-        problem = exc.cause
-    parent._agreed(op, None, problem)
-    assert mine is not None
-    ctx = _child_ctx(parent._ctx, parent._children, "dist_graph_adjacent")
-    return _dist_graph(parent, list(parent._world), ctx, f"{parent._name}.dist_graph", *mine)
-
-
-def create_dist_graph(parent: Comm, sources: Any, degrees: Any, destinations: Any, weights: Any) -> Distgraphcomm:
-    """``Comm.Create_dist_graph``: collective; each rank contributes edges (sources[i] to its degrees[i] next
-    destinations), and learns its own neighbors from every rank's edges (ordered by contributing rank)."""
-    op = "Create_dist_graph"
-    parent._live(op)
-    parent._children += 1
-    problem, mine = "", None
-    try:
-        src = _int_list(sources, "sources", op)
-        deg = _int_list(degrees, "degrees", op)
-        if len(deg) != len(src) or any(d < 0 for d in deg):
-            raise InvalidArgumentError(f"degrees {deg} must give a non-negative count for each of {len(src)} sources", op=op)
-        dst = _int_list(destinations, "destinations", op)
-        if len(dst) != sum(deg):
-            raise InvalidArgumentError(f"destinations has {len(dst)} entries; degrees add up to {sum(deg)}", op=op)
-        _ranks_in(src + dst, parent._size, "ranks", op)
-        w = _weights(weights, len(dst), "weights", op)
-        starts = [s for s, d in zip(src, deg) for _ in range(d)]
-        mine = ([(s, d, w[k] if w is not None else 1) for k, (s, d) in enumerate(zip(starts, dst))], w is not None)
-    except InvalidArgumentError as exc:
-        problem = exc.cause
-    table = parent._agreed(op, mine, problem)
-    every = [edge for edges, _ in table for edge in edges]
-    me = parent._rank
-    ins = [(s, w) for s, d, w in every if d == me]
-    outs = [(d, w) for s, d, w in every if s == me]
-    weighted = any(flag for _, flag in table)
-    both = ([w for _, w in ins], [w for _, w in outs]) if weighted else None
-    ctx = _child_ctx(parent._ctx, parent._children, "dist_graph")
-    return _dist_graph(parent, list(parent._world), ctx, f"{parent._name}.dist_graph", [s for s, _ in ins], [d for d, _ in outs], both)
-
-
-register_topologies(sys.modules[__name__])

@@ -52,9 +52,9 @@ def measure(comm: Any, sizes: tuple[int, ...], iters: int, layout: Layout) -> li
     The algorithms of one size are timed together, iteration by iteration (the perf worker's interleaving),
     so the machine's drifts do not pass for differences between them. Rank 0 returns the points.
     """
-    from .perf import worker
+    from .perf import backends, worker
 
-    backend = worker.make_backend("pycoll")
+    backend = backends.make_backend("pycoll")
     probe = {c: Call(c, np.dtype(np.float32), recv=np.empty(0, np.float32)) for c in COLLECTIVES}
     points = []
     for coll in COLLECTIVES:

@@ -16,7 +16,7 @@ import pytest
 import harness
 from pycoll.algorithms import ALGORITHMS, Call, CostModel, Layout, ranked, select
 from pycoll.algorithms.cuda_ipc import IPC_BYTES
-from pycoll.buffers import DeviceArray
+from pycoll.arrays import DeviceArray
 from pycoll.cuda import ipc
 from pycoll.ops import SUM
 from test_device_buffers import SIM_ENV, _gpu_missing

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import harness
-from pycoll import buffers
-from pycoll.buffers import DeviceArray
+from pycoll import arrays, buffers
+from pycoll.arrays import DeviceArray
 from pycoll.datatypes import BFLOAT16
 from pycoll.errors import InvalidArgumentError
 
@@ -107,9 +107,9 @@ def test_device_slices_and_overlap() -> None:
     d = buffers.parse(FakeDevice((8,), "int32", ptr=4096), "x", "op").array
     assert d[2:5].ptr == 4096 + 8 and d[2:5].size == 3 and d[5:2].size == 0
     assert d.view(np.int16).size == 16
-    assert buffers.overlaps(d[:4], d[3:]) and not buffers.overlaps(d[:4], d[4:])
-    assert not buffers.overlaps(d, np.zeros(8, np.int32))  # host and device memory never overlap
-    assert not buffers.overlaps(d[:0], d)
+    assert arrays.overlaps(d[:4], d[3:]) and not arrays.overlaps(d[:4], d[4:])
+    assert not arrays.overlaps(d, np.zeros(8, np.int32))  # host and device memory never overlap
+    assert not arrays.overlaps(d[:0], d)
     iface = d[2:4].__cuda_array_interface__
     assert iface["data"] == (4096 + 8, False) and iface["shape"] == (2,) and iface["typestr"] == "<i4"
     with pytest.raises(ValueError):

@@ -17,7 +17,7 @@ def _table_names(text: str) -> set[str]:
 
 
 # the modules that declare knobs, between them importing every one that does
-KNOB_MODULES = ("pycoll.algorithms", "pycoll.bootstrap", "pycoll.comm", "pycoll.horovod.engine", "pycoll.launcher",
+KNOB_MODULES = ("pycoll.algorithms", "pycoll.bootstrap", "pycoll.comm", "pycoll.horovod.knobs", "pycoll.launcher",
                 "pycoll.p2p", "pycoll.topology.discover", "pycoll.transport", "pycoll.transport.rdma")
 
 

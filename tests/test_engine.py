@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from pycoll.errors import MismatchError, PeerFailureError, PeerLostError, ProtocolError, TimeoutError
-from pycoll.p2p import ANY_SOURCE, ANY_TAG, Engine, Owner, Sig
+from pycoll.p2p import Engine
+from pycoll.p2p_protocol import ANY_SOURCE, ANY_TAG, Owner, Sig
 from pycoll.transport.loopback import LoopbackChannel
 
 
@@ -84,9 +85,9 @@ def test_malformed_header_fails_the_peer_with_protocol_error() -> None:
     assert isinstance(r.error, PeerFailureError)
     assert "malformed" in r.error.cause and r.error.peers == (1,)
     with pytest.raises(ProtocolError):
-        from pycoll.p2p import _Inbound
+        from pycoll.p2p_protocol import Inbound
 
-        st = _Inbound()
+        st = Inbound()
         st.hdr[:] = b"\0" * 64
         eng._on_header(1, st)  # magic byte missing
 

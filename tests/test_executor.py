@@ -102,7 +102,7 @@ def test_rebind_finds_views_in_new_buffers() -> None:
 
 def test_plan_rejects_overlapping_views_after_a_hit() -> None:
     from pycoll.executor import Plan
-    from pycoll.p2p import Sig
+    from pycoll.p2p_protocol import Sig
 
     a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
     call = Call("allreduce", np.dtype(np.float32), a, b, MPI.SUM)
@@ -116,7 +116,7 @@ def test_plan_rejects_overlapping_views_after_a_hit() -> None:
 
 
 def test_point_to_point_specs_on_fresh_views_resolve_without_the_cache() -> None:
-    from pycoll import buffers
+    from pycoll import flat_bytes
     from pycoll.errors import InvalidArgumentError
 
     u = np.arange(40, dtype=np.float64)
@@ -128,15 +128,15 @@ def test_point_to_point_specs_on_fresh_views_resolve_without_the_cache() -> None
         ([u.reshape(5, 8)[1:3], 10, MPI.DOUBLE], u[8:18]),
         ([u[8:16], 16, MPI.BYTE], u[8:10]),  # another datatype than the dtype: the full parse, same answer
     ]:
-        got = buffers.parse_bytes(spec, "buf", "Send")
+        got = flat_bytes.parse_bytes(spec, "buf", "Send")
         assert got.dtype == np.uint8 and got.tobytes() == want.tobytes() and (not want.size or np.shares_memory(got, u))
     with pytest.raises(InvalidArgumentError, match="exceeds"):
-        buffers.parse_bytes([u[8:16], 9, MPI.DOUBLE], "buf", "Send")
+        flat_bytes.parse_bytes([u[8:16], 9, MPI.DOUBLE], "buf", "Send")
     with pytest.raises(InvalidArgumentError, match="negative"):
-        buffers.parse_bytes([u[8:16], -1, MPI.DOUBLE], "buf", "Send")
+        flat_bytes.parse_bytes([u[8:16], -1, MPI.DOUBLE], "buf", "Send")
     strided = u[::2]
-    assert buffers._contiguous_bytes(strided, 4, MPI.DOUBLE, False) is None  # left to the full parse
+    assert flat_bytes.contiguous_bytes(strided, 4, MPI.DOUBLE, False) is None  # left to the full parse
     ro = u[8:16].copy()
     ro.flags.writeable = False
     with pytest.raises(InvalidArgumentError, match="read-only"):
-        buffers.parse_bytes([ro, 8, MPI.DOUBLE], "buf", "Recv", writable=True)
+        flat_bytes.parse_bytes([ro, 8, MPI.DOUBLE], "buf", "Recv", writable=True)

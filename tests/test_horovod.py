@@ -108,19 +108,19 @@ def test_background_overlap_follows_the_knob_and_the_host(monkeypatch: pytest.Mo
     """PYCOLL_HVD_OVERLAP: on and off as asked; auto on only where the job's ranks leave this host a core; a typo
     refused with the knob's name. Off, the background thread's pace is the backstop whatever is in flight."""
     from pycoll import machine
-    from pycoll.horovod import engine
+    from pycoll.horovod import knobs, loop as hvd_loop
 
     for value, want in (("on", True), ("off", False), ("ON", True), ("0", False)):
         monkeypatch.setenv("PYCOLL_HVD_OVERLAP", value)
-        assert engine.overlap_wanted() is want
+        assert knobs.overlap_wanted() is want
     monkeypatch.setenv("PYCOLL_HVD_OVERLAP", "auto")
     monkeypatch.setattr(machine, "_load", (2, 2))
-    assert engine.overlap_wanted() is False
+    assert knobs.overlap_wanted() is False
     monkeypatch.setattr(machine, "_load", (2, 8))
-    assert engine.overlap_wanted() is True
+    assert knobs.overlap_wanted() is True
     monkeypatch.setenv("PYCOLL_HVD_OVERLAP", "sometimes")
     with pytest.raises(ValueError, match="PYCOLL_HVD_OVERLAP"):
-        engine.overlap_wanted()
+        knobs.overlap_wanted()
 
     class Busy:  # an engine with a request in flight
         stopped, _shutdown = False, False
@@ -128,19 +128,19 @@ def test_background_overlap_follows_the_knob_and_the_host(monkeypatch: pytest.Mo
         def idle(self) -> bool:
             return False
 
-    loop = engine.Loop.__new__(engine.Loop)
+    loop = hvd_loop.Loop.__new__(hvd_loop.Loop)
     loop.engines, loop.cycle_s = [Busy()], 0.001
     loop.overlap = True
     assert loop._pace() == 0.001
     loop.overlap = False
-    assert loop._pace() == engine._BACKSTOP_CYCLE_S
+    assert loop._pace() == hvd_loop._BACKSTOP_CYCLE_S
 
 
 def test_a_requests_completion_wakes_its_waiter_and_times_out() -> None:
     import threading
     import time
 
-    from pycoll.horovod.engine import Done
+    from pycoll.horovod.submissions import Done
 
     done = Done()
     t0 = time.monotonic()

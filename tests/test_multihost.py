@@ -338,7 +338,6 @@ def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_link
 START_UP_ROUNDS = textwrap.dedent("""
     import hashlib, json, os
     from pycoll import runtime
-    from pycoll.bootstrap import store as store_mod
 
     calls = []
     real_publish, real_barrier = runtime.publish_all, runtime.store_barrier

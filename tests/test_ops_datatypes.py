@@ -10,7 +10,7 @@ import pickle
 import numpy as np
 import pytest
 
-from pycoll import MPI, buffers, datatypes
+from pycoll import buffers, datatypes, flat_bytes, MPI
 from pycoll.algorithms import ALGORITHMS, Call, Layout, arena_jit, select
 from pycoll.algorithms.base import offsets
 from pycoll.algorithms.simulate import run_schedules
@@ -159,9 +159,9 @@ def test_records_by_name_are_not_datatypes_but_their_mpi_datatypes_are() -> None
 
 def test_point_to_point_refuses_receiving_into_a_packed_derived_type() -> None:
     vec = MPI.DOUBLE.Create_vector(2, 1, 2)
-    assert buffers.parse_bytes([np.arange(4.0), 1, vec], "buf", "Send").view(np.float64).tolist() == [0.0, 2.0]
+    assert flat_bytes.parse_bytes([np.arange(4.0), 1, vec], "buf", "Send").view(np.float64).tolist() == [0.0, 2.0]
     with pytest.raises(InvalidArgumentError, match="contiguous run"):
-        buffers.parse_bytes([np.arange(4.0), 1, vec], "buf", "Recv", writable=True)
+        flat_bytes.parse_bytes([np.arange(4.0), 1, vec], "buf", "Recv", writable=True)
 
 
 def test_get_address() -> None:

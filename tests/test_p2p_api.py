@@ -18,7 +18,7 @@ import json, os, pickle, sys, time
 import numpy as np
 from pycoll import MPI
 from pycoll.errors import InvalidArgumentError, MismatchError, TimeoutError
-from pycoll.p2p import P2P_CMA_BYTES
+from pycoll.p2p_protocol import P2P_CMA_BYTES
 
 comm = MPI.COMM_WORLD
 rank, size = comm.rank, comm.size

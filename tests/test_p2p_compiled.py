@@ -69,11 +69,12 @@ for i, spec in enumerate(["n5", "n3", "n5", "int", "view", "fresh", "bare", "n64
 comm.Barrier()
 
 # a fresh view or array on every call (a halo's ghost cells): resolved by shape, each at its own address
-from pycoll import p2p_fast
+from pycoll import p2p_fast, p2p_sendrecv, p2p_specs
 big = np.zeros(4096, np.float64)
 full = []
-resolve = p2p_fast._resolve
-p2p_fast._resolve = lambda *a: (full.append(a[1]), resolve(*a))[1]  # the full parse of a spec
+resolve = p2p_specs.resolve_spec
+counting = lambda *a: (full.append(a[1]), resolve(*a))[1]  # noqa: E731 - counts the full parses of a spec
+p2p_fast.resolve_spec = p2p_sendrecv.resolve_spec = counting
 for i in range(40):
     lo = (i * 37) % 4000
     if rank == 0:
@@ -87,7 +88,7 @@ for i in range(40):
         got = np.zeros(3, np.int32)
         comm.Sendrecv([np.array([-i, -i - 0.5]), MPI.DOUBLE], 0, 62, [got, 3, MPI.INT], 0, 61)
         check(f"fresh array sendrecv {i}", got, np.full(3, i, np.int32))
-p2p_fast._resolve = resolve
+p2p_fast.resolve_spec = p2p_sendrecv.resolve_spec = resolve
 if len(full) > 8:
     bad.append(f"fresh views were resolved in full: {len(full)} times")
 comm.Barrier()

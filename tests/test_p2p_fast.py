@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 import harness
-from pycoll.p2p import P2P_CMA_BYTES
+from pycoll.p2p_protocol import P2P_CMA_BYTES
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
@@ -190,7 +190,7 @@ time.sleep(4.0)  # still alive when the other rank's timeout ends
 
 _BUFFERED = _COMMON + """
 from pycoll.errors import MismatchError
-from pycoll import p2p_fast
+from pycoll import p2p_fast, p2p_specs
 bad = []
 def pattern(n, salt):
     return ((np.arange(n, dtype=np.int64) * 7 + salt) % 251).astype(np.uint8)
@@ -248,6 +248,7 @@ out["bad"] = bad
 comm.Barrier()
 done()
 """
+
 
 def _run(tmp_path, program: str, args: list, transport: str = "shm", env: dict | None = None, timeout: float = 150):
     path = tmp_path / "prog.py"
@@ -329,7 +330,7 @@ def test_timeouts_are_honoured(n, tmp_path):
 def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory_or_returning_arrays_kept() -> None:
     import numpy as np
 
-    from pycoll import MPI, p2p_fast
+    from pycoll import MPI, p2p_specs
 
     class _Parse:  # the communicator's full parse, for specs over a whole C-ordered array
         def _p2p_buf(self, buf, opname, writable):
@@ -337,36 +338,36 @@ def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory
 
     base = np.arange(64, dtype=np.float32)
     first = base[0:8]
-    p2p_fast._resolve(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
+    p2p_specs.resolve_spec(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
     for lo in (8, 16, 40):  # a window's receive slots, or a halo's fresh views: each its own address
         slot = base[lo:lo + 8]
-        found = p2p_fast._cached([slot, MPI.FLOAT], True)
+        found = p2p_specs.cached_spec([slot, MPI.FLOAT], True)
         assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
         assert found[4] is None  # no flat bytes made until asked for
         # the cache holds ``base`` already: the view is kept too (no more memory), and found by identity next time
-        assert p2p_fast._SPECS.get(id(slot)) is found and p2p_fast._cached([slot, MPI.FLOAT], True) is found
-        assert (p2p_fast.flat(found) == slot.view(np.uint8)).all() and p2p_fast.flat(found).base is not None
+        assert p2p_specs._SPECS.get(id(slot)) is found and p2p_specs.cached_spec([slot, MPI.FLOAT], True) is found
+        assert (p2p_specs.flat_bytes_of(found) == slot.view(np.uint8)).all() and p2p_specs.flat_bytes_of(found).base is not None
     fresh_root = np.arange(64, dtype=np.float32)  # memory the cache does not hold: a single view is found, not kept
     view = fresh_root[8:16]
-    assert p2p_fast._cached([view, MPI.FLOAT], True) is not None and id(view) not in p2p_fast._SPECS
+    assert p2p_specs.cached_spec([view, MPI.FLOAT], True) is not None and id(view) not in p2p_specs._SPECS
     second = fresh_root[16:24]  # a second view of the same array in a row (a program's slots): kept from now on
-    assert p2p_fast._cached([second, MPI.FLOAT], True) is not None and id(second) in p2p_fast._SPECS
+    assert p2p_specs.cached_spec([second, MPI.FLOAT], True) is not None and id(second) in p2p_specs._SPECS
     fresh = np.zeros(8, np.float32)  # an array of its own, made per call: resolved by shape, not kept alive
-    got = p2p_fast._cached([fresh, MPI.FLOAT], True)
+    got = p2p_specs.cached_spec([fresh, MPI.FLOAT], True)
     assert got is not None and got[5] == fresh.__array_interface__["data"][0]
-    assert id(fresh) not in p2p_fast._SPECS
-    assert p2p_fast._cached([fresh, MPI.FLOAT], True) is not None  # it comes back: kept by identity from now on
-    held = p2p_fast._SPECS.get(id(fresh))
-    assert held is not None and held[0] is fresh and p2p_fast._cached([fresh, MPI.FLOAT], True) is held
+    assert id(fresh) not in p2p_specs._SPECS
+    assert p2p_specs.cached_spec([fresh, MPI.FLOAT], True) is not None  # it comes back: kept by identity from now on
+    held = p2p_specs._SPECS.get(id(fresh))
+    assert held is not None and held[0] is fresh and p2p_specs.cached_spec([fresh, MPI.FLOAT], True) is held
     for _ in range(3):  # a new array per call is never held: only weakly referenced until it comes back
         again = np.zeros(8, np.float32)
-        assert p2p_fast._cached([again, MPI.FLOAT], True) is not None and id(again) not in p2p_fast._SPECS
+        assert p2p_specs.cached_spec([again, MPI.FLOAT], True) is not None and id(again) not in p2p_specs._SPECS
         del again
-    assert p2p_fast._cached([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
+    assert p2p_specs.cached_spec([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
     ro = np.zeros(8, np.float32)
     ro.flags.writeable = False
-    assert p2p_fast._cached([ro, MPI.FLOAT], True) is None  # a receive into read-only memory: the full parse says no
-    assert p2p_fast._cached([base[0:16:2], MPI.FLOAT], True) is None  # strided: never by shape
+    assert p2p_specs.cached_spec([ro, MPI.FLOAT], True) is None  # a receive into read-only memory: the full parse says no
+    assert p2p_specs.cached_spec([base[0:16:2], MPI.FLOAT], True) is None  # strided: never by shape
 
 
 _TCP_EAGER = _COMMON + """

@@ -13,7 +13,7 @@ import pytest
 k = pytest.importorskip("pycoll.p2p_kernels")
 
 from pycoll import p2p_lane as lane  # noqa: E402
-from pycoll.p2p import _ACK_META, _P2P_META, _RTS_META  # noqa: E402
+from pycoll.p2p_protocol import ACK_META, P2P_META, RTS_META  # noqa: E402
 
 CAP = 4096
 CTX = 2
@@ -41,7 +41,7 @@ class Pair:
         w[: lane.L_BELL + 1] = [od.ctypes.data, od.size, oh.ctypes.data, idata.ctypes.data, idata.size, ih.ctypes.data, 0]
         w[lane.L_PID] = os.getpid()
         w[lane.L_READV] = _readv() if readv else 0
-        w[lane.L_META], w[lane.L_RTS], w[lane.L_ACK], w[lane.L_YIELD] = _P2P_META, _RTS_META, _ACK_META, -1
+        w[lane.L_META], w[lane.L_RTS], w[lane.L_ACK], w[lane.L_YIELD] = P2P_META, RTS_META, ACK_META, -1
         return w
 
     @staticmethod
@@ -214,39 +214,39 @@ def test_exchange_rendezvous_reports_another_acknowledgement():
 
 
 def test_spec_cache_follows_the_array():
-    from pycoll import MPI, p2p_fast
+    from pycoll import MPI, p2p_specs
 
     class Comm:  # the parse the cache falls back to
         calls = 0
 
         def _p2p_buf(self, buf, opname, writable):
             Comm.calls += 1
-            from pycoll import buffers
+            from pycoll import flat_bytes
 
-            return buffers.parse_bytes(buf, "buf", opname, writable)
+            return flat_bytes.parse_bytes(buf, "buf", opname, writable)
 
     comm = Comm()
     a = np.arange(8, dtype=np.float32)
-    e = p2p_fast._resolve(comm, [a, 4, MPI.FLOAT], "Send", False)
+    e = p2p_specs.resolve_spec(comm, [a, 4, MPI.FLOAT], "Send", False)
     assert e[6] == 16 and e[5] == a.ctypes.data and Comm.calls == 1
-    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is e
-    assert p2p_fast._cached([a, 5, MPI.FLOAT], False) is None  # another count
-    assert p2p_fast._cached([a, 4.0, MPI.FLOAT], False) is None  # not an int: the full parse rejects it
-    assert p2p_fast._cached([a, 4, MPI.INT], False) is None  # another datatype
+    assert p2p_specs.cached_spec([a, 4, MPI.FLOAT], False) is e
+    assert p2p_specs.cached_spec([a, 5, MPI.FLOAT], False) is None  # another count
+    assert p2p_specs.cached_spec([a, 4.0, MPI.FLOAT], False) is None  # not an int: the full parse rejects it
+    assert p2p_specs.cached_spec([a, 4, MPI.INT], False) is None  # another datatype
     a.flags.writeable = False
-    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is e
-    assert p2p_fast._cached([a, 4, MPI.FLOAT], True) is None  # a receive into it now goes through the full parse
+    assert p2p_specs.cached_spec([a, 4, MPI.FLOAT], False) is e
+    assert p2p_specs.cached_spec([a, 4, MPI.FLOAT], True) is None  # a receive into it now goes through the full parse
     a.flags.writeable = True
     a.dtype = np.int32  # the same memory seen as another type
-    assert p2p_fast._cached([a, 4, MPI.FLOAT], False) is None
+    assert p2p_specs.cached_spec([a, 4, MPI.FLOAT], False) is None
     a.dtype = np.float32
     b = a[2:6]  # a view: its own entry, its own address
-    e2 = p2p_fast._resolve(comm, [b, MPI.FLOAT], "Send", False)
+    e2 = p2p_specs.resolve_spec(comm, [b, MPI.FLOAT], "Send", False)
     assert e2[5] == a.ctypes.data + 8 and e2[6] == 16
     every_other = MPI.FLOAT.Create_vector(4, 1, 2).Commit()
     c = np.arange(16, dtype=np.float32)
-    e3 = p2p_fast._resolve(comm, [c, 1, every_other], "Send", False)  # a packed copy: used once, never cached
-    assert p2p_fast._cached([c, 1, every_other], False) is None and e3[0] is None
+    e3 = p2p_specs.resolve_spec(comm, [c, 1, every_other], "Send", False)  # a packed copy: used once, never cached
+    assert p2p_specs.cached_spec([c, 1, every_other], False) is None and e3[0] is None
     assert (e3[4].view(np.float32) == c[0:8:2]).all()
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pycoll.perf import metrics, options, peers, worker
+from pycoll.perf import backends, metrics, options, peers, reference
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = ["gather", "scatter", "sendrecv", "scan", "barrier", "pingpong", "p2p_bw"]
@@ -32,37 +32,37 @@ def test_new_collectives_parse_and_factors() -> None:
 
 def test_references_of_new_collectives() -> None:
     # rank r's input element i is (i + r) % 3 + 1
-    assert worker.expected("gather", 0, 2, 2, "sum", 0, "float32").tolist() == [1, 2, 2, 3]
-    assert worker.expected("gather", 1, 2, 2, "sum", 0, "float32") is None
-    assert worker.expected("scatter", 1, 2, 2, "sum", 0, "float32").tolist() == [3, 1]  # block 1 of rank 0's input
-    assert worker.expected("sendrecv", 0, 3, 2, "sum", 0, "float32").tolist() == [3, 1]  # from rank 2
-    assert worker.expected("scan", 1, 3, 3, "sum", 0, "float32").tolist() == [3, 5, 4]  # ranks 0 and 1
-    assert worker.expected("pingpong", 1, 2, 2, "sum", 0, "float32").tolist() == [1, 2]
-    assert worker.expected("pingpong", 2, 3, 2, "sum", 0, "float32") is None
-    assert worker.expected("p2p_bw", 1, 2, 2, "sum", 0, "float32").tolist() == [1, 2] * 64
-    assert worker.expected("barrier", 0, 2, 0, "sum", 0, "float32") is None
+    assert reference.expected("gather", 0, 2, 2, "sum", 0, "float32").tolist() == [1, 2, 2, 3]
+    assert reference.expected("gather", 1, 2, 2, "sum", 0, "float32") is None
+    assert reference.expected("scatter", 1, 2, 2, "sum", 0, "float32").tolist() == [3, 1]  # block 1 of rank 0's input
+    assert reference.expected("sendrecv", 0, 3, 2, "sum", 0, "float32").tolist() == [3, 1]  # from rank 2
+    assert reference.expected("scan", 1, 3, 3, "sum", 0, "float32").tolist() == [3, 5, 4]  # ranks 0 and 1
+    assert reference.expected("pingpong", 1, 2, 2, "sum", 0, "float32").tolist() == [1, 2]
+    assert reference.expected("pingpong", 2, 3, 2, "sum", 0, "float32") is None
+    assert reference.expected("p2p_bw", 1, 2, 2, "sum", 0, "float32").tolist() == [1, 2] * 64
+    assert reference.expected("barrier", 0, 2, 0, "sum", 0, "float32") is None
 
 
 def test_check_catches_a_wrong_result() -> None:
     """A sabotaged output (one element off, a block from the wrong rank) is counted, not passed."""
-    good = worker.expected("scan", 1, 2, 6, "sum", 0, "float32")
-    assert worker.check_result(good.astype(np.float32), "scan", 1, 2, 6, "sum", 0, "float32") == 0
+    good = reference.expected("scan", 1, 2, 6, "sum", 0, "float32")
+    assert reference.check_result(good.astype(np.float32), "scan", 1, 2, 6, "sum", 0, "float32") == 0
     bad = good.copy()
     bad[4] += 1
-    assert worker.check_result(bad, "scan", 1, 2, 6, "sum", 0, "float32") == 1
+    assert reference.check_result(bad, "scan", 1, 2, 6, "sum", 0, "float32") == 1
     # a sendrecv that received from the right neighbour instead of the left one (3 ranks)
-    wrong_peer = worker.expected("sendrecv", 2, 3, 6, "sum", 0, "float32")  # rank 1's input, what rank 0 should not get
-    assert worker.check_result(wrong_peer, "sendrecv", 0, 3, 6, "sum", 0, "float32") > 0
-    assert worker.check_result(None, "gather", 0, 2, 6, "sum", 0, "float32") == 12
+    wrong_peer = reference.expected("sendrecv", 2, 3, 6, "sum", 0, "float32")  # rank 1's input, what rank 0 should not get
+    assert reference.check_result(wrong_peer, "sendrecv", 0, 3, 6, "sum", 0, "float32") > 0
+    assert reference.check_result(None, "gather", 0, 2, 6, "sum", 0, "float32") == 12
 
 
 def test_buffer_spec_uses_the_module_own_datatype() -> None:
     from pycoll import MPI as pmpi
 
-    assert worker.mpi_datatype(pmpi, np.float32) is pmpi.FLOAT
-    assert worker.mpi_datatype(pmpi, np.int64) is pmpi.INT64_T
+    assert backends.mpi_datatype(pmpi, np.float32) is pmpi.FLOAT
+    assert backends.mpi_datatype(pmpi, np.int64) is pmpi.INT64_T
     mpi4py = pytest.importorskip("mpi4py.MPI")
-    assert worker.mpi_datatype(mpi4py, np.float64) == mpi4py.DOUBLE
+    assert backends.mpi_datatype(mpi4py, np.float64) == mpi4py.DOUBLE
 
 
 def _sweep(tmp_path: Path, buffers: str, peer: str = "pycoll", np_: str = "2") -> dict:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pycoll.perf import devices, options, peers, plot, sweep, worker
+from pycoll.perf import backends, devices, options, peers, plot, reference, sweep, worker
 from test_device_buffers import _gpu_missing  # numba.cuda's own answer, asked without the simulator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def test_host_buffers_have_mappings_of_their_own(dtype: str) -> None:
 
 
 def test_host_inputs_are_copied_into_fresh_buffers() -> None:
-    src = worker.inputs(1, (1 << 20) + 3, "sum", np.float32)
+    src = reference.inputs(1, (1 << 20) + 3, "sum", np.float32)
     got = devices.HostArrays().from_host(src)
     assert got is not src and not np.shares_memory(got, src)
     np.testing.assert_array_equal(got, src)
@@ -138,7 +138,7 @@ def test_duplicate_gpu_jobs_are_skipped() -> None:
     assert worker.skip_reason(RuntimeError("NCCL error: unhandled system error")) is None
 
 
-class _DupBackend(worker.Backend):
+class _DupBackend(backends.Backend):
     """A 1-rank backend whose collectives fail as NCCL does with two ranks on one GPU."""
 
     name = "nccl"
@@ -146,7 +146,7 @@ class _DupBackend(worker.Backend):
     def gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> worker.Prepared:
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> backends.Prepared:
         raise RuntimeError(DUP)
 
 
@@ -181,16 +181,16 @@ def test_sweep_records_skipped_nccl_jobs(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_check_in_chunks_counts_every_wrong_element(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(worker, "CHECK_CHUNK", 3)  # 10 elements: chunks of 3, 3, 3 and 1
+    monkeypatch.setattr(reference, "CHECK_CHUNK", 3)  # 10 elements: chunks of 3, 3, 3 and 1
     for coll, n, count in (("allreduce", 3, 10), ("allgather", 2, 5), ("alltoall", 2, 5), ("reduce_scatter", 2, 10)):
-        length = worker.output_length(coll, n, count)
-        good = worker.expected(coll, 1, n, count, "sum", 0, "float32")
-        assert good.size == length and worker.check_result(good, coll, 1, n, count, "sum", 0, "float32") == 0
+        length = reference.output_length(coll, n, count)
+        good = reference.expected(coll, 1, n, count, "sum", 0, "float32")
+        assert good.size == length and reference.check_result(good, coll, 1, n, count, "sum", 0, "float32") == 0
         bad = good.astype("float32")
         bad[[0, 4, length - 1]] += 1
-        assert worker.check_result(bad, coll, 1, n, count, "sum", 0, "float32") == 3, coll
-        assert worker.check_result(bad[:-1], coll, 1, n, count, "sum", 0, "float32") == length  # wrong size
-    assert worker.check_result(None, "reduce", 1, 2, 4, "sum", 0, "float32") == 0  # not the root: nothing to check
+        assert reference.check_result(bad, coll, 1, n, count, "sum", 0, "float32") == 3, coll
+        assert reference.check_result(bad[:-1], coll, 1, n, count, "sum", 0, "float32") == length  # wrong size
+    assert reference.check_result(None, "reduce", 1, 2, 4, "sum", 0, "float32") == 0  # not the root: nothing to check
 
 
 class _PtrArray(np.ndarray):
@@ -256,18 +256,18 @@ class _FakeNcclComm:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
 def test_cupy_nccl_peer_calls_on_one_rank(dtype: str) -> None:
     """The CuPy NCCL peer's buffers, counts, in-place offsets and datatypes, against a 1-rank fake NCCL."""
-    b = object.__new__(worker._CupyNccl)
+    b = object.__new__(backends._CupyNccl)
     b.arrays, b.nc, b.size, b.rank = _FakeArrays(), _FakeNcclComm(), 1, 0
     b.nccl = types.SimpleNamespace(groupStart=lambda: None, groupEnd=lambda: None)  # no NCCL_* names: nccl.h values
     for coll in options.COLLECTIVES:
         if coll not in options.DEFAULT_COLLECTIVES:  # the calls nccl-tests' six do not cover say so, as a skip
-            with pytest.raises(worker.Unsupported, match="cupy.cuda.nccl"):
+            with pytest.raises(backends.Unsupported, match="cupy.cuda.nccl"):
                 b.prepare(coll, False, 7, dtype, "sum", 0)
             continue
         for inplace in (False, True):
             run, result = b.prepare(coll, inplace, 7, dtype, "sum", 0)
             run()
-            assert worker.check_result(result(), coll, 0, 1, 7, "sum", 0, dtype) == 0, (coll, inplace)
+            assert reference.check_result(result(), coll, 0, 1, 7, "sum", 0, dtype) == 0, (coll, inplace)
     assert b.nc.calls.count("sendrecv") == 2 and b.nc.calls.count("allReduce") == 2
     assert b._const(b.DTYPES, dtype) == {"float32": 7, "bfloat16": 9, "int64": 4}[dtype]
 
@@ -334,14 +334,14 @@ def test_device_sweep_bfloat16_and_wrong_results_are_counted(tmp_path: Path, mon
     """bfloat16 device buffers travel with their datatype; and a sweep whose results are corrupted reports them."""
     spec = sweep.worker_spec(options.parse_args(["-C", "allreduce", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
                                                  "-d", "bfloat16", "--device", "cuda"]), "pycoll")
-    script = ("import json, sys; from pycoll.perf import worker\n"
+    script = ("import json, sys; from pycoll.perf import backends, worker\n"
               "spec = json.loads(sys.argv[1]); bad = sys.argv[2] == '1'\n"
               "if bad:\n"
-              "    real = worker._MpiStyle.prepare\n"
+              "    real = backends._MpiStyle.prepare\n"
               "    def prepare(self, *a):\n"
               "        run, result = real(self, *a)\n"
               "        return run, lambda: result() + (self.rank == 0)\n"
-              "    worker._MpiStyle.prepare = prepare\n"
+              "    backends._MpiStyle.prepare = prepare\n"
               "worker.run_peer(spec, lambda r: print(json.dumps(r)) if r.get('bytes') else None)\n")
     env = dict(__import__("os").environ, NUMBA_ENABLE_CUDASIM="1")
     for bad in ("0", "1"):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pycoll.perf import metrics, options, peers, report, sweep, worker
+from pycoll.perf import backends, metrics, options, peers, reference, report, sweep, worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,18 +235,18 @@ def test_slowest_rank_median() -> None:
 
 
 def test_reference_results_and_wrong_count() -> None:
-    ref = worker.expected("allreduce", 0, 3, 5, "sum", 0, "float32")
+    ref = reference.expected("allreduce", 0, 3, 5, "sum", 0, "float32")
     assert ref.tolist() == [6.0] * 5  # 1+2+3 in every column
-    assert worker.expected("reduce", 1, 2, 4, "sum", 0, "float32") is None
-    ag = worker.expected("allgather", 0, 2, 2, "sum", 0, "float32")
+    assert reference.expected("reduce", 1, 2, 4, "sum", 0, "float32") is None
+    ag = reference.expected("allgather", 0, 2, 2, "sum", 0, "float32")
     assert ag.tolist() == [1, 2, 2, 3]
-    a2a = worker.expected("alltoall", 1, 2, 2, "sum", 0, "int32")
+    a2a = reference.expected("alltoall", 1, 2, 2, "sum", 0, "int32")
     assert a2a.tolist() == [3, 1, 1, 2]  # block 1 of rank 0 ([1,2,3,1]) then of rank 1 ([2,3,1,2])
-    assert worker.count_wrong(ref, ref, "float32", "sum") == 0
+    assert reference.count_wrong(ref, ref, "float32", "sum") == 0
     bad = ref.copy()
     bad[[1, 3]] = 0
-    assert worker.count_wrong(bad, ref, "float32", "sum") == 2
-    assert worker.count_wrong(None, ref, "float32", "sum") == 5
+    assert reference.count_wrong(bad, ref, "float32", "sum") == 2
+    assert reference.count_wrong(None, ref, "float32", "sum") == 5
 
 
 # ---------------------------------------------------------------- report
@@ -385,7 +385,7 @@ def test_rounds_flag_and_median_merge() -> None:
     assert not {"round", "limit_copy_GBps", "limit_reduce_GBps"} & set(merged)
 
 
-class _FakeBackend(worker.Backend):
+class _FakeBackend(backends.Backend):
     """One rank that records which PYCOLL_ALGO each timed call ran under."""
 
     name = "fake"
@@ -402,7 +402,7 @@ class _FakeBackend(worker.Backend):
     def gather(self, obj: Any) -> list[Any]:
         return [obj]
 
-    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> worker.Prepared:
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> backends.Prepared:
         env = __import__("os").environ.get("PYCOLL_ALGO", "")
         return (lambda: self.calls.append(env)), (lambda: None)
 

@@ -23,7 +23,8 @@ from pycoll.errors import PeerFailureError
 from pycoll.transport import PeerInfo, choose, make_transports, rdma_verbs
 from pycoll.transport.rdma import RdmaChannel, RdmaTransport
 from pycoll.transport.rdma_fake import FakeProvider
-from pycoll.transport.rdma_proto import NoRdma, PortInfo, Region
+from pycoll.transport.rdma_memory import Region
+from pycoll.transport.rdma_proto import NoRdma, PortInfo
 from pycoll.transport.rdma_verbs import VerbsProvider, load_pyverbs
 
 _jobs = itertools.count()

@@ -10,17 +10,12 @@ import pytest
 from pycoll.errors import ProtocolError
 from pycoll.topology import fixtures
 from pycoll.topology.model import Device
+from pycoll.transport.rdma_memory import BlockPool, BouncePool, MRCache, Region, buffer_address, buffer_owner
 from pycoll.transport.rdma_proto import (
-    BlockPool,
-    BouncePool,
     ByteRing,
     CreditReturn,
     Credits,
-    MRCache,
     PortInfo,
-    Region,
-    buffer_address,
-    buffer_owner,
     choose_port,
     fabric_of,
     parse_hca,

@@ -17,7 +17,7 @@ import pytest
 from pycoll import ops
 from pycoll.algorithms import arena_jit, staged
 from pycoll.algorithms.base import Call, even_counts, offsets
-from pycoll.algorithms.shared import _close_rounds
+from pycoll.algorithms.arena_meeting import close_rounds
 from pycoll.transport.arena import HostArena
 
 KERNELS = arena_jit.unavailable() is None
@@ -51,7 +51,7 @@ def _drive(arenas: list[HostArena], calls: list[Call], who: str) -> list[staged.
     else:
         pytest.fail(f"the pipe stalled at chunks {at} of {[pipe.nchunks for pipe in pipes]}")
     for a, pipe in zip(arenas, pipes):
-        _close_rounds(a, base + pipe.nchunks)
+        close_rounds(a, base + pipe.nchunks)
     return pipes
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pycoll.bootstrap.store import TCPStore, TCPStoreServer
+from pycoll.bootstrap.store_client import TCPStore
+from pycoll.bootstrap.store_server import TCPStoreServer
 
 REPO = Path(__file__).resolve().parents[1]
 _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")

@@ -12,7 +12,10 @@ import time
 import pytest
 
 from pycoll.bootstrap import store as store_mod
-from pycoll.bootstrap.store import TCPStore, TCPStoreServer, TorchStore, barrier
+from pycoll.bootstrap.store import barrier
+from pycoll.bootstrap.store_client import TCPStore
+from pycoll.bootstrap.store_server import TCPStoreServer
+from pycoll.bootstrap.torch_store import TorchStore
 from pycoll.errors import InvalidArgumentError, PeerFailureError, ProtocolError, TimeoutError
 
 TOKEN = "test-token"
@@ -185,7 +188,7 @@ def _fake_server(reply: bytes, after_hello: bool, token: str = TOKEN):
         conn, _ = lsock.accept()
         with conn:
             if after_hello:  # the real challenge-response, as a TCPStoreServer with ``token`` does it
-                magic = store_mod._MAGIC
+                magic = store_mod.MAGIC
                 hello = _recv_n(conn, 9 + len(magic) + 16)
                 client_nonce, server_nonce = hello[-16:], b"s" * 16
                 proof = store_mod.auth_proof(key, b"store-server", client_nonce, server_nonce)

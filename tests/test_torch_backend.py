@@ -97,22 +97,22 @@ def test_registration_is_idempotent_and_names_the_backend() -> None:
 def test_torch_threads_are_shared_among_a_hosts_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from pycoll.torch import backend as B
+    from pycoll.torch import threads as torch_threads
 
     before = torch.get_num_threads()
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     try:
         torch.set_num_threads(4)
-        B._share_cores(2, 4)  # 2 ranks on 4 cores: 2 threads each
+        torch_threads.share_cores(2, 4)  # 2 ranks on 4 cores: 2 threads each
         assert torch.get_num_threads() == 2
         torch.set_num_threads(4)
-        B._share_cores(8, 4)  # more ranks than cores: one each
+        torch_threads.share_cores(8, 4)  # more ranks than cores: one each
         assert torch.get_num_threads() == 1
         torch.set_num_threads(4)
-        B._share_cores(1, 4)  # alone on the machine: all of them
+        torch_threads.share_cores(1, 4)  # alone on the machine: all of them
         assert torch.get_num_threads() == 4
         monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's choice stands
-        B._share_cores(2, 4)
+        torch_threads.share_cores(2, 4)
         assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(before)

@@ -78,7 +78,6 @@ DTYPES = frozenset(np.dtype(t) for t in (
 ))
 
 
-
 _LOAD_AFTER_CALLS = 8  # calls that could run compiled before one starts the background load
 
 
@@ -274,7 +273,7 @@ def polls_for(seconds: float) -> int:
 
 
 def sig_words(sig: Any) -> tuple[int, int, int, int]:
-    """A call's signature (``p2p.Sig``) as the four words it posts on the arena: kind, dtype and op packed in one."""
+    """A call's signature (``p2p_protocol.Sig``) as the four words it posts on the arena: kind, dtype and op packed in one."""
     return (sig.kind | (sig.dtype << 8) | (sig.op << 16), sig.root, sig.count, sig.vhash)
 
 
@@ -304,7 +303,6 @@ class Prepared:
         ok = self.ok and kern is not None
         self.kernel = pick(kern, "allreduce", dtype, checked=True) if ok else None  # checks the user buffers
         self.raw = pick(kern, "allreduce", dtype) if ok else None  # trusts them (the plan checked them)
-
 
 
 def line_bases(arena: _arena.HostArena, op: int) -> np.ndarray:

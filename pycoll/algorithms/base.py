@@ -14,7 +14,8 @@ import numpy as np
 from ..config import size_param
 from ..memory import MemoryBackend
 from ..ops import Op
-from ..p2p import Engine, Owner, Request, Sig
+from ..p2p import Engine
+from ..p2p_protocol import Owner, Request, Sig
 
 CHUNK_SIZE = size_param(
     "PYCOLL_CHUNK_SIZE", 512 << 10, "Bytes per pipelined chunk: algorithms cut each block into chunks of at most this size."
@@ -187,7 +188,7 @@ class Steps:
         self.mem = mem
         self.layout = layout or Layout.flat(size)
         self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
-        self.arena = arena  # the communicator's ArenaState when all its ranks share a host (shared.py), else None
+        self.arena = arena  # the communicator's ArenaState when all its ranks share a host (arena_meeting.py), else None
         self.ipc = ipc  # the communicator's IpcState for device buffers on one host (cuda_ipc.py), else None
 
     @property

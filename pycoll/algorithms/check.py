@@ -6,7 +6,7 @@ import numpy as np
 
 from ..config import bool_param
 from ..errors import MismatchError
-from ..p2p import Sig
+from ..p2p_protocol import Sig
 from .base import Schedule, Steps
 
 CHECK_CALLS = bool_param(

@@ -73,7 +73,7 @@ class CostModel:
     copy_GBps: float = 8.0
     # A rank's cross-memory copies on its own core (the kernel pins each page it copies: 2 ranks, a lone reader
     # at 256 MiB moves 0.84 of np.copyto's rate), and what the host's memory carries for all its ranks at once,
-    # in copies a second (a copy reads and writes each byte); see shared._cma_cost.
+    # in copies a second (a copy reads and writes each byte); see shared.cma_cost.
     cma_GBps: float = 6.8
     host_memory_GBps: float = 12.3
     # Arena copies and reductions whose data stays in the host's last-level cache between calls run this much

@@ -3,7 +3,7 @@
 Every rank owns an IPC buffer (pycoll/cuda/ipc.py) with two slots, and maps its peers' buffers once; the
 handles travel as messages at the first device call (and again, with a new generation, when a larger call
 needs bigger slots). A call copies its input into its own slot on the caller's stream, waits for that copy,
-then meets the peers on the host arena's flags (shared.py: post, ready, done, with timeouts, liveness checks
+then meets the peers on the host arena's flags (arena_meeting.py: post, ready, done, with timeouts, liveness checks
 and call matching). ``ipc_oneshot`` then reduces all ranks' slots, in rank order, into recv with one kernel;
 ``ipc_twoshot`` reduces only its own block into its slot, meets again, and copies every rank's reduced block
 into recv. Slots alternate by arena number, so a rank never overwrites data a late peer still reads. The
@@ -20,7 +20,7 @@ from typing import Any, Generator, Iterator, Optional
 
 import numpy as np
 
-from ..buffers import DeviceArray
+from ..arrays import DeviceArray
 from ..config import bool_param, size_param
 from ..errors import DeviceError, PycollError
 from .base import Call, Layout, Schedule, Steps, even_counts, offsets
@@ -28,7 +28,16 @@ from .cost import CostModel
 from .halving_doubling import allreduce_doubling
 from .registry import register
 from .ring import allreduce_ring
-from .shared import _begin, _check_posts, _meet, _number, _owner, _ready, arena_enabled, post_call
+from .arena_meeting import (
+    arena_enabled,
+    arena_ready,
+    call_number,
+    check_posts,
+    meet_peers,
+    owner_fallback,
+    post_call,
+    take_turn,
+)
 
 log = logging.getLogger("pycoll")
 
@@ -281,7 +290,7 @@ def _staged(st: Steps, call: Call) -> Schedule:
     try:
         host = stage.call
         if call.reproducible:  # the owner's rank-order fold: doubling and ring add partial sums
-            yield from _owner("allreduce")(st, host)
+            yield from owner_fallback("allreduce")(st, host)
         elif call.size_bytes <= _SMALL:
             yield from allreduce_doubling(st, host)
         else:
@@ -296,12 +305,12 @@ def _ipc_call(st: Steps, call: Call, body: Any) -> Schedule:
     """Take an arena number and the IPC buffers (set up or grown if need be), copy the input in and meet the
     peers, then run ``body``; where there are no IPC buffers for this call, stage it instead."""
     assert call.recv is not None and call.send is not None and call.op is not None
-    number = _number(st)
-    harena = yield from _ready(st)
+    number = call_number(st)
+    harena = yield from arena_ready(st)
     if harena is None:
         yield from _staged(st, call)
         return
-    op = yield from _begin(st, harena, number)
+    op = yield from take_turn(st, harena, number)
     arena = None
     try:
         if _kernels_refuse(call) is None and st.ipc is not None:
@@ -311,8 +320,8 @@ def _ipc_call(st: Steps, call: Call, body: Any) -> Schedule:
             dev = _Device(st, call)
             dev.copy_in(arena, op)
             mine = post_call(harena, op, st.sig)
-            yield from _meet(st, harena, op, others)
-            _check_posts(st, harena, op, others, mine)
+            yield from meet_peers(st, harena, op, others)
+            check_posts(st, harena, op, others, mine)
             yield from body(st, harena, op, arena, dev, others)
     finally:
         harena.set_done(op)
@@ -380,7 +389,7 @@ def _twoshot(st: Steps, harena: Any, op: int, arena: Any, dev: _Device, others: 
             dev.reduce(srcs[r], srcs)
         dev.mem.synchronize()
     harena.set_ready(op)
-    yield from _meet(st, harena, op, others, "ready")
+    yield from meet_peers(st, harena, op, others, "ready")
     with dev.failing("copying the reduced blocks from the IPC buffers"):
         out = dev.view(recv) if recv.nbytes else None
         for q in range(p):

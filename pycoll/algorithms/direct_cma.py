@@ -32,7 +32,8 @@ from .chain import broadcast_chain
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
 from .registry import register
 from .ring import allgather_ring_algo
-from .shared import _begin, _check_posts, _cma_cost, _cma_or_none, _meet, _refuse_single_host, _transfer_error
+from .arena_meeting import check_posts, cma_or_none, meet_peers, refuse_single_host, take_turn, transfer_error
+from .shared import cma_cost
 
 _PAGE = 4096
 # Gather and Scatter blocks from this size on are split between the root and the block's other rank, one kernel copy
@@ -49,7 +50,7 @@ BROADCAST_ROOT_SHARE = 0.45  # the Broadcast root has no block of its own to cop
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
     if call.vector:
         return "a vector call's blocks differ by rank, and not every rank knows their sizes"
-    return _refuse_single_host(call, lay)
+    return refuse_single_host(call, lay)
 
 
 def address(arr: Optional[np.ndarray]) -> int:
@@ -345,8 +346,8 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
     copy from or into this rank's memory."""
     others = [q for q in range(st.size) if q != st.rank]
     try:
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
+        yield from meet_peers(st, arena, op, others)
+        check_posts(st, arena, op, others, mine)
         for q, want in prog.expects():
             got = arena.peer_addrs(q, op)[2]
             if got != want:
@@ -354,7 +355,7 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
         try:
             copy(arena, op, prog, send, recv)
         except OSError as exc:
-            raise _transfer_error(st, exc, prog.verb, arena) from None
+            raise transfer_error(st, exc, prog.verb, arena) from None
     finally:
         arena.set_done(op)
     local(prog, send, recv)
@@ -364,23 +365,23 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
 def cma_wait_rest(st: Steps, arena: Any, op: int, ranks: list[int], scratch: Optional[np.ndarray]) -> Schedule:
     """After this rank's copies (its "done" set): wait until ``ranks`` are done with its memory."""
     if ranks:
-        yield from _meet(st, arena, op, ranks, "done")
+        yield from meet_peers(st, arena, op, ranks, "done")
     if scratch is not None:
         st.mem.release(scratch)
 
 
 def cma_copy_failed(st: Steps, arena: Any, exc: OSError, verb: str) -> Schedule:
     """An inline copy failed (this rank's "done" set): report it as the schedule does."""
-    raise _transfer_error(st, exc, verb, arena)
+    raise transfer_error(st, exc, verb, arena)
     yield  # a schedule: its first step raises
 
 
 def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
-    arena, number = yield from _cma_or_none(st)
+    arena, number = yield from cma_or_none(st)
     if arena is None:
         yield from fallback(st, call)
         return
-    op = yield from _begin(st, arena, number)
+    op = yield from take_turn(st, arena, number)
     mine = sig_words(st.sig)
     prog = moves.program(st.rank, st.size, call)
     try:
@@ -400,8 +401,8 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1,
-                                     inline=True),
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1,
+                                    inline=True),
 )
 def gather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, GATHER, gather_linear)
@@ -414,7 +415,7 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True),
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True),
 )
 def scatter_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, SCATTER, scatter_linear)
@@ -427,8 +428,8 @@ def scatter_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
-                                     inline=True),
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                    inline=True),
 )
 def alltoall_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLTOALL, alltoall_pairwise)
@@ -441,8 +442,8 @@ def alltoall_cma(st: Steps, call: Call) -> Schedule:
     "while the root writes the tail of a large buffer into each reader; single host.",
     steps="2 meetings",
     bytes="n read from the root (large buffers: the root writes a share)",
-    refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True),
+    refuse=refuse_single_host,
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True),
 )
 def broadcast_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, BROADCAST, broadcast_chain)
@@ -455,9 +456,9 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
     "single host.",
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
-    refuse=_refuse_single_host,
-    cost=lambda m, n, lay: _cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
-                                     inline=True),
+    refuse=refuse_single_host,
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
+                                    inline=True),
 )
 def allgather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLGATHER, allgather_ring_algo)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional, Union
 
-from ..buffers import DeviceArray
+from ..arrays import DeviceArray
 from ..config import bool_param, str_param
 from ..errors import InvalidArgumentError
 from ..ops import ORDERED

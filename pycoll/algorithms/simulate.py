@@ -16,11 +16,11 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from ..memory import HostMemory
-from ..p2p import Owner, Request, Schedule, Sig
+from ..p2p_protocol import Owner, Request, Schedule, Sig
 from .base import Call, Layout, Steps
 from ..config import SHM_DIR
 from .registry import ALGORITHMS, Algorithm
-from .shared import ArenaState, arena_enabled
+from .arena_meeting import ArenaState, arena_enabled
 
 _SIM_ARENAS = itertools.count()
 

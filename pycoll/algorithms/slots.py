@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..memory import HOST
-from ..p2p import Sig
+from ..p2p_protocol import Sig
 from ..transport.arena import DEPTH, HostArena, slot_bytes_for
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, offsets
@@ -29,7 +29,7 @@ from .ordered import reduce_ordered, reduce_scatter_ordered
 from .registry import register
 from .ring import allgather_ring_algo, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
-from .shared import _begin, _check_posts, _meet, _number, _ready, _refuse_single_host, lag_wait
+from .arena_meeting import arena_ready, call_number, check_posts, lag_wait, meet_peers, refuse_single_host, take_turn
 
 _REDUCING = ("reduce", "reduce_scatter", "scan", "exscan")
 _TABLED = ("scatter", "alltoall")  # readers cannot know their block's place: the writer's slot starts with a table
@@ -48,7 +48,7 @@ def _refuse(call: Call, lay: Layout) -> Optional[str]:
     slot = slot_bytes_for(p)
     if need > slot:
         return f"{need} bytes per rank do not fit a {slot}-byte arena slot"
-    return _refuse_single_host(call, lay)
+    return refuse_single_host(call, lay)
 
 
 def _cost(m: CostModel, n: float, lay: Layout) -> float:
@@ -281,8 +281,8 @@ def slots_rest(st: Steps, arena: HostArena, op: int, call: Call, mine: tuple[int
     others = [q for q in range(st.size) if q != st.rank]
     prog = Program(call, st.size, st.rank)
     try:
-        yield from _meet(st, arena, op, others)
-        _check_posts(st, arena, op, others, mine)
+        yield from meet_peers(st, arena, op, others)
+        check_posts(st, arena, op, others, mine)
         _check_sizes(st, arena, op, prog)
         _unpack_py(st, arena, op, call, prog)
     finally:
@@ -299,13 +299,13 @@ _ORDERED_FALLBACK = {**_FALLBACK, "reduce": reduce_ordered, "reduce_scatter": re
 
 
 def _slots(st: Steps, call: Call) -> Schedule:
-    number = _number(st)
-    arena = yield from _ready(st)
+    number = call_number(st)
+    arena = yield from arena_ready(st)
     if arena is None:
         ordered = call.reproducible or (call.op is not None and call.op.order == ORDERED)
         yield from (_ORDERED_FALLBACK if ordered else _FALLBACK)[call.coll](st, call)
         return
-    op = yield from _begin(st, arena, number)
+    op = yield from take_turn(st, arena, number)
     yield from _slots_from_pack(st, arena, op, call)
 
 

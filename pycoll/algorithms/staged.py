@@ -27,11 +27,20 @@ from .registry import register
 from .chain import reduce_chain
 from .ring import allgather_ring_algo, allreduce_ring, reduce_scatter_ring_algo
 from .scan import exscan_linear, scan_linear
-from .shared import (
-    ARENA_PIPE_CHUNK, _PIPE_SPIN_S, _begin, _check_posts, _close_rounds, _meet, _number, _owner, _ready, _refuse_single_host,
+from .arena_meeting import (
+    PIPE_SPIN_S,
+    arena_ready,
+    call_number,
+    check_posts,
+    close_rounds,
     compiled_loops,
+    meet_peers,
+    owner_fallback,
     post_call,
+    refuse_single_host,
+    take_turn,
 )
+from .shared import ARENA_PIPE_CHUNK
 
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, REDUCE_ROOT, REDUCE_LEAF, SCAN, EXSCAN = 0, 1, 2, 3, 4, 5, 6  # as in _arena_kernels
 _OVERSUBSCRIBED_SPIN_S = 2e-6
@@ -102,7 +111,7 @@ class Pipe:
         self.covered = self.mode == ALLGATHER or (self.op is not None and arena_jit.covers(self.op, self.dtype))
         self.kernel = self.covered and compiled and arena_jit.unavailable() is None
         # a late partner is spun for briefly; with ranks sharing cores hardly at all (it may need this core)
-        self.polls = arena_jit.polls_for(_OVERSUBSCRIBED_SPIN_S if oversubscribed(p) else _PIPE_SPIN_S) if self.kernel else 0
+        self.polls = arena_jit.polls_for(_OVERSUBSCRIBED_SPIN_S if oversubscribed(p) else PIPE_SPIN_S) if self.kernel else 0
 
     def views(self, call: Call) -> tuple[np.ndarray, np.ndarray]:
         """(send, recv) as the kernel takes them: flat, and bytes for allgather (in place, send is recv's own block); a
@@ -220,30 +229,30 @@ def pipe_rest(st: Steps, arena: HostArena, op: int, mine: tuple[int, int, int, i
     others = [q for q in range(st.size) if q != st.rank]
     try:
         if not met:
-            yield from _meet(st, arena, op, others)
-            _check_posts(st, arena, op, others, mine)
+            yield from meet_peers(st, arena, op, others)
+            check_posts(st, arena, op, others, mine)
         send, recv = pipe.views(call)
         base = arena.rounds
         while j < pipe.nchunks:
             j, phase = pipe.run(arena, send, recv, base, j)
             if phase >= 0:
                 target = base + j + 1 - (pipe.nslots if phase == 0 else 0)
-                yield from _meet(st, arena, target, others, _WAITS[phase])
-        _close_rounds(arena, base + pipe.nchunks)
+                yield from meet_peers(st, arena, target, others, _WAITS[phase])
+        close_rounds(arena, base + pipe.nchunks)
     finally:
         arena.set_done(op)
 
 
 def _pipelined(st: Steps, call: Call, fallback) -> Schedule:
     """The schedule of every algorithm here: set up or wait for the arena, meet, run the pipe."""
-    number = _number(st)
-    arena = yield from _ready(st)
+    number = call_number(st)
+    arena = yield from arena_ready(st)
     if arena is None or not arena.stage_bytes:
         if call.reproducible and call.coll in ("allreduce", "reduce_scatter", "reduce"):
-            fallback = _owner(call.coll)  # the flat fallbacks do not keep the fold
+            fallback = owner_fallback(call.coll)  # the flat fallbacks do not keep the fold
         yield from fallback(st, call)
         return
-    op = yield from _begin(st, arena, number)
+    op = yield from take_turn(st, arena, number)
     pipe = Pipe(arena, call, st.rank, compiled_loops(st) is not None)
     yield from pipe_rest(st, arena, op, post_call(arena, op, st.sig), pipe, call, False, 0)
 
@@ -277,7 +286,7 @@ _FOLD = "each rank folds its block of every chunk in rank order from its input a
     "with a flag per step; compiled when Numba is present; single host.",
     steps="1 meeting, then flags per chunk",
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced, (p-1)/p · n copied out",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3,
                                       (lay.size - 1) / lay.size),
     reproducible=_FOLD + ", then copies the others' blocks out",
@@ -294,7 +303,7 @@ def allreduce_staged(st: Steps, call: Call) -> Schedule:
     "single host.",
     steps="1 meeting, then flags per chunk",
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 1.0 + 1.0 / lay.size, 2),
     reproducible=_FOLD,
 )
@@ -312,7 +321,7 @@ def reduce_scatter_staged(st: Steps, call: Call) -> Schedule:
     steps="1 meeting, then flags per chunk",
     bytes="n/p copied in by each rank (read once, written to its stage and, out of place, its own result), "
           "(p-1)/p · n copied out",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     # A copy that writes twice moves 1.5 copies' bytes (one read, two writes): 1 + 0.5/p copies in all.
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, 1.0 + 0.5 / lay.size, 0.0, 1.0 + 1.0 / lay.size, 2),
 )
@@ -327,7 +336,7 @@ def allgather_staged(st: Steps, call: Call) -> Schedule:
     "out: the other ranks reduce their block into their stage; single host.",
     steps="1 meeting, then flags per chunk",
     bytes="(p-1)/p · n copied in, (p-1)/p · n reduced, (p-1)/p · n copied out by the root",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     cost=lambda m, n, lay: _pipe_cost(m, n, lay, 2 * (lay.size - 1) / lay.size, (lay.size - 1) / lay.size, 2.0, 3),
     reproducible=_FOLD + ", and the root copies the blocks out",
 )
@@ -347,7 +356,7 @@ def _scan_cost(m: CostModel, n: float, lay: Layout) -> float:
     "of ranks 0..r in rank order into its result; single host.",
     steps="1 meeting, then flags per chunk",
     bytes="n copied in, r · n reduced by rank r",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     cost=_scan_cost,
     ordered=True,
     reproducible="every rank folds the staged chunks of the ranks before it strictly left to right",
@@ -362,7 +371,7 @@ def scan_staged(st: Steps, call: Call) -> Schedule:
     "As the staged scan, folding the staged chunks of ranks 0..r-1; rank 0's result is left untouched; single host.",
     steps="1 meeting, then flags per chunk",
     bytes="n copied in, (r-1) · n reduced by rank r",
-    refuse=_refuse_single_host,
+    refuse=refuse_single_host,
     cost=_scan_cost,
     ordered=True,
     reproducible="every rank folds the staged chunks of the ranks before it strictly left to right",

@@ -76,7 +76,6 @@ def ipv4_addresses(names: Iterable[str]) -> dict[str, str]:
     return {name: addr for name in names for addr in [_ipv4_of(name)] if addr is not None}
 
 
-
 def _is_loopback(addr: str) -> bool:
     import ipaddress
 

@@ -35,7 +35,10 @@ from pycoll.config import int_param, str_param
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
 
 from .interfaces import SOCKET_IFNAME, _is_loopback, interface_address
-from .store import JOB_TOKEN, Store, TCPStore, TCPStoreServer, TorchStore, ascii_host, new_token
+from .store import JOB_TOKEN, Store, ascii_host, new_token
+from .store_client import TCPStore
+from .store_server import TCPStoreServer
+from .torch_store import TorchStore
 
 STORE_HOST = str_param(
     "PYCOLL_STORE_HOST",

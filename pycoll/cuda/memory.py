@@ -16,8 +16,8 @@ from typing import Any, Optional
 import numpy as np
 from numba import cuda
 
-from .. import buffers
-from ..buffers import DeviceArray
+from .. import arrays
+from ..arrays import DeviceArray
 from ..ops import Op
 from . import dtypes as _dt
 from . import kernels as _k
@@ -40,7 +40,7 @@ def _resolve_stream(stream: Any) -> Any:
 
 def wrap(arr: Any) -> DeviceArray:
     """A DeviceArray over a CUDA array (a numba device array, CuPy, torch ...), flattened."""
-    return buffers._device_array(arr, "array", "pycoll.cuda")
+    return arrays.device_array(arr, "array", "pycoll.cuda")
 
 
 def device_view(d: DeviceArray, dtype: Any = np.uint8) -> Any:

@@ -37,6 +37,7 @@ TOPO_DISCOVER = bool_param(
     "CPU device each.",
 )
 
+
 def _read(path: str) -> Optional[str]:
     try:
         with open(path) as f:

@@ -396,7 +396,6 @@ class Topology:
         return cls(hosts=hosts, net_latency_us=node.net_latency_us, source=f"{count} x {node.source or 'node'}")
 
 
-
 def matrix(topo: Topology, host: int = 0, kinds: Iterable[str] = ("gpu", "nic")) -> tuple[list[str], list[list[str]]]:
     """Labels and the path-class matrix of one host's devices, as ``nvidia-smi topo -m`` prints it."""
     devs = [d for k in kinds for d in topo.devices(k) if d.host == host]

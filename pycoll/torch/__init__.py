@@ -4,7 +4,9 @@
     torch.distributed.init_process_group("pycoll")
 """
 
-from .backend import BACKEND, Options, ProcessGroupPycoll, PycollWork, register
+from .backend import BACKEND, ProcessGroupPycoll
+from .registration import Options, register
+from .work import PycollWork
 
 register()
 

@@ -14,6 +14,7 @@ from torch.futures import Future
 from ..p2p import Engine
 from ..request import Request
 
+
 class Job:
     """One torch call: ``start`` issues its pycoll requests, ``finish`` turns their completion into the result.
 

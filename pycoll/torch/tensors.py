@@ -239,3 +239,14 @@ def split_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
             n = t.numel()
             t.copy_(flat[at:at + n].reshape(t.shape))
             at += n
+
+
+def tensor_nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def is_own_block(block: torch.Tensor, whole: torch.Tensor, rank: int) -> bool:
+    """Whether ``block`` is exactly rank ``rank``'s block of ``whole`` (same memory, both contiguous)."""
+    return (block.numel() > 0 and block.is_contiguous() and whole.is_contiguous() and block.device == whole.device
+            and block.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+            and block.data_ptr() == whole.data_ptr() + rank * block.numel() * block.element_size())

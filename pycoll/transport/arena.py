@@ -60,6 +60,8 @@ def fold_seq(word: int, seq: int) -> int:
     """The posted VHASH word: the call's vector hash mixed with its call number, so that a post left over
     from another call of the same arguments never matches (SEQ holds the number in clear for waits)."""
     return (int(word) ^ (int(seq) * 0x9E3779B97F4A7C15)) & 0xFFFFFFFFFFFFFFFF
+
+
 POST, READY = 8, 16
 # Operations whose slots and post lines are in use at once: a call that waits for no peer (a Bcast root) may run
 # DEPTH - 1 calls ahead of the slowest, so ranks that share cores move several calls per time slice.
@@ -68,6 +70,7 @@ DEPTH = 4
 STAGED = 16 + _SLOT_LINE * DEPTH
 REDUCED, CONSUMED = STAGED + 8, STAGED + 16
 _COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
+
 
 class Doorbell:
     """Sleep until a peer rings or a timeout passes: a futex on a shared word, else a short nap."""

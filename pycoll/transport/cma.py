@@ -18,7 +18,6 @@ CMA_DISABLE = bool_param(
 )
 
 
-
 class _IoVec(ctypes.Structure):
     _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 

@@ -29,27 +29,21 @@ from ..config import bool_param, int_param, size_param, str_param
 from ..errors import PeerFailureError, ProtocolError, PycollError
 from . import rdma_verbs
 from .base import Barrier, Channel, PeerInfo, Transport, publish_pair, read_pair
+from .rdma_memory import BlockPool, BouncePool, MRCache, Region, Slice, buffer_address, buffer_owner
 from .rdma_proto import (
     CTRL_BYTES,
     CTRL_CLOSED,
     CTRL_CONSUMED,
     CTRL_REPOSTED,
     CTRL_WORDS,
-    BlockPool,
-    BouncePool,
     ByteRing,
     CreditReturn,
     Credits,
     Endpoint,
-    MRCache,
     Nic,
     NoRdma,
     PortInfo,
     Provider,
-    Region,
-    Slice,
-    buffer_address,
-    buffer_owner,
     choose_port,
     parse_hca,
     usable_ports,

@@ -26,7 +26,8 @@ from typing import Optional
 
 import numpy as np
 
-from .rdma_proto import Completion, Endpoint, Nic, NoRdma, PortInfo, Provider, Region
+from .rdma_memory import Region
+from .rdma_proto import Completion, Endpoint, Nic, NoRdma, PortInfo, Provider
 from ..config import SHM_DIR
 from .shm import _process_alive, _Segment
 

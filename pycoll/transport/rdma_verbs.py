@@ -18,7 +18,8 @@ import sys
 from typing import Any, Optional
 
 from ..config import int_param, str_param
-from .rdma_proto import Completion, Endpoint, Nic, NoRdma, PortInfo, Provider, Region, fabric_of, pick_gid
+from .rdma_memory import Region
+from .rdma_proto import Completion, Endpoint, Nic, NoRdma, PortInfo, Provider, fabric_of, pick_gid
 
 log = logging.getLogger("pycoll")
 

@@ -27,6 +27,8 @@ _UNKNOWN, _CAN_PULL, _CANNOT_PULL = 0, 1, 2  # receiver_state[1]: can the receiv
 
 # Each segment's doorbell: in ring 0's receiver line, word 4 says "its owner sleeps", word 5 is the futex word.
 _BELL = _RECEIVER_STATE + 32
+
+
 class Doorbell:
     """The futex word of one rank's segment: that rank sleeps on it, its senders wake it after writing or reading."""
 

@@ -260,7 +260,6 @@ def case_late_peer_times_out(ctx):
         _restore(old)
 
 
-
 @case
 def case_mismatch_is_named(ctx):
     """After one IPC call, rank 0 passes 3 elements and the others 4: the posted signatures differ, every rank

@@ -30,7 +30,8 @@ if ROOT not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from pycoll.bootstrap.store import TCPStoreServer, new_token  # noqa: E402
+from pycoll.bootstrap.store import new_token  # noqa: E402
+from pycoll.bootstrap.store_server import TCPStoreServer  # noqa: E402
 
 COLLECTIVES = ("Allreduce", "Iallreduce", "Bcast", "Allgather", "Reduce_scatter_block", "Reduce", "Alltoall", "Barrier", "Dup-Allreduce")
 COUNTS = (1, 7, 1000, 65536, 1 << 20)  # float32 elements per rank: small ones finish, large ones are killed mid-way

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from pycoll.errors import AbortedError, MismatchError, PeerFailureError, PeerLostError, PeerMismatchError
-from pycoll.p2p import _ABORT_TAG, _HEADER, _MAGIC, _RTS, HEADER_SIZE, P2P_SIG, Engine, Owner, Sig
+from pycoll.p2p import Engine
+from pycoll.p2p_protocol import ABORT_TAG, HEADER, HEADER_SIZE, MAGIC, P2P_SIG, RTS, Owner, Sig
 from pycoll.transport.loopback import LoopbackChannel
 
 
@@ -30,7 +31,7 @@ def test_a_lost_peer_is_named_by_every_survivor() -> None:
     r = eng.irecv(1, np.empty(4), waiting.ctx, 5, Sig(kind=1), waiting)
     # "rank 1" reports that rank 3 died in its Bcast #5 of this communicator
     reporter = Owner("Bcast #5", waiting.ctx, 1, lambda w: w, [0, 1], tag=5)
-    eng._tell_members(reporter, PeerFailureError("rank 3 exited during the call", op="Bcast #5", rank=1, peers=[3]), _ABORT_TAG, 2)
+    eng._tell_members(reporter, PeerFailureError("rank 3 exited during the call", op="Bcast #5", rank=1, peers=[3]), ABORT_TAG, 2)
     eng.wait_requests([r], 5.0, waiting)
     assert isinstance(r.error, PeerLostError) and isinstance(r.error, PeerFailureError)
     assert r.error.peers == (3,) and r.error.op == "Allreduce #5" and "rank 3 failed" in str(r.error)
@@ -57,9 +58,9 @@ def test_a_survivor_that_reported_a_death_and_exited_is_not_blamed() -> None:
     first = eng.irecv(1, got, 2, 7, P2P_SIG, owner)
     never = eng.irecv(1, later, 2, 8, P2P_SIG, owner)
     # rank 1's stream: an announced message (this rank acknowledges it), then its report that rank 3 died
-    ch.send_some(memoryview(_HEADER.pack(2, 7, src.nbytes, _RTS | (_MAGIC << 24), 0, src.ctypes.data, 1).ljust(HEADER_SIZE, b"\0")))
+    ch.send_some(memoryview(HEADER.pack(2, 7, src.nbytes, RTS | (MAGIC << 24), 0, src.ctypes.data, 1).ljust(HEADER_SIZE, b"\0")))
     reporter = Owner("Bcast #5", 3, 1, lambda w: w, [0, 1], tag=5)
-    eng._tell_members(reporter, PeerFailureError("rank 3 exited during the call", op="Bcast #5", rank=1, peers=[3]), _ABORT_TAG, 2)
+    eng._tell_members(reporter, PeerFailureError("rank 3 exited during the call", op="Bcast #5", rank=1, peers=[3]), ABORT_TAG, 2)
     ch.reset = True  # the acknowledgement is the first reply that fails
     eng.progress()
     assert first.done and never.done
@@ -75,7 +76,7 @@ def test_a_mismatch_found_elsewhere_is_a_mismatch_here() -> None:
     r = eng.irecv(1, np.empty(4), waiting.ctx, 5, Sig(kind=1), waiting)
     reporter = Owner("Allreduce #5", waiting.ctx, 1, lambda w: w, [0, 1], tag=5)
     found = MismatchError("rank 2 called Bcast(root 0), this rank called Allreduce(float64 x 4, SUM)", op="Allreduce #5", rank=1, peers=[2])
-    eng._tell_members(reporter, found, _ABORT_TAG, 2)
+    eng._tell_members(reporter, found, ABORT_TAG, 2)
     eng.wait_requests([r], 5.0, waiting)
     assert isinstance(r.error, PeerMismatchError) and isinstance(r.error, MismatchError)
     text = str(r.error)
@@ -128,7 +129,7 @@ def test_stall_report_names_the_missing_rank_and_gets_its_answer(monkeypatch, ca
 def test_a_probe_answer_with_another_signature_is_a_mismatch() -> None:
     """Both sides wait (no data flows): the peer's answer to the idle probe names its call; a different
     signature for the same call number fails this rank's call with MismatchError naming both."""
-    from pycoll.p2p import Schedule
+    from pycoll.p2p_protocol import Schedule
 
     eng = _engine()
     mine, theirs = Sig(4, 1, 0, 0, 64, 0), Sig(4, 1, 0, 1, 64, 0)  # the same Reduce, roots 0 and 1

@@ -16,9 +16,11 @@ import pytest
 
 import pycoll.bootstrap as bs
 from pycoll.bootstrap import rendezvous
-from pycoll import p2p
+from pycoll import p2p, p2p_protocol
 from pycoll.bootstrap import store as store_mod
-from pycoll.bootstrap.store import TCPStore, TCPStoreServer
+from pycoll.bootstrap import store_server
+from pycoll.bootstrap.store_client import TCPStore
+from pycoll.bootstrap.store_server import TCPStoreServer
 from pycoll.errors import InvalidArgumentError, PeerFailureError, TimeoutError
 from pycoll.transport import tcp
 from pycoll.transport.base import PeerInfo
@@ -87,11 +89,11 @@ def authenticated_raw(port: int, token: str = TOKEN) -> socket.socket:
     """A raw socket that did the store handshake by hand (to send garbage as an authenticated client)."""
     sock = socket.create_connection((LOOPBACK, port), timeout=5)
     nonce = b"c" * store_mod.NONCE_BYTES
-    sock.sendall(store_frame(store_mod._OP_HELLO, value=store_mod._MAGIC + nonce))
-    reply = recv_n(sock, 5 + len(store_mod._MAGIC) + store_mod.NONCE_BYTES + store_mod.PROOF_BYTES)
-    server_nonce = reply[5 + len(store_mod._MAGIC) : 5 + len(store_mod._MAGIC) + store_mod.NONCE_BYTES]
+    sock.sendall(store_frame(store_mod.OP_HELLO, value=store_mod.MAGIC + nonce))
+    reply = recv_n(sock, 5 + len(store_mod.MAGIC) + store_mod.NONCE_BYTES + store_mod.PROOF_BYTES)
+    server_nonce = reply[5 + len(store_mod.MAGIC) : 5 + len(store_mod.MAGIC) + store_mod.NONCE_BYTES]
     proof = store_mod.auth_proof(token.encode(), b"store-client", server_nonce, nonce)
-    sock.sendall(store_frame(store_mod._OP_AUTH, value=proof))
+    sock.sendall(store_frame(store_mod.OP_AUTH, value=proof))
     assert recv_n(sock, 5)[0] == 0
     return sock
 
@@ -112,17 +114,17 @@ def garbage_store_frames(rng: random.Random, count: int) -> list[tuple[str, byte
     kinds: list[Callable[[], tuple[str, bytes, bool]]] = [
         lambda: ("random bytes", rng.randbytes(rng.randint(_REQ.size, 4096)), False),
         lambda: ("random header", _REQ.pack(rng.randrange(256), rng.randrange(1 << 32), rng.randrange(1 << 32)), False),
-        lambda: ("oversized value length", _REQ.pack(ops._OP_SET, 1, 1 << 31) + b"k", False),
-        lambda: ("oversized key length", _REQ.pack(ops._OP_GET, 0xFFFFFFFF, 8), False),
-        lambda: ("oversized hello", _REQ.pack(ops._OP_HELLO, 0, 1 << 31), False),
-        lambda: ("hello too long", store_frame(ops._OP_HELLO, value=rng.randbytes(65)), False),
-        lambda: ("truncated frame", store_frame(ops._OP_SET, b"key", b"value")[: rng.randint(1, 12)], True),
-        lambda: ("truncated hello", store_frame(ops._OP_HELLO, value=ops._MAGIC + b"n" * 16)[: rng.randint(1, 30)], True),
-        lambda: ("set before authenticating", store_frame(ops._OP_SET, b"job_id", b"evil"), False),
-        lambda: ("get before authenticating", store_frame(ops._OP_GET, b"job_id", struct.pack("!d", 1.0)), False),
-        lambda: ("auth before hello", store_frame(ops._OP_AUTH, value=rng.randbytes(32)), False),
-        lambda: ("old protocol hello", store_frame(ops._OP_HELLO, value=b"pycoll-store/1"), False),
-        lambda: ("hello with a bad magic", store_frame(ops._OP_HELLO, value=rng.randbytes(len(ops._MAGIC) + 16)), False),
+        lambda: ("oversized value length", _REQ.pack(ops.OP_SET, 1, 1 << 31) + b"k", False),
+        lambda: ("oversized key length", _REQ.pack(ops.OP_GET, 0xFFFFFFFF, 8), False),
+        lambda: ("oversized hello", _REQ.pack(ops.OP_HELLO, 0, 1 << 31), False),
+        lambda: ("hello too long", store_frame(ops.OP_HELLO, value=rng.randbytes(65)), False),
+        lambda: ("truncated frame", store_frame(ops.OP_SET, b"key", b"value")[: rng.randint(1, 12)], True),
+        lambda: ("truncated hello", store_frame(ops.OP_HELLO, value=ops.MAGIC + b"n" * 16)[: rng.randint(1, 30)], True),
+        lambda: ("set before authenticating", store_frame(ops.OP_SET, b"job_id", b"evil"), False),
+        lambda: ("get before authenticating", store_frame(ops.OP_GET, b"job_id", struct.pack("!d", 1.0)), False),
+        lambda: ("auth before hello", store_frame(ops.OP_AUTH, value=rng.randbytes(32)), False),
+        lambda: ("old protocol hello", store_frame(ops.OP_HELLO, value=b"pycoll-store/1"), False),
+        lambda: ("hello with a bad magic", store_frame(ops.OP_HELLO, value=rng.randbytes(len(ops.MAGIC) + 16)), False),
         lambda: ("http request", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", False),
         lambda: ("nothing, then close", b"", True),
     ]
@@ -142,11 +144,11 @@ def wrong_token_handshake(port: int, token: str) -> bytes:
     """A well-formed hello and auth under the wrong token; returns the server's last reply."""
     with socket.create_connection((LOOPBACK, port), timeout=5) as sock:
         nonce = b"x" * 16
-        sock.sendall(store_frame(store_mod._OP_HELLO, value=store_mod._MAGIC + nonce))
-        reply = recv_n(sock, 5 + len(store_mod._MAGIC) + 16 + 32)
-        server_nonce = reply[5 + len(store_mod._MAGIC) : 5 + len(store_mod._MAGIC) + 16]
+        sock.sendall(store_frame(store_mod.OP_HELLO, value=store_mod.MAGIC + nonce))
+        reply = recv_n(sock, 5 + len(store_mod.MAGIC) + 16 + 32)
+        server_nonce = reply[5 + len(store_mod.MAGIC) : 5 + len(store_mod.MAGIC) + 16]
         proof = store_mod.auth_proof(token.encode(), b"store-client", server_nonce, nonce)
-        sock.sendall(store_frame(store_mod._OP_AUTH, value=proof))
+        sock.sendall(store_frame(store_mod.OP_AUTH, value=proof))
         return drain(sock)
 
 
@@ -173,9 +175,9 @@ def test_store_survives_garbage(caplog):
         for i in range(30):  # authenticated, then garbage: that connection only is closed
             sock = authenticated_raw(port)
             sock.sendall(rng.choice([_REQ.pack(250, 1, 1), _REQ.pack(1, 1, 1 << 31), rng.randbytes(9),
-                                     store_frame(store_mod._OP_HELLO, value=b"again")]))
+                                     store_frame(store_mod.OP_HELLO, value=b"again")]))
             reply = drain(sock)
-            assert reply[:1] == bytes([store_mod._ST_PROTOCOL]), reply
+            assert reply[:1] == bytes([store_mod.ST_PROTOCOL]), reply
             sock.close()
             sent += 1
         # every bad connection was closed and counted, from its own thread
@@ -223,8 +225,8 @@ def test_store_many_concurrent_strangers():
 
 
 def test_idle_strangers_do_not_block_the_store(monkeypatch):
-    monkeypatch.setattr(store_mod, "HANDSHAKE_TIMEOUT", 1.0)
-    monkeypatch.setattr(store_mod, "MAX_UNAUTHENTICATED", 4)
+    monkeypatch.setattr(store_server, "HANDSHAKE_TIMEOUT", 1.0)
+    monkeypatch.setattr(store_server, "MAX_UNAUTHENTICATED", 4)
     with TCPStoreServer(LOOPBACK, 0, token=TOKEN) as srv:
         port = srv.address[1]
         idle = [socket.create_connection((LOOPBACK, port), timeout=5) for _ in range(3)]
@@ -418,8 +420,8 @@ def test_lower_ranks_are_dialled_in_parallel(monkeypatch):
 # ----------------------------------------------------------------------------- established channels
 
 
-def header(nbytes: int, ctx: int = 5, magic: int = p2p._MAGIC) -> bytes:
-    return p2p._HEADER.pack(ctx, 0, nbytes, magic << 24, 0, 0, 0).ljust(p2p.HEADER_SIZE, b"\0")
+def header(nbytes: int, ctx: int = 5, magic: int = p2p_protocol.MAGIC) -> bytes:
+    return p2p_protocol.HEADER.pack(ctx, 0, nbytes, magic << 24, 0, 0, 0).ljust(p2p_protocol.HEADER_SIZE, b"\0")
 
 
 @pytest.mark.parametrize(
@@ -427,7 +429,7 @@ def header(nbytes: int, ctx: int = 5, magic: int = p2p._MAGIC) -> bytes:
     [
         (header(1 << 62), "PYCOLL_MAX_MESSAGE"),
         (header(2**64 - 1), "PYCOLL_MAX_MESSAGE"),
-        (header(1 << 30, ctx=p2p.CONTROL_CTX), "control message"),
+        (header(1 << 30, ctx=p2p_protocol.CONTROL_CTX), "control message"),
         (header(16, magic=0x13), "bad magic"),
         (bytes(range(64)), "bad magic"),
     ],

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import pycoll.horovod.torch as hvd
-from pycoll.horovod.torch import api as hvd_api
+from pycoll.horovod.torch import processes as hvd_processes
 from pycoll.errors import MismatchError
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.uint8]
@@ -238,7 +238,7 @@ def part_order(ck: Checker, r: int, n: int) -> None:
     """20 named tensors submitted in a different random order on every rank, 6 times: right every time, and once
     the set repeats the cache answers (no more rounds through the coordinator)."""
     rng = np.random.default_rng(r)
-    engine = hvd_api._get().engine
+    engine = hvd_processes.current_state().engine
     negotiations = []
     for it in range(6):
         order = rng.permutation(20)
@@ -266,10 +266,10 @@ def main() -> None:
         {"ops": part_ops, "join": part_join, "errors": part_errors, "order": part_order}[args.part](ck, r, n)
     except Exception:
         result["error"] = traceback.format_exc()
-    engine = hvd_api._get().engine
+    engine = hvd_processes.current_state().engine
     result.update(checks=ck.checks, failures=ck.failures, digest=ck.digest.hexdigest(), cycles=engine.cycles,
                   negotiations=engine.negotiations, fused=engine.fused_calls, size=n,
-                  overlap=hvd_api._get().loop.overlap)
+                  overlap=hvd_processes.current_state().loop.overlap)
     hvd.shutdown()
     with open(os.path.join(args.out, f"rank{r}.json"), "w") as f:
         json.dump(result, f)

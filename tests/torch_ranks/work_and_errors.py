@@ -17,7 +17,7 @@ import torch.distributed as dist
 import pycoll.torch  # noqa: F401
 from pycoll import runtime as pycoll_runtime
 from pycoll.errors import InvalidArgumentError
-from pycoll.torch import backend
+from pycoll.torch import registration, threads as torch_threads
 
 
 def run(r: int, n: int, fail: list[str]) -> int:
@@ -97,12 +97,12 @@ def run(r: int, n: int, fail: list[str]) -> int:
         expect(bool((big == sum(range(n))).all()), "blocking 2 MiB all_reduce")
         # with a core to spare for each rank, an async call from 1 MiB goes to the progress thread; where the
         # machine's ranks have a core each at most, it runs in the caller's thread (nothing to overlap on)
-        expect(backend._inline_bytes[0] == (backend.EVERY_SIZE if no_spare else backend.INLINE_BYTES),
-               f"inline limit {backend._inline_bytes[0]} for {len(rt.machine_ranks)} ranks on {rt.machine_cores} cores")
+        expect(torch_threads.inline_bytes[0] == (torch_threads.EVERY_SIZE if no_spare else torch_threads.INLINE_BYTES),
+               f"inline limit {torch_threads.inline_bytes[0]} for {len(rt.machine_ranks)} ranks on {rt.machine_cores} cores")
         want = sum(range(n))
         for spare in (True, False):
-            backend._inline_bytes[0] = backend.INLINE_BYTES if spare else backend.EVERY_SIZE
-            with backend._progress._start_lock:  # the thread may still be leaving the last job, which it ran itself
+            torch_threads.inline_bytes[0] = torch_threads.INLINE_BYTES if spare else torch_threads.EVERY_SIZE
+            with registration._progress._start_lock:  # the thread may still be leaving the last job, which it ran itself
                 pass
             threads.clear()
             dist.all_reduce(big, async_op=True).wait()
@@ -114,7 +114,7 @@ def run(r: int, n: int, fail: list[str]) -> int:
             expect(bool((big == want).all()), f"async 2 MiB all_reduce (spare core: {spare})")
     finally:
         del comm.Allreduce, comm.Iallreduce
-        backend._inline_bytes[0] = backend.EVERY_SIZE if no_spare else backend.INLINE_BYTES
+        torch_threads.inline_bytes[0] = torch_threads.EVERY_SIZE if no_spare else torch_threads.INLINE_BYTES
     # batch_isend_irecv (coalesced point-to-point)
     nxt, prv = (r + 1) % n, (r - 1) % n
     got = torch.empty(6)

@@ -1,4 +1,5 @@
-"""Horovod's PyTorch API, the calls themselves (``pycoll.horovod.torch`` re-exports them, with the optimizer).
+"""Horovod's PyTorch API, the tensor calls (``pycoll.horovod.torch`` re-exports them, with ``processes``' calls and
+the optimizer).
 
 Every operation is a named request to the process set's engine (``pycoll.horovod.engine``), which negotiates it
 across ranks, fuses allreduces and runs them on pycoll. Tensors on the CPU are used in place; CUDA tensors are
@@ -7,261 +8,35 @@ staged through host memory. Horovod's async forms return an integer handle for `
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import pickle
-import threading
 import warnings
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ...errors import InvalidArgumentError, NotProvidedError
 from ...torch.tensors import DTYPES, array, check_tensor
-from ..engine import Engine, HorovodError, Loop, Request
+from ..engine import Engine
+from ..submissions import Request
 from .compression import Compression
+from .processes import HANDLES, ProcessSet, current_state, global_process_set, new_handle, synchronize, wait_requests
 
 __all__ = [
-    "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "ProcessSet",
-    "global_process_set", "add_process_set", "remove_process_set", "init", "shutdown", "is_initialized", "rank",
-    "size", "local_rank", "local_size", "cross_rank", "cross_size", "is_homogeneous", "allreduce", "allreduce_",
-    "allreduce_async", "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "Average", "Sum", "Adasum", "Min", "Max", "Product", "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async",
     "broadcast_async_", "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
-    "poll", "synchronize", "broadcast_object",
-    "allgather_object", "HorovodInternalError", "mpi_threads_supported", "mpi_enabled", "mpi_built",
-    "gloo_enabled", "gloo_built", "nccl_built", "cuda_built", "rocm_built", "start_timeline",
+    "broadcast_object", "allgather_object",
 ]
 
 # Horovod's reduction ops (its C enum's values).
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
 _OP_NAMES = {Sum: "sum", Average: "sum", Min: "min", Max: "max", Product: "product"}
-HorovodInternalError = HorovodError
-
-
-class ProcessSet:
-    """Some ranks of the job, with their own engine (``add_process_set``); ``global_process_set`` is every rank."""
-
-    def __init__(self, ranks: Optional[Sequence[int]] = None) -> None:
-        self.ranks = sorted(int(r) for r in ranks) if ranks is not None else None
-        self.process_set_id: Optional[int] = None
-        self.engine: Optional[Engine] = None
-
-    def included(self) -> bool:
-        return self.engine is not None
-
-    def rank(self) -> int:
-        return self._engine("rank").rank
-
-    def size(self) -> int:
-        return self._engine("size").size
-
-    def _engine(self, op: str) -> Engine:
-        if _state is None:
-            raise ValueError("Horovod has not been initialized; use hvd.init().")
-        if self.engine is None:
-            raise InvalidArgumentError(f"this rank is not in process set {self.process_set_id} (ranks {self.ranks})",
-                                       op=op)
-        return self.engine
-
-    def __repr__(self) -> str:
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
-
-
-global_process_set = ProcessSet()
-
-
-class _State:
-    def __init__(self, world: Any) -> None:
-        from ... import MPI
-
-        self.world = world
-        self.loop = Loop()
-        self.loop.open_timeline(world.Get_rank())
-        engine_comm = world.Dup()
-        local = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
-        cross = world.Split(local.Get_rank(), world.Get_rank())
-        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-        self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
-        self.homogeneous = len(set(world.allgather(self.local_size))) == 1
-        local.Free()
-        cross.Free()
-        self.engine = Engine(engine_comm, self.loop)
-        self.loop.add(self.engine)
-        self.sets: dict[int, ProcessSet] = {0: global_process_set}
-        global_process_set.process_set_id, global_process_set.engine = 0, self.engine
-        global_process_set.ranks = list(range(world.Get_size()))
-        self.loop.start()
-
-
-_state: Optional[_State] = None
-_exit_hook: list = []
-_init_lock = threading.Lock()
-_handles: dict[int, tuple[list[Request], Any]] = {}
-_next_handle = itertools.count(1)
 _noname = {k: itertools.count() for k in ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")}
 
 
-# ---- process calls --------------------------------------------------------------------------------------------
-def init(comm: Any = None, process_sets: Optional[Sequence[ProcessSet]] = None) -> None:
-    """Start Horovod on pycoll's world (or the pycoll communicator ``comm``); ``process_sets`` are added at once."""
-    global _state
-    with _init_lock:
-        if _state is not None:
-            return
-        from ... import MPI
-
-        if comm is not None and isinstance(comm, (list, tuple)):
-            raise NotProvidedError("hvd.init(comm=[ranks]) is not supported; pass a pycoll communicator", op="init")
-        _state = _State(comm if comm is not None else MPI.COMM_WORLD)
-        if not _exit_hook:
-            _exit_hook.append(atexit.register(shutdown))  # the others' cycles wait for this rank's until then
-    for ps in process_sets or ():
-        add_process_set(ps)
-
-
-def shutdown() -> None:
-    """Stop the engine once every rank has called shutdown (or exited); later calls need init() again."""
-    global _state
-    state = _state
-    if state is None:
-        return
-    state.loop.shutdown(max(state.world.timeout, 1.0))
-    for ps in state.sets.values():
-        ps.engine = None
-    _state = None
-
-
-def is_initialized() -> bool:
-    return _state is not None
-
-
-def _get() -> _State:
-    if _state is None:
-        raise ValueError("Horovod has not been initialized; use hvd.init().")
-    return _state
-
-
-def rank() -> int:
-    return _get().engine.rank
-
-
-def size() -> int:
-    return _get().engine.size
-
-
-def local_rank() -> int:
-    return _get().local_rank
-
-
-def local_size() -> int:
-    return _get().local_size
-
-
-def cross_rank() -> int:
-    return _get().cross_rank
-
-
-def cross_size() -> int:
-    return _get().cross_size
-
-
-def is_homogeneous() -> bool:
-    return _get().homogeneous
-
-
-def mpi_threads_supported() -> bool:
-    return False  # pycoll provides MPI_THREAD_SERIALIZED: only the engine's thread calls it
-
-
-def mpi_enabled() -> bool:
-    return True
-
-
-def mpi_built() -> bool:
-    return True
-
-
-def gloo_enabled() -> bool:
-    return False
-
-
-def gloo_built() -> bool:
-    return False
-
-
-def nccl_built() -> int:
-    return 0
-
-
-def cuda_built() -> bool:
-    return torch.cuda.is_available()
-
-
-def rocm_built() -> bool:
-    return False
-
-
-def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
-    raise NotProvidedError("set PYCOLL_HVD_TIMELINE (or HOROVOD_TIMELINE) before hvd.init() for a timeline",
-                           op="start_timeline")
-
-
-# ---- process sets ---------------------------------------------------------------------------------------------
-def add_process_set(process_set: Union[ProcessSet, Sequence[int]]) -> ProcessSet:
-    """Make a process set of some ranks: every rank calls it, in the same order (as in Horovod)."""
-    state = _get()
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.ranks is None or not ps.ranks:
-        raise InvalidArgumentError("a process set needs a list of ranks", op="add_process_set")
-    bad = [r for r in ps.ranks if not 0 <= r < size()]
-    if bad:
-        raise InvalidArgumentError(f"ranks {bad} are not in the job of {size()}", op="add_process_set")
-    if ps.process_set_id is not None:
-        raise InvalidArgumentError(f"{ps} was added already", op="add_process_set")
-    set_id = max(state.sets) + 1
-    label = f"set{set_id}"
-
-    def make() -> Optional[Engine]:  # on the loop's thread, at the same point on every rank
-        from ... import MPI
-
-        comm = state.engine.comm.Split(0 if rank() in ps.ranks else MPI.UNDEFINED, rank())
-        if comm is None or comm == MPI.COMM_NULL:
-            return None
-        engine = Engine(comm, state.loop, label)
-        state.loop.add(engine)
-        return engine
-
-    ps.engine = _run_call(state.engine, f"add_process_set.{set_id}", make)
-    ps.process_set_id = set_id
-    state.sets[set_id] = ps
-    return ps
-
-
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Stop a process set's engine (every rank calls it); False for the global set or one not added."""
-    state = _get()
-    if process_set.process_set_id in (None, 0) or process_set.process_set_id not in state.sets:
-        return False
-    engine = process_set.engine
-
-    def stop() -> None:
-        if engine is not None:
-            engine.shutdown()
-
-    _run_call(state.engine, f"remove_process_set.{process_set.process_set_id}", stop)
-    del state.sets[process_set.process_set_id]
-    process_set.engine, process_set.process_set_id = None, None
-    return True
-
-
-def _run_call(engine: Engine, name: str, fn: Any) -> Any:
-    req = engine.submit(Request(name=name, kind="call", fn=fn))
-    return _wait([req])[0]
-
-
-# ---- tensors ----------------------------------------------------------------------------------------------------
 def _host_array(t: torch.Tensor) -> np.ndarray:
     """A NumPy view of a contiguous CPU tensor, in its shape (the backend's flat view, reshaped: no copy)."""
     return array(t).reshape(t.shape)
@@ -301,7 +76,7 @@ class _Staged:
 
 
 def _engine_of(process_set: ProcessSet, op: str) -> Engine:
-    _get()
+    current_state()
     return process_set._engine(op)
 
 
@@ -324,40 +99,6 @@ def _name(kind: str, name: Optional[str]) -> str:
     return name if name is not None else f"{kind}.noname.{next(_noname[kind])}"
 
 
-def _handle(reqs: list[Request], finish: Any) -> int:
-    h = next(_next_handle)
-    _handles[h] = (reqs, finish)
-    return h
-
-
-def _wait(reqs: list[Request]) -> list[Any]:
-    state = _state
-    if state is not None:
-        state.loop.drive_until(reqs)
-    for req in reqs:
-        req.done.wait()
-    for req in reqs:
-        if req.error is not None:
-            raise req.error
-    return [req.result for req in reqs]
-
-
-def poll(handle: int) -> bool:
-    """Whether the operation of ``handle`` has finished (``synchronize`` then returns at once)."""
-    if handle not in _handles:
-        raise ValueError(f"handle {handle} was not created or has been cleared")
-    return all(req.done.is_set() for req in _handles[handle][0])
-
-
-def synchronize(handle: int) -> Any:
-    """Wait for the operation of ``handle`` and return its output (raises its error)."""
-    if handle not in _handles:
-        raise ValueError(f"handle {handle} was not created or has been cleared")
-    reqs, finish = _handles.pop(handle)
-    return finish(_wait(reqs))
-
-
-# ---- allreduce ------------------------------------------------------------------------------------------------
 def _allreduce_request(tensor: torch.Tensor, name: str, op: int, prescale: float, postscale: float, engine: Engine,
                        in_place: bool, where: str) -> tuple[Request, Any]:
     staged = _Staged(tensor, where)
@@ -383,7 +124,7 @@ def _allreduce_async(tensor: torch.Tensor, average: Optional[bool], name: Option
     req, finish = _allreduce_request(tensor, _name("allreduce", name), op, prescale_factor, postscale_factor, engine,
                                      in_place, where)
     engine.submit(req)
-    return _handle([req], lambda results: finish(results[0]))
+    return new_handle([req], lambda results: finish(results[0]))
 
 
 def allreduce_async(tensor: torch.Tensor, average: Optional[bool] = None, name: Optional[str] = None,
@@ -427,7 +168,7 @@ def _grouped(tensors: Sequence[torch.Tensor], average: Optional[bool], name: Opt
     with engine.loop.cond:  # one submission: the group negotiates in one cycle and is fused together
         for req, _ in pairs:
             engine.submit(req)
-    return _handle([req for req, _ in pairs], lambda results: [f(r) for (_, f), r in zip(pairs, results)])
+    return new_handle([req for req, _ in pairs], lambda results: [f(r) for (_, f), r in zip(pairs, results)])
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: Optional[bool] = None,
@@ -458,7 +199,6 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: Optional[bool] 
                                                 process_set))
 
 
-# ---- allgather, broadcast, alltoall, reducescatter -------------------------------------------------------------
 def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start gathering every rank's ``tensor`` along the first dimension (its length may differ by rank)."""
@@ -471,7 +211,7 @@ def allgather_async(tensor: torch.Tensor, name: Optional[str] = None,
         out, _ = results[0]
         return staged.back(_tensor_of(out, tensor.dtype))
 
-    return _handle([req], finish)
+    return new_handle([req], finish)
 
 
 def allgather(tensor: torch.Tensor, name: Optional[str] = None,
@@ -500,7 +240,7 @@ def _broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str], 
         out, finish = _host_array(result_t), (lambda result: staged.back(result_t))
     req = engine.submit(Request(name=_name("broadcast", name), kind="broadcast", array=staged.array, out=out,
                                 root=root_rank))
-    return _handle([req], lambda results: finish(results[0]))
+    return new_handle([req], lambda results: finish(results[0]))
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: Optional[str] = None,
@@ -550,7 +290,7 @@ def alltoall_async(tensor: torch.Tensor, splits: Any = None, name: Optional[str]
         out, received = results[0]
         return staged.back(_tensor_of(out, t.dtype)), torch.tensor(received, dtype=torch.int32)
 
-    return _handle([req], finish)
+    return new_handle([req], finish)
 
 
 def alltoall(tensor: torch.Tensor, splits: Any = None, name: Optional[str] = None,
@@ -573,7 +313,7 @@ def reducescatter_async(tensor: torch.Tensor, name: Optional[str] = None, op: Op
     postscale = postscale_factor / engine.size if op == Average else postscale_factor
     req = engine.submit(Request(name=_name("reducescatter", name), kind="reducescatter", array=staged.array,
                                 op=_OP_NAMES[op], prescale=float(prescale_factor), postscale=float(postscale)))
-    return _handle([req], lambda results: staged.back(_tensor_of(results[0], t.dtype)))
+    return new_handle([req], lambda results: staged.back(_tensor_of(results[0], t.dtype)))
 
 
 def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression: Any = Compression.none,
@@ -586,16 +326,15 @@ def reducescatter(tensor: torch.Tensor, name: Optional[str] = None, compression:
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every rank of the set has called barrier."""
-    _wait([_engine_of(process_set, "barrier").submit(Request(name="barrier", kind="barrier"))])
+    wait_requests([_engine_of(process_set, "barrier").submit(Request(name="barrier", kind="barrier"))])
 
 
 def join(device: int = -1) -> int:
     """This rank is out of data: it takes part in the others' allreduces with values that change nothing until
     every rank has joined; the rank that joined last."""
-    return int(_wait([_get().engine.join()])[0])
+    return int(wait_requests([current_state().engine.join()])[0])
 
 
-# ---- objects ----------------------------------------------------------------------------------------------------
 def broadcast_object(obj: Any, root_rank: int = 0, name: Optional[str] = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """``root_rank``'s ``obj`` (pickled) on every rank of the set."""
@@ -616,8 +355,8 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessS
     engine = _engine_of(process_set, "allgather_object")
     payload = np.frombuffer(pickle.dumps(obj), np.uint8)
     handle = allgather_async(torch.from_numpy(payload.copy()), f"{name}.t", process_set)
-    reqs = _handles[handle][0]
-    _, firsts = _wait(reqs)[0]
+    reqs = HANDLES[handle][0]
+    _, firsts = wait_requests(reqs)[0]
     data = synchronize(handle).numpy()
     out, off = [], 0
     for n in firsts:
@@ -625,4 +364,3 @@ def allgather_object(obj: Any, name: Optional[str] = None, process_set: ProcessS
         off += n
     assert len(out) == engine.size
     return out
-

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from ...errors import InvalidArgumentError
-from . import api
+from . import api, processes
 from .compression import Compression
 
 
@@ -97,7 +97,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             if self._handles.get(p, (None, None))[0] is None:
                 self._handles[p] = self._reduce_async(p)
         for p, (handle, (compressed, ctx)) in self._handles.items():
-            output = api.synchronize(handle)
+            output = processes.synchronize(handle)
             self._delay[p] = self.backward_passes_per_step
             result = self._compression.decompress(output, ctx)
             if result is not p.grad:
@@ -142,12 +142,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         api._op(op, None, api.Average, "DistributedOptimizer")  # raises: not built
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, process_set or api.global_process_set, sparse_as_dense)
+               gradient_predivide_factor, process_set or processes.global_process_set, sparse_as_dense)
 
 
 def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -> None:
     """Overwrite every tensor of ``params`` (a state_dict, or (name, tensor) pairs) with ``root_rank``'s."""
-    process_set = process_set or api.global_process_set
+    process_set = process_set or processes.global_process_set
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list) or hasattr(params, "__iter__"):
@@ -159,12 +159,12 @@ def broadcast_parameters(params: Any, root_rank: int, process_set: Any = None) -
     handles = [api.broadcast_async_(p, root_rank, name=f"broadcast.{name}", process_set=process_set)
                for name, p in items if isinstance(p, torch.Tensor)]
     for h in handles:
-        api.synchronize(h)
+        processes.synchronize(h)
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, process_set: Any = None) -> None:
     """Give every rank's optimizer ``root_rank``'s state (its state_dict, sent as one object)."""
-    process_set = process_set or api.global_process_set
+    process_set = process_set or processes.global_process_set
     state = api.broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state", process_set=process_set)
     if process_set.rank() != root_rank:
         optimizer.load_state_dict(state)

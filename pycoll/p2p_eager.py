@@ -1,0 +1,267 @@
+"""Eager point-to-point paths that skip the engine's queues: small messages written straight into a peer's
+ring or socket, and taken straight out of them while nothing else could match."""
+
+from __future__ import annotations
+
+import os
+import select
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .errors import PeerFailureError
+from .p2p_protocol import (
+    HEADER,
+    OVERSUBSCRIBED_SPIN_US,
+    P2P_META,
+    SMALL_BYTES,
+    U8,
+    ZEROS,
+    ALIGN,
+    ANY_TAG,
+    HEADER_SIZE,
+    P2P_SIG,
+    SPIN_US,
+    TCP_EAGER_WAIT_MS,
+    YIELD_US,
+    SendRequest,
+    Sig,
+    frame_head,
+    head_ctx,
+    head_tag,
+)
+from .transport.base import Channel
+
+
+class EagerPaths:
+    """The engine's eager calls, which move one small message without a request (mixed into ``p2p.Engine``)."""
+
+    def send_now(self, peer: int, payload: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
+        """A collective's small message to a peer on another host in one system call, now (``send_eager`` with the
+        call's signature); False, nothing sent, where it cannot go so (the caller sends through the engine)."""
+        return self.send_frame_now(peer, frame_head(ctx, tag, payload.nbytes, sig), payload)
+
+    def recv_now(self, peer: int, dst: np.ndarray, ctx: int, tag: int, sig: Sig) -> bool:
+        """A collective's message of exactly ``dst.nbytes`` (flat bytes) from a peer on another host, taken straight
+        from the socket (waiting as ``recv_eager`` does) while no receive is posted; False where the caller must
+        post a receive instead (nothing consumed)."""
+        return self.recv_frame_now(peer, frame_head(ctx, tag, dst.nbytes, sig), dst)
+
+    def send_frame_now(self, peer: int, head: bytes, payload: np.ndarray, limit: int = SMALL_BYTES) -> bool:
+        """``send_now`` with the frame's header already packed (``frame_head``): a caller that sends the same
+        header it expects back packs it once. Payloads up to ``limit`` bytes go so (a receiver takes a frame
+        straight from the socket only if it fits its staging area whole: ``frame_room``)."""
+        sock = self._tcp_socks.get(peer)
+        if sock is None or payload.nbytes > limit or self._sendq[peer] or peer in self._dead:
+            return False
+        return self._send_eager_tcp(peer, sock, payload, head)
+
+    def frame_room(self, peer: int) -> int:
+        """The largest payload of a frame from ``peer`` that ``recv_frame_now`` can take whole (0: none)."""
+        ch = self.channels.get(peer)
+        return max(0, getattr(ch, "staging_bytes", 0) - HEADER_SIZE - ALIGN) if peer in self._tcp_socks else 0
+
+    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray) -> bool:
+        """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``)."""
+        # Only this call's own receives could match its frames (its exact context and tag): none may be posted
+        # or buffered, else the next frame could be theirs. Other calls' schedules may run.
+        if peer not in self._tcp_socks or not self._can_take(peer, True) or not self.lock.acquire(blocking=False):
+            return False
+        try:
+            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head)
+        finally:
+            self.lock.release()
+        return got is not None
+
+    def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
+        """Write a small point-to-point message of flat bytes straight into ``peer``'s ring; False (nothing sent)
+        unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
+        nbytes = payload.nbytes
+        put = self._put_frame.get(peer)
+        if put is None:
+            sock = self._tcp_socks.get(peer)
+            if sock is None or nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
+                return False
+            return self._send_eager_tcp(peer, sock, payload, frame_head(ctx, tag, nbytes, P2P_SIG))
+        if nbytes > self.eager_max or self._sendq[peer] or peer in self._dead:
+            return False
+        lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
+        if lane is not None:
+            try:
+                tail = self._kernels.put_plain(lane[0], lane[2], payload, ctx, tag, P2P_META)
+            except TypeError:  # a buffer of a kind the kernel was not built for (strided, another dtype)
+                tail = 0
+            if tail > 0:
+                lane[6].published(tail)
+                return True
+            if tail < 0:
+                return False
+        return put(HEADER.pack_into, (ctx, tag, nbytes, P2P_META, 0, 0, 0), payload, HEADER_SIZE,
+                   HEADER_SIZE + nbytes + (-nbytes % ALIGN))
+
+    def _send_eager_tcp(self, peer: int, sock: Any, payload: np.ndarray, head: bytes) -> bool:
+        """A message to a peer on another host in one system call, header (``head``, packed) and payload together:
+        small ones copied behind the header in the engine's frame buffer, larger ones by sendmsg's iovec. What the
+        socket does not take at once queues behind, as the engine's own sends do (the user's buffer is free either
+        way: the rest is a copy)."""
+        nbytes = payload.nbytes
+        pad = -nbytes % ALIGN
+        total = HEADER_SIZE + nbytes + pad
+        frame = self._frame
+        if not self.lock.acquire(blocking=False):  # another thread is in the engine (and may use the frame buffer)
+            return False
+        try:
+            if nbytes <= SMALL_BYTES:
+                frame[: len(head)] = head  # the header's tail, up to HEADER_SIZE, stays zero
+                if nbytes:
+                    self._frame_bytes[HEADER_SIZE : HEADER_SIZE + nbytes] = (
+                        payload if payload.dtype is U8 else payload.reshape(-1).view(np.uint8))
+                    if pad:
+                        frame[HEADER_SIZE + nbytes : total] = ZEROS[:pad]
+                sent = sock.send(frame[:total])
+            else:
+                data = memoryview(payload if payload.dtype is U8 else payload.view(np.uint8)).cast("B")
+                sent = sock.sendmsg([head, ZEROS[: HEADER_SIZE - len(head)], data, ZEROS[:pad]])
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            return False  # nothing left: the engine's path finds the failure and reports it
+        finally:
+            self.lock.release()
+        if sent < total:  # the socket is full: the rest (copied) queues, and progress sends it
+            if nbytes <= SMALL_BYTES:
+                rest = memoryview(bytes(frame[sent:total]))
+            else:
+                whole = b"".join((head.ljust(HEADER_SIZE, b"\0"), memoryview(payload).cast("B"), ZEROS[:pad]))
+                rest = memoryview(whole)[sent:]
+            req = SendRequest(self._ctl_owner, peer, head_ctx(head), head_tag(head), [rest])
+            self._sendq[peer].append(req)
+            self.tcp_eager_queued += 1
+        self.tcp_eager_sends += 1
+        return True
+
+    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool, head: Optional[bytes] = None
+                        ) -> Optional[tuple[int, int]]:
+        """``recv_eager`` from a peer on another host: its next frame, read from the socket into the channel's
+        staging area and copied out, when it is this receive's message: a point-to-point frame of ``ctx`` and
+        ``tag`` (or any tag) of up to ``dst.nbytes``, or, given ``head``, the collective frame with exactly that
+        header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
+        PYCOLL_YIELD_US), then in the kernel (poll) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
+        needs this rank; the engine's wait takes over after that."""
+        ch = self.channels[peer]
+        spin_until = deadline = 0.0
+        if head is not None:
+            nbytes = dst.nbytes
+            want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            if want > ch.staging_bytes:
+                return None  # it cannot be shown whole: the engine's path
+            got_tag = head_tag(head)
+            hlen = len(head)
+        else:
+            want = HEADER_SIZE
+        while True:
+            try:
+                view = ch.peek(want)
+            except PeerFailureError:
+                return None  # the engine's path reports it
+            if len(view) >= HEADER_SIZE:
+                if head is not None:
+                    if view[:hlen] != head:
+                        return None  # another call's message or a control frame: the engine's path
+                else:
+                    got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
+                    want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+                    if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root or count
+                            or vhash or nbytes > dst.nbytes or want > ch.staging_bytes):
+                        return None
+                if len(view) >= want:
+                    if nbytes:
+                        memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
+                    ch.consume(want)
+                    self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
+                    self.tcp_eager_recvs += 1
+                    return nbytes, got_tag
+            if not spin:
+                return None
+            if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
+                now = time.monotonic()
+                spin_us = SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else OVERSUBSCRIBED_SPIN_US
+                spin_until = now + spin_us * 1e-6
+                yield_until = spin_until + YIELD_US.get() * 1e-6
+                deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
+                ready = self._readable.get(peer) or self._poller(peer, ch)
+            # until more bytes are in: a poll of the socket costs a third of a failed read
+            while not ready(0):
+                now = time.monotonic()
+                if now < spin_until:
+                    continue
+                if now >= deadline or self._abort_requests or any(self._sendq.values()):
+                    return None
+                if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
+                    os.sched_yield()
+                    continue
+                ready(max(1, int((deadline - now) * 1e3)))
+                break
+
+    def _poller(self, peer: int, ch: Channel) -> Callable[[int], list]:
+        """``poll(ms)`` on the socket of ``peer`` alone, for input (and its end), kept per peer."""
+        poller = select.poll()
+        poller.register(ch.fileno(), select.POLLIN | select.POLLPRI)
+        self._readable[peer] = poller.poll
+        return poller.poll
+
+    def recv_eager(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool = True) -> Optional[tuple[int, int]]:
+        """Receive one small point-to-point message from ``peer`` straight out of its ring into ``dst`` (flat bytes),
+        polling only that ring for a short spin (none unless ``spin``: a frame already there or nothing):
+        ``(nbytes, tag)``, or None with nothing consumed, and the caller posts a receive. Taken only while no receive
+        is posted, nothing unexpected is buffered, no schedule runs and the stream sits at a frame boundary, so MPI's
+        matching order holds."""
+        if not self._can_take(peer) or not self.lock.acquire(blocking=False):
+            return None
+        try:
+            if peer in self._tcp_socks:
+                return self._recv_eager_tcp(peer, dst, ctx, tag, spin)
+            lane = self._lanes.get(peer) if self._kernels is not None else self._kernels_due()
+            if lane is not None:
+                polls = self._kernel_spin_polls if spin else 0
+                status = 4
+                while status == 4:  # acknowledgements ahead of the message are handled on the way
+                    status, nbytes, got_tag = self._next_frame(peer, lane, dst, ctx, tag, polls)
+                if status == 0:
+                    return nbytes, got_tag
+                if status > 0:
+                    return None
+            has_input = self._has_input[peer]
+            if not has_input():
+                polls = (self._eager_polls if not self.oversubscribed else 4) if spin else 0
+                while polls and not has_input():
+                    polls -= 1
+                if not polls:
+                    return None
+            ch = self.channels[peer]
+            view = ch.peek()
+            if len(view) < HEADER_SIZE:
+                return None
+            got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
+            total = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root or count or vhash
+                    or nbytes > dst.nbytes or len(view) < total):
+                return None  # another call's message, a rendezvous, a bad fit or a split frame: the engine's path
+            if nbytes:
+                memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
+            ch.consume(total)
+            self._seen[peer] = (ctx, got_tag)
+            return nbytes, got_tag
+        finally:
+            self.lock.release()
+
+    def _can_take(self, peer: int, schedules_may_run: bool = False) -> bool:
+        """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
+        buffered, no schedule running (unless ``schedules_may_run``: a collective's frames, which only its own
+        receives match), its stream at a frame boundary of a shared-memory ring or a socket."""
+        if self._posted or self._unexpected or (self._schedules and not schedules_may_run) or self._abort_requests:
+            return False
+        st = self._inbound.get(peer)
+        return ((peer in self._has_input or peer in self._tcp_socks) and peer not in self._dead and not st.have  # type: ignore[union-attr]
+                and st.target is None)  # type: ignore[union-attr]

@@ -1,0 +1,188 @@
+"""Point-to-point buffer specs resolved once: flat bytes per array (by its identity) and per array shape (for a
+fresh array or view each call), bounded caches that keep their arrays alive while they name them."""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from typing import Any, Optional
+
+import numpy as np
+
+from .memory import DATA_FIELD, host_address
+
+
+_word_at = ctypes.c_size_t.from_address
+
+# Resolved buffer specs by id(arr): (arr, count or None, datatype or None, arr's dtype then, flat bytes over it, their
+# address, their length). An entry holds its array (so its id names nobody else while it is there); the entries and
+# the bytes of the arrays they keep alive (their bases, each counted once) are bounded: past a bound, all are dropped.
+_SPECS: dict = {}
+_SPECS_MAX = 256
+_PINNED_MAX = 256 << 20
+_pinned: dict = {}  # id(base array) -> its bytes
+_last_root: Any = lambda: None  # the array of the last view found by its shape (a weak reference)
+_seen: dict = {}  # id(array) -> a weak reference to it, for arrays found by their shape once
+_SEEN_MAX = 64
+
+
+def _spec_parts(buf: Any) -> Optional[tuple]:
+    """(spec type, array, count or None, datatype or None) of ``[arr, count, datatype]`` (an int count),
+    ``[arr, datatype]`` or a bare array; None for any other argument (resolved in full on every call)."""
+    t = type(buf)
+    if t is list or t is tuple:
+        n = len(buf)
+        if n == 3:
+            obj, count, datatype = buf
+            return (t, obj, count, datatype) if type(count) is int else None
+        if n == 2:
+            return t, buf[0], None, buf[1]
+        return None
+    if t is np.ndarray:
+        return t, buf, None, None
+    return None
+
+
+def cached_spec(buf: Any, writable: bool) -> Optional[tuple]:
+    """The cached resolution of a buffer spec: by the array's identity if it is still right for it (same object,
+    count, datatype and dtype; writable for a receive), else by its shape (a fresh array or view per call, as
+    programs pass them); None if neither knows it. The entry's flat bytes (``flat_bytes_of``) are made only if asked for.
+    Written out in one body: each spec of a small call spends its time here (about 1 µs)."""
+    t = type(buf)
+    if t is list or t is tuple:
+        n = len(buf)
+        if n == 3:
+            obj, count, datatype = buf
+            if type(count) is not int:
+                return None
+        elif n == 2:
+            obj, datatype = buf
+            count = None
+        else:
+            return None
+    elif t is np.ndarray:
+        obj, count, datatype = buf, None, None
+    else:
+        return None
+    e = _SPECS.get(id(obj))
+    if (e is not None and e[0] is obj and e[1] == count and e[2] is datatype and obj.dtype is e[3]
+            and (not writable or obj.flags.writeable)):
+        return e
+    if type(obj) is not np.ndarray:
+        return None
+    f = obj.flags
+    if not f.c_contiguous:
+        return None
+    try:
+        nbytes = _SHAPES.get((t, obj.shape, obj.dtype, f.writeable, count, datatype, writable))
+    except TypeError:  # an unhashable datatype argument
+        return None
+    if nbytes is None:
+        return None
+    addr = (_word_at(id(obj) + DATA_FIELD).value if DATA_FIELD >= 0 else host_address(obj)) if nbytes else 0
+    e = (obj, count, datatype, obj.dtype, None, addr, nbytes)
+    root = obj.base
+    if root is None:
+        _keep_returning(obj, e)
+    elif type(root) is np.ndarray and root.base is None:
+        _keep_view(obj, root, e)
+    return e
+
+
+def _keep_returning(obj: np.ndarray, e: tuple) -> None:
+    """Cache an array found by its shape under its identity when it comes a second time (a program's own buffers,
+    several of one shape); a fresh array per call is only ever referenced weakly here."""
+    ref = _seen.get(id(obj))
+    if ref is not None and ref() is obj:
+        _keep(obj, e)
+        return
+    if len(_seen) >= _SEEN_MAX:
+        _seen.clear()
+    _seen[id(obj)] = weakref.ref(obj)
+
+
+def _keep_view(obj: np.ndarray, root: np.ndarray, e: tuple) -> None:
+    """Cache a view found by its shape under its identity where that holds no memory that would be freed otherwise:
+    its array's bytes are held already, or a view of the same array came just before (a program's receive slots of
+    one buffer); a view of a fresh array per call is not kept."""
+    global _last_root
+    if id(root) in _pinned:
+        if len(_SPECS) < _SPECS_MAX:
+            _SPECS[id(obj)] = e
+    elif _last_root() is root:
+        _keep(obj, e)
+    else:
+        _last_root = weakref.ref(root)
+
+
+def flat_bytes_of(e: tuple) -> np.ndarray:
+    """An entry's flat bytes: kept where the full parse made them, else viewed over its array now."""
+    got = e[4]
+    if got is None:
+        got = e[0].reshape(-1).view(_UINT8)[:e[6]]
+    return got
+
+
+# What a spec resolves to by its shape, for arrays seen before in other objects (a fresh array or view per call):
+# (spec type, array shape, dtype, writable flag, count, datatype, a receive's) -> the length of the flat bytes, which
+# start at the array's first byte. A spec whose bytes are not a prefix of its C-ordered array is never kept here.
+_SHAPES: dict = {}
+_SHAPES_MAX = 1024
+_UINT8 = np.dtype(np.uint8)
+
+
+def _shape_key(t: type, obj: Any, count: Any, datatype: Any, writable: bool) -> Optional[tuple]:
+    """The shape key of a spec over a C-ordered array; None for other kinds."""
+    if type(obj) is not np.ndarray:
+        return None
+    f = obj.flags
+    if not f.c_contiguous:
+        return None
+    return (t, obj.shape, obj.dtype, f.writeable, count, datatype, writable)
+
+
+def _remember_shape(key: Optional[tuple], obj: np.ndarray, arr: np.ndarray, addr: int) -> None:
+    """Keep the length of a spec's flat bytes ``arr`` under its shape ``key`` where they are a prefix of its array
+    ``obj``'s own memory."""
+    if key is None or arr.dtype != _UINT8 or not arr.flags.c_contiguous:
+        return
+    if arr.nbytes and (not obj.nbytes or host_address(obj) != addr):
+        return
+    if len(_SHAPES) >= _SHAPES_MAX:
+        _SHAPES.clear()
+    try:
+        _SHAPES[key] = arr.nbytes
+    except TypeError:
+        pass
+
+
+def resolve_spec(comm: Any, buf: Any, opname: str, writable: bool) -> tuple:
+    """Resolve ``buf`` by the communicator's full parse (its errors are the call's) and cache the result when it
+    views the array's own memory."""
+    arr = comm._p2p_buf(buf, opname, writable)
+    parts = _spec_parts(buf)
+    t, obj, count, datatype = parts if parts is not None else (None, None, None, None)
+    addr = host_address(arr) if arr.nbytes else 0
+    if type(obj) is not np.ndarray or not np.may_share_memory(obj, arr):
+        return (None, None, None, None, arr, addr, arr.nbytes)  # a packed copy, another kind of buffer: used once
+    _remember_shape(_shape_key(t, obj, count, datatype, writable), obj, arr, addr)
+    entry = (obj, count, datatype, obj.dtype, arr, addr, arr.nbytes)
+    _keep(obj, entry)
+    return entry
+
+
+def _keep(obj: np.ndarray, entry: tuple) -> None:
+    """Cache ``entry`` under ``id(obj)``, within the bounds on entries and on the bytes they keep alive."""
+    root = obj
+    while type(root.base) is np.ndarray:
+        root = root.base
+    if id(root) not in _pinned:
+        if len(_SPECS) >= _SPECS_MAX or sum(_pinned.values()) + root.nbytes > _PINNED_MAX:
+            _SPECS.clear()
+            _pinned.clear()
+        _pinned[id(root)] = root.nbytes
+    elif len(_SPECS) >= _SPECS_MAX:
+        _SPECS.clear()
+        _pinned.clear()
+        _pinned[id(root)] = root.nbytes
+    _SPECS[id(obj)] = entry
