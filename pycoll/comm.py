@@ -11,7 +11,7 @@ import numpy as np
 
 from . import arrays, buffers, datatypes
 from . import ops as _ops
-from .algorithms import Call, Layout
+from .algorithms.base import Call, Layout
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms.cuda_ipc import IpcState
 from .algorithms.arena_meeting import ArenaState, arena_enabled

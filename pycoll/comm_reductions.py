@@ -8,7 +8,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import ops as _ops
-from .algorithms import Call
+from .algorithms.base import Call
 from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
 from .p2p_protocol import Sig

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from . import arrays, derived_buffers, paired
-from .algorithms import ALGO, CHECK_CALLS, Call, Steps, select, verify_call
+from .algorithms.base import Call, Steps
+from .algorithms.check import CHECK_CALLS, verify_call
+from .algorithms.registry import ALGO, select
 from .algorithms import arena_jit
 from .algorithms.registry import REDUCTIONS, last_choice, parse_override
 from .algorithms import cost as cost_model

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from . import arrays
-from .algorithms import ALGO, CHECK_CALLS
+from .algorithms.check import CHECK_CALLS
+from .algorithms.registry import ALGO
 from .algorithms import arena_jit, arena_meeting, direct_cma, shared, slots, staged
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from .algorithms import ALGO, CHECK_CALLS
+from .algorithms.check import CHECK_CALLS
+from .algorithms.registry import ALGO
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
 from .algorithms.base import CHUNK_SIZE, LANES, blocks_of

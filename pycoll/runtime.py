@@ -27,7 +27,8 @@ from .topology import live as topo_live
 from .topology.values import format_cpulist, parse_cpulist
 from .topology.model import Device, Topology
 from .topology.rings import comm_ring
-from .transport import Channel, PeerInfo, choose, make_transports
+from .transport.base import Channel, PeerInfo
+from .transport.selection import choose, make_transports
 
 HOSTID = config.str_param(
     "PYCOLL_HOSTID",

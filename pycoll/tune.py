@@ -28,10 +28,12 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .algorithms import ALGORITHMS, CHUNK_SIZE, Call, Layout, cost
+from .algorithms import cost
+from .algorithms.base import CHUNK_SIZE, Call, Layout
+from .algorithms.registry import ALGORITHMS
 from .algorithms.cost import CostModel
 from .perf import metrics
-from .topology import HostLink, Topology
+from .topology.model import HostLink, Topology
 from .topology import files as topology_files
 from .topology.discover import TOPO_FILE
 

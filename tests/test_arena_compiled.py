@@ -123,7 +123,7 @@ def test_kernel_waits_and_refuses_without_finishing() -> None:
 @need_numba
 def test_barrier_kernel_and_doorbell() -> None:
     fake = FakeArena(4, me=2)
-    bell = A._BELL_BYTE // 8
+    bell = A.BELL_BYTE // 8
     before = int(fake.words[bell])
     assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE  # nobody asleep: no wake asked
     assert fake.done(2) == 1 and int(fake.words[bell]) == before + 2  # rung after posting and after finishing

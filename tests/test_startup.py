@@ -189,7 +189,7 @@ def test_rdma_stand_in_is_off_as_the_real_transport_is(monkeypatch, caplog, tmp_
     """Without a device the stand-in says and logs what RdmaTransport says, and takes part in the set-up barrier."""
     import logging
 
-    import pycoll.transport as tr
+    from pycoll.transport import selection as tr
     from pycoll.transport import rdma_verbs
     from pycoll.transport.rdma import RdmaTransport
 

@@ -11,11 +11,11 @@ from ..transport import arena as _arena
 from ..transport.atomics import address_pointer as _address_pointer, byte_pointer as _byte_pointer
 from ..transport.atomics import call_c0, cpu_relax, cross_copy as _cross_copy, load_acquire, store_seq_cst
 
-_HEADER, _CTRL = _arena._HEADER_WORDS, _arena._CTRL_WORDS
+_HEADER, _CTRL = _arena.HEADER_WORDS, _arena.CTRL_WORDS
 _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
 _KIND, _SEND, _RECV, _NBYTES, _POST = _arena.KIND, _arena.SEND, _arena.RECV, _arena.NBYTES, _arena.POST
 _STAGED, _CONSUMED = _arena.STAGED, _arena.CONSUMED
-_BELL_WORD = _arena._BELL_BYTE // 8
+_BELL_WORD = _arena.BELL_BYTE // 8
 _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _ops.MAX.code, _ops.AVG.code
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
 _LAND, _LOR = _ops.LAND.code, _ops.LOR.code

@@ -19,7 +19,9 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..algorithms import ALGORITHMS, Call, CostModel, Layout
+from ..algorithms.base import Call, Layout
+from ..algorithms.cost import CostModel
+from ..algorithms.registry import ALGORITHMS
 from ..algorithms import cost as cost_model
 from ..algorithms.registry import Algorithm
 from ..topology import files as topology_files

@@ -35,9 +35,9 @@ ARENA_STAGE = size_param(
 
 _MAGIC = 0x70C0A1E4A
 _PAGE = 4096
-_HEADER_WORDS = _PAGE // 8
-_BELL_BYTE = 128  # u32 futex word in the header's third cache line
-_CTRL_WORDS = 256  # 2 KiB of control lines per rank
+HEADER_WORDS = _PAGE // 8
+BELL_BYTE = 128  # u32 futex word in the header's third cache line
+CTRL_WORDS = 256  # 2 KiB of control lines per rank
 # Words of a rank's control block: line 0 identity, line 1 progress, then one 128-byte line per slot parity.
 PID, PROBE, PROBE_VALUE, ATTACHED = 0, 1, 2, 3
 DONE, SLEEPING = 8, 9
@@ -79,7 +79,7 @@ class Doorbell:
         self._words = words
         self._mine = ctrl_base(rank) + SLEEPING
         self._sleepers = [ctrl_base(r) + SLEEPING for r in range(size) if r != rank]
-        self._cell = ctypes.c_uint32.from_buffer(mapping, _BELL_BYTE)
+        self._cell = ctypes.c_uint32.from_buffer(mapping, BELL_BYTE)
         self._futex = Futex(ctypes.addressof(self._cell))
 
     def ring(self) -> None:
@@ -128,7 +128,7 @@ class HostArena:
         self.path, self.rank, self.size = path, rank, size
         self.slot_bytes = (max(slot_bytes, 64) + 63) // 64 * 64
         self.stage_bytes = (max(stage_bytes, 64 * size) + 4095) // 4096 * 4096 if stage_bytes else 0
-        self._data_base = _PAGE + size * _CTRL_WORDS * 8
+        self._data_base = _PAGE + size * CTRL_WORDS * 8
         self._stage_base = self._data_base + size * DEPTH * self.slot_bytes
         total = self._stage_base + size * self.stage_bytes
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
@@ -181,7 +181,7 @@ class HostArena:
     # ---- layout ----------------------------------------------------------------------------
     @staticmethod
     def ctrl(rank: int) -> int:
-        return _HEADER_WORDS + rank * _CTRL_WORDS
+        return HEADER_WORDS + rank * CTRL_WORDS
 
     def line(self, rank: int, op: int) -> int:
         """First word of ``rank``'s post line for arena operation ``op``."""
