@@ -12,11 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from .algorithms.check import CHECK_CALLS
-from .algorithms.registry import ALGO
-from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
-from .algorithms.base import CHUNK_SIZE, LANES, blocks_of
+from .algorithms.base import CHUNK_SIZE, LANES, offsets
+from .algorithms.check import CHECK_CALLS
+from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
 from .errors import PycollError
 from .p2p_protocol import frame_head
@@ -183,11 +182,14 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     if not counts:
         return None
 
+    starts = offsets(list(counts)) if displs is None else displs
+    mine, theirs = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer])
+
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
-        blocks = blocks_of(recv, counts, displs)
+        block = recv[mine]
         if not t.in_place and send is not None:
-            blocks[me][...] = send
-        pair.swap(seq, _bytes(blocks[me]), _bytes(blocks[peer]))
+            block[...] = send
+        pair.swap(seq, _bytes(block), _bytes(recv[theirs]))
 
     return body
 
@@ -214,12 +216,14 @@ def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     if not counts:
         return None
 
+    starts = offsets(list(counts))  # the blocks' places, fixed for the plan: no per-call list of views
+    mine, theirs, n = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]), counts[me]
+
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
-        blocks = blocks_of(send, counts)
-        incoming = np.empty(counts[me], send.dtype)
-        pair.swap(seq, _bytes(blocks[peer]), _bytes(incoming))
-        ufunc(blocks[me], incoming, out=incoming)  # in place, the result's place overlaps the inputs: kept apart
-        recv[: counts[me]] = incoming
+        incoming = np.empty(n, send.dtype)
+        pair.swap(seq, _bytes(send[theirs]), _bytes(incoming))
+        ufunc(send[mine], incoming, out=incoming)  # in place, the result's place overlaps the inputs: kept apart
+        recv[:n] = incoming
 
     return body
 
