@@ -13,7 +13,7 @@ import numpy as np
 from .config import float_param, int_param
 from .memory import host_address
 from .p2p import Engine
-from .p2p_protocol import ACK, TAG_MAX, P2POwner, RecvRequest, SendRequest
+from .p2p_protocol import ACK, NO_SEGMENTS, TAG_MAX, P2POwner, RecvRequest, SendRequest
 from .p2p_lane import EMPTY
 from .p2p_sendrecv import SendRecv
 from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
@@ -30,7 +30,6 @@ P2P_SPIN_US = float_param(
     "peer's message, giving up the core (sched_yield) between short spins, before the engine's wait takes over "
     "(where ranks share cores, PYCOLL_P2P_YIELDS counts its yields instead).",
 )
-NO_SEGMENTS: list = []
 _memmove = ctypes.memmove
 
 

@@ -229,6 +229,11 @@ class Progress:
             st.target = u
             return
         st.target = req
+        self._start_receive(req, src, sig, tag, nbytes)
+
+    def _start_receive(self, req: RecvRequest, src: int, sig: Sig, tag: int, nbytes: int) -> None:
+        """A message's header matched ``req``: fail it if the message does not fit the receive, else record where the
+        message came from and have a buffer ready for its payload."""
         problem = self._check(req, src, sig, nbytes)
         if problem is not None:
             req.fail(problem)
@@ -393,10 +398,4 @@ class Progress:
             return
         st.target = req
         self._send_ctl(src, ACK, ctx, tag, sid)
-        problem = self._check(req, src, P2P_SIG, nbytes)
-        if problem is not None:
-            req.fail(problem)
-        else:
-            req.source, req.recv_tag, req.nbytes = src, tag, nbytes
-            if req.dst is None:
-                req.dst = np.empty(nbytes, np.uint8)
+        self._start_receive(req, src, P2P_SIG, tag, nbytes)
