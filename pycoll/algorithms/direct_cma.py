@@ -443,7 +443,8 @@ def alltoall_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n read from the root (large buffers: the root writes a share)",
     refuse=refuse_single_host,
-    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True),
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n, readers=lay.size - 1, inline=True,
+                                    footprint=n * lay.size),  # one buffer a rank
 )
 def broadcast_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, BROADCAST, broadcast_chain)

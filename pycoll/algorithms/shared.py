@@ -69,19 +69,21 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
 
 
 def cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float = 0.0, copied: float = 0.0,
-             local: float = 0.0, readers: Optional[int] = None, inline: bool = False) -> float:
+             local: float = 0.0, readers: Optional[int] = None, inline: bool = False,
+             footprint: Optional[float] = None) -> float:
     """A cma call of one rank: its meetings and chunk steps, then the slower of its own core's copying and the host's
     memory carrying what all ``readers`` ranks (default: every rank) move at once.
 
     ``pulled``: bytes read from peers in chunks into a scratch that stays in cache, each reduced into the result with
     one operand in cache (two of the reduction's three streams reach memory: 1.5x its rate, one copy's traffic);
     ``copied``: bytes read from peers straight into the result; ``local``: bytes this rank copies itself.
+    ``footprint``: the bytes the host's ranks touch in a call (default: every rank's input and result).
     """
     readers = lay.size if readers is None else readers
     chunks = max(1.0, pulled / m.arena_chunk)
     call = m.cma_inline_us if inline else m.cma_call_us + syncs * m.cma_sync_us
     fixed = (call + chunks * m.arena_step_us) * 1e-6
-    hit = m.cached(2.0 * n * lay.size)  # every rank's input and result
+    hit = m.cached(2.0 * n * lay.size if footprint is None else footprint)
     gain = lambda speedup: 1.0 - hit + hit / speedup  # noqa: E731 - time in cache / time from memory
     # In cache, a whole buffer read in one kernel copy gains cma_copy_cache_speedup; chunks pulled one system call
     # each, and their reductions, gain cma_cache_speedup.
