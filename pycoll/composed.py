@@ -56,6 +56,7 @@ class HostComposition:
         # every host the same number of ranks, numbered host by host: a host's blocks are one contiguous run
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
+        self._token = np.zeros(max(len(g) for g in self.groups), np.uint8)  # a Barrier's arrivals and release
 
     @staticmethod
     def wanted(comm: Any) -> bool:
@@ -101,10 +102,16 @@ class HostComposition:
 
     # ---- the compositions ---------------------------------------------------------------------
     def _barrier(self, call: Call) -> None:
-        self.host_comm.Barrier()
+        # one-sided steps inside a host: the others' arrivals gathered to the leader (they post and go on), the
+        # leaders' barrier, then the leader's release (it posts and goes on); two full host barriers made every
+        # rank wait for every other twice
+        token = self._token
         if self.leaders is not None:
+            self.host_comm.Gather(IN_PLACE, token, 0)
             self.leaders.Barrier()
-        self.host_comm.Barrier()
+        else:
+            self.host_comm.Gather(token[:1], None, 0)
+        self.host_comm.Bcast(token[:1], 0)
 
     def _allreduce(self, call: Call) -> None:
         assert call.recv is not None and call.op is not None
@@ -123,6 +130,10 @@ class HostComposition:
         assert buf is not None
         root_host = self.comm._layout.host_of[root]
         if self.host == root_host:
+            if self.leader and self.comm._rank == root:  # the other hosts' longer way first
+                self.leaders.Bcast(buf, self.leader_rank[root_host])
+                self.host_comm.Bcast(buf, 0)
+                return
             self.host_comm.Bcast(buf, self.groups[root_host].index(root))
             if self.leader:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])

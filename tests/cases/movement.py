@@ -253,17 +253,23 @@ def case_alltoallv(ctx):
 
 @case
 def case_barrier(ctx):
-    """Barrier orders side effects: every rank's file exists once everyone left a barrier."""
+    """Barrier orders side effects: every rank's file exists once everyone left a barrier, also when one rank
+    (each in turn: a leader, a rank of another host) comes 50 ms late."""
     import os
+    import time
 
     comm = ctx.comm
     for _ in range(5):
         comm.Barrier()
     if ctx.out_dir:
-        path = os.path.join(ctx.out_dir, f"barrier.{ctx.rank}")
-        with open(path, "w") as fh:
-            fh.write("x")
-        comm.Barrier()
-        missing = [q for q in range(ctx.size) if not os.path.exists(os.path.join(ctx.out_dir, f"barrier.{q}"))]
-        ctx.expect(not missing, "Barrier", f"files of ranks {missing} missing after Barrier")
+        for late in range(ctx.size):
+            if ctx.rank == late:
+                time.sleep(0.05)
+            path = os.path.join(ctx.out_dir, f"barrier.{late}.{ctx.rank}")
+            with open(path, "w") as fh:
+                fh.write("x")
+            comm.Barrier()
+            missing = [q for q in range(ctx.size)
+                       if not os.path.exists(os.path.join(ctx.out_dir, f"barrier.{late}.{q}"))]
+            ctx.expect(not missing, "Barrier", f"files of ranks {missing} missing after Barrier (rank {late} late)")
         comm.Barrier()
