@@ -3,8 +3,8 @@
 Every rank runs, for each size: first calls of that size, twice each, by torch all_reduce on a fresh tensor (on the
 default group, then on a second group) and by ``Allreduce(IN_PLACE, array)`` on a fresh NumPy array (each on its own
 duplicate of the group's communicator, so neither finds the other's plans), torch first in one pair and NumPy first
-in the other; then the median of warm torch all_reduce calls, then the median of ``comm.Allreduce(IN_PLACE, array)``
-on the tensor's memory. Times are the slowest rank's; first calls are the mean of the two.
+in the other; then the medians of warm torch all_reduce calls and of ``comm.Allreduce(IN_PLACE, array)`` on the
+tensor's memory, the two alternating call by call. Times are the slowest rank's; first calls are the mean of the two.
 Run it under the launcher, alone on the machine:
 
     flock /tmp/pycoll-bench.lock pycoll run -n 2 -- python perf/torch_allreduce.py [--json FILE]
@@ -27,15 +27,18 @@ from pycoll import MPI
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-def _median_us(fn, iters: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
+def _medians_us(fns, iters: int) -> list[float]:
+    """The median time of each of ``fns``, their calls alternating (so a drift of the machine meets them alike)."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e6
+        for fn, kept in zip(fns, times):
+            t0 = time.perf_counter()
+            fn()
+            kept.append(time.perf_counter() - t0)
+    return [statistics.median(kept) * 1e6 for kept in times]
 
 
 def _slowest(value: float) -> float:
@@ -57,7 +60,7 @@ def main() -> None:
     rows = []
     for nbytes in SIZES:
         n = nbytes // 4
-        iters = 200 if nbytes <= (64 << 10) else 40 if nbytes <= (4 << 20) else 8
+        iters = 200 if nbytes <= (64 << 10) else 40 if nbytes <= (4 << 20) else 15
 
         def first_torch(group: object) -> float:
             fresh = torch.ones(n)
@@ -79,9 +82,8 @@ def main() -> None:
         t = torch.ones(n)
         arr = t.numpy()
         dist.barrier()
-        warm = _slowest(_median_us(lambda: dist.all_reduce(t), iters))
-        dist.barrier()
-        own = _slowest(_median_us(lambda: comm.Allreduce(MPI.IN_PLACE, arr), iters))
+        warm, own = map(_slowest, _medians_us([lambda: dist.all_reduce(t), lambda: comm.Allreduce(MPI.IN_PLACE, arr)],
+                                              iters))
         rows.append({"bytes": nbytes, "numpy_us": own, "torch_us": warm, "torch_first_us": first,
                      "numpy_first_us": own_first, "ratio": warm / own, "first_ratio": first / own_first})
     if dist.get_rank() == 0:

@@ -116,3 +116,52 @@ def test_torch_threads_are_shared_among_a_hosts_ranks(monkeypatch: pytest.Monkey
         assert torch.get_num_threads() == 4
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_calls_view_is_the_tensors_memory_and_holds_no_tensor() -> None:
+    """The blocking host path's NumPy view: the tensor's own bytes (writes show in the tensor), one array per memory
+    range and dtype (what pycoll's caches meet again), and no reference that keeps a freed tensor alive."""
+    import gc
+    import weakref
+
+    import ml_dtypes
+    import numpy as np
+
+    from pycoll.torch import tensors as T
+
+    for dtype, np_dtype in ((torch.float32, np.float32), (torch.bfloat16, ml_dtypes.bfloat16), (torch.bool, np.bool_),
+                            (torch.int64, np.int64)):
+        t = torch.zeros(7, dtype=dtype)
+        view = T.call_view(t)
+        assert view.dtype == np_dtype and view.shape == (7,) and view.ctypes.data == t.data_ptr()
+        view[3] = 1
+        assert bool(t[3] != 0), dtype
+        assert T.call_view(t) is view  # found again by address, size and dtype
+        assert T.call_view(t.view(torch.uint8) if dtype != torch.bool else t.view(torch.int8)) is not view
+    t = torch.ones(5)
+    view = T.call_view(t)
+    gone = weakref.ref(t)
+    del t
+    gc.collect()
+    assert gone() is None and view.base is not None
+    empty = torch.zeros(0)
+    assert T.call_view(empty).shape == (0,)
+
+
+def test_reduce_ops_are_found_by_value_whatever_form_torch_passes() -> None:
+    """A ReduceOp object and its RedOpType name the same op; bool sums are logical or; unsupported ones raise."""
+    import torch.distributed as dist
+
+    from pycoll import ops
+    from pycoll.errors import InvalidArgumentError
+    from pycoll.torch import tensors as T
+
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = dist.ReduceOp.MAX
+    assert T.reduce_op("allreduce", opts.reduceOp, torch.float32) is ops.MAX
+    assert T.reduce_op("allreduce", dist.ReduceOp.MAX, torch.float32) is ops.MAX
+    assert T.reduce_op("allreduce", dist.ReduceOp.SUM, torch.float32) is ops.SUM
+    assert T.reduce_op("allreduce", dist.ReduceOp(dist.ReduceOp.SUM), torch.bool) is ops.LOR
+    assert T.reduce_op("allreduce", dist.ReduceOp(dist.ReduceOp.SUM), torch.float32) is ops.SUM
+    with pytest.raises(InvalidArgumentError, match="allreduce"):
+        T.reduce_op("allreduce", dist.ReduceOp.BAND, torch.float32)

@@ -136,14 +136,21 @@ class ProcessGroupPycoll(DataMovement, dist.ProcessGroup):
     # ---- reductions -------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> PycollWork:
         name = "allreduce"
-        if len(tensors) == 1 and isinstance(tensors[0], torch.Tensor) and tensors[0].layout == torch.sparse_coo:
-            return self._sparse_allreduce(name, tensors, (opts or dist.AllreduceOptions()).reduceOp)
+        if opts is None:
+            opts = dist.AllreduceOptions()
+        if len(tensors) == 1:
+            t = tensors[0]
+            if isinstance(t, torch.Tensor):
+                if t.layout == torch.sparse_coo:
+                    return self._sparse_allreduce(name, tensors, opts.reduceOp)
+                # the common host call, checked in the fewest steps: a dense, contiguous CPU tensor of a known dtype
+                if (t.is_cpu and t.layout == torch.strided and t.dtype in T.DTYPES and t.is_contiguous()
+                        and runs_inline(t.nbytes, opts)):
+                    op = self._op(name, opts.reduceOp, t.dtype)
+                    if self._progress.run_now(self.comm.Allreduce, IN_PLACE, T.call_view(t), op):
+                        return DoneWork(tensors)
         t = self._one(name, tensors)
-        op = self._op(name, (opts or dist.AllreduceOptions()).reduceOp, t.dtype)
-        if not T.is_device(t) and t.is_contiguous() and runs_inline(T.tensor_nbytes(t), opts):  # the common host call
-            arr = T.array(t)
-            if self._progress.run_now(lambda: self.comm.Allreduce(IN_PLACE, arr, op)):
-                return DoneWork(tensors)
+        op = self._op(name, opts.reduceOp, t.dtype)
         at = self._place(name, [t])
         buf = T.Staged(t)
         return self._submit(name, lambda: [self.comm.Iallreduce(IN_PLACE, buf.arr, op, stream=at.stream)],

@@ -89,15 +89,15 @@ class ProgressThread:
         with self._count_lock:
             self._inflight -= 1
 
-    def run_now(self, call: Callable[[], None]) -> bool:
-        """Make the blocking ``call`` now, in the caller's thread, if nothing is in flight and no job is starting;
-        False, having done nothing, otherwise. Its errors are raised here."""
+    def run_now(self, call: Callable[..., Any], *args: Any) -> bool:
+        """Make the blocking ``call(*args)`` now, in the caller's thread, if nothing is in flight and no job is
+        starting; False, having done nothing, otherwise. Its errors are raised here."""
         if self._inflight or self._stopping or not self._start_lock.acquire(blocking=False):
             return False
         try:
             if self._inflight:
                 return False
-            call()
+            call(*args)
             return True
         finally:
             self._start_lock.release()

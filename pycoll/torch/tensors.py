@@ -48,14 +48,14 @@ _CHOSEN: dict = {}  # (RedOpType, dtype) -> pycoll's op, for the pairs that pass
 
 def reduce_op(opname: str, op: Any, dtype: torch.dtype, rank: Optional[int] = None) -> _ops.Op:
     """pycoll's op for torch's ReduceOp on ``dtype``, or an error naming the operation and why not."""
-    kind = getattr(op, "op", op)
-    try:
-        return _CHOSEN[(kind, dtype)]
+    try:  # a ReduceOp hashes and compares by its kind, as its RedOpType does: either is a key as it comes
+        return _CHOSEN[(op, dtype)]
     except (KeyError, TypeError):
         pass
+    kind = getattr(op, "op", op)
     found = _reduce_op(opname, kind, dtype, rank)
-    try:
-        _CHOSEN[(kind, dtype)] = found
+    try:  # (a premultiplied sum, whose factor its hash leaves out, is refused above and never kept)
+        _CHOSEN[(op, dtype)] = found
     except TypeError:
         pass
     return found
@@ -193,6 +193,38 @@ def array(t: torch.Tensor) -> np.ndarray:
     if t.dtype == torch.bool:
         return t.view(torch.uint8).numpy().reshape(-1).view(np.bool_)
     return t.numpy().reshape(-1)
+
+
+class _Memory:
+    """A raw address range as NumPy sees one (``__array_interface__``): a view made from it holds no tensor."""
+
+    __slots__ = ("__array_interface__",)
+
+    def __init__(self, address: int, nbytes: int) -> None:
+        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+
+
+_VIEWS: dict[tuple[int, int, torch.dtype], np.ndarray] = {}
+_VIEWS_KEPT = 64
+
+
+def call_view(t: torch.Tensor) -> np.ndarray:
+    """A flat NumPy view of a contiguous CPU tensor's memory for one blocking call that holds ``t`` throughout.
+
+    The view is kept by the tensor's address, size and dtype and holds no reference to the tensor (so a bucket
+    or parameter that a program passes call after call meets pycoll's caches as the same array, as a reused NumPy
+    array does), which makes it valid only while some tensor owns exactly that memory: never keep it past the call.
+    """
+    address, nbytes, dtype = t.data_ptr(), t.nbytes, t.dtype
+    key = (address, nbytes, dtype)
+    view = _VIEWS.get(key)
+    if view is None:
+        if not nbytes:
+            return array(t)
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.clear()
+        view = _VIEWS[key] = np.asarray(_Memory(address, nbytes)).view(DTYPES[dtype])
+    return view
 
 
 class Staged:
