@@ -18,12 +18,18 @@ from typing import IO, Any, Callable, Optional, Sequence
 from pycoll import forked_ranks
 from pycoll.bootstrap.store import FAILED_KEY, new_token
 from pycoll.bootstrap.store_server import TCPStoreServer
-from pycoll.config import float_param
+from pycoll.config import float_param, str_param
 
 LAUNCH_GRACE = float_param(
     "PYCOLL_LAUNCH_GRACE",
     10.0,
     "`pycoll run`: seconds the other ranks get to finish after one rank failed, before SIGTERM then SIGKILL.",
+)
+BIND = str_param(
+    "PYCOLL_BIND",
+    "auto",
+    "`pycoll run --hosts`: `auto` binds each rank to one CPU where the virtual hosts' ranks outnumber this machine's "
+    "usable CPUs, the hosts' first ranks (their leaders) on different CPUs; `none` leaves placement to the scheduler.",
 )
 # Seconds between SIGTERM and SIGKILL when the launcher stops ranks.
 _TERM_TO_KILL = 3.0
@@ -84,7 +90,8 @@ class _Job:
         self.taggers: list[_Tagger] = []
         self.pipes: list[IO[bytes]] = []  # our ends of forked ranks' output pipes (a later fork closes its copies)
 
-    def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool) -> None:
+    def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool, cpu: Optional[int] = None) -> None:
+        """Start one rank; ``cpu``: the one CPU it may run on (None: any)."""
         pipe = subprocess.PIPE if tag_output else None
         # Own process group per rank: we forward signals ourselves and can kill whole trees.
         proc = subprocess.Popen(
@@ -96,6 +103,11 @@ class _Job:
             start_new_session=True,
         )
         self.procs.append(proc)
+        if cpu is not None:
+            try:  # ``ip netns exec`` replaces itself with the command: the binding stays with the rank
+                os.sched_setaffinity(proc.pid, {cpu})
+            except OSError:  # it already exited: its exit code tells
+                pass
         if tag_output:
             lock = _OUTPUT_LOCK
             assert proc.stdout is not None and proc.stderr is not None
@@ -205,6 +217,24 @@ def plan_hosts(n: int, hosts: Optional[int] = None, ranks_per_host: Optional[Seq
     return [base + (1 if h < extra else 0) for h in range(hosts)]
 
 
+def cpu_binding(placement: Sequence[int], cpus: Sequence[int]) -> list[Optional[int]]:
+    """The CPU each rank of virtual hosts (``placement``: ranks per host) is bound to, or None for every rank where
+    ``cpus`` holds one for each rank. Where the ranks outnumber the CPUs, every host's first rank (its leader, which
+    carries the host's steps between hosts) gets the next CPU, then every host's second rank, and so on, round the
+    CPUs: leaders never share a CPU while there are CPUs for them. Left to the scheduler, 4 ranks on 2 hosts of a
+    2-core machine ran with both leaders on one CPU in about half the jobs, and each small collective then took
+    1.4-1.9x as long (perf/results/multihost/README.md, "Ranks on CPUs")."""
+    n = sum(placement)
+    if not cpus or n <= len(cpus):
+        return [None] * n
+    firsts = [sum(placement[:h]) for h in range(len(placement))]
+    order = [firsts[h] + k for k in range(max(placement)) for h in range(len(placement)) if k < placement[h]]
+    bound: list[Optional[int]] = [None] * n
+    for i, rank in enumerate(order):
+        bound[rank] = cpus[i % len(cpus)]
+    return bound
+
+
 def thread_share(n: int, env: dict[str, str]) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for ``n`` ranks on this machine where ``env`` sets none of THREAD_VARS, as torchrun
     does: each rank's share of the usable cores, at least one. Otherwise NumPy's OpenBLAS starts a thread per core
@@ -302,6 +332,12 @@ def launch(
         share = thread_share(n, base)
         base.update(share)
         torch_port = _free_port(host) if vhosts is None else vhosts.call(0, _free_port, host)
+        binding: list[Optional[int]] = [None] * n
+        if placement is not None and (base.get("PYCOLL_BIND") or BIND.get()) == "auto":  # the job's env may say
+            from pycoll.machine import affinity, usable_cores
+
+            cpus = sorted(affinity())
+            binding = cpu_binding(placement, cpus if usable_cores() >= len(cpus) else [])  # a quota: no binding
         program = None  # set when the ranks are forked from here (pycoll.forked_ranks)
         for rank in range(n):
             h, local_rank, local_size = where[rank]
@@ -343,7 +379,7 @@ def launch(
                 if program is not None:
                     job.fork(rank, program, child_env, tag_output, server.forget_in_child if server else lambda: None)
                 else:
-                    job.spawn(rank, argv, child_env, tag_output)
+                    job.spawn(rank, argv, child_env, tag_output, binding[rank])
             except OSError as exc:
                 _say(f"cannot start rank {rank} ({' '.join(cmd)}): {exc}")
                 return 127
