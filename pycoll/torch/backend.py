@@ -144,7 +144,8 @@ class ProcessGroupPycoll(DataMovement, dist.ProcessGroup):
                 if t.layout == torch.sparse_coo:
                     return self._sparse_allreduce(name, tensors, opts.reduceOp)
                 # the common host call, checked in the fewest steps: a dense, contiguous CPU tensor of a known dtype
-                if (t.is_cpu and t.layout == torch.strided and t.dtype in T.DTYPES and t.is_contiguous()
+                if (t.is_cpu and not T.is_device(t) and t.layout == torch.strided and t.dtype in T.DTYPES
+                        and t.is_contiguous()
                         and runs_inline(t.nbytes, opts)):
                     op = self._op(name, opts.reduceOp, t.dtype)
                     if self._progress.run_now(self.comm.Allreduce, IN_PLACE, T.call_view(t), op):

@@ -107,7 +107,7 @@ def same_device(opname: str, tensors: list[torch.Tensor], device: torch.device, 
 
 def is_device(t: torch.Tensor) -> bool:
     """True for a CUDA tensor: it goes through pycoll's device-buffer path."""
-    return t.device.type == "cuda"
+    return t.is_cuda
 
 
 def current_stream(device: torch.device) -> Any:
