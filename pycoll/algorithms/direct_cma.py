@@ -402,7 +402,7 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
     cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size, readers=1,
-                                    inline=True),
+                                    inline=True, footprint=2.0 * n),  # the root's buffer and every rank's block
 )
 def gather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, GATHER, gather_linear)
@@ -415,7 +415,8 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,
-    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True),
+    cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=n / lay.size, readers=lay.size - 1, inline=True,
+                                    footprint=2.0 * n),  # the root's buffer and every rank's block
 )
 def scatter_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, SCATTER, scatter_linear)
@@ -459,7 +460,7 @@ def broadcast_cma(st: Steps, call: Call) -> Schedule:
     bytes="(p-1)/p · n read from peers",
     refuse=refuse_single_host,
     cost=lambda m, n, lay: cma_cost(m, n, lay, 2, copied=(lay.size - 1) / lay.size * n, local=n / lay.size,
-                                    inline=True),
+                                    inline=True, footprint=(lay.size + 1.0) * n),  # every rank's result and block
 )
 def allgather_cma(st: Steps, call: Call) -> Schedule:
     yield from _cma(st, call, ALLGATHER, allgather_ring_algo)
