@@ -3,8 +3,9 @@
 A communicator whose ranks span hosts, with more than one rank on some host, runs a small blocking call as calls
 on each host's communicator, whose ranks share memory and so take the compiled arena path, and one among the
 hosts' first ranks (the leaders), over the network. Allreduce: reduce to the leader, allreduce among the leaders,
-broadcast from the leader. Barrier: a barrier inside each host, among the leaders, inside each host. Bcast: inside
-the root's host first, then among the leaders, then inside the other hosts. Reduce: reduce to each leader, reduce
+broadcast from the leader. Barrier: the other ranks' arrivals gathered to each leader, a barrier among the leaders,
+the leader's release broadcast (one-sided steps inside a host). Bcast: inside the root's host, then among the
+leaders (a leader root sends to the other hosts first), then inside the other hosts. Reduce: reduce to each leader, reduce
 among the leaders to the root's, which hands the result to the root. Allgather and Reduce_scatter_block, where
 every host holds the same number of ranks, numbered host by host: gather to (reduce to) the leader, the
 collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader; Alltoall likewise
