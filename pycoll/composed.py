@@ -57,7 +57,7 @@ class HostComposition:
         # every host the same number of ranks, numbered host by host: a host's blocks are one contiguous run
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
-        self._token = np.zeros(max(len(g) for g in self.groups), np.uint8)  # a Barrier's arrivals and release
+        self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
 
     @staticmethod
     def wanted(comm: Any) -> bool:

@@ -39,7 +39,7 @@ def test_three_uneven_hosts(tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("per_host", [[2, 2], [2, 1, 2], [3, 1]], ids=["2x2", "2-1-2", "3-1"])
+@pytest.mark.parametrize("per_host", [[2, 2], [2, 1, 2], [3, 1], [3, 2]], ids=["2x2", "2-1-2", "3-1", "3-2"])
 def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None:
     """Without a forced algorithm, every op x dtype x count Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block
     and Alltoall (small ones composed: calls on each host's communicator and one among the leaders) matches NumPy,
