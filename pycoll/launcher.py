@@ -235,6 +235,14 @@ def cpu_binding(placement: Sequence[int], cpus: Sequence[int]) -> list[Optional[
     return bound
 
 
+def bind_mode(env: Optional[dict[str, str]] = None) -> str:
+    """PYCOLL_BIND for a job (its ``env`` wins over the launcher's, as it does for the ranks): auto or none."""
+    bind = (env or {}).get("PYCOLL_BIND") or BIND.get()
+    if bind not in ("auto", "none"):
+        raise ValueError(f"PYCOLL_BIND must be auto or none, got {bind!r}")
+    return bind
+
+
 def thread_share(n: int, env: dict[str, str]) -> dict[str, str]:
     """``OMP_NUM_THREADS`` for ``n`` ranks on this machine where ``env`` sets none of THREAD_VARS, as torchrun
     does: each rank's share of the usable cores, at least one. Otherwise NumPy's OpenBLAS starts a thread per core
@@ -294,6 +302,7 @@ def launch(
     placement = plan_hosts(n, hosts, ranks_per_host) if hosts is not None or ranks_per_host is not None else None
     if link_rate and placement is None:
         raise ValueError("--link-rate needs --hosts")
+    bind = bind_mode(env)
     grace = LAUNCH_GRACE.get()
     launcher_pid = os.getpid()
     job = _Job()
@@ -333,7 +342,7 @@ def launch(
         base.update(share)
         torch_port = _free_port(host) if vhosts is None else vhosts.call(0, _free_port, host)
         binding: list[Optional[int]] = [None] * n
-        if placement is not None and (base.get("PYCOLL_BIND") or BIND.get()) == "auto":  # the job's env may say
+        if placement is not None and bind == "auto":
             from pycoll.machine import affinity, usable_cores
 
             cpus = sorted(affinity())
@@ -496,6 +505,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if virtual:
             plan_hosts(args.n, hosts, per_host)
+            bind_mode()
         elif rate:
             raise ValueError("--link-rate needs --hosts")
         if rate:

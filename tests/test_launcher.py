@@ -315,8 +315,13 @@ def test_hosts_usage_errors():
         (["-n", "3", "--hosts", "2", "--link-rate", "warp9"], "bad link rate"),
         (["-n", "3", "--ranks-per-host", "1,1"], "adds up to 2"),
         (["-n", "3", "--hosts", "2", "--ranks-per-host", "1,1,1"], "lists 3 hosts"),
+        (["-n", "3", "--hosts", "2", "PYCOLL_BIND=spread"], "PYCOLL_BIND must be auto or none, got 'spread'"),
     ]:
-        res = subprocess.run(base + args + ["true"], cwd=REPO, env=clean_env(), capture_output=True, text=True,
+        env = clean_env()
+        for arg in [a for a in args if a.startswith("PYCOLL_")]:  # an environment setting, not an argument
+            args = [a for a in args if a != arg]
+            env[arg.split("=")[0]] = arg.split("=")[1]
+        res = subprocess.run(base + args + ["true"], cwd=REPO, env=env, capture_output=True, text=True,
                              timeout=60)
         assert res.returncode == 2 and words in res.stderr, (args, res.stderr)
 
@@ -408,3 +413,5 @@ def test_ranks_on_virtual_hosts_are_bound_where_they_outnumber_the_cpus(tmp_path
     assert launch(n, [sys.executable, "-c", script], env={"DIR": str(tmp_path), "PYCOLL_BIND": "none"}, hosts=2,
                   timeout=100) == 0
     assert {(tmp_path / str(r)).read_text() for r in range(n)} == {",".join(map(str, cpus))}
+    with pytest.raises(ValueError, match="PYCOLL_BIND must be auto or none, got 'spread'"):
+        launch(n, [sys.executable, "-c", script], env={"PYCOLL_BIND": "spread"}, hosts=2, timeout=100)

@@ -43,7 +43,7 @@ OPS = {
 }
 
 
-_CHOSEN: dict = {}  # (RedOpType, dtype) -> pycoll's op, for the pairs that passed the checks below
+_CHOSEN: dict = {}  # (ReduceOp or RedOpType, as torch passed it; dtype) -> pycoll's op, for pairs that passed the checks below
 
 
 def reduce_op(opname: str, op: Any, dtype: torch.dtype, rank: Optional[int] = None) -> _ops.Op:
