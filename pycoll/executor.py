@@ -263,6 +263,9 @@ class Executor:
         self.others = [q for q in range(comm.size) if q != comm.rank]
         # small calls of a communicator across hosts: a call per host and one among the hosts' first ranks
         self.composed: Optional[HostComposition] = HostComposition(comm) if HostComposition.wanted(comm) else None
+        # collective -> (algorithm, bytes as selection saw them) of this communicator's last call that chose one;
+        # a process-wide record (``last_choice``) also holds the choices of the communicators an algorithm calls
+        self.ran: dict[str, tuple[str, int]] = {}
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
         self.spin_s = _OVERSUBSCRIBED_SPIN_S if self.engine.oversubscribed else _FAST_SPIN_S
         self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
@@ -324,6 +327,7 @@ class Executor:
         self.comm._live(label)
         self.composed.run(call)
         last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
+        self.ran[call.coll] = ("composed", last_choice.nbytes)
         last_choice.why = "a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES)"
         return True
 
@@ -414,6 +418,7 @@ class Executor:
                 plan.algo, plan.algo_for = algo, key
                 kind = INLINE.get(algo.run) if c._arena is not None else None
                 plan.inline = kind(self, plan) if kind is not None else False
+        self.ran[call.coll] = (algo.name, call.size_bytes)
         if plan is not None and plan.fast is None and plan.inline is False and self.engine.direct_peers:
             plan.fast = paired.fast_path(self, plan, algo)  # a two-rank call across hosts: straight through the socket
         gen = algo.run(steps, call)

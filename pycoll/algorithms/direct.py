@@ -13,13 +13,33 @@ from .registry import register
 _EMPTY = np.empty(0, np.uint8)
 
 
-def _direct_cost(steps_of):
-    """The model's time for a direct algorithm: ``steps_of(p)`` message steps moving (p-1)/p of the vector."""
-    return lambda m, n, lay: m.phase(lay, steps_of(lay.size), n * (lay.size - 1) / lay.size) if lay.size > 1 else 0.0
+def _direct_cost(steps_of, blocks_off_host):
+    """The model's time for a direct algorithm: ``steps_of(p)`` message steps moving (p-1)/p of the vector; across
+    hosts, ``blocks_off_host(layout)`` of its p blocks cross the busiest host's link each way."""
+
+    def cost(m, n, lay):
+        p = lay.size
+        if p == 1:
+            return 0.0
+        wire = blocks_off_host(lay) * n / p if lay.hosts > 1 else None
+        return m.phase(lay, steps_of(p), n * (p - 1) / p, wire=wire)
+
+    return cost
+
+
+def _root_host_blocks(lay) -> int:
+    """Gather and scatter: the blocks of ranks off the root's host (rank 0's, as the model knows no root), all
+    through the root host's link."""
+    return lay.size - lay.local_sizes[lay.host_of[0]]
+
+
+def _alltoall_blocks(lay) -> int:
+    """Alltoall: each of a host's k ranks sends a block to every rank off it, k (p - k) blocks."""
+    return max(k * (lay.size - k) for k in lay.local_sizes)
 
 
 @register("gather", "linear", "The root receives every rank's block directly.", steps="1", bytes="(p-1)/p · n at the root",
-          cost=_direct_cost(lambda p: 1))
+          cost=_direct_cost(lambda p: 1, _root_host_blocks))
 def gather_linear(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     if r != call.root:
@@ -35,7 +55,7 @@ def gather_linear(st: Steps, call: Call) -> Schedule:
 
 
 @register("scatter", "linear", "The root sends every rank its block directly.", steps="1", bytes="(p-1)/p · n at the root",
-          cost=_direct_cost(lambda p: 1))
+          cost=_direct_cost(lambda p: 1, _root_host_blocks))
 def scatter_linear(st: Steps, call: Call) -> Schedule:
     p, r = st.size, st.rank
     if r != call.root:
@@ -56,7 +76,7 @@ def scatter_linear(st: Steps, call: Call) -> Schedule:
     "At step s each rank sends to rank+s and receives from rank-s; all steps are posted at once.",
     steps="p-1",
     bytes="(p-1)/p · n",
-    cost=_direct_cost(lambda p: p - 1),
+    cost=_direct_cost(lambda p: p - 1, _alltoall_blocks),
 )
 def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.recv is not None

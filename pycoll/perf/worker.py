@@ -18,14 +18,20 @@ MARKER = "@@PERF "
 Emit = Callable[[dict[str, Any]], None]
 
 
-def algorithm_used(peer: str, coll: str) -> Optional[str]:
+def algorithm_used(peer: str, coll: str, comm: Any = None) -> Optional[str]:
     """The algorithm pycoll's selection picked for the last `coll` call, if pycoll exposes it (else None).
 
-    Reads pycoll.algorithms' ``last_choice``: an object with ``collective`` and ``algorithm`` (or ``name``)
-    attributes, a mapping collective -> choice, or a callable taking the collective; missing or odd: None.
+    Asks ``comm`` (the benchmark's communicator) first: its record holds its own calls only, where the
+    process-wide one also takes the choices of the communicators its algorithms call and of the barriers between
+    timed calls. Otherwise reads pycoll.algorithms' ``last_choice``: an object with ``collective`` and ``algorithm``
+    (or ``name``) attributes, a mapping collective -> choice, or a callable taking the collective; missing or
+    odd: None.
     """
     if peer != "pycoll":
         return None
+    ran = _comm_record(comm).get(coll)
+    if ran is not None:
+        return ran[0]
     mods = [sys.modules.get("pycoll.algorithms.registry"), sys.modules.get("pycoll.algorithms")]
     choice = next((getattr(m, "last_choice") for m in mods if m is not None and hasattr(m, "last_choice")), None)
     try:
@@ -46,6 +52,12 @@ def algorithm_used(peer: str, coll: str) -> Optional[str]:
         return None
 
 
+def _comm_record(comm: Any) -> dict:
+    """A pycoll communicator's collective -> (algorithm, bytes) of its last calls (empty for others)."""
+    ran = getattr(getattr(comm, "_x", None), "ran", None)
+    return ran if isinstance(ran, dict) else {}
+
+
 def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
     """What pycoll's cost model predicted for its last ``coll`` call, with the algorithm it chose (``name``, from
     ``algorithm_used``), the call's size as selection saw it and the communicator's layout (µs); None for other
@@ -53,12 +65,13 @@ def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
     if b.name != "pycoll" or name is None:
         return None
     registry = sys.modules.get("pycoll.algorithms.registry")
-    choice = getattr(registry, "last_choice", None)
+    ran = _comm_record(b.comm).get(coll)
     try:
         from pycoll.algorithms import cost
 
+        nbytes = ran[1] if ran is not None else registry.last_choice.nbytes  # type: ignore[union-attr]
         algo = registry.ALGORITHMS[coll][name]  # type: ignore[union-attr]
-        return round(algo.predict(cost.current(), choice.nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
+        return round(algo.predict(cost.current(), nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - no choice recorded, a collective without a model: no prediction
         return None
 
@@ -100,7 +113,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 b.sync()
                 elapsed = (time.perf_counter() - t0) * 1e6
                 times[j].append(elapsed / per_call if timed_here else 0.0)
-                used[j] = algorithm_used(b.name, coll)
+                used[j] = algorithm_used(b.name, coll, getattr(b, "comm", None))
                 predicted[j] = predicted_us(b, coll, used[j])
     wrong = [0] * len(runs)
     if spec["check"]:
