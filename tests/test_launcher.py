@@ -366,7 +366,9 @@ def test_forked_ranks_inherit_the_share_the_launcher_loaded_under():
     script = """
     import os, sys
     import numpy  # noqa: F401  (preloaded in the launcher, with its thread pool)
-    print("RANK", os.environ["PYCOLL_RANK"], os.environ.get("OMP_NUM_THREADS"), "pycoll.launcher" in sys.modules)
+    line = f"RANK {os.environ['PYCOLL_RANK']} {os.environ.get('OMP_NUM_THREADS')} {'pycoll.launcher' in sys.modules}\\n"
+    os.write(1, line.encode())  # one write: the forked ranks share the launcher's stdout, unbuffered where
+    # PYTHONUNBUFFERED is set, and a print of several items then interleaves ("RANKRANK 1 1 True" failed CI once)
     """
     env = {k: "" for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
     res = pycoll_run(["-n", "2"], script, PYCOLL_RUN_FORK="1", **env)
