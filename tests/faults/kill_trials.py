@@ -12,6 +12,7 @@ hangs (a survivor that does not fail within ``--hang-after`` seconds) and ``/dev
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import glob
 import json
 import os
@@ -20,6 +21,7 @@ import re
 import signal
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Optional
 
@@ -70,9 +72,12 @@ def _run_one(comm: Any, dup: Any, name: str, count: int, p: int) -> None:
         comm.Alltoall(send, np.empty_like(send))
 
 
-def _rank_main(rank: int, p: int, plan: list[tuple[str, int]], ready_fd: int, out_fd: int, give_up_s: float) -> None:
-    """One forked rank: start pycoll, say ready, loop over the plan until an error; report it and exit."""
+def _rank_main(rank: int, p: int, plan: list[tuple[str, int]], ready_fd: int, out_fd: int, give_up_s: float,
+               stack_file: str) -> None:
+    """One forked rank: start pycoll, say ready, loop over the plan until an error; report it and exit. SIGUSR1
+    writes every thread's stack to ``stack_file`` (the trial asks a rank that hangs)."""
     report: dict[str, Any] = {"rank": rank}
+    faulthandler.register(signal.SIGUSR1, file=open(stack_file, "w"), all_threads=True)
     try:
         from pycoll import MPI
 
@@ -115,6 +120,8 @@ def trial(rng: random.Random, index: int, hang_after: float, env: dict[str, str]
     plans = _plan(rng, collectives)
     delay = rng.uniform(0.0, 0.4)
     token = new_token()
+    stacks = tempfile.mkdtemp(prefix="pycoll-kill-stacks-")
+    hung_stacks: dict[int, str] = {}
     server = TCPStoreServer("127.0.0.1", 0, token=token)
     host, port = server.start()
     ready_r, ready_w = os.pipe()
@@ -132,7 +139,7 @@ def trial(rng: random.Random, index: int, hang_after: float, env: dict[str, str]
                 os.environ.update(base_env, PYCOLL_RANK=str(r), PYCOLL_LOCAL_RANK=str(r), PYCOLL_LOCAL_SIZE=str(p))
                 if transport == "shm":
                     os.environ.pop("PYCOLL_SHM_DISABLE", None)
-                _rank_main(r, p, plans, ready_w, out_w, hang_after + 30)
+                _rank_main(r, p, plans, ready_w, out_w, hang_after + 30, os.path.join(stacks, f"rank{r}"))
             finally:
                 os._exit(3)
         pids.append(pid)
@@ -169,7 +176,12 @@ def trial(rng: random.Random, index: int, hang_after: float, env: dict[str, str]
             time.sleep(0.005)
         _read_lines(out_r, lines, buf)
         record["hung"] = sorted(pids.index(pid) for pid in waiting)
+        for pid in waiting:  # where each one waits, for the report
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.5 if waiting else 0)
         for pid in waiting:
+            with open(os.path.join(stacks, f"rank{pids.index(pid)}")) as f:
+                hung_stacks[pids.index(pid)] = f.read()[-2500:]
             os.kill(pid, signal.SIGKILL)
         reports = [json.loads(line) for line in lines]
         record["reports"] = reports
@@ -189,7 +201,12 @@ def trial(rng: random.Random, index: int, hang_after: float, env: dict[str, str]
         os.close(out_r)
         job_id = (server.get_local("job_id") or b"").decode()
         server.stop()
+        for name in os.listdir(stacks):
+            os.unlink(os.path.join(stacks, name))
+        os.rmdir(stacks)
     record["leaked"] = _shm_entries(job_id)
+    if record.get("hung"):
+        record["stacks"] = hung_stacks  # last: the test's message shows the end of its report
     return record
 
 
