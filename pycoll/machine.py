@@ -108,9 +108,21 @@ def cores_for(cpu_sets: Iterable[Iterable[int]], quotas: Iterable[float]) -> int
     return cores
 
 
+_own_quota: Optional[float] = None
+
+
+def own_cpu_quota() -> float:
+    """This process's ``cpu_quota()``, read once: a container's quota is set when it starts, and the simulator and
+    the schedules ask for it on every call."""
+    global _own_quota
+    if _own_quota is None:
+        _own_quota = cpu_quota()
+    return _own_quota
+
+
 def usable_cores() -> int:
     """The cores this process may use: its affinity, capped by its cgroup's quota."""
-    return cores_for([affinity()], [cpu_quota()])
+    return cores_for([affinity()], [own_cpu_quota()])
 
 
 # (ranks of the job on this machine, the cores they share), once the runtime has counted them

@@ -142,7 +142,7 @@ class Runtime:
             device=[kind, ident],
             machine=machine.machine_id(),
             cpus=format_cpulist(sorted(machine.affinity())),
-            cpu_quota=machine.cpu_quota(),
+            cpu_quota=machine.own_cpu_quota(),
         )
         near = self._nearest_nic(local, Device(0, kind, ident))
         for t in transports:

@@ -17,6 +17,8 @@ RANKS = range(1, 9)
 DTYPES = [np.float32, np.float64, np.int32, np.int8, np.uint64]
 REDUCE_OPS = [ops.SUM, ops.PROD, ops.MIN, ops.MAX, ops.AVG, ops.BAND, ops.BOR, ops.BXOR]
 COUNTS = [0, 1, 7, 100]
+# A 64-byte chunk splits only the largest count into several chunks; the others are one chunk at either size.
+COUNT_CHUNKS = [(c, 1 << 20) for c in COUNTS] + [(COUNTS[-1], 64)]
 
 
 def _data(rng: np.random.Generator, n: int, dtype, rank: int, op=ops.SUM) -> np.ndarray:
@@ -81,7 +83,7 @@ def _accepts(coll: str, name: str, call: Call, lay: Layout) -> bool:
 def test_allreduce(name: str, p: int) -> None:
     rng = np.random.default_rng(p)
     ran = 0
-    for lay, dtype, count, in_place, chunk in itertools.product(_layouts(p), DTYPES, COUNTS, (False, True), (64, 1 << 20)):
+    for lay, dtype, (count, chunk), in_place in itertools.product(_layouts(p), DTYPES, COUNT_CHUNKS, (False, True)):
         for op in _ops_for(dtype):
             inputs = [_data(rng, count, dtype, r, op) for r in range(p)]
             sends = [a.copy() for a in inputs]
@@ -110,7 +112,8 @@ def test_allreduce(name: str, p: int) -> None:
 def test_reduce_scatter(name: str, p: int) -> None:
     rng = np.random.default_rng(100 + p)
     ran = 0
-    for lay, dtype, each, in_place, chunk in itertools.product(_layouts(p), DTYPES[:3], (0, 1, 5), (False, True), (64, 1 << 20)):
+    each_chunks = ((0, 1 << 20), (1, 1 << 20), (5, 1 << 20), (5, 64))  # blocks of 5: several 64-byte chunks
+    for lay, dtype, (each, chunk), in_place in itertools.product(_layouts(p), DTYPES[:3], each_chunks, (False, True)):
         for op in _ops_for(dtype):
             for vector in (False, True):
                 counts = [each + (r % 3 if vector else 0) for r in range(p)]
@@ -162,8 +165,8 @@ def test_reduce_scatter_staged_in_many_rounds(p: int, monkeypatch) -> None:
 def test_allgather(name: str, p: int) -> None:
     rng = np.random.default_rng(200 + p)
     ran = 0
-    for lay, dtype, each, in_place, chunk, gaps in itertools.product(
-        _layouts(p), DTYPES, (0, 1, 9), (False, True), (64, 1 << 20), (False, True)
+    for lay, dtype, (each, chunk), in_place, gaps in itertools.product(
+        _layouts(p), DTYPES, ((0, 1 << 20), (1, 1 << 20), (9, 1 << 20), (9, 64)), (False, True), (False, True)
     ):
         counts = [each + (r % 2 if gaps else 0) for r in range(p)]
         displs = [d + (2 * i if gaps else 0) for i, d in enumerate(offsets(counts))]  # holes between blocks
@@ -198,7 +201,7 @@ def test_allgather(name: str, p: int) -> None:
 @pytest.mark.parametrize("p", RANKS)
 def test_broadcast(name: str, p: int) -> None:
     rng = np.random.default_rng(300 + p)
-    for root, dtype, count, chunk in itertools.product(range(p), DTYPES, COUNTS, (64, 1 << 20)):
+    for root, dtype, (count, chunk) in itertools.product(range(p), DTYPES, COUNT_CHUNKS):
         data = _data(rng, count, dtype, root)
         bufs = [data.copy() if r == root else np.full(count, 77, dtype) for r in range(p)]
         calls = [Call("broadcast", np.dtype(dtype), recv=bufs[r], root=root) for r in range(p)]
@@ -211,7 +214,7 @@ def test_broadcast(name: str, p: int) -> None:
 @pytest.mark.parametrize("p", RANKS)
 def test_reduce(name: str, p: int) -> None:
     rng = np.random.default_rng(400 + p)
-    for root, dtype, count, in_place, chunk in itertools.product(range(p), DTYPES[:3], COUNTS, (False, True), (64, 1 << 20)):
+    for root, dtype, (count, chunk), in_place in itertools.product(range(p), DTYPES[:3], COUNT_CHUNKS, (False, True)):
         for op in _ops_for(dtype):
             inputs = [_data(rng, count, dtype, r, op) for r in range(p)]
             sends = [a.copy() for a in inputs]
@@ -240,8 +243,8 @@ def test_reproducible_algorithms_give_the_left_fold_bit_for_bit(coll: str, p: in
     signed zeros for MIN and MAX; every other one declines the call."""
     rng = np.random.default_rng(900 + p)
     ran = 0
-    for lay, dtype, count, in_place, chunk in itertools.product(_layouts(p), (np.float32, np.float16), (0, 1, 7, 100),
-                                                                (False, True), (64, 1 << 20)):
+    for lay, dtype, (count, chunk), in_place in itertools.product(_layouts(p), (np.float32, np.float16), COUNT_CHUNKS,
+                                                                  (False, True)):
         for op in (ops.SUM, ops.PROD, ops.MIN, ops.MAX, ops.AVG):
             total = count * p if coll == "reduce_scatter" else count
             inputs = [rng.standard_normal(total).astype(dtype) for _ in range(p)]

@@ -54,6 +54,15 @@ def test_cores_are_the_cpus_any_rank_may_use_capped_by_the_quota():
     assert machine.cores_for([], []) == 1
 
 
+def test_a_process_reads_its_cgroup_quota_once(monkeypatch):
+    reads = []
+    monkeypatch.setattr(machine, "_own_quota", None)
+    monkeypatch.setattr(machine, "cpu_quota", lambda: reads.append(1) or 1.5)
+    monkeypatch.setattr(machine, "affinity", lambda: {0, 1, 2, 3})
+    assert [machine.usable_cores() for _ in range(3)] == [2, 2, 2]  # 1.5 CPUs: two cores' worth
+    assert machine.own_cpu_quota() == 1.5 and len(reads) == 1
+
+
 def test_oversubscribed_follows_the_runtimes_count_once_set(monkeypatch):
     monkeypatch.setattr(machine, "_load", None)
     cores = machine.usable_cores()
