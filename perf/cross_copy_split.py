@@ -130,7 +130,7 @@ def _rank(me: int, shm: mmap.mmap, sizes: list[int], iters: int, chunk: int, out
         ways = {
             "barrier alone": lambda: None,
             "local copy": lambda: _local(dst.ctypes.data, src.ctypes.data, n),
-            "one pull": (lambda: _vm(readv, peer_pid, dst.ctypes.data, peer_src, n, True)) if me == 1 else (lambda: None),
+            "one pull": (lambda: _vm(readv, peer_pid, dst.ctypes.data, peer_src, n, True)) if me else (lambda: None),
             "both pull": lambda: _vm(readv, peer_pid, dst.ctypes.data, peer_src, n, True),
             "split 1/2": split(2),
             "split 1/3": split(3),
@@ -202,7 +202,7 @@ def main() -> None:
     for r in rows:
         key = (r["bytes"], r["way"])
         table[key] = max(table.get(key, 0.0), r["median_us"])
-    lines = [f"# Who copies: one buffer between two processes\n",
+    lines = ["# Who copies: one buffer between two processes\n",
              f"`python perf/cross_copy_split.py --bytes {args.bytes} --iters {args.iters}`, {started}, "
              f"{_cpu_model()}, {os.cpu_count()} CPUs\n",
              "| way | " + " | ".join(f"{n >> 10} KiB" for n in sizes) + " |",
