@@ -51,7 +51,8 @@ _ARENA_SOURCES = ("algorithms/_arena_kernels.py", "algorithms/_arena_signatures.
 SOURCES: dict[str, tuple[str, ...]] = {
     "arena": _ARENA_SOURCES,  # the small collectives and Barrier
     "staged": _ARENA_SOURCES,  # the staged pipes' chunk loops (apart, so the two build in parallel)
-    "p2p": ("p2p_kernels.py", "p2p_lane.py", "transport/atomics.py", "transport/cma.py", "pages.py", "native_build.py"),
+    "p2p": ("p2p_kernels.py", "p2p_addresses.py", "p2p_split.py", "p2p_lane.py", "transport/atomics.py",
+            "transport/cma.py", "transport/shm.py", "pages.py", "native_build.py"),
 }
 # Parameters that carry a user's buffer (or a view of one): the only ones ``fast`` checks.
 USER_PARAMS = frozenset({"send", "recv", "buf", "payload", "dst"})

@@ -96,6 +96,9 @@ class Engine(EagerPaths, CompiledLanes, Progress, FailureHandling, Waiting):
         self._cma_ok: dict[int, bool] = {}
         self.rdv_pulls = 0  # messages this rank copied straight from a sender's buffer
         self.rdv_eager_pulls = 0  # of which an eager receive's compiled path took the announcement
+        # (peer, id) -> (lane, address, bytes) of rendezvous sends whose receiver may take this rank's help
+        self.split_sends: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self.split_chunks = 0  # chunks this rank wrote into its receivers' buffers while it waited
         self._cma: Any = None
         # One doorbell for every inbound stream (all shared-memory, besides the loopback): idle waits block on it.
         bells = {id(b): b for b in (getattr(ch, "bell", None) for ch in channels.values() if ch.kind != "self")}

@@ -18,6 +18,7 @@ from .p2p_protocol import (
     RTS_META,
     ANY_SOURCE,
     HEADER_SIZE,
+    P2P_SPLIT,
     RDV_PULL_S_PER_BYTE,
     SPIN_US,
     RecvRequest,
@@ -320,7 +321,10 @@ class CompiledLanes:
             syscall = int(ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value or 0)
         except (OSError, AttributeError):
             syscall = 0
-        yield_nr = {"x86_64": 24, "amd64": 24, "aarch64": 124, "arm64": 124}.get(os.uname().machine.lower(), -1)
+        arch = os.uname().machine.lower()
+        yield_nr = {"x86_64": 24, "amd64": 24, "aarch64": 124, "arm64": 124}.get(arch, -1)
+        kill_nr = {"x86_64": 62, "amd64": 62, "aarch64": 129, "arm64": 129}.get(arch, -1) if syscall else -1
+        writev = self._writev_address() if P2P_SPLIT.get() and not self.oversubscribed and self._readv else 0
         lane_of = [0] * (max(self.channels) + 1)
         for p, ch in self.channels.items():
             if not hasattr(ch, "lane_addresses") or p not in self._has_input or p in self._closed or p in self._dead:
@@ -333,6 +337,8 @@ class CompiledLanes:
             words[p2p_lane.L_READV] = self._readv
             words[p2p_lane.L_META], words[p2p_lane.L_RTS], words[p2p_lane.L_ACK] = P2P_META, RTS_META, ACK_META
             words[p2p_lane.L_YIELD] = yield_nr if self.oversubscribed and syscall else -1
+            words[p2p_lane.L_WRITEV] = writev
+            words[p2p_lane.L_KILL] = kill_nr
             self._lane_words[p] = words
             self.lane_views[p] = memoryview(words).cast("B").cast("q")
             lane_of[p] = words.ctypes.data
@@ -356,6 +362,16 @@ class CompiledLanes:
 
         try:
             return int(ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0)
+        except (OSError, AttributeError):
+            return 0
+
+    @staticmethod
+    def _writev_address() -> int:
+        """The address of libc's process_vm_writev, for a rendezvous sender's share of the copy (0: none)."""
+        import ctypes
+
+        try:
+            return int(ctypes.cast(ctypes.CDLL(None).process_vm_writev, ctypes.c_void_p).value or 0)
         except (OSError, AttributeError):
             return 0
 

@@ -14,7 +14,7 @@ from .config import float_param, int_param
 from .memory import host_address
 from .p2p import Engine
 from .p2p_protocol import ACK, NO_SEGMENTS, TAG_MAX, P2POwner, RecvRequest, SendRequest
-from .p2p_lane import EMPTY
+from .p2p_lane import EMPTY, SPLIT_MIN_BYTES
 from .p2p_sendrecv import SendRecv
 from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
 
@@ -122,9 +122,11 @@ class FastP2P(SendRecv):
             rid = engine._rdv_seq = engine._rdv_seq + 1
             if not self.k.announce_at(d, e[5], e[6], self.ctx, tag, rid):
                 return flat_bytes_of(e)
-            if self.k.await_ack(d, self.ctx, tag, rid, self.polls + self.engine.pull_polls(e[6])):
+            if self.k.await_ack(d, self.ctx, tag, rid, self.polls + self.engine.pull_polls(e[6]), e[5], e[6]):
                 return None
             req = self._pending_send(peer, rid, flat_bytes_of(e), "Send", dest, tag)
+            if e[6] >= SPLIT_MIN_BYTES:
+                engine.split_sends[(peer, rid)] = (d, e[5], e[6])
         finally:
             self.lock.release()
         self.comm._p2p_wait(req)
@@ -156,6 +158,8 @@ class FastP2P(SendRecv):
                         engine = self.engine
                         rid = engine._rdv_seq = engine._rdv_seq + 1
                         if self.k.announce_at(d, e[5], n, self.ctx, tag, rid):
+                            if n >= SPLIT_MIN_BYTES:
+                                engine.split_sends[(peer, rid)] = (d, e[5], n)
                             return self._pending_send(peer, rid, flat_bytes_of(e), "Isend", dest, tag)
                     finally:
                         self.lock.release()

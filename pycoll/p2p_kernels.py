@@ -10,15 +10,14 @@ in header word 0, the reader's in word 8, each stored with release order after t
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
 from numba import carray, njit, types
-from numba.extending import intrinsic
 
-from .p2p_lane import (ACK_DUE, ACKED, ACKED_OTHER, ANNOUNCED, ANNOUNCED_OWN, EMPTY, HEADER_BYTES, L_ACK, L_BELL,
-                       L_FUTEX, L_GOT_ADDR, L_GOT_BYTES, L_GOT_RID, L_GOT_TAG, L_IN, L_IN_CAP, L_IN_HDR, L_META,
-                       L_OUT, L_OUT_CAP, L_OUT_HDR, L_PID, L_READV, L_RTS, L_SYSCALL, L_YIELD, NOT_SENT, OTHER, PULLED,
-                       PULLED_ACK_DUE, PULLED_IN, RECEIVED, SENT, TAKEN)
-from .transport.atomics import byte_pointer, call6, copy_at, cpu_relax, cross_copy, load_acquire, store_seq_cst
+from .p2p_addresses import HEAD_AT, TAIL_AT, acquire, publish, put_word, relax, wake, word
+from .p2p_lane import (ACK_DUE, ACKED, ACKED_OTHER, ANNOUNCED, ANNOUNCED_OWN, EMPTY, HEADER_BYTES, L_ACK, L_GOT_ADDR,
+                       L_GOT_BYTES, L_GOT_RID, L_GOT_TAG, L_IN, L_IN_CAP, L_IN_HDR, L_META, L_OUT, L_OUT_CAP,
+                       L_OUT_HDR, L_RTS, NOT_SENT, OTHER, PULLED, PULLED_ACK_DUE, PULLED_IN, RECEIVED, SENT, TAKEN)
+from .p2p_split import help_split, help_split_inline, offer_split, pull_split  # noqa: F401  (help_split: exported)
+from .transport.atomics import byte_pointer, copy_at, cpu_relax, cross_copy, load_acquire, store_seq_cst
 
 
 _BYTES = types.Array(types.uint8, 1, "C")
@@ -254,109 +253,23 @@ def exchange_plain(out, out_words, payload, send_tag, ctx, inp, in_words, dst, r
 #
 # A lane is one peer's pair of rings, described by int64 words at address ``d`` (``Engine._lane_words`` fills them).
 # Results besides the status go back in the lane's output words.
-_TAIL_AT, _HEAD_AT = 0, 64  # byte offsets of a ring's writer and reader counts in its header
-
-
-def _int_arg(context, builder, sig, args, i):
-    return context.cast(builder, args[i], sig.args[i], types.int64)
-
-
-@intrinsic
-def _word(typingctx, addr):
-    """The int64 at address ``addr`` (a plain load)."""
-
-    def codegen(context, builder, sig, args):
-        return builder.load(builder.inttoptr(_int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer()))
-
-    return types.int64(addr), codegen
-
-
-@intrinsic
-def _put(typingctx, addr, value):
-    """Store the int64 ``value`` at address ``addr`` (a plain store)."""
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(_int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
-        builder.store(_int_arg(context, builder, sig, args, 1), ptr)
-        return context.get_dummy_value()
-
-    return types.void(addr, value), codegen
-
-
-@intrinsic
-def _acquire(typingctx, addr):
-    """The int64 at ``addr`` read with acquire order (never hoisted out of a spin loop)."""
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(_int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
-        return builder.load_atomic(ptr, "acquire", 8)
-
-    return types.int64(addr), codegen
-
-
-@intrinsic
-def _publish(typingctx, addr, value):
-    """Store ``value`` at ``addr``, sequentially consistent: the bytes written before it are visible first."""
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(_int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
-        builder.store_atomic(_int_arg(context, builder, sig, args, 1), ptr, "seq_cst", 8)
-        return context.get_dummy_value()
-
-    return types.void(addr, value), codegen
-
-
-@intrinsic
-def _bump32(typingctx, addr):
-    """Add one to the 32-bit word at ``addr`` (atomically)."""
-
-    def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(_int_arg(context, builder, sig, args, 0), ir.IntType(32).as_pointer())
-        builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(32), 1), "seq_cst")
-        return context.get_dummy_value()
-
-    return types.void(addr), codegen
-
-
-@njit(inline="always", cache=True, nogil=True)
-def _wake(d):
-    """Wake the peer if it sleeps on its doorbell (its flag word set): bump the futex word, then a futex wake."""
-    bell = _word(d + 8 * L_BELL)
-    if bell != 0 and _acquire(bell) != 0:
-        _bump32(bell + 8)
-        fn = _word(d + 8 * L_SYSCALL)
-        if fn != 0:
-            call6(fn, _word(d + 8 * L_FUTEX), bell + 8, 1, 0x7FFFFFFF, 0, 0)
-
-
-@njit(inline="always", cache=True, nogil=True)
-def _relax(d):
-    """One pause of a spin: the PAUSE hint, or where ranks outnumber cores a sched_yield (the core to a rank with work)."""
-    nr = _word(d + 8 * L_YIELD)
-    fn = _word(d + 8 * L_SYSCALL)
-    if nr >= 0 and fn != 0:
-        call6(fn, nr, 0, 0, 0, 0, 0)
-    else:
-        cpu_relax()
-
-
 @njit(inline="always", cache=True, nogil=True)
 def _header_out(d, ctx, tag, n, meta, count, vhash, payload):
     """Write a frame header (its size word ``n``) at the outbound ring's tail if the frame, with ``payload`` bytes
     after the header, fits; the tail it was written at, or -1."""
-    cap = _word(d + 8 * L_OUT_CAP)
-    hdr = _word(d + 8 * L_OUT_HDR)
-    tail = _word(hdr + _TAIL_AT)  # only this process writes it
+    cap = word(d + 8 * L_OUT_CAP)
+    hdr = word(d + 8 * L_OUT_HDR)
+    tail = word(hdr + TAIL_AT)  # only this process writes it
     total = HEADER_BYTES + (payload + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
-    if cap - (tail - _acquire(hdr + _HEAD_AT)) < total:
+    if cap - (tail - acquire(hdr + HEAD_AT)) < total:
         return -1
-    at = _word(d + 8 * L_OUT) + tail % cap
-    _put(at, ctx)
-    _put(at + 8, tag)
-    _put(at + 16, n)
-    _put(at + 24, meta)
-    _put(at + 32, count)
-    _put(at + 40, vhash)
+    at = word(d + 8 * L_OUT) + tail % cap
+    put_word(at, ctx)
+    put_word(at + 8, tag)
+    put_word(at + 16, n)
+    put_word(at + 24, meta)
+    put_word(at + 32, count)
+    put_word(at + 40, vhash)
     return tail
 
 
@@ -364,8 +277,8 @@ def _header_out(d, ctx, tag, n, meta, count, vhash, payload):
 def _publish_out(d, tail, n):
     """Publish the frame of ``n`` payload bytes written at ``tail`` and wake the peer if it sleeps."""
     total = HEADER_BYTES + (n + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
-    _publish(_word(d + 8 * L_OUT_HDR) + _TAIL_AT, tail + total)
-    _wake(d)
+    publish(word(d + 8 * L_OUT_HDR) + TAIL_AT, tail + total)
+    wake(d)
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -374,8 +287,8 @@ def _frame_out(d, src, n, ctx, tag, meta):
     tail = _header_out(d, ctx, tag, n, meta, 0, 0, n)
     if tail < 0:
         return False
-    cap = _word(d + 8 * L_OUT_CAP)
-    base = _word(d + 8 * L_OUT)
+    cap = word(d + 8 * L_OUT_CAP)
+    base = word(d + 8 * L_OUT)
     at = (tail + HEADER_BYTES) % cap  # the header never wraps (64-byte frames, capacity a multiple of 64)
     first = min(n, cap - at)  # the payload may: its rest starts the ring again
     if first > 0:
@@ -387,18 +300,10 @@ def _frame_out(d, src, n, ctx, tag, meta):
 
 
 @njit(inline="always", cache=True, nogil=True)
-def _pull(d, dst, addr, n):
-    """Copy ``n`` bytes at ``addr`` in the peer into ``dst`` by process_vm_readv; False if a call failed (the
-    Python path finds out why)."""
-    fn = _word(d + 8 * L_READV)
-    return fn != 0 and cross_copy(fn, _word(d + 8 * L_PID), dst, addr, n, True)
-
-
-@njit(inline="always", cache=True, nogil=True)
 def _consume_in(d, head):
     """Hand the inbound ring's bytes up to ``head`` back to the writer (waking it if it sleeps)."""
-    _publish(_word(d + 8 * L_IN_HDR) + _HEAD_AT, head)
-    _wake(d)
+    publish(word(d + 8 * L_IN_HDR) + HEAD_AT, head)
+    wake(d)
 
 
 @njit(inline="always", cache=True, nogil=True)
@@ -409,44 +314,44 @@ def _take_step(d, dst, cap_bytes, ctx, tag, can_ack):
     consumed), PULLED (an announced one copied from the sender, consumed and acknowledged unless ``can_ack`` is 0 or
     the ring back is full: PULLED_ACK_DUE), ANNOUNCED (the pull failed: left). The message's tag and size go to
     L_GOT_TAG and L_GOT_BYTES, a rendezvous id to L_GOT_RID."""
-    hdr = _word(d + 8 * L_IN_HDR)
-    head = _word(hdr + _HEAD_AT)  # only this process writes it
-    tail = _acquire(hdr + _TAIL_AT)
+    hdr = word(d + 8 * L_IN_HDR)
+    head = word(hdr + HEAD_AT)  # only this process writes it
+    tail = acquire(hdr + TAIL_AT)
     if tail == head:
         return EMPTY
-    icap = _word(d + 8 * L_IN_CAP)
-    at = _word(d + 8 * L_IN) + head % icap
-    f_ctx = _word(at)
-    f_tag = _word(at + 8)
-    n = _word(at + 16)
-    meta = _word(at + 24)
-    if meta == _word(d + 8 * L_ACK) and n == 0 and f_ctx != -1:
-        _put(d + 8 * L_GOT_RID, _word(at + 40))
-        _put(d + 8 * L_GOT_TAG, f_tag)
+    icap = word(d + 8 * L_IN_CAP)
+    at = word(d + 8 * L_IN) + head % icap
+    f_ctx = word(at)
+    f_tag = word(at + 8)
+    n = word(at + 16)
+    meta = word(at + 24)
+    if meta == word(d + 8 * L_ACK) and n == 0 and f_ctx != -1:
+        put_word(d + 8 * L_GOT_RID, word(at + 40))
+        put_word(d + 8 * L_GOT_TAG, f_tag)
         _consume_in(d, head + HEADER_BYTES)
         return ACKED
     if f_ctx != ctx or (tag >= 0 and f_tag != tag) or n > cap_bytes:
         return OTHER
-    _put(d + 8 * L_GOT_TAG, f_tag)
-    _put(d + 8 * L_GOT_BYTES, n)
-    if meta == _word(d + 8 * L_RTS):
-        rid = _word(at + 40)
-        _put(d + 8 * L_GOT_RID, rid)
-        _put(d + 8 * L_GOT_ADDR, _word(at + 32))
-        if not _pull(d, dst, _word(at + 32), n):
+    put_word(d + 8 * L_GOT_TAG, f_tag)
+    put_word(d + 8 * L_GOT_BYTES, n)
+    if meta == word(d + 8 * L_RTS):
+        rid = word(at + 40)
+        put_word(d + 8 * L_GOT_RID, rid)
+        put_word(d + 8 * L_GOT_ADDR, word(at + 32))
+        if not pull_split(d, dst, word(at + 32), n, rid):
             return ANNOUNCED
         _consume_in(d, head + HEADER_BYTES)
         if can_ack == 0:
             return PULLED_ACK_DUE
-        out = _header_out(d, ctx, f_tag, 0, _word(d + 8 * L_ACK), 0, rid, 0)
+        out = _header_out(d, ctx, f_tag, 0, word(d + 8 * L_ACK), 0, rid, 0)
         if out < 0:
             return PULLED_ACK_DUE
         _publish_out(d, out, 0)
         return PULLED
     total = HEADER_BYTES + (n + HEADER_BYTES - 1) // HEADER_BYTES * HEADER_BYTES
-    if meta != _word(d + 8 * L_META) or _word(at + 32) != 0 or _word(at + 40) != 0 or tail - head < total:
+    if meta != word(d + 8 * L_META) or word(at + 32) != 0 or word(at + 40) != 0 or tail - head < total:
         return OTHER
-    base = _word(d + 8 * L_IN)
+    base = word(d + 8 * L_IN)
     pos = (head + HEADER_BYTES) % icap
     first = min(n, icap - pos)
     if first > 0:
@@ -461,20 +366,20 @@ def _take_step(d, dst, cap_bytes, ctx, tag, can_ack):
 def put(d, src, n, ctx, tag):
     """Send a plain message of ``n`` bytes at address ``src`` on lane ``d``: 1 once published, 0 (nothing written)
     when the ring lacks room."""
-    return 1 if _frame_out(d, src, n, ctx, tag, _word(d + 8 * L_META)) else 0
+    return 1 if _frame_out(d, src, n, ctx, tag, word(d + 8 * L_META)) else 0
 
 
 @njit(types.int64(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64),
       cache=True, nogil=True)
 def take(d, dst, cap_bytes, ctx, tag, polls, can_ack):
     """A receive on lane ``d`` (see ``_take_step``), waiting up to ``polls`` polls for a frame; its status."""
-    hdr = _word(d + 8 * L_IN_HDR)
-    head = _word(hdr + _HEAD_AT)
-    while _acquire(hdr + _TAIL_AT) == head:
+    hdr = word(d + 8 * L_IN_HDR)
+    head = word(hdr + HEAD_AT)
+    while acquire(hdr + TAIL_AT) == head:
         if polls <= 0:
             return EMPTY
         polls -= 1
-        _relax(d)
+        relax(d)
     return _take_step(d, dst, cap_bytes, ctx, tag, can_ack)
 
 
@@ -482,9 +387,10 @@ def take(d, dst, cap_bytes, ctx, tag, polls, can_ack):
       nogil=True)
 def announce_at(d, src, n, ctx, tag, rid):
     """Announce rendezvous ``rid`` of ``n`` bytes at address ``src`` on lane ``d``: 1 once published, 0 if full."""
-    tail = _header_out(d, ctx, tag, n, _word(d + 8 * L_RTS), src, rid, 0)
+    tail = _header_out(d, ctx, tag, n, word(d + 8 * L_RTS), src, rid, 0)
     if tail < 0:
         return 0
+    offer_split(d, rid, n)
     _publish_out(d, tail, 0)
     return 1
 
@@ -492,29 +398,32 @@ def announce_at(d, src, n, ctx, tag, rid):
 @njit(inline="always", cache=True, nogil=True)
 def _ack_step(d, ctx, tag, rid):
     """Consume the acknowledgement of rendezvous ``rid`` if it is the inbound ring's next frame: 1 if it was."""
-    hdr = _word(d + 8 * L_IN_HDR)
-    head = _word(hdr + _HEAD_AT)
-    if _acquire(hdr + _TAIL_AT) == head:
+    hdr = word(d + 8 * L_IN_HDR)
+    head = word(hdr + HEAD_AT)
+    if acquire(hdr + TAIL_AT) == head:
         return 0
-    at = _word(d + 8 * L_IN) + head % _word(d + 8 * L_IN_CAP)
-    if (_word(at) != ctx or _word(at + 8) != tag or _word(at + 16) != 0 or _word(at + 24) != _word(d + 8 * L_ACK)
-            or _word(at + 40) != rid):
+    at = word(d + 8 * L_IN) + head % word(d + 8 * L_IN_CAP)
+    if (word(at) != ctx or word(at + 8) != tag or word(at + 16) != 0 or word(at + 24) != word(d + 8 * L_ACK)
+            or word(at + 40) != rid):
         return 0
     _consume_in(d, head + HEADER_BYTES)
     return 1
 
 
-@njit(types.int64(types.int64, types.int64, types.int64, types.int64, types.int64), cache=True, nogil=True)
-def await_ack(d, ctx, tag, rid, polls):
-    """Wait up to ``polls`` polls for the acknowledgement of rendezvous ``rid`` as lane ``d``'s next frame and
-    consume it: 1, or 0 (another frame is next, or none came)."""
-    hdr = _word(d + 8 * L_IN_HDR)
-    head = _word(hdr + _HEAD_AT)
-    while _acquire(hdr + _TAIL_AT) == head:
+@njit(types.int64(types.int64, types.int64, types.int64, types.int64, types.int64, types.int64, types.int64),
+      cache=True, nogil=True)
+def await_ack(d, ctx, tag, rid, polls, src, n):
+    """Wait up to ``polls`` polls for the acknowledgement of rendezvous ``rid`` (``n`` bytes at ``src``) as lane
+    ``d``'s next frame and consume it: 1, or 0 (another frame is next, or none came). Meanwhile, write the chunks
+    the receiver leaves (``p2p_split.help_split_inline``)."""
+    hdr = word(d + 8 * L_IN_HDR)
+    head = word(hdr + HEAD_AT)
+    while acquire(hdr + TAIL_AT) == head:
         if polls <= 0:
             return 0
         polls -= 1
-        _relax(d)
+        if help_split_inline(d, rid, src, n) == 0:
+            relax(d)
     return _ack_step(d, ctx, tag, rid)
 
 
@@ -523,7 +432,7 @@ def await_ack(d, ctx, tag, rid, polls):
 def exchange(dd, ds, src, n, stag, dst, cap_bytes, rtag, ctx, polls, can_ack):
     """A Sendrecv of eager size: ``put`` on lane ``dd``, then ``take`` on lane ``ds``; NOT_SENT (nothing done) if
     the message did not fit, else the take's status."""
-    if not _frame_out(dd, src, n, ctx, stag, _word(dd + 8 * L_META)):
+    if not _frame_out(dd, src, n, ctx, stag, word(dd + 8 * L_META)):
         return NOT_SENT
     return take(ds, dst, cap_bytes, ctx, rtag, polls, can_ack)
 
@@ -540,9 +449,10 @@ def exchange_rdv(dd, ds, src, n, stag, dst, cap_bytes, rtag, ctx, rid, polls, ca
     place, leaving it for the engine."""
     state &= ANNOUNCED_OWN | SENT | RECEIVED | PULLED_IN
     if state & ANNOUNCED_OWN == 0:
-        tail = _header_out(dd, ctx, stag, n, _word(dd + 8 * L_RTS), src, rid, 0)
+        tail = _header_out(dd, ctx, stag, n, word(dd + 8 * L_RTS), src, rid, 0)
         if tail < 0:
             return 0
+        offer_split(dd, rid, n)
         _publish_out(dd, tail, 0)
         state = np.int64(ANNOUNCED_OWN)  # typed as the argument (the AOT compiler does not unify a literal)
     while True:
@@ -570,4 +480,4 @@ def exchange_rdv(dd, ds, src, n, stag, dst, cap_bytes, rtag, ctx, rid, polls, ca
             if polls <= 0:
                 return state
             polls -= 1
-            _relax(ds)
+            relax(ds)

@@ -45,6 +45,8 @@ class Progress:
         moved = False
         if self._lanes and (self._posted or self._rdv_sends) and not self._schedules:
             moved = self._drain()
+        if self.split_sends and self._help_splits():
+            moved = True
         dead = self._dead
         for peer, ch, q, st, has_input in self._peers:
             if peer in dead:  # its channel is closed (a peer failed while this loop ran): nothing to read or ask
@@ -65,6 +67,23 @@ class Progress:
                 if sched.done:
                     self._schedules.remove(sched)
         return moved
+
+    def _help_splits(self) -> bool:
+        """Write chunks of the oldest rendezvous sends still waiting into their receivers' buffers, where they have
+        begun reading (``p2p_kernels.help_split``); forget the sends that are done. True if a chunk was written."""
+        k, lane_of, pending = self._kernels, self.lane_of, self._rdv_sends
+        live = 0
+        wrote = 0
+        for key, (d, src, n) in list(self.split_sends.items()):
+            if key not in pending or k is None or lane_of is None or not lane_of[key[0]]:
+                del self.split_sends[key]
+                continue
+            wrote += k.help_split(d, key[1], src, n)
+            live += 1
+            if live == 2:  # the receiver reads in order: the oldest are the ones it may be on
+                break
+        self.split_chunks += wrote
+        return wrote > 0
 
     def _push(self, peer: int, q: deque) -> bool:
         ch = self.channels[peer]

@@ -51,6 +51,12 @@ P2P_CMA_BYTES = size_param(
     "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA; default 128K: "
     "below it the eager ring's two copies, pipelined between the ranks, beat the rendezvous' handshake).",
 )
+P2P_SPLIT = bool_param(
+    "PYCOLL_P2P_SPLIT", True,
+    "Set to 0 to leave a rendezvous' copy to its receiver alone; by default, where every rank of the host has a core, "
+    "a sender waiting for its acknowledgement writes chunks from the back of the message (process_vm_writev) while "
+    "the receiver reads them from the front, so both cores copy.",
+)
 TCP_EAGER = bool_param(
     "PYCOLL_TCP_EAGER", True,
     "Set to 0 to send every point-to-point message to a peer on another host through the progress engine; by "

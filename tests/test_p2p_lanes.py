@@ -16,6 +16,7 @@ from pycoll import p2p_lane as lane  # noqa: E402
 from pycoll.p2p_protocol import ACK_META, P2P_META, RTS_META  # noqa: E402
 
 CAP = 4096
+HEADER_WORDS = (lane.SPLIT_TABLE + lane.SPLIT_SLOTS * lane.SPLIT_SLOT_BYTES) // 8  # as transport.shm's rings
 CTX = 2
 TAKEN, EMPTY, OTHER, ANNOUNCED, ACKED, PULLED = lane.TAKEN, lane.EMPTY, lane.OTHER, lane.ANNOUNCED, lane.ACKED, lane.PULLED
 
@@ -31,7 +32,7 @@ class Pair:
     """Rank a and rank b of one process: ring ab (a writes, b reads) and ring ba, and each side's lane words."""
 
     def __init__(self, cap: int = CAP, readv: bool = True) -> None:
-        self.rings = {name: (np.zeros(cap, np.uint8), np.zeros(32, np.int64)) for name in ("ab", "ba")}
+        self.rings = {name: (np.zeros(cap, np.uint8), np.zeros(HEADER_WORDS, np.int64)) for name in ("ab", "ba")}
         self.a = self._lane("ab", "ba", readv)
         self.b = self._lane("ba", "ab", readv)
 
@@ -110,7 +111,7 @@ def test_rendezvous_pull_ack_and_await():
     a, b = p.addr(p.a), p.addr(p.b)
     big = data(100_000, 9)
     assert k.announce_at(a, big.ctypes.data, big.size, CTX, 4, 77) == 1
-    assert k.await_ack(a, CTX, 4, 77, 10) == 0  # not pulled yet
+    assert k.await_ack(a, CTX, 4, 77, 10, big.ctypes.data, big.size) == 0  # not pulled yet
     got = np.zeros(big.size, np.uint8)
     status = k.take(b, got.ctypes.data, 10, CTX, 4, 0, 1)  # too small: left for the engine's truncation report
     assert status == OTHER
@@ -119,8 +120,8 @@ def test_rendezvous_pull_ack_and_await():
         pytest.skip("process_vm_readv refused here (ptrace rules)")
     assert status == PULLED and (got == big).all()
     assert (p.b[lane.L_GOT_RID], p.b[lane.L_GOT_BYTES]) == (77, big.size)
-    assert k.await_ack(a, CTX, 4, 76, 0) == 0  # another id's acknowledgement is not consumed
-    assert k.await_ack(a, CTX, 4, 77, 0) == 1
+    assert k.await_ack(a, CTX, 4, 76, 0, big.ctypes.data, big.size) == 0  # another id's acknowledgement is not consumed
+    assert k.await_ack(a, CTX, 4, 77, 0, big.ctypes.data, big.size) == 1
     assert p.head("ba") == p.tail("ba")
 
 
@@ -196,7 +197,7 @@ def test_exchange_rendezvous(other_size):
     assert state & (lane.SENT | lane.RECEIVED) == lane.SENT | lane.RECEIVED
     assert (rb == sa).all() and (ra == sb).all()
     if other_size > 64:  # b's own send: a acknowledged it
-        assert k.await_ack(b, CTX, 1, 50, 0) == 1
+        assert k.await_ack(b, CTX, 1, 50, 0, sb.ctypes.data, sb.size) == 1
 
 
 def test_exchange_rendezvous_reports_another_acknowledgement():

@@ -18,9 +18,12 @@ SHM_BUFFER = size_param(
     "PYCOLL_SHM_BUFFER", 4 << 20, "Bytes of each shared-memory ring (one per ordered pair of ranks on a host); rounded up to 4 KiB."
 )
 
-# Ring header: four 64-byte lines so the two writers never share a cache line.
+# Ring header: four 64-byte lines so the two writers never share a cache line, then the split table: one 64-byte
+# slot per rendezvous in flight (by its id modulo the slots), where the sender and the receiver of a large message
+# claim its chunks (pycoll.p2p_kernels: the receiver pulls from the front, the sender pushes from the back).
 _TAIL, _HEAD, _SENDER_STATE, _RECEIVER_STATE = 0, 64, 128, 192
-_HEADER = 256
+SPLIT_TABLE, SPLIT_SLOTS, SPLIT_SLOT_BYTES = 256, 64, 64
+_HEADER = SPLIT_TABLE + SPLIT_SLOTS * SPLIT_SLOT_BYTES
 _OPEN, _CLOSED = 0, 1
 _UNKNOWN, _CAN_PULL, _CANNOT_PULL = 0, 1, 2  # receiver_state[1]: can the receiver read the sender's memory?
 

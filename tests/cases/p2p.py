@@ -292,3 +292,37 @@ def case_p2p_with_collectives(ctx):
         ctx.check("p2p while Iallreduce outstanding", got, np.full(1000, left, np.int32))
     creq.Wait()
     ctx.check("Iallreduce across p2p", big_out, reduce_ref("SUM", [ctx.data(np.float32, 200000, q) for q in range(n)], np.float32))
+
+
+@case
+def case_split_every_call(ctx):
+    """Messages past the rendezvous size whose copy the sender may share (pycoll's split table): Isend windows,
+    blocking Send and Recv, Sendrecv and Irecv posted first, sizes off the chunk grid, each checked whole."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    partner = r ^ 1
+    if partner >= n:
+        return
+    for rounds, count in ((3, (1 << 20) + 3), (2, (4 << 20) + 129), (2, 300_001)):
+        for i in range(rounds):
+            # a window of Isends one way, then blocking Send/Recv the other way
+            window = [ctx.data(np.uint8, count, r, "w", i, j) for j in range(4)]
+            got = [np.zeros(count, np.uint8) for _ in range(4)]
+            if r < partner:
+                MPI.Request.Waitall([comm.Isend([w, count, MPI.BYTE], partner, 40 + j) for j, w in enumerate(window)])
+                back = np.zeros(count, np.uint8)
+                comm.Recv([back, count, MPI.BYTE], partner, 45)
+                ctx.check(f"blocking Recv {count} B", back, ctx.data(np.uint8, count, partner, "s", i))
+            else:
+                MPI.Request.Waitall([comm.Irecv([g, count, MPI.BYTE], partner, 40 + j) for j, g in enumerate(got)])
+                for j, g in enumerate(got):
+                    ctx.check(f"Isend window {count} B #{j}", g, ctx.data(np.uint8, count, partner, "w", i, j))
+                comm.Send([ctx.data(np.uint8, count, r, "s", i), count, MPI.BYTE], partner, 45)
+            out, inbuf = ctx.data(np.uint8, count, r, "x", i), np.zeros(count, np.uint8)
+            comm.Sendrecv([out, count, MPI.BYTE], partner, 46, [inbuf, count, MPI.BYTE], partner, 46)
+            ctx.check(f"Sendrecv {count} B", inbuf, ctx.data(np.uint8, count, partner, "x", i))
+    engine = getattr(comm, "_engine", None)
+    if engine is not None and hasattr(engine, "split_chunks"):
+        ctx.record("split_chunks", int(engine.split_chunks))
