@@ -18,12 +18,17 @@ def int_arg(context, builder, sig, args, i):
     return context.cast(builder, args[i], sig.args[i], types.int64)
 
 
+def _pointer(context, builder, sig, args, bits=64):
+    """The first argument, an address, as a pointer to a ``bits``-bit integer."""
+    return builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(bits).as_pointer())
+
+
 @intrinsic
 def word(typingctx, addr):
     """The int64 at address ``addr`` (a plain load)."""
 
     def codegen(context, builder, sig, args):
-        return builder.load(builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer()))
+        return builder.load(_pointer(context, builder, sig, args))
 
     return types.int64(addr), codegen
 
@@ -33,7 +38,7 @@ def put_word(typingctx, addr, value):
     """Store the int64 ``value`` at address ``addr`` (a plain store)."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
+        ptr = _pointer(context, builder, sig, args)
         builder.store(int_arg(context, builder, sig, args, 1), ptr)
         return context.get_dummy_value()
 
@@ -45,7 +50,7 @@ def acquire(typingctx, addr):
     """The int64 at ``addr`` read with acquire order (never hoisted out of a spin loop)."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
+        ptr = _pointer(context, builder, sig, args)
         return builder.load_atomic(ptr, "acquire", 8)
 
     return types.int64(addr), codegen
@@ -56,7 +61,7 @@ def publish(typingctx, addr, value):
     """Store ``value`` at ``addr``, sequentially consistent: the bytes written before it are visible first."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
+        ptr = _pointer(context, builder, sig, args)
         builder.store_atomic(int_arg(context, builder, sig, args, 1), ptr, "seq_cst", 8)
         return context.get_dummy_value()
 
@@ -68,7 +73,7 @@ def bump32(typingctx, addr):
     """Add one to the 32-bit word at ``addr`` (atomically)."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(32).as_pointer())
+        ptr = _pointer(context, builder, sig, args, 32)
         builder.atomic_rmw("add", ptr, ir.Constant(ir.IntType(32), 1), "seq_cst")
         return context.get_dummy_value()
 
@@ -80,7 +85,7 @@ def cas(typingctx, addr, expected, new):
     """Compare the int64 at ``addr`` with ``expected`` and, if equal, store ``new`` (atomically): 1 if stored."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.inttoptr(int_arg(context, builder, sig, args, 0), ir.IntType(64).as_pointer())
+        ptr = _pointer(context, builder, sig, args)
         res = builder.cmpxchg(ptr, int_arg(context, builder, sig, args, 1), int_arg(context, builder, sig, args, 2),
                               "seq_cst", "seq_cst")
         return builder.zext(builder.extract_value(res, 1), ir.IntType(64))

@@ -26,6 +26,10 @@ from .p2p_protocol import (
 )
 
 
+# (sched_yield, kill) by machine: the system calls the kernels make through libc's syscall()
+_SYSCALL_NUMBERS = {"x86_64": (24, 62), "amd64": (24, 62), "aarch64": (124, 129), "arm64": (124, 129)}
+
+
 class CompiledLanes:
     """The engine's use of the compiled eager kernels on shared-memory lanes (mixed into ``p2p.Engine``)."""
 
@@ -302,7 +306,7 @@ class CompiledLanes:
         elif k is not None:
             self._lanes = {p: ch.kernel_lane() + (ch, ch.peer_pid) for p, ch in self.channels.items()
                            if hasattr(ch, "kernel_lane") and p in self._has_input and p not in self._closed}
-            self._readv = self._readv_address()
+            self._readv = self._cma_address("read")
             self._kernels = k
             poll_s = self._poll_seconds(k)
             self._eager_kernel_polls = max(int(SPIN_US.get() * 1e-6 / poll_s), 1)
@@ -321,10 +325,8 @@ class CompiledLanes:
             syscall = int(ctypes.cast(ctypes.CDLL(None).syscall, ctypes.c_void_p).value or 0)
         except (OSError, AttributeError):
             syscall = 0
-        arch = os.uname().machine.lower()
-        yield_nr = {"x86_64": 24, "amd64": 24, "aarch64": 124, "arm64": 124}.get(arch, -1)
-        kill_nr = {"x86_64": 62, "amd64": 62, "aarch64": 129, "arm64": 129}.get(arch, -1) if syscall else -1
-        writev = self._writev_address() if P2P_SPLIT.get() and not self.oversubscribed and self._readv else 0
+        yield_nr, kill_nr = _SYSCALL_NUMBERS.get(os.uname().machine.lower(), (-1, -1)) if syscall else (-1, -1)
+        writev = self._cma_address("write") if P2P_SPLIT.get() and not self.oversubscribed and self._readv else 0
         lane_of = [0] * (max(self.channels) + 1)
         for p, ch in self.channels.items():
             if not hasattr(ch, "lane_addresses") or p not in self._has_input or p in self._closed or p in self._dead:
@@ -336,7 +338,7 @@ class CompiledLanes:
             words[p2p_lane.L_PID] = ch.peer_pid
             words[p2p_lane.L_READV] = self._readv
             words[p2p_lane.L_META], words[p2p_lane.L_RTS], words[p2p_lane.L_ACK] = P2P_META, RTS_META, ACK_META
-            words[p2p_lane.L_YIELD] = yield_nr if self.oversubscribed and syscall else -1
+            words[p2p_lane.L_YIELD] = yield_nr if self.oversubscribed else -1
             words[p2p_lane.L_WRITEV] = writev
             words[p2p_lane.L_KILL] = kill_nr
             self._lane_words[p] = words
@@ -349,31 +351,15 @@ class CompiledLanes:
         if self.lane_of is not None and 0 <= peer < len(self.lane_of):
             self.lane_of[peer] = 0
 
-    def _readv_address(self) -> int:
-        """The address of libc's process_vm_readv for the compiled rendezvous pull; 0 where cross-memory attach is
-        off or unavailable (announcements then go through the Python copy, which says why)."""
+    def _cma_address(self, kind: str) -> int:
+        """The address of libc's process_vm_readv (``read``: the compiled rendezvous pull) or _writev (``write``: a
+        sender's share of the copy); 0 where cross-memory attach is off or unavailable (announcements then go
+        through the Python copy, which says why)."""
         if self._cma is None:
             from .transport.cma import CrossMemory
 
             self._cma = CrossMemory()
-        if not self._cma.loaded:
-            return 0
-        import ctypes
-
-        try:
-            return int(ctypes.cast(ctypes.CDLL(None).process_vm_readv, ctypes.c_void_p).value or 0)
-        except (OSError, AttributeError):
-            return 0
-
-    @staticmethod
-    def _writev_address() -> int:
-        """The address of libc's process_vm_writev, for a rendezvous sender's share of the copy (0: none)."""
-        import ctypes
-
-        try:
-            return int(ctypes.cast(ctypes.CDLL(None).process_vm_writev, ctypes.c_void_p).value or 0)
-        except (OSError, AttributeError):
-            return 0
+        return self._cma.function_address(kind)
 
     @staticmethod
     def _poll_seconds(k: Any) -> float:

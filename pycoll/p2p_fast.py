@@ -124,20 +124,23 @@ class FastP2P(SendRecv):
                 return flat_bytes_of(e)
             if self.k.await_ack(d, self.ctx, tag, rid, self.polls + self.engine.pull_polls(e[6]), e[5], e[6]):
                 return None
-            req = self._pending_send(peer, rid, flat_bytes_of(e), "Send", dest, tag)
-            if e[6] >= SPLIT_MIN_BYTES:
-                engine.split_sends[(peer, rid)] = (d, e[5], e[6])
+            req = self._pending_send(peer, rid, d, e, "Send", dest, tag)
         finally:
             self.lock.release()
         self.comm._p2p_wait(req)
         return None
 
-    def _pending_send(self, peer: int, rid: int, arr: np.ndarray, opname: str, dest: int, tag: int) -> SendRequest:
-        """The engine's request for rendezvous ``rid``, announced here, whose acknowledgement is still to come."""
+    def _pending_send(self, peer: int, rid: int, d: int, e: tuple, opname: str, dest: int, tag: int) -> SendRequest:
+        """The engine's request for rendezvous ``rid`` of spec ``e``, announced here on lane ``d``, whose
+        acknowledgement is still to come; one of split size is also kept for the engine's wait to help copy
+        (``Progress._help_splits``)."""
         req = SendRequest(self._owner(opname, "dest", dest, tag), peer, self.ctx, tag, NO_SEGMENTS)
         req.rdv = rid
         self.engine._rdv_sends[(peer, rid)] = req
-        self.engine._rdv_data[(peer, rid)] = memoryview(arr)  # streamed from, should the receiver fail to pull
+        # streamed from, should the receiver fail to pull
+        self.engine._rdv_data[(peer, rid)] = memoryview(flat_bytes_of(e))
+        if e[6] >= SPLIT_MIN_BYTES:
+            self.engine.split_sends[(peer, rid)] = (d, e[5], e[6])
         return req
 
     def isend(self, buf: Any, dest: Any, tag: Any) -> Any:
@@ -158,9 +161,7 @@ class FastP2P(SendRecv):
                         engine = self.engine
                         rid = engine._rdv_seq = engine._rdv_seq + 1
                         if self.k.announce_at(d, e[5], n, self.ctx, tag, rid):
-                            if n >= SPLIT_MIN_BYTES:
-                                engine.split_sends[(peer, rid)] = (d, e[5], n)
-                            return self._pending_send(peer, rid, flat_bytes_of(e), "Isend", dest, tag)
+                            return self._pending_send(peer, rid, d, e, "Isend", dest, tag)
                     finally:
                         self.lock.release()
         return flat_bytes_of(e)

@@ -106,5 +106,5 @@ class SendRecv:
             if not state & 16:
                 break
             engine._acked(rpeer, self.words[rpeer][18])  # ACKED_OTHER: another send of this rank is done; go on
-        sreq = None if state & 2 else self._pending_send(speer, rid, flat_bytes_of(s), "Sendrecv", dest, sendtag)
+        sreq = None if state & 2 else self._pending_send(speer, rid, dd, s, "Sendrecv", dest, sendtag)
         return sreq, bool(state & 4)
