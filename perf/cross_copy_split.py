@@ -6,6 +6,7 @@ barrier's own time is reported and included). Ways, per size:
 - ``local copy``: one process copies its own buffer (``copy_at``, the compiled copy pycoll's kernels use);
 - ``one pull``: rank 1 reads rank 0's buffer with process_vm_readv (pycoll's rendezvous and cma algorithms today);
 - ``both pull``: each rank reads the other's buffer at once (a Sendrecv, a 2-rank Allgather);
+- ``one push``, ``both push``: the same with the sender writing (process_vm_writev) instead;
 - ``split 1/2``, ``split 1/3``: rank 0 writes that share of the buffer into rank 1's with process_vm_writev while
   rank 1 reads the rest;
 - ``two copies``: rank 0 copies chunks into a shared ring while rank 1 copies them out (MPICH's default
@@ -132,6 +133,8 @@ def _rank(me: int, shm: mmap.mmap, sizes: list[int], iters: int, chunk: int, out
             "local copy": lambda: _local(dst.ctypes.data, src.ctypes.data, n),
             "one pull": (lambda: _vm(readv, peer_pid, dst.ctypes.data, peer_src, n, True)) if me else (lambda: None),
             "both pull": lambda: _vm(readv, peer_pid, dst.ctypes.data, peer_src, n, True),
+            "one push": (lambda: _vm(writev, peer_pid, src.ctypes.data, peer_dst, n, False)) if me == 0 else (lambda: None),
+            "both push": lambda: _vm(writev, peer_pid, src.ctypes.data, peer_dst, n, False),
             "split 1/2": split(2),
             "split 1/3": split(3),
             "two copies": ring(False),
@@ -150,7 +153,7 @@ def _rank(me: int, shm: mmap.mmap, sizes: list[int], iters: int, chunk: int, out
                 times.append(time.perf_counter() - t)
             if way != "local copy" and way != "barrier alone":
                 expect = 1 if me == 1 else 2  # what the peer's buffer holds
-                if way in ("one pull", "split 1/2", "split 1/3", "two copies") and me == 0:
+                if way in ("one pull", "one push", "split 1/2", "split 1/3", "two copies") and me == 0:
                     expect = None
                 if expect is not None and not (dst[0] == expect and dst[-1] == expect):
                     raise SystemExit(f"{way} at {n} B: rank {me} holds {dst[0]}..{dst[-1]}, not {expect}")

@@ -182,7 +182,7 @@ class EagerPaths:
                     self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
                     self.tcp_eager_recvs += 1
                     return nbytes, got_tag
-            if not spin:
+            if not spin or ch.ended:  # a frame cut short by the end of the stream: the engine's path reports it
                 return None
             if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
                 now = time.monotonic()

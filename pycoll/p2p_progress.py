@@ -192,6 +192,9 @@ class Progress:
             isz = target.dst.itemsize  # type: ignore[union-attr]
             n = min(len(view), left) // isz * isz
             if n == 0:
+                if view and ch.ended:  # the stream ended inside an element: drop the fragment, and peek reports the end
+                    ch.consume(len(view))
+                    ch.peek()
                 return 0
             i, j = st.got // isz, (st.got + n) // isz
             incoming = np.frombuffer(view[:n], dtype=target.dst.dtype)  # type: ignore[union-attr]

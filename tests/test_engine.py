@@ -195,6 +195,57 @@ def test_tcp_messages_and_goodbye_staged_before_the_end_of_the_stream_are_read_f
         mine.close()
 
 
+def test_a_frame_cut_short_by_the_end_of_its_stream_fails_the_eager_receive_instead_of_spinning() -> None:
+    """A peer killed in the middle of a collective's frame leaves its header and part of the payload staged
+    and then the end of its stream: the eager receive must give the call back to the engine (which reports the
+    failure), not wait for bytes that cannot come (the socket stays readable at its end, so it never slept)."""
+    import socket
+    import threading
+
+    from pycoll.p2p_protocol import HEADER_SIZE, frame_head
+    from pycoll.transport.tcp import TcpChannel
+
+    a, b = socket.socketpair()
+    mine = Engine(0, {1: TcpChannel(1, a)})
+    try:
+        head = frame_head(2, 7, 4096, Sig())
+        b.sendall(head.ljust(HEADER_SIZE, b"\0") + b"\1" * 1000)  # the header and a quarter of the payload
+        b.close()
+        dst = np.zeros(4096, np.uint8)
+        got = []
+        reader = threading.Thread(target=lambda: got.append(mine.recv_frame_now(1, head, dst)), daemon=True)
+        reader.start()
+        reader.join(10.0)
+        assert not reader.is_alive(), "the eager receive kept waiting at the end of the stream"
+        assert got == [False] and not dst.any()
+        req = mine.irecv(1, dst, 2, 7, Sig(), owner("Allreduce"))
+        mine.wait_requests([req], 5.0, owner("Allreduce"))
+        assert isinstance(req.error, PeerFailureError), req.error  # the engine's path reports the end
+    finally:
+        mine.close()
+
+
+def test_a_reduction_whose_stream_ends_inside_an_element_fails_instead_of_waiting() -> None:
+    """Reduce-on-receive takes whole elements only: a stream that ends three bytes into one must fail the
+    receive (its peer is gone), not leave the partial element staged while the engine waits for the rest."""
+    import socket
+
+    from pycoll.p2p_protocol import HEADER_SIZE, frame_head
+    from pycoll.transport.tcp import TcpChannel
+
+    a, b = socket.socketpair()
+    mine = Engine(0, {1: TcpChannel(1, a)})
+    try:
+        b.sendall(frame_head(3, 0, 800, Sig(kind=1)).ljust(HEADER_SIZE, b"\0") + bytes(8 * 10 + 3))
+        b.close()
+        local, out = np.ones(100), np.full(100, -1.0)
+        r = mine.irecv(1, out, 3, 0, Sig(kind=1), owner("Allreduce", 3), local=local, ufunc=np.add)
+        mine.wait_requests([r], 5.0, owner("Allreduce", 3))
+        assert isinstance(r.error, PeerFailureError), r.error
+    finally:
+        mine.close()
+
+
 def test_tcp_peek_reports_the_end_only_once_nothing_is_staged() -> None:
     import socket
     import time

@@ -39,6 +39,7 @@ class Channel(abc.ABC):
     """An ordered byte stream to one peer. Every call returns at once; none blocks."""
 
     kind: str = "?"
+    ended: bool = False  # the stream has ended behind bytes still staged (no more will come)
 
     def __init__(self, peer: int) -> None:
         self.peer = peer  # world rank of the other end

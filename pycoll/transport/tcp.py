@@ -191,6 +191,11 @@ class TcpChannel(Channel):
                 self._ended = exc
         return self._view[self._start : self._end]
 
+    @property
+    def ended(self) -> bool:
+        """The stream has ended (or broken) behind the bytes still staged: no more will come."""
+        return self._ended is not None
+
     def consume(self, n: int) -> None:
         self._start += n
         if self._start == self._end:
