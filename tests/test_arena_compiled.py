@@ -126,10 +126,53 @@ def test_barrier_kernel_and_doorbell() -> None:
     bell = A.BELL_BYTE // 8
     before = int(fake.words[bell])
     assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE  # nobody asleep: no wake asked
-    assert fake.done(2) == 1 and int(fake.words[bell]) == before + 2  # rung after posting and after finishing
+    assert fake.done(2) == 1 and int(fake.words[bell]) == before  # nor the doorbell's shared word written
     fake = FakeArena(4, me=2)
     fake.words[A.HostArena.ctrl(3) + A.SLEEPING] = 1
     assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE | arena_jit.WAKE
+    assert int(fake.words[bell]) == before + 2  # a sleeper: rung after posting and after finishing
+    fake = FakeArena(4, me=2)
+    fake.words[A.RING_ALWAYS] = 1  # ranks outnumber cores: every post rings
+    assert K.barrier(fake.words, 2, fake.bases, SIG, 1, 50, -1, 0, 0) == arena_jit.DONE
+    assert int(fake.words[bell]) == before + 2
+
+
+@need_numba
+def test_a_sleeping_rank_is_woken_by_a_peers_post(tmp_path) -> None:
+    """The doorbell's word is bumped only for a sleeper: rank 1 raises its flag (with a barrier) and sleeps until
+    rank 0 posted its Barrier; rank 0's kernel sees the flag, rings and asks for the wake, which ends the sleep long
+    before its timeout (a missed wake would sleep it out). The flag is down again afterwards."""
+    import threading
+    import time
+
+    path = str(tmp_path / "bell")
+    arenas = [A.HostArena(path, 0, 2, 4096, create=True), A.HostArena(path, 1, 2, 4096, create=False)]
+    try:
+        bases = arena_jit.line_bases(arenas[0], 1)
+        posted = lambda: int(arenas[1].u64[bases[0] + A.POST]) == 1  # noqa: E731
+        slept = []
+
+        def sleeper() -> None:
+            t0 = time.monotonic()
+            arenas[1].bell.sleep(20.0, posted)
+            slept.append(time.monotonic() - t0)
+
+        th = threading.Thread(target=sleeper, daemon=True)
+        th.start()
+        flag = A.HostArena.ctrl(1) + A.SLEEPING
+        for _ in range(2000):
+            if arenas[0].u64[flag]:
+                break
+            time.sleep(0.005)
+        assert arenas[0].u64[flag] == 1, "the sleeper never raised its flag"
+        status = K.barrier(arenas[0].u64, 0, bases, SIG, 1, 50, -1, 0, 0)
+        assert status & arena_jit.WAKE
+        arenas[0].bell.wake()
+        th.join(15.0)
+        assert not th.is_alive() and slept[0] < 15.0 and arenas[0].u64[flag] == 0
+    finally:
+        for a in reversed(arenas):
+            a.close()
 
 
 @need_numba

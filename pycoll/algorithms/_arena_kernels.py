@@ -16,6 +16,7 @@ _DONE_WORD, _SLEEPING_WORD = _arena.DONE, _arena.SLEEPING
 _KIND, _SEND, _RECV, _NBYTES, _POST = _arena.KIND, _arena.SEND, _arena.RECV, _arena.NBYTES, _arena.POST
 _STAGED, _CONSUMED = _arena.STAGED, _arena.CONSUMED
 _BELL_WORD = _arena.BELL_BYTE // 8
+_RING_ALWAYS_WORD = _arena.RING_ALWAYS
 _SUM, _PROD, _MIN, _MAX, _AVG = _ops.SUM.code, _ops.PROD.code, _ops.MIN.code, _ops.MAX.code, _ops.AVG.code
 _BAND, _BOR, _BXOR = _ops.BAND.code, _ops.BOR.code, _ops.BXOR.code
 _LAND, _LOR = _ops.LAND.code, _ops.LOR.code
@@ -143,12 +144,24 @@ def _post(words, me, bases, sig, opno):
 
 @njit(cache=True, nogil=True)
 def _ring(words, me, size):
-    """Bump the doorbell; WAKE if some peer sleeps on it."""
-    store_seq_cst(words, _BELL_WORD, (load_acquire(words, _BELL_WORD) + np.uint64(1)) & np.uint64(0xFFFFFFFF))
+    """After a seq_cst store of what changed: if some peer sleeps on the doorbell, bump it and say WAKE. A sleeper
+    raises its flag with a barrier before it checks for progress, so one of the two sees the other's store, and
+    the doorbell's word, which every rank would write on every call, stays untouched while nobody sleeps; where
+    ranks outnumber cores (RING_ALWAYS) it is bumped on every call, as sleepers there raise flags plainly."""
+    always = words[_RING_ALWAYS_WORD] != 0
+    if always:
+        _bump_bell(words)
     for r in range(size):
         if r != me and load_acquire(words, _HEADER + r * _CTRL + _SLEEPING_WORD) != 0:
+            if not always:
+                _bump_bell(words)
             return _WAKE
     return 0
+
+
+@njit(inline="always", cache=True, nogil=True)
+def _bump_bell(words):
+    store_seq_cst(words, _BELL_WORD, (load_acquire(words, _BELL_WORD) + np.uint64(1)) & np.uint64(0xFFFFFFFF))
 
 
 @njit(inline="always", cache=True, nogil=True)

@@ -18,7 +18,7 @@ import numpy as np
 from ..config import size_param
 from ..machine import oversubscribed
 from .cma import CrossMemory
-from .futex import Futex
+from .futex import Futex, raise_flag
 
 ARENA_SLOT = size_param(
     "PYCOLL_ARENA_SLOT", 64 << 10,
@@ -37,10 +37,14 @@ _MAGIC = 0x70C0A1E4A
 _PAGE = 4096
 HEADER_WORDS = _PAGE // 8
 BELL_BYTE = 128  # u32 futex word in the header's third cache line
+# Header word: nonzero where the host's ranks outnumber its cores. There ranks sleep on the doorbell call after call,
+# and every post bumps its word (a sleeper's flag is then a plain store); elsewhere a post bumps it only for a
+# sleeper it sees, and a sleeper raises its flag with a barrier (``futex.raise_flag``: a system call per sleep).
+RING_ALWAYS = 2
 CTRL_WORDS = 256  # 2 KiB of control lines per rank
 # Words of a rank's control block: line 0 identity, line 1 progress, then one 128-byte line per slot parity.
 PID, PROBE, PROBE_VALUE, ATTACHED = 0, 1, 2, 3
-DONE, SLEEPING = 8, 9
+DONE = 8
 # Per parity, three lines: the call's arguments, then POST and READY on lines of their own, so a peer
 # spinning on a flag never pulls the line that is being written word by word.
 _SLOT_LINE = 24
@@ -69,6 +73,9 @@ DEPTH = 4
 # Chunk counters of the staged (pipelined) algorithms, one line each (monotonic over the arena's life).
 STAGED = 16 + _SLOT_LINE * DEPTH
 REDUCED, CONSUMED = STAGED + 8, STAGED + 16
+# Set while the rank sleeps on the doorbell: read by every peer on every call, so on a line of its own that stays
+# in their caches (beside DONE, which changes on every call, each read was a miss).
+SLEEPING = CONSUMED + 16
 _COUNTERS = {"staged": STAGED, "reduced": REDUCED, "consumed": CONSUMED, "done": DONE}
 
 
@@ -81,6 +88,7 @@ class Doorbell:
         self._sleepers = [ctrl_base(r) + SLEEPING for r in range(size) if r != rank]
         self._cell = ctypes.c_uint32.from_buffer(mapping, BELL_BYTE)
         self._futex = Futex(ctypes.addressof(self._cell))
+        self._flag_address = ctypes.addressof(self._cell) - BELL_BYTE + 8 * self._mine  # the mapping's base + ...
 
     def ring(self) -> None:
         """Tell sleeping peers that something changed."""
@@ -96,7 +104,10 @@ class Doorbell:
     def sleep(self, seconds: float, ready: Callable[[], bool]) -> None:
         """Block for at most ``seconds`` unless ``ready()`` turns true; a ring ends the sleep early."""
         seen = self._cell.value
-        self._words[self._mine] = 1
+        if self._words[RING_ALWAYS]:
+            self._words[self._mine] = 1
+        else:
+            raise_flag(self._flag_address)  # with a barrier: wakers bump the bell only when they see the flag
         try:
             if not ready():
                 self._futex.wait(seen, seconds)
@@ -149,6 +160,7 @@ class HostArena:
         self.words = memoryview(self.mapping).cast("Q")
         if create:
             self.words[1] = size
+            self.words[RING_ALWAYS] = int(oversubscribed(size))
             self.words[0] = _MAGIC
         elif self.words[0] != _MAGIC or self.words[1] != size:
             self.close()

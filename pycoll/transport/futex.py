@@ -14,7 +14,8 @@ from typing import Optional
 _SYS_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98, "ppc64le": 221, "s390x": 238}.get(
     platform.machine().lower()
 )
-_WAIT, _WAKE = 0, 1
+_WAIT, _WAKE, _WAKE_OP = 0, 1, 5
+_OP_SET_1 = 1 << 12  # FUTEX_OP(FUTEX_OP_SET, 1, FUTEX_OP_CMP_EQ, 0): store 1; the comparison wakes nobody
 
 
 class _Timespec(ctypes.Structure):
@@ -58,3 +59,13 @@ class Futex:
         """Wake every waiter."""
         if _syscall is not None:
             _syscall(_SYS_FUTEX, self._addr, _WAKE, 0x7FFFFFFF, None, None, 0)
+
+
+def raise_flag(addr: int) -> None:
+    """Set the 32-bit word at ``addr`` (in a shared mapping) to 1 as an atomic exchange, with a full memory barrier:
+    a sleeper raises its flag so, then checks for progress, and a waker that stores its progress and then reads the
+    flag cannot both miss the other's store (a plain store may wait in the store buffer past the check). The kernel's
+    FUTEX_WAKE_OP does the exchange, waking nobody; without a futex, a plain store."""
+    if _syscall is None or _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _WAKE_OP, 0, None, ctypes.c_void_p(addr),
+                                    _OP_SET_1) < 0:
+        ctypes.c_uint32.from_address(addr).value = 1

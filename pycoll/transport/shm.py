@@ -11,7 +11,7 @@ from typing import Any, Optional
 from ..config import SHM_DIR, bool_param, size_param
 from ..errors import PeerFailureError
 from .base import Barrier, Channel, PeerInfo, Transport
-from .futex import Futex
+from .futex import Futex, raise_flag
 
 SHM_DISABLE = bool_param("PYCOLL_SHM_DISABLE", False, "Set to 1 to turn the shared-memory transport off (ranks of one host then use TCP).")
 SHM_BUFFER = size_param(
@@ -54,7 +54,7 @@ class Doorbell:
             time.sleep(seconds)
             return
         seen = self._cell.value
-        self._flag[0] = 1
+        raise_flag(self.flag_address)  # with a barrier: wakers bump the word only when they see the flag
         try:
             if not ready():
                 self._futex.wait(seen, seconds)
