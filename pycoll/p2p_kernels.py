@@ -452,7 +452,8 @@ def exchange_rdv(dd, ds, src, n, stag, dst, cap_bytes, rtag, ctx, rid, polls, ca
         tail = _header_out(dd, ctx, stag, n, word(dd + 8 * L_RTS), src, rid, 0)
         if tail < 0:
             return 0
-        offer_split(dd, rid, n)
+        # no split offered: this rank is busy pulling its own receive, and both ranks claiming chunks of both
+        # messages took longer than each pulling its message whole (1 MiB: 143 against 122 us, medians of 6 jobs)
         _publish_out(dd, tail, 0)
         state = np.int64(ANNOUNCED_OWN)  # typed as the argument (the AOT compiler does not unify a literal)
     while True:
