@@ -9,12 +9,13 @@ import os
 import platform
 import socket
 import statistics
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -237,7 +238,7 @@ class Program:
         t0 = time.perf_counter()
         first = self.first_calls()  # before anything else warms the library up
         ready_s = self.compiled_ready(t0)
-        points = [self.point(call, size) for call, size in plan(self.n, self.args.sizes)]
+        points = [self.point(call, size) for call, size in plan(self.n, self.args.sizes, self.args.calls)]
         return {"np": self.n, "first300": first, "points": points, "halo": self.halo(), "kernels_ready_s": ready_s}
 
     def compiled_ready(self, t0: float) -> Optional[float]:
@@ -255,11 +256,11 @@ class Program:
         return round(time.perf_counter() - t0, 3)
 
 
-def plan(n: int, sizes: list[int]) -> list[tuple[str, int]]:
-    """The (call, size) points of one job: every call at each size (Barrier once), at 4+ ranks the three swept
-    calls at every power of 4 as well."""
+def plan(n: int, sizes: list[int], calls: Sequence[str] = CALLS) -> list[tuple[str, int]]:
+    """The (call, size) points of one job: each call (in the order given) at each size (Barrier once), at 4+ ranks
+    the three swept calls at every power of 4 as well."""
     out = []
-    for call in CALLS:
+    for call in calls:
         if call == "Barrier":
             out.append((call, 0))
             continue
@@ -293,7 +294,7 @@ def program_cmd(peer: str, n: int, result: str, args: argparse.Namespace) -> lis
     prog = [sys.executable, os.path.abspath(__file__), "--program", "--module", "mpi4py" if peer == "mpich" else "pycoll",
             "--result", result, "--target-s", str(args.target_s), "--min-iters", str(args.min_iters),
             "--max-iters", str(args.max_iters), "--warmup", str(args.warmup), "--halo-steps", str(args.halo_steps),
-            "--sizes", ",".join(map(str, args.sizes))]
+            "--sizes", ",".join(map(str, args.sizes)), "--calls", ",".join(args.calls)]
     if peer == "mpich":
         return [find_mpiexec() or "mpiexec", "-n", str(n), *prog]
     return [sys.executable, "-m", "pycoll", "run", "-n", str(n), "--", *prog]
@@ -429,7 +430,7 @@ def driver_main(args: argparse.Namespace) -> int:
     peers = [p for p in PEERS if p != "mpich" or mpiexec]
     if not mpiexec:
         print("# mpiexec not found: MPICH column left empty", flush=True)
-    command = " ".join(["python", "perf/host_calls.py", *sys.argv[1:]])
+    command = shlex.join(["python", "perf/host_calls.py", *sys.argv[1:]])
     started = time.monotonic()
     print(f"# {command}", flush=True)
     status = 0
@@ -476,6 +477,14 @@ def _sizes(text: str) -> list[int]:
     return sorted({parse_size(t) for t in text.split(",") if t.strip()})
 
 
+def _calls(text: str) -> list[str]:
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    unknown = [c for c in names if c not in CALLS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown calls {unknown}; the calls are: {', '.join(CALLS)}")
+    return names
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--np", type=lambda t: [int(x) for x in t.split(",")], default=[2], help="rank counts (default 2)")
@@ -487,6 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed calls before each point")
     p.add_argument("--halo-steps", dest="halo_steps", type=int, default=1000)
     p.add_argument("--sizes", type=_sizes, default=list(SIZES), help="point sizes (default 8,4K,64K,1M)")
+    p.add_argument("--calls", type=_calls, default=list(CALLS),
+                   help="the calls to time, comma-separated, in this order (default: all, in the suite's order); "
+                        "the points before a call can change its time, as they leave the process's memory")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one program run may take")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 2 ranks, 8 B and 64 KiB, one round, few iterations")

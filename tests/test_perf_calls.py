@@ -123,3 +123,20 @@ def test_host_calls_quick(tmp_path: Path) -> None:
     assert rows[("Allreduce", 8)]["mpich_us"] > 0 and rows[("Allreduce", 65536)]["pycoll_us"] > 0
     assert all(r["verdict"] != "WRONG" for r in data["rows"])
     assert (tmp_path / "host-calls-np2.md").read_text().count("| 2 |") == len(data["rows"])
+
+
+def test_host_calls_plans_the_calls_asked_for_in_their_order() -> None:
+    """``--calls`` times a subset in the order given (the points before a call can change its time); names outside
+    the suite are refused, naming the ones it has."""
+    sys.path.insert(0, str(ROOT / "perf"))
+    try:
+        import host_calls
+    finally:
+        sys.path.pop(0)
+    args = host_calls.build_parser().parse_args(["--calls", "Sendrecv,Barrier,Bcast", "--sizes", "8,1M"])
+    assert host_calls.plan(2, args.sizes, args.calls) == [("Sendrecv", 8), ("Sendrecv", 1 << 20), ("Barrier", 0),
+                                                          ("Bcast", 8), ("Bcast", 1 << 20)]
+    assert host_calls.plan(2, args.sizes) == host_calls.plan(2, args.sizes, host_calls.CALLS)
+    assert [c for c, _ in host_calls.plan(2, [8])] == [c for c in host_calls.CALLS]
+    with pytest.raises(SystemExit):
+        host_calls.build_parser().parse_args(["--calls", "Allreduce,Bogus"])
