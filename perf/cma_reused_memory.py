@@ -1,7 +1,7 @@
 """Does the memory under a user's buffer change a cross-memory collective's speed? A 2-rank in-place Allgather of
 1 MiB blocks (cross-memory attach) timed on a buffer from NumPy's allocator and on a fresh shared anonymous mapping
 (Python's mmap(-1)), before and after a window of 1 MiB point-to-point receives into a 16 MiB array that is then
-freed.
+freed; then on fresh mappings with rank 1's buffer skewed by 0, 16, 64 and 2048 bytes.
 
 glibc raises its mmap threshold to the size of a freed mapped chunk (up to 32 MiB), so after the window a 2 MiB
 array comes from the heap (brk) instead of a mapping of its own. Run under pycoll:
@@ -25,14 +25,17 @@ WINDOW = 16  # receives in flight, into one array of WINDOW blocks (16 MiB)
 
 
 def region(addr: int) -> str:
-    """What /proc/self/maps names the mapping that holds ``addr`` (the heap, or an anonymous mapping)."""
+    """What /proc/self/maps names the mapping that holds ``addr`` (the heap, or an anonymous mapping), and where
+    ``addr`` falls in its 64-byte cache line."""
+    name = "?"
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split()
             lo, hi = (int(x, 16) for x in fields[0].split("-"))
             if lo <= addr < hi:
-                return fields[5] if len(fields) > 5 else "anonymous"
-    return "?"
+                name = fields[5] if len(fields) > 5 else "anonymous"
+                break
+    return f"{name} +{addr % 64}"
 
 
 def allgather_us(comm, outs: np.ndarray, calls: int) -> float:
@@ -86,6 +89,21 @@ def measure(comm, label: str, calls: int) -> list[dict]:
     return rows
 
 
+def misaligned(comm, calls: int) -> list[dict]:
+    """The same Allgather on fresh shared mappings, rank 1's buffer starting ``skew`` bytes into its mapping: what
+    matters is whether the two ranks' buffers sit at the same offset within a 64-byte cache line."""
+    rows = []
+    for skew in (0, 16, 64, 2048):
+        mine = skew if comm.Get_rank() == 1 else 0
+        m = mmap.mmap(-1, 8 * BLOCK + 4096)
+        buf = np.frombuffer(m, np.uint8)[mine:mine + 8 * BLOCK].view(np.float32)
+        rows.append({"when": f"rank 1 at +{skew} B", "buffer": "shared mapping", "region": region(buf.ctypes.data),
+                     "us": allgather_us(comm, buf, calls)})
+        del buf
+        m.close()
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300, help="Allgathers per timed batch")
@@ -98,6 +116,7 @@ def main() -> None:
     rows = measure(comm, "before the window", args.calls)
     window_of_receives(comm, args.reps)
     rows += measure(comm, "after the window", args.calls)
+    rows += misaligned(comm, args.calls)
     regions = comm.gather([r["region"] for r in rows], root=0)
     if comm.Get_rank() == 0:
         for i, row in enumerate(rows):
