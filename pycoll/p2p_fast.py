@@ -130,16 +130,17 @@ class FastP2P(SendRecv):
         self.comm._p2p_wait(req)
         return None
 
-    def _pending_send(self, peer: int, rid: int, d: int, e: tuple, opname: str, dest: int, tag: int) -> SendRequest:
+    def _pending_send(self, peer: int, rid: int, d: int, e: tuple, opname: str, dest: int, tag: int,
+                      offered: bool = True) -> SendRequest:
         """The engine's request for rendezvous ``rid`` of spec ``e``, announced here on lane ``d``, whose
-        acknowledgement is still to come; one of split size is also kept for the engine's wait to help copy
-        (``Progress._help_splits``)."""
+        acknowledgement is still to come; one of split size whose announcement ``offered`` the split is also kept
+        for the engine's wait to help copy (``Progress._help_splits``)."""
         req = SendRequest(self._owner(opname, "dest", dest, tag), peer, self.ctx, tag, NO_SEGMENTS)
         req.rdv = rid
         self.engine._rdv_sends[(peer, rid)] = req
         # streamed from, should the receiver fail to pull
         self.engine._rdv_data[(peer, rid)] = memoryview(flat_bytes_of(e))
-        if e[6] >= SPLIT_MIN_BYTES:
+        if offered and e[6] >= SPLIT_MIN_BYTES:
             self.engine.split_sends[(peer, rid)] = (d, e[5], e[6])
         return req
 

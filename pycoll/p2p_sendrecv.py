@@ -106,5 +106,6 @@ class SendRecv:
             if not state & 16:
                 break
             engine._acked(rpeer, self.words[rpeer][18])  # ACKED_OTHER: another send of this rank is done; go on
-        sreq = None if state & 2 else self._pending_send(speer, rid, dd, s, "Sendrecv", dest, sendtag)
+        # exchange_rdv offers no split (this rank pulls its own receive meanwhile): nothing for the wait to help
+        sreq = None if state & 2 else self._pending_send(speer, rid, dd, s, "Sendrecv", dest, sendtag, offered=False)
         return sreq, bool(state & 4)

@@ -88,7 +88,8 @@ class Doorbell:
         self._sleepers = [ctrl_base(r) + SLEEPING for r in range(size) if r != rank]
         self._cell = ctypes.c_uint32.from_buffer(mapping, BELL_BYTE)
         self._futex = Futex(ctypes.addressof(self._cell))
-        self._flag_address = ctypes.addressof(self._cell) - BELL_BYTE + 8 * self._mine  # the mapping's base + ...
+        # this rank's SLEEPING word: the bell's cell sits BELL_BYTE bytes into the mapping
+        self._flag_address = ctypes.addressof(self._cell) - BELL_BYTE + 8 * self._mine
 
     def ring(self) -> None:
         """Tell sleeping peers that something changed."""
