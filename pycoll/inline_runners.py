@@ -414,7 +414,8 @@ class _Cma(Runner):
         if kern is not None:
             if self.arena is not a:
                 readv, writev = a.cma.function_address("read"), a.cma.function_address("write")
-                self.arena, self.packed = a, prog.packed(a.rank, gate.polls, readv, writev, a.pids) if readv and writev else None
+                self.arena = a
+                self.packed = prog.packed(a.rank, gate.polls, readv, writev, a.cma.bounces, a.pids) if readv and writev else None
         if kern is not None and self.packed is not None:
             sig, packed = self.sig_array, self.packed
             sig[3] = fold_seq(mine[3], a.seq)

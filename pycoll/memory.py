@@ -4,12 +4,39 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Protocol
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
+from .config import param
 from .ops import Op
-from .pages import PAGE, short_distance
+from .pages import PAGE, short_distance, slow_at_short_distance
+
+
+def _parse_short_distance(raw: str) -> Optional[bool]:
+    low = raw.strip().lower()
+    if low not in ("auto", "bounce", "direct"):
+        raise ValueError("expected auto, bounce or direct")
+    return None if low == "auto" else low == "bounce"
+
+
+SHORT_DISTANCE_COPIES = param(
+    "PYCOLL_SHORT_DISTANCE", None, _parse_short_distance,
+    "Copies whose destination lies 1-63 bytes past the source modulo a page, which rep movsb runs several times "
+    "slower on some CPUs: 'bounce' them through a buffer half a page from both, copy them 'direct', or 'auto' "
+    "(each kind of copy, memcpy and the kernel's cross-memory copy, is timed at both distances once per process).")
+_bounces: dict[str, bool] = {}
+
+
+def bounces_short_distance(kind: str, copy: Callable[[int, int, int], object]) -> bool:
+    """Whether copies of ``kind`` (``copy(dst, src, nbytes)``) at the short distance go through a bounce buffer:
+    as PYCOLL_SHORT_DISTANCE says, else whether this CPU runs them slowly (timed on first use, then kept)."""
+    forced = SHORT_DISTANCE_COPIES.get()
+    if forced is not None:
+        return forced
+    if kind not in _bounces:
+        _bounces[kind] = slow_at_short_distance(copy)
+    return _bounces[kind]
 
 
 class MemoryBackend(Protocol):
@@ -69,14 +96,16 @@ class HostMemory:
         d, s = dst.ctypes.data, src.ctypes.data
         if d == s and dst.dtype == src.dtype:
             return
-        if dst.nbytes >= _APART_FROM and short_distance(d, s) and dst.flags.c_contiguous and src.flags.c_contiguous:
+        if (dst.nbytes >= _APART_FROM and short_distance(d, s) and dst.flags.c_contiguous and src.flags.c_contiguous
+                and bounces_short_distance("memcpy", ctypes.memmove)):
             self._copy_apart(dst, src, s)
         else:
             np.copyto(dst, src)
 
     def _copy_apart(self, dst: np.ndarray, src: np.ndarray, s: int) -> None:
-        """dst = src through a buffer half a page from both: libc's memcpy runs about 10x slower when the destination
-        lies a few bytes past the source within a page (``pages.short_distance``); two copies at good distances win."""
+        """dst = src through a buffer half a page from both: on some CPUs libc's memcpy runs about 10x slower when the
+        destination lies a few bytes past the source within a page (``pages.short_distance``); two copies at good
+        distances win there."""
         n = src.nbytes
         buf = getattr(self._apart, "buf", None)
         if buf is None or buf.nbytes < n + PAGE:

@@ -134,6 +134,7 @@ class Engine(EagerPaths, CompiledLanes, Progress, FailureHandling, Waiting):
         self._kernels: Any = None
         self._lanes: dict[int, tuple] = {}  # peer -> its rings as the kernels take them, its channel, its pid
         self._readv = 0  # libc's process_vm_readv for the kernels (0: none)
+        self._bounce = False  # whether the kernels bounce cross-memory copies at the short distance
         self._eager_calls = 0
         self._eager_kernel_polls = 20000
         self.kernel_polls_per_byte = 0.0  # polls a rendezvous send's wait adds per byte (set with the kernels)

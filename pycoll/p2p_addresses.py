@@ -8,7 +8,7 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .p2p_lane import L_BELL, L_FUTEX, L_KILL, L_PID, L_READV, L_SYSCALL, L_YIELD
+from .p2p_lane import L_BELL, L_BOUNCE, L_FUTEX, L_KILL, L_PID, L_READV, L_SYSCALL, L_YIELD
 from .transport.atomics import call6, cpu_relax, cross_copy
 
 TAIL_AT, HEAD_AT = 0, 64  # byte offsets of a ring's writer and reader counts in its header
@@ -121,7 +121,7 @@ def pull(d, dst, addr, n):
     """Copy ``n`` bytes at ``addr`` in the peer into ``dst`` by process_vm_readv; False if a call failed (the
     Python path finds out why)."""
     fn = word(d + 8 * L_READV)
-    return fn != 0 and cross_copy(fn, word(d + 8 * L_PID), dst, addr, n, True)
+    return fn != 0 and cross_copy(fn, word(d + 8 * L_PID), dst, addr, n, True, word(d + 8 * L_BOUNCE) != 0)
 
 
 @njit(inline="always", cache=True, nogil=True)

@@ -43,7 +43,8 @@ class CompiledLanes:
         try:
             status, nbytes, got_tag, head, tail, rid = self._kernels.take_next(
                 lane[3], lane[4], lane[5], ch.head, dst, ctx, tag, P2P_META, RTS_META, ACK_META,
-                lane[0], lane[1], lane[2], -1 if self._sendq[peer] else ch.tail, self._readv, lane[7], polls)
+                lane[0], lane[1], lane[2], -1 if self._sendq[peer] else ch.tail, self._readv, self._bounce, lane[7],
+                polls)
         except TypeError:  # a buffer of a kind the kernel was not built for
             return -1, 0, 0
         if status == 0:  # TAKEN
@@ -307,6 +308,7 @@ class CompiledLanes:
             self._lanes = {p: ch.kernel_lane() + (ch, ch.peer_pid) for p, ch in self.channels.items()
                            if hasattr(ch, "kernel_lane") and p in self._has_input and p not in self._closed}
             self._readv = self._cma_address("read")
+            self._bounce = bool(self._readv) and self._cma.bounces
             self._kernels = k
             poll_s = self._poll_seconds(k)
             self._eager_kernel_polls = max(int(SPIN_US.get() * 1e-6 / poll_s), 1)
@@ -341,6 +343,7 @@ class CompiledLanes:
             words[p2p_lane.L_YIELD] = yield_nr if self.oversubscribed else -1
             words[p2p_lane.L_WRITEV] = writev
             words[p2p_lane.L_KILL] = kill_nr
+            words[p2p_lane.L_BOUNCE] = self._bounce
             self._lane_words[p] = words
             self.lane_views[p] = memoryview(words).cast("B").cast("q")
             lane_of[p] = words.ctypes.data

@@ -27,7 +27,7 @@ _I64 = types.int64
 _PUT = [types.int64(_BYTES, _WORDS, _WORDS, _I64, payload, _I64, _I64, _I64) for payload in (_BYTES, _READ_ONLY_BYTES)]
 _TAKE = [types.UniTuple(types.int64, 4)(_BYTES, _WORDS, _WORDS, _I64, _BYTES, _I64, _I64, _I64, _I64, _I64)]
 _NEXT = [types.UniTuple(types.int64, 6)(_BYTES, _WORDS, _WORDS, _I64, _BYTES, _I64, _I64, _I64, _I64, _I64,
-                                        _BYTES, _WORDS, _WORDS, _I64, _I64, _I64, _I64)]
+                                        _BYTES, _WORDS, _WORDS, _I64, _I64, types.boolean, _I64, _I64)]
 _PUT_PLAIN = [types.int64(_BYTES, _WORDS, payload, _I64, _I64, _I64) for payload in (_BYTES, _READ_ONLY_BYTES)]
 _TAKE_PLAIN = [types.UniTuple(types.int64, 4)(_BYTES, _WORDS, _BYTES, _I64, _I64, _I64, _I64)]
 _EXCHANGE_PLAIN = [types.UniTuple(types.int64, 5)(_BYTES, _WORDS, payload, _I64, _I64, _BYTES, _WORDS, _BYTES, _I64, _I64,
@@ -115,20 +115,22 @@ def eager_take(data, data64, words, head, dst, ctx, tag, meta, rts_meta, polls):
 
 
 @njit(inline="always", cache=True, nogil=True)
-def _read_remote(readv, pid, dst, addr, n):
+def _read_remote(readv, bounce, pid, dst, addr, n):
     """Copy ``n`` bytes at ``addr`` in process ``pid`` into ``dst`` (``readv``: the address of libc's
-    process_vm_readv); False if a call failed (how is for the caller's Python path to find out)."""
-    return cross_copy(readv, pid, dst.ctypes.data, addr, n, True)
+    process_vm_readv; ``bounce``: ``cross_copy``'s); False if a call failed (how is for the caller's Python path to
+    find out)."""
+    return cross_copy(readv, pid, dst.ctypes.data, addr, n, True, bounce)
 
 
 @njit(_NEXT, cache=True, nogil=True)
 def take_next(inp, in64, in_words, head, dst, ctx, tag, meta, rts_meta, ack_meta, out, out64, out_words, tail, readv,
-              pid, polls):
+              bounce, pid, polls):
     """One step of a progress loop over the ring from a peer (``inp``, read at ``head``), waiting up to ``polls``
     polls for a frame. An acknowledgement of one of this rank's rendezvous (header word 3 ``ack_meta``, no payload)
     is consumed: ACKED, with its id. Any other frame is handled as ``eager_take`` does for a receive of (``ctx``,
     ``tag``) into ``dst`` (``tag`` < -1: no receive waits, OTHER); an announced message it reports is copied from
-    process ``pid`` by ``readv`` (libc's process_vm_readv; 0: not here, ANNOUNCED), its announcement consumed and,
+    process ``pid`` by ``readv`` (libc's process_vm_readv; 0: not here, ANNOUNCED; ``bounce``: ``cross_copy``'s),
+    its announcement consumed and,
     unless ``tail`` < 0 or the ring to the peer (``out``) is full, acknowledged there: PULLED. Returns (status,
     nbytes, tag, new head, new tail or -1 when the acknowledgement is the caller's to send, id)."""
     cap = inp.size
@@ -151,7 +153,7 @@ def take_next(inp, in64, in_words, head, dst, ctx, tag, meta, rts_meta, ack_meta
     if status != ANNOUNCED:
         return status, n, got_tag, new_head, tail, 0
     rid = types.int64(in64[w + 5])
-    if readv == 0 or not _read_remote(readv, pid, dst, types.int64(in64[w + 4]), n):
+    if readv == 0 or not _read_remote(readv, bounce, pid, dst, types.int64(in64[w + 4]), n):
         return ANNOUNCED, n, got_tag, head, tail, rid
     head += HEADER_BYTES
     store_seq_cst(in_words, 8, head)

@@ -20,8 +20,8 @@ PULLED_ACK_DUE, NOT_SENT = 6, 7
  L_ACK, L_YIELD) = range(15)
 L_GOT_TAG, L_GOT_BYTES, L_GOT_RID, L_GOT_ADDR = 16, 17, 18, 19
 # the address of libc's process_vm_writev where the sender may push part of a large rendezvous (0: it never does);
-# the kill system call's number (is the peer alive?)
-L_WRITEV, L_KILL = 20, 21
+# the kill system call's number (is the peer alive?); 1 where copies at the short distance bounce (CrossMemory.bounces)
+L_WRITEV, L_KILL, L_BOUNCE = 20, 21, 22
 LANE_WORDS = 32
 
 # A split rendezvous (transport.shm's split table, in the ring the announcement travels): the slot's words, from its

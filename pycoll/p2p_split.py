@@ -8,8 +8,8 @@ from __future__ import annotations
 from numba import njit, types
 
 from .p2p_addresses import acquire, cas, peer_alive, publish, pull, put_word, relax, word
-from .p2p_lane import (L_IN_HDR, L_OUT_HDR, L_PID, L_WRITEV, S_BYTES, S_CLAIMS, S_DST, S_FAILED, S_PUSHED, S_STATE,
-                       SPLIT_ACTIVE, SPLIT_CHUNK, SPLIT_FREE, SPLIT_MIN_BYTES, SPLIT_OFFERED, SPLIT_PREPARING,
+from .p2p_lane import (L_BOUNCE, L_IN_HDR, L_OUT_HDR, L_PID, L_WRITEV, S_BYTES, S_CLAIMS, S_DST, S_FAILED, S_PUSHED,
+                       S_STATE, SPLIT_ACTIVE, SPLIT_CHUNK, SPLIT_FREE, SPLIT_MIN_BYTES, SPLIT_OFFERED, SPLIT_PREPARING,
                        SPLIT_SLOT_BYTES, SPLIT_SLOTS, SPLIT_TABLE)
 from .transport.atomics import cpu_relax, cross_copy
 
@@ -98,6 +98,7 @@ def help_split_inline(d, rid, src, n):
     dst = word(s + S_DST)
     chunks = (n + SPLIT_CHUNK - 1) // SPLIT_CHUNK
     pid = word(d + 8 * L_PID)
+    bounce = word(d + 8 * L_BOUNCE) != 0
     written = 0
     while True:
         c = acquire(s + S_CLAIMS)
@@ -106,7 +107,7 @@ def help_split_inline(d, rid, src, n):
         if not cas(s + S_CLAIMS, c, c + (1 << 32)):
             continue
         at = (chunks - 1 - (c >> 32)) * SPLIT_CHUNK
-        if not cross_copy(fn, pid, src + at, dst + at, min(SPLIT_CHUNK, n - at), False):
+        if not cross_copy(fn, pid, src + at, dst + at, min(SPLIT_CHUNK, n - at), False, bounce):
             publish(s + S_FAILED, 1)  # before the count: the receiver reads it once the count is complete
             publish(s + S_PUSHED, word(s + S_PUSHED) + 1)
             break

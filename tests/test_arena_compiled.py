@@ -322,7 +322,8 @@ def test_cma_programs(tmp_path, coll: str, p: int) -> None:
     for opno, (count, in_place) in enumerate([(c, ip) for c in (0, 5, 100_000) for ip in ((False, True) if coll != "broadcast" else (False,))], 1):
         calls, want = _cma_calls(coll, p, count, in_place, rng)
         progs = [moves.program(r, p, c) for r, c in enumerate(calls)]
-        packed = [prog.packed(r, 20, readv, writev, pids) for r, prog in enumerate(progs)]
+        # short-distance copies bounced in every other call
+        packed = [prog.packed(r, 20, readv, writev, opno % 2 == 0, pids) for r, prog in enumerate(progs)]
         bufs = [moves.buffers(c, host) for c in calls]
         words = (0x1234, 0, count, 99)  # the Python path posts the vhash word folded with the call number, as the kernel's
         sig = np.array([*words[:3], A.fold_seq(words[3], opno)], np.uint64)

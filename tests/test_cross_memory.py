@@ -1,5 +1,6 @@
 """Cross-memory copies (process_vm_readv/writev) at every distance between source and destination within a page,
-including the short distances that go through a bounce buffer, in Python and in the compiled helper."""
+including the short distances that go through a bounce buffer where the CPU copies them slowly, in Python and in the
+compiled helper, with the bounce on and off; and the timing that decides it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def _pair(n: int, dist: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return src, dst
 
 
+@pytest.fixture(params=["bounce", "direct"])
+def short_distance_copies(request, monkeypatch):
+    """Each copy test runs with short-distance copies bounced and copied directly (PYCOLL_SHORT_DISTANCE)."""
+    monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", request.param)
+    return request.param
+
+
 def test_short_distance_is_the_few_bytes_past_the_source():
     assert [d for d in range(pages.PAGE) if pages.short_distance(1000 + d, 1000)] == list(range(1, pages.SHORT_DISTANCE))
     assert not pages.short_distance(5, 5 + 16)  # the destination before the source
@@ -38,7 +46,7 @@ def test_short_distance_is_the_few_bytes_past_the_source():
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dist", DISTANCES)
-def test_python_read_and_write_copy_exactly_the_bytes(n, dist):
+def test_python_read_and_write_copy_exactly_the_bytes(n, dist, short_distance_copies):
     src, dst = _pair(n, dist, n + dist)
     guard = dst.base.copy()
     CM.read(os.getpid(), dst, src.ctypes.data)  # this process as the peer: the same system calls
@@ -51,13 +59,16 @@ def test_python_read_and_write_copy_exactly_the_bytes(n, dist):
     assert np.array_equal(back, src)
 
 
-def test_python_write_at_the_short_distance_leaves_the_neighbours():
+def test_python_write_at_the_short_distance_leaves_the_neighbours(short_distance_copies):
     src, dst = _pair(10_000, 16, 3)
     before = dst.base.copy()
-    CM.write(os.getpid(), src, dst.ctypes.data)
+    cm = cma.CrossMemory()
+    cm.write(os.getpid(), src, dst.ctypes.data)
     lo = dst.ctypes.data - dst.base.ctypes.data
     assert np.array_equal(dst, src)
     assert np.array_equal(dst.base[:lo], before[:lo]) and np.array_equal(dst.base[lo + 10_000:], before[lo + 10_000:])
+    assert cm.bounces == (short_distance_copies == "bounce")
+    assert (cm._bounce is not None) == cm.bounces  # the bounce buffer is made only where copies go through it
 
 
 @pytest.fixture(scope="module")
@@ -70,16 +81,17 @@ def compiled():
 
 @pytest.mark.parametrize("n", [1, 4096, 65536 + 5, 2 * pages.BOUNCE_BYTES + 4099])
 @pytest.mark.parametrize("dist", [0, 1, 16, 31, 63, 64, 2048])
-def test_compiled_cross_copy_reads_and_writes_at_every_distance(compiled, n, dist):
+@pytest.mark.parametrize("bounce", [True, False])
+def test_compiled_cross_copy_reads_and_writes_at_every_distance(compiled, n, dist, bounce):
     readv, writev = CM.function_address("read"), CM.function_address("write")
     src, dst = _pair(n, dist, 7 * n + dist)
     guard = dst.base.copy()
-    assert compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, src.ctypes.data, n, True)
+    assert compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, src.ctypes.data, n, True, bounce)
     assert np.array_equal(dst, src)
     lo = dst.ctypes.data - dst.base.ctypes.data
     assert np.array_equal(dst.base[:lo], guard[:lo]) and np.array_equal(dst.base[lo + n:], guard[lo + n:])
     src2, dst2 = _pair(n, dist, 11 * n + dist)
-    assert compiled.cross_copy(writev, os.getpid(), src2.ctypes.data, dst2.ctypes.data, n, False)
+    assert compiled.cross_copy(writev, os.getpid(), src2.ctypes.data, dst2.ctypes.data, n, False, bounce)
     assert np.array_equal(dst2, src2)
 
 
@@ -87,9 +99,9 @@ def test_compiled_cross_copy_reports_a_failed_call(compiled):
     readv = CM.function_address("read")
     dst = np.zeros(64, np.uint8)
     unmapped = 8 + (dst.ctypes.data - 8) % pages.PAGE // 2  # the first page is never mapped
-    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, unmapped, 64, True)
+    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, unmapped, 64, True, False)
     short = (dst.ctypes.data - 16) % pages.PAGE  # 16 bytes short of the destination: through the bounce
-    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, short, 64, True)
+    assert not compiled.cross_copy(readv, os.getpid(), dst.ctypes.data, short, 64, True, True)
 
 
 @pytest.mark.parametrize("dist", [0, 16, 2048])
@@ -104,7 +116,7 @@ def test_compiled_copy_at_copies_at_every_distance(compiled, dist):
 
 @pytest.mark.parametrize("dist", [0, 16, 48, 2048])
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32, np.complex128])
-def test_host_copy_at_every_distance(dist, dtype):
+def test_host_copy_at_every_distance(dist, dtype, short_distance_copies):
     from pycoll.memory import HOST
 
     src_b, dst_b = _pair(96 * 1024, dist, dist)
@@ -132,3 +144,42 @@ def test_host_address_reads_each_arrays_first_byte():
               np.matrix(np.ones((2, 2)))[1:]]
     for a in arrays:
         assert memory.host_address(a) == a.__array_interface__["data"][0], a
+
+
+def _timed_copier(slow_factor: float, log: list):
+    """A copy whose time is ``slow_factor`` times longer at the short distance (it busy-waits), recording distances."""
+    import time
+
+    def copy(dst: int, src: int, n: int) -> None:
+        dist = (dst - src) % pages.PAGE
+        log.append(dist)
+        end = time.perf_counter() + 20e-6 * (slow_factor if pages.short_distance(dst, src) else 1.0)
+        while time.perf_counter() < end:
+            pass
+
+    return copy
+
+
+@pytest.mark.parametrize("factor, slow", [(5.0, True), (1.0, False), (1.2, False)])
+def test_the_probe_calls_a_copy_slow_only_where_the_short_distance_costs_several_times(factor, slow):
+    log: list = []
+    assert pages.slow_at_short_distance(_timed_copier(factor, log), reps=5) is slow
+    assert sorted(set(log)) == [16, pages.PAGE // 2] and len(log) == 10
+
+
+def test_the_setting_overrides_the_probe_and_auto_times_once(monkeypatch):
+    from pycoll import memory
+
+    log: list = []
+    monkeypatch.setattr(memory, "_bounces", {})
+    monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", "direct")
+    assert not memory.bounces_short_distance("fake", _timed_copier(5.0, log)) and not log
+    monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", "bounce")
+    assert memory.bounces_short_distance("fake", _timed_copier(1.0, log)) and not log
+    monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", "auto")
+    assert memory.bounces_short_distance("fake", _timed_copier(5.0, log)) and log
+    timed = len(log)
+    assert memory.bounces_short_distance("fake", _timed_copier(1.0, log)) and len(log) == timed  # kept per kind
+    monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", "sometimes")
+    with pytest.raises(ValueError, match="PYCOLL_SHORT_DISTANCE='sometimes'.*auto, bounce or direct"):
+        memory.bounces_short_distance("fake", _timed_copier(1.0, log))

@@ -726,8 +726,8 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
 # as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
 # rank's process id, rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write into the
 # peer or 0 to read from it), own copies (which, offset, which, offset, bytes: source first), and the ranks waited for.
-C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED = range(10)
-C_POSTED = 10
+C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED, C_BOUNCE = range(11)
+C_POSTED = 11
 
 
 @njit(cache=True, nogil=True)
@@ -784,7 +784,7 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
         local = _local(send, recv, prog[row + 3], prog[row + 4])
         writing = prog[row + 6] != 0
         fn = prog[C_WRITEV] if writing else prog[C_READV]
-        if not _cross_copy(fn, prog[pids + q], local, remote, prog[row + 5], not writing):
+        if not _cross_copy(fn, prog[pids + q], local, remote, prog[row + 5], not writing, prog[C_BOUNCE] != 0):
             return _FAILED | wake
     wake |= _finish(words, me, size, opno)
     budget = polls

@@ -105,11 +105,13 @@ class Program:
             self.verb = "write"
         return self
 
-    def packed(self, rank: int, polls: int, readv: int, writev: int, pids: list[int]) -> np.ndarray:
+    def packed(self, rank: int, polls: int, readv: int, writev: int, bounce: bool, pids: list[int]) -> np.ndarray:
         """The program as the kernel takes it (``_arena_kernels.C_*``), with the spin length, libc's
-        process_vm_readv and _writev and the ranks' process ids."""
+        process_vm_readv and _writev, whether copies at the short distance bounce (``CrossMemory.bounces``) and the
+        ranks' process ids."""
         size = len(self.expect)
-        head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0]
+        head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0,
+                int(bounce)]
         return np.concatenate([np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64),
                                self.rows.reshape(-1), self.copies.reshape(-1), self.waits]).astype(np.int64)
 

@@ -135,15 +135,16 @@ def _vm_copy(fn, pid, local, remote, n, iov):
 
 
 @njit(cache=True, nogil=True)
-def cross_copy(fn, pid, local, remote, n, reading):
+def cross_copy(fn, pid, local, remote, n, reading, bounce):
     """Copy ``n`` bytes between ``local`` in this process and ``remote`` in process ``pid`` by ``fn`` (the address of
     libc's process_vm_readv when ``reading``, else of _writev); False if a call failed (the caller's Python path
-    finds out why). A copy whose destination lies a few bytes past its source within a page goes through a bounce
-    buffer half a page from both (``pages.short_distance``)."""
+    finds out why). Where ``bounce`` is set (``CrossMemory.bounces``: this CPU copies slowly at that distance), a
+    copy whose destination lies a few bytes past its source within a page goes through a bounce buffer half a page
+    from both (``pages.short_distance``)."""
     local, remote, n = np.int64(local), np.int64(remote), np.int64(n)
     iov = np.empty(4, np.int64)
     dist = ((local - remote) if reading else (remote - local)) & (PAGE - 1)
-    if dist == 0 or dist >= SHORT_DISTANCE:
+    if not bounce or dist == 0 or dist >= SHORT_DISTANCE:
         return _vm_copy(fn, pid, local, remote, n, iov)
     chunk = min(n, BOUNCE_BYTES)
     bounce = np.empty(chunk + PAGE, np.uint8)

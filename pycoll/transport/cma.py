@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from ..config import bool_param
+from ..memory import bounces_short_distance
 from ..pages import BOUNCE_BYTES, PAGE, short_distance
 
 CMA_DISABLE = bool_param(
@@ -63,8 +64,17 @@ class CrossMemory:
     def loaded(self) -> bool:
         return self._readv is not None
 
+    @property
+    def bounces(self) -> bool:
+        """Whether copies at the short distance (``pages.short_distance``) go through a bounce buffer here: where
+        this CPU's kernel copy runs them slowly (timed once per process, on this process's own memory)."""
+        if not self.loaded:
+            return False
+        pid = os.getpid()
+        return bounces_short_distance("kernel", lambda dst, src, n: self._move(self._readv, pid, dst, src, n))
+
     def _transfer(self, fn, pid: int, local: int, remote: int, nbytes: int, reading: bool) -> None:
-        if not short_distance(*((local, remote) if reading else (remote, local))):
+        if not short_distance(*((local, remote) if reading else (remote, local))) or not self.bounces:
             self._move(fn, pid, local, remote, nbytes)
             return
         chunk = min(nbytes, BOUNCE_BYTES)
