@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
-from . import arrays, derived_buffers, paired
+from . import arrays, derived_buffers, paired, solo
 from .algorithms.base import Call, Steps
 from .algorithms.check import CHECK_CALLS, verify_call
 from .algorithms.registry import ALGO, select
@@ -419,6 +419,8 @@ class Executor:
                 kind = INLINE.get(algo.run) if c._arena is not None else None
                 plan.inline = kind(self, plan) if kind is not None else False
         self.ran[call.coll] = (algo.name, call.size_bytes)
+        if plan is not None and plan.fast is None and c._size == 1:
+            plan.fast = solo.fast_path(self, plan)  # alone: a local copy at most
         if plan is not None and plan.fast is None and plan.inline is False and self.engine.direct_peers:
             plan.fast = paired.fast_path(self, plan, algo)  # a two-rank call across hosts: straight through the socket
         gen = algo.run(steps, call)

@@ -3,11 +3,14 @@ rendezvous both ways, falling back to the engine as the separate calls do."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any, Optional
 
 from .p2p_protocol import ACK, TAG_MAX
 from .p2p_lane import EMPTY
 from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
+
+_memmove = ctypes.memmove
 
 
 class SendRecv:
@@ -22,6 +25,9 @@ class SendRecv:
         here. None when done, else (send bytes, receive bytes) for the engine's path (nothing done)."""
         r = cached_spec(recvbuf, True) or resolve_spec(self.comm, recvbuf, "Sendrecv", True)
         s = cached_spec(sendbuf, False) or resolve_spec(self.comm, sendbuf, "Sendrecv", False)
+        if dest == source and type(dest) is int and dest == self.comm._rank and self._to_self(s, r, sendtag, recvtag,
+                                                                                               status):
+            return None
         lanes = self.lanes or self._lanes()
         if (lanes is None or type(dest) is not int or type(sendtag) is not int or type(source) is not int
                 or type(recvtag) is not int or not 0 <= dest < self.size or not 0 <= source < self.size
@@ -81,6 +87,29 @@ class SendRecv:
             w = self.words[rpeer]
             status.source, status.tag, status.nbytes = source, w[16], w[17]
         return None
+
+    def _to_self(self, s: tuple, r: tuple, sendtag: Any, recvtag: Any, status: Any) -> bool:
+        """A Sendrecv with this rank itself (a ring of one, a periodic dimension of one): where nothing else pending
+        could match first (nothing posted, buffered or in flight to itself), the receive takes the send's bytes
+        straight away, as MPI's order has it. False, having done nothing, otherwise (and where the tags do not
+        match or the message is too long: the engine's path waits or names the error)."""
+        me = self.world[self.comm._rank]
+        if (type(sendtag) is not int or type(recvtag) is not int or not 0 <= sendtag <= TAG_MAX
+                or recvtag not in (-1, sendtag) or s[6] > r[6] or self.sendq.get(me) or self._dead()):
+            return False
+        ch = self.engine.channels.get(me)
+        if ch is None or ch.has_input() or not self._quiet(me) or not self.lock.acquire(False):
+            return False
+        try:
+            if self.posted or self.unexpected or ch.has_input():  # rechecked under the lock
+                return False
+            if s[6]:
+                _memmove(r[5], s[5], s[6])
+        finally:
+            self.lock.release()
+        if status is not None:
+            status.source, status.tag, status.nbytes = self.comm._rank, sendtag, s[6]
+        return True
 
     def _exchange_rdv(self, speer: int, rpeer: int, dd: int, ds: int, s: tuple, r: tuple, dest: int, sendtag: int,
                       recvtag: int) -> tuple[Any, bool]:
