@@ -334,6 +334,8 @@ class Executor:
     def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:
         """A nonblocking collective: scheduled now, progressed by the engine, finished by the request."""
         plan = self._plan(label, args) if stream is None else None
+        if plan is not None and self.comm._size == 1 and plan.fast and plan.fast(args):
+            return Request._finished(None)  # alone: copied at once (``solo``)
         call = plan.call(args) if plan is not None else None
         if call is not None:
             assert plan is not None

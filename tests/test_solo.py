@@ -148,3 +148,20 @@ def test_sendrecv_with_itself_names_a_message_too_long():
     with pytest.raises(MismatchError, match="Sendrecv.*64 bytes.*48-byte"):
         MPI.COMM_SELF.Sendrecv(np.arange(8.0), 0, 1, np.zeros(6), 0, 1)
     MPI.COMM_SELF.Sendrecv(np.arange(2.0), 0, 1, np.zeros(6), 0, 1)  # the communicator goes on
+
+
+def test_nonblocking_forms_alone_complete_with_the_same_status_as_scheduled():
+    comm = MPI.COMM_SELF
+    statuses = []
+    for call in range(4):  # the first call of the shape is scheduled; the later ones complete at once
+        x = np.arange(6.0) + call
+        outs = [np.zeros(6) for _ in range(4)]
+        reqs = [comm.Iallreduce(x, outs[0], op=MPI.SUM), comm.Igather([x, MPI.DOUBLE], [outs[1], MPI.DOUBLE], root=0),
+                comm.Iscan(x, outs[2], op=MPI.SUM), comm.Ialltoall(x, outs[3]), comm.Ibarrier(),
+                comm.Ibcast(x, root=0)]
+        st = MPI.Status()
+        reqs[0].Wait(st)
+        statuses.append((st.Get_source(), st.Get_tag(), st.Get_error()))
+        MPI.Request.Waitall(reqs[1:])
+        assert all(np.array_equal(o, x) for o in outs), call
+    assert len(set(statuses)) == 1, statuses
