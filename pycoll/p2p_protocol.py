@@ -51,6 +51,14 @@ P2P_CMA_BYTES = size_param(
     "Smallest point-to-point message sent by rendezvous and cross-memory attach (see PYCOLL_P2P_CMA; default 128K: "
     "below it the eager ring's two copies, pipelined between the ranks, beat the rendezvous' handshake).",
 )
+SENDRECV_CMA_BYTES = size_param(
+    "PYCOLL_SENDRECV_CMA_BYTES", 32 << 10,
+    "Smallest message a compiled Sendrecv sends by rendezvous where every rank of the host has a core (default "
+    "32K, below PYCOLL_P2P_CMA_BYTES): in a Sendrecv both ranks copy at once, so the eager ring's two copies sit "
+    "on each rank's own core, while by rendezvous each pulls its peer's message in one copy (64 KiB: 9-12 us "
+    "against 16-18). Where ranks share cores the eager ring lets a rank leave before its peer runs: "
+    "PYCOLL_P2P_CMA_BYTES holds there.",
+)
 P2P_SPLIT = bool_param(
     "PYCOLL_P2P_SPLIT", True,
     "Set to 0 to leave a rendezvous' copy to its receiver alone; by default, where every rank of the host has a core, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Optional
 
-from .p2p_protocol import ACK, TAG_MAX
+from .p2p_protocol import ACK, SENDRECV_CMA_BYTES, TAG_MAX
 from .p2p_lane import EMPTY
 from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
 
@@ -42,7 +42,9 @@ class SendRecv:
         ctx = self.ctx
         try:
             n = s[6]
-            if n <= self.eager_max:
+            # each rank pulls its peer's message at once: one copy each (where each has a core to pull with)
+            by_rdv = n >= SENDRECV_CMA_BYTES.get() and not engine.oversubscribed and engine._cma_to(speer)
+            if n <= self.eager_max and not by_rdv:
                 got = self.k.exchange(dd, ds, s[5], n, sendtag, r[5], r[6], recvtag, ctx, self.polls,
                                       0 if self.sendq[rpeer] else 1)
                 if got == 7:  # NOT_SENT: no room for it
@@ -61,7 +63,7 @@ class SendRecv:
                     got = self._linger(rpeer, ds, r, recvtag)
                 sreq = None
                 received = got == 0
-            elif engine._rdv_ok(speer, n):
+            elif by_rdv or engine._rdv_ok(speer, n):
                 sreq, received = self._exchange_rdv(speer, rpeer, dd, ds, s, r, dest, sendtag, recvtag)
                 if sreq is False:
                     return flat_bytes_of(s), flat_bytes_of(r)

@@ -8,11 +8,12 @@ import textwrap
 import pytest
 
 import harness
-from pycoll.p2p_protocol import P2P_CMA_BYTES
+from pycoll.p2p_protocol import P2P_CMA_BYTES, SENDRECV_CMA_BYTES
 
 pytestmark = [pytest.mark.ranks, pytest.mark.timeout(240)]
 
 THRESHOLD = P2P_CMA_BYTES.default  # from here on a rendezvous
+SENDRECV_THRESHOLD = SENDRECV_CMA_BYTES.default  # a compiled Sendrecv's, where each rank has a core
 
 _COMMON = """
 import json, os, sys, time
@@ -106,7 +107,25 @@ for n in (8, T + 8, 1 << 20):
     MPI.Request.Waitall(reqs)
     for k in range(64):
         check(f"window {n} #{k}", dsts[k], srcs[k])
-# Sendrecv (a halo exchange)
+# Sendrecv (a halo exchange), about its own rendezvous threshold S too
+S = int(sys.argv[3])
+pulls_before = comm._engine.rdv_pulls
+for n in (S - 8, S, S + 8):
+    mine, theirs = pattern(n, rank + 5), np.zeros(n, np.uint8)
+    comm.Sendrecv([mine, n, MPI.BYTE], peer, 8, [theirs, n, MPI.BYTE], peer, 8)
+    check(f"sendrecv about S {n}", theirs, pattern(n, peer + 5))
+out["sendrecv_pulls"] = comm._engine.rdv_pulls - pulls_before
+# a Sendrecv met by a plain Irecv and Send on the other rank
+if rank == 0:
+    theirs = np.zeros(S + 8, np.uint8)
+    comm.Sendrecv(pattern(S + 8, 21), 1, 9, theirs, 1, 9)
+    check("sendrecv against irecv+send", theirs, pattern(S + 8, 22))
+else:
+    theirs = np.zeros(S + 8, np.uint8)
+    req = comm.Irecv(theirs, 0, 9)
+    comm.Send(pattern(S + 8, 22), 0, 9)
+    req.Wait()
+    check("irecv+send against sendrecv", theirs, pattern(S + 8, 21))
 for n in (8, 4096, T + 8, 4 << 20):
     mine, theirs = pattern(n, rank), np.zeros(n, np.uint8)
     st = MPI.Status()
@@ -278,7 +297,7 @@ def _cma_works() -> bool:
 def test_sizes_specs_wildcards_windows(transport, cma, compiled, tmp_path):
     # compiled: the kernels load with the communicator, so eager sends and receives run them from the first call
     env = {"PYCOLL_P2P_CMA": cma, "PYCOLL_ARENA_JIT_LOAD": "now" if compiled else "background"}
-    proc, outs = _run(tmp_path, _MAIN, [THRESHOLD], transport, env)
+    proc, outs = _run(tmp_path, _MAIN, [THRESHOLD, SENDRECV_THRESHOLD], transport, env)
     assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     for r, o in outs.items():
         assert o["bad"] == [], f"rank {r}: {o['bad']}"
@@ -286,6 +305,8 @@ def test_sizes_specs_wildcards_windows(transport, cma, compiled, tmp_path):
             assert o["compiled"], f"rank {r} ran point-to-point without the compiled eager kernels"
     if compiled and _cma_works():
         assert outs[1]["eager_pulls"] > 0, "no rendezvous went through the compiled eager receive"
+        # each rank pulls its peer's Sendrecv message from S on (the compiled Sendrecv's own threshold)
+        assert all(o["sendrecv_pulls"] >= 2 for o in outs.values()), {r: o["sendrecv_pulls"] for r, o in outs.items()}
     assert outs[1]["truncation"] == "MismatchError"
     pulls = outs[0]["rendezvous"] + outs[1]["rendezvous"]
     if transport == "shm" and cma == "1" and _cma_works():
