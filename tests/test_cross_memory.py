@@ -183,3 +183,18 @@ def test_the_setting_overrides_the_probe_and_auto_times_once(monkeypatch):
     monkeypatch.setenv("PYCOLL_SHORT_DISTANCE", "sometimes")
     with pytest.raises(ValueError, match="PYCOLL_SHORT_DISTANCE='sometimes'.*auto, bounce or direct"):
         memory.bounces_short_distance("fake", _timed_copier(1.0, log))
+
+
+def test_a_refused_kernel_copy_makes_no_bounce_decision(monkeypatch):
+    from pycoll import memory
+
+    monkeypatch.setattr(memory, "_bounces", {})
+    monkeypatch.delenv("PYCOLL_SHORT_DISTANCE", raising=False)
+    cm = cma.CrossMemory()
+
+    def refused(*args):
+        raise OSError(1, "process_vm_readv: Operation not permitted")
+
+    monkeypatch.setattr(cm, "_move", refused)
+    assert cm.bounces is False
+    assert "kernel" not in memory._bounces  # asked again next time, not remembered as measured
