@@ -22,7 +22,8 @@ BOUNCE_BYTES = 1 << 20  # the bounce's size: one system call costs about 9 µs, 
 
 
 def short_distance(dst: int, src: int) -> bool:
-    """Whether a copy from address ``src`` to ``dst`` meets the slow distance (then it is bounced)."""
+    """Whether a copy from address ``src`` to ``dst`` meets the slow distance (bounced where the copier is slow
+    there: ``slow_at_short_distance``)."""
     return 0 < (dst - src) % PAGE < SHORT_DISTANCE
 
 
@@ -33,7 +34,7 @@ SLOW_RATIO = 2.0  # slow: at least this many times the time of the same copy hal
 def slow_at_short_distance(copy: Callable[[int, int, int], object], reps: int = 7) -> bool:
     """Whether ``copy(dst, src, nbytes)`` (addresses in this process) runs at least ``SLOW_RATIO`` times slower when
     the destination lies 16 bytes past the source modulo a page than half a page past it: the fastest of ``reps``
-    timings of each, alternating, of ``PROBE_BYTES`` (about 0.1-0.5 ms in all)."""
+    timings of each, alternating, of ``PROBE_BYTES`` (about 0.4-0.8 ms in all here)."""
     buf = np.ones(2 * PROBE_BYTES + 3 * PAGE, np.uint8)
     src = buf.ctypes.data + (-buf.ctypes.data) % PAGE
     dst = src + PROBE_BYTES + PAGE

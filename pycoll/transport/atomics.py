@@ -147,8 +147,8 @@ def cross_copy(fn, pid, local, remote, n, reading, bounce):
     if not bounce or dist == 0 or dist >= SHORT_DISTANCE:
         return _vm_copy(fn, pid, local, remote, n, iov)
     chunk = min(n, BOUNCE_BYTES)
-    bounce = np.empty(chunk + PAGE, np.uint8)
-    b = np.int64(bounce.ctypes.data)
+    staging = np.empty(chunk + PAGE, np.uint8)
+    b = np.int64(staging.ctypes.data)
     b += (remote + PAGE // 2 - b) & (PAGE - 1)
     done = 0
     while done < n:
