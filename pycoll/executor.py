@@ -26,25 +26,19 @@ from .algorithms.registry import REDUCTIONS, last_choice, parse_override
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
 from .composed import HostComposition
-from .config import str_param
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend, host_address
 from .ops import Op
 from .p2p_protocol import Schedule, Sig
+from .p2p_specs import CALL_KEY
 from .request import Request
 from .transport.arena import fold_seq
 
 if TYPE_CHECKING:
     from .comm import Comm
 
-CALL_KEY = str_param(
-    "PYCOLL_CALL_KEY", "auto",
-    "How a collective call's shape key (the key of its cached plan, built on every call) is made: `auto`, in C "
-    "where `pycoll/_callkey.c` was compiled at install (about 0.2 µs against 1.1-1.6 µs), else in Python; "
-    "`python`: always in Python. Read when pycoll is imported.",
-)
 _PLANS = 64  # plans kept per communicator (oldest dropped first)
 _FAST_SPIN_S = 50e-6  # how long an inline arena call spins for its peers before it waits as a schedule
 # where ranks outnumber cores: a fifth of a microsecond, then the kernel gives the core away (arena_jit.YIELDS)

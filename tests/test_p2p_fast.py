@@ -348,10 +348,15 @@ def test_timeouts_are_honoured(n, tmp_path):
         assert outs[r]["error"] is not None and outs[r]["s"] < 6.0, outs[r]
 
 
-def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory_or_returning_arrays_kept() -> None:
+@pytest.mark.parametrize("form", ["c", "python"])
+def test_views_and_fresh_arrays_are_found_by_shape_and_never_held(form: str) -> None:
     import numpy as np
 
     from pycoll import MPI, p2p_specs
+
+    if form == "c" and p2p_specs.cached_spec is p2p_specs.cached_spec_python:
+        pytest.skip("pycoll/_callkey.c was not compiled at install (no C compiler)")
+    cached_spec = p2p_specs.cached_spec if form == "c" else p2p_specs.cached_spec_python
 
     class _Parse:  # the communicator's full parse, for specs over a whole C-ordered array
         def _p2p_buf(self, buf, opname, writable):
@@ -359,36 +364,40 @@ def test_views_and_fresh_arrays_are_found_by_shape_and_only_views_of_held_memory
 
     base = np.arange(64, dtype=np.float32)
     first = base[0:8]
-    p2p_specs.resolve_spec(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
+    held = p2p_specs.resolve_spec(_Parse(), [first, MPI.FLOAT], "Irecv", True)  # its shape is known from now on
+    assert cached_spec([first, MPI.FLOAT], True) is held  # the resolved spec itself, by the array's identity
+    before = len(p2p_specs._SPECS)
     for lo in (8, 16, 40):  # a window's receive slots, or a halo's fresh views: each its own address
         slot = base[lo:lo + 8]
-        found = p2p_specs.cached_spec([slot, MPI.FLOAT], True)
+        found = cached_spec([slot, MPI.FLOAT], True)
         assert found is not None and found[5] == slot.__array_interface__["data"][0] and found[6] == 32
-        assert found[4] is None  # no flat bytes made until asked for
-        # the cache holds ``base`` already: the view is kept too (no more memory), and found by identity next time
-        assert p2p_specs._SPECS.get(id(slot)) is found and p2p_specs.cached_spec([slot, MPI.FLOAT], True) is found
+        assert found[0] is slot and found[4] is None  # no flat bytes made until asked for
         assert (p2p_specs.flat_bytes_of(found) == slot.view(np.uint8)).all() and p2p_specs.flat_bytes_of(found).base is not None
-    fresh_root = np.arange(64, dtype=np.float32)  # memory the cache does not hold: a single view is found, not kept
-    view = fresh_root[8:16]
-    assert p2p_specs.cached_spec([view, MPI.FLOAT], True) is not None and id(view) not in p2p_specs._SPECS
-    second = fresh_root[16:24]  # a second view of the same array in a row (a program's slots): kept from now on
-    assert p2p_specs.cached_spec([second, MPI.FLOAT], True) is not None and id(second) in p2p_specs._SPECS
-    fresh = np.zeros(8, np.float32)  # an array of its own, made per call: resolved by shape, not kept alive
-    got = p2p_specs.cached_spec([fresh, MPI.FLOAT], True)
-    assert got is not None and got[5] == fresh.__array_interface__["data"][0]
-    assert id(fresh) not in p2p_specs._SPECS
-    assert p2p_specs.cached_spec([fresh, MPI.FLOAT], True) is not None  # it comes back: kept by identity from now on
-    held = p2p_specs._SPECS.get(id(fresh))
-    assert held is not None and held[0] is fresh and p2p_specs.cached_spec([fresh, MPI.FLOAT], True) is held
-    for _ in range(3):  # a new array per call is never held: only weakly referenced until it comes back
+    for _ in range(3):  # a new array per call: found by its shape, its address its own, and never held
         again = np.zeros(8, np.float32)
-        assert p2p_specs.cached_spec([again, MPI.FLOAT], True) is not None and id(again) not in p2p_specs._SPECS
-        del again
-    assert p2p_specs.cached_spec([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
+        got = cached_spec([again, MPI.FLOAT], True)
+        assert got is not None and got[5] == again.__array_interface__["data"][0]
+        del again, got
+    assert len(p2p_specs._SPECS) == before  # nothing found by shape is kept alive
+    fresh = np.zeros(8, np.float32)
+    assert cached_spec([fresh, 4, MPI.FLOAT], True) is None  # another count: a new shape, fully checked
+    assert cached_spec([fresh, MPI.INT], True) is None  # another datatype
+    assert cached_spec([fresh.astype(np.float64), MPI.FLOAT], True) is None  # another dtype
+    assert cached_spec((fresh, MPI.FLOAT), True) is None  # a tuple spec is keyed apart from a list
+    assert cached_spec([fresh, 8.0, MPI.FLOAT], True) is None  # not an int count: the full parse rejects it
+    assert cached_spec([fresh, [], MPI.FLOAT], True) is None
+    assert cached_spec([fresh, 8, []], True) is None  # an unhashable datatype argument: the full parse names it
+    assert cached_spec([fresh, 1, 2, 3], True) is None and cached_spec(fresh.tolist(), True) is None
     ro = np.zeros(8, np.float32)
     ro.flags.writeable = False
-    assert p2p_specs.cached_spec([ro, MPI.FLOAT], True) is None  # a receive into read-only memory: the full parse says no
-    assert p2p_specs.cached_spec([base[0:16:2], MPI.FLOAT], True) is None  # strided: never by shape
+    assert cached_spec([ro, MPI.FLOAT], True) is None  # a receive into read-only memory: the full parse says no
+    first.flags.writeable = False
+    assert cached_spec([first, MPI.FLOAT], True) is None  # nor through the identity cache
+    first.flags.writeable = True
+    assert cached_spec([base[0:16:2], MPI.FLOAT], True) is None  # strided: never by shape
+    c_form, py_form = p2p_specs.cached_spec, p2p_specs.cached_spec_python  # both forms give the same entries
+    for spec in ([base[24:32], MPI.FLOAT], [first, MPI.FLOAT], [fresh, 4, MPI.FLOAT], [base[0:16:2], MPI.FLOAT]):
+        assert c_form(spec, True) == py_form(spec, True) or c_form(spec, True) is py_form(spec, True)
 
 
 _TCP_EAGER = _COMMON + """
