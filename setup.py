@@ -1,5 +1,6 @@
-"""Build hooks: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed, and
-the C shape key of a call (pycoll/_callkey.c), optional: without it pycoll keys calls in Python."""
+"""Build hooks: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed (and,
+for an editable install, its bytecode), and the C shape key of a call (pycoll/_callkey.c), optional: without it
+pycoll keys calls in Python."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ class BuildPyWithKernels(build_py):
         cmd = [sys.executable, "-m", "pycoll.native_build", "--out", str(out)]
         if subprocess.run(cmd, env=env, cwd=ROOT).returncode != 0:
             print("pycoll: the ahead-of-time kernels did not build; pycoll will use Numba's JIT", file=sys.stderr)
+        if editable:  # pip compiles an installed package's bytecode; an editable one's source is compiled here
+            import compileall
+
+            compileall.compile_dir(str(ROOT / "pycoll"), quiet=2)
 
 
 def _numpy_include() -> str:

@@ -43,6 +43,20 @@ def _tool(name: str) -> str:
     return found
 
 
+def _package_bytecode(env: dict) -> str:
+    """Whether pycoll's own modules have current bytecode beside them (written at install or by `pycoll warmup`),
+    which Python reads even where PYTHONDONTWRITEBYTECODE stops it from writing any."""
+    import importlib.util
+
+    import pycoll
+
+    sources = sorted(Path(pycoll.__file__).parent.glob("*.py"))
+    current = sum(1 for p in sources if Path(importlib.util.cache_from_source(str(p))).is_file()
+                  and Path(importlib.util.cache_from_source(str(p))).stat().st_mtime >= p.stat().st_mtime)
+    writes = "not written (PYTHONDONTWRITEBYTECODE set)" if env.get("PYTHONDONTWRITEBYTECODE") else "written on import"
+    return f"pycoll's own for {current} of its {len(sources)} top-level modules, {writes}"
+
+
 def commands(n: int, workdir: Path, vhosts: Any = None) -> dict[str, list[str]]:
     """The two command lines, each running its program on ``n`` ranks (on ``vhosts``, virtual hosts, if given)."""
     progs = {}
@@ -125,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     load_after = os.getloadavg()[0]
     medians = {name: statistics.median(s) for name, s in samples.items()}
     ratio = medians["pycoll"] / medians["mpiexec"]
-    bytecode = "cache in " + env["PYTHONPYCACHEPREFIX"] if args.pycache else (
-        "none (PYTHONDONTWRITEBYTECODE set)" if env.get("PYTHONDONTWRITEBYTECODE") else "default")
+    bytecode = "cache in " + env["PYTHONPYCACHEPREFIX"] if args.pycache else _package_bytecode(env)
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "host": platform.node(),

@@ -97,7 +97,8 @@ def add_info_parser(subparsers: "argparse._SubParsersAction") -> argparse.Argume
 
 def add_warmup_parser(subparsers: Any) -> Any:
     """`pycoll warmup`: build the ahead-of-time kernels for the current sources (``pycoll.native_build``), else
-    compile every kernel signature into Numba's disk cache, so no job compiles (or waits)."""
+    compile every kernel signature into Numba's disk cache, so no job compiles (or waits); and the package's
+    bytecode, so no rank compiles pycoll's source on import."""
     p = subparsers.add_parser("warmup", help="build the compiled kernels now (pip install does it; run after editing them)")
 
     def run(args: Any) -> int:
@@ -109,6 +110,7 @@ def add_warmup_parser(subparsers: Any) -> Any:
         try:
             from . import native_build
 
+            native_build.compile_bytecode()
             native_build.build()
         except Exception as exc:  # noqa: BLE001 - no compiler, no pycc: the JIT's cache instead
             print(f"pycoll warmup: no ahead-of-time build ({type(exc).__name__}: {exc}); filling Numba's cache")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 import pytest
@@ -28,10 +29,12 @@ def pytest_configure(config):
 
 def pytest_sessionstart(session):
     """Build the ahead-of-time kernels if the install did not (or the sources changed since), as `pycoll warmup`
-    does, so every rank runs them from its first call."""
+    does, so every rank runs them from its first call; and the bytecode of pycoll and the tests, which the ranks
+    would otherwise compile on every import where PYTHONDONTWRITEBYTECODE is set."""
     from pycoll import native_build
     from pycoll.algorithms import arena_jit
 
+    native_build.compile_bytecode(pathlib.Path(TESTS))  # the ranks import pycoll and tests/ modules
     native_build.build(quiet=True)
     arena_jit.warm_up()
 

@@ -33,7 +33,7 @@ CASES = ["reduce.allreduce", "reduce.reduce", "reduce.reduce_scatter*", "movemen
 LARGE = ["large.allreduce"]  # 2**20+3 elements: many chunks in flight
 RANKS = (3, 5)  # odd and non-power-of-two; tests/test_algorithms_sim.py covers 1..8 ranks in process
 LIGHT = ["reduce.allreduce", "reduce.reduce_scatter_block", "movement.bcast", "movement.allgather"]
-LIGHT_RANKS = (1, 2, 8)  # the ends of the 1..8 range, with fewer cases (8 ranks share 2 cores in CI)
+LIGHT_RANKS = (1, 2, 8)  # the ends of the 1..8 range, with fewer cases (8 ranks on 2 cores: 10-16 s a job, -m slow)
 
 pytestmark = pytest.mark.ranks
 
@@ -69,7 +69,7 @@ def test_forced(label: str, n: int, tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("label,n", LIGHT_JOBS)
+@pytest.mark.parametrize("label,n", [pytest.param(k, n, marks=pytest.mark.slow if n == 8 else ()) for k, n in LIGHT_JOBS])
 def test_forced_light(label: str, n: int, tmp_path) -> None:
     env = {"PYCOLL_ALGO": FORCED[label], "PYCOLL_CHUNK_SIZE": "4K", **ENV.get(label, {})}
     res = harness.run_cases(n, LIGHT, transport="shm", out_dir=str(tmp_path), job_timeout=240, env=env)

@@ -44,6 +44,7 @@ def test_prebuilt_kernels_run_from_the_first_call(tmp_path) -> None:
     assert all(v > 0 for v in inline.values()), inline
 
 
+@pytest.mark.slow  # its fixture compiles every kernel into Numba's cache (about a minute): in the full run
 @pytest.mark.timeout(400)
 def test_kernels_load_in_the_background(tmp_path, jit_cache) -> None:
     """Without a build (PYCOLL_KERNELS=jit), a rank starts without the kernels (a Barrier-only job never loads them:

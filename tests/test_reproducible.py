@@ -12,12 +12,16 @@ from pycoll.algorithms.registry import REDUCTIONS
 
 pytestmark = pytest.mark.ranks
 
-JOBS = [(n, "shm", {}) for n in (1, 2, 3, 4, 5)] + [(2, "tcp", {}), (3, "tcp", {}),
-                                                     (3, "shm", {"PYCOLL_ARENA_JIT": "0"})]
+# 4 and 5 ranks, 3 over TCP and the NumPy paths take 20-60 s each on 2 cores: in the full run (-m slow)
+_FULL = pytest.mark.slow
+JOBS = [pytest.param(n, t, e, marks=_FULL if slow else (), id=f"n{n}-{t}{'-numpy' if e else ''}")
+        for n, t, e, slow in [(1, "shm", {}, False), (2, "shm", {}, False), (3, "shm", {}, False), (4, "shm", {}, True),
+                              (5, "shm", {}, True), (2, "tcp", {}, False), (3, "tcp", {}, True),
+                              (3, "shm", {"PYCOLL_ARENA_JIT": "0"}, True)]]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n,transport,env", JOBS, ids=[f"n{n}-{t}{'-numpy' if e else ''}" for n, t, e in JOBS])
+@pytest.mark.parametrize("n,transport,env", JOBS)
 def test_every_reduction_is_the_left_fold(n, transport, env, tmp_path):
     res = harness.run_cases(n, ["reproducible.*"], transport=transport, out_dir=str(tmp_path), job_timeout=260,
                             env=env)
