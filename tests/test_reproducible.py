@@ -28,6 +28,7 @@ def test_every_reduction_is_the_left_fold(n, transport, env, tmp_path):
     res.assert_ok()
 
 
+@pytest.mark.slow  # 30 s; the fake NIC's own tests (tests/test_rdma.py) run by default
 @pytest.mark.timeout(300)
 def test_over_rdma(tmp_path):
     """Shared memory off: every pair of the three ranks talks RDMA through the fake NIC (small rings, so they wrap)."""

@@ -28,7 +28,7 @@ EXCUSED = {
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("n", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 ranks: 80 s, in the full run
+@pytest.mark.parametrize("n", [2, 3])
 def test_torch_distributed_test_passes_what_gloo_passes(n: int, tmp_path: Path) -> None:
     out = tmp_path / "outcomes.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTORCH_PRINT_REPRO_ON_FAILURE="0")
