@@ -10,7 +10,6 @@ on the progress engine. Every collective goes through ``Executor.run``/``Executo
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -32,7 +31,7 @@ from .inline_runners import INLINE
 from .memory import backend, host_address
 from .ops import Op
 from .p2p_protocol import Schedule, Sig
-from .p2p_specs import CALL_KEY
+from .p2p_specs import call_key_module
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -136,11 +135,8 @@ def _describe_scalar(t: type, a: Any) -> Any:
 
 def _compiled_shape_key() -> Optional[Callable[[tuple], Optional[tuple]]]:
     """The C form of ``shape_key_python``, or None where it was not built (PYCOLL_CALL_KEY=python: never used)."""
-    if CALL_KEY.get() == "python":
-        return None
-    try:  # an extension module, absent where the install had no compiler
-        _callkey = importlib.import_module("pycoll._callkey")
-    except ImportError:
+    _callkey = call_key_module()
+    if _callkey is None:
         return None
     _callkey.configure(Datatype, Op, IN_PLACE, _TRUE, _FALSE, _describe_items, _describe_scalar)
     return _callkey.shape_key

@@ -164,16 +164,21 @@ def _keep(obj: np.ndarray, entry: tuple) -> None:
     _SPECS[id(obj)] = entry
 
 
-def _compiled_cached_spec() -> Optional[Any]:
-    """``cached_spec_python``'s C form over this module's two caches, or None where it was not built
-    (PYCOLL_CALL_KEY=python: never used)."""
+def call_key_module() -> Optional[Any]:
+    """``pycoll._callkey`` (the C forms of the call key and of ``cached_spec_python``), or None where it was not
+    built (an install without a compiler) or PYCOLL_CALL_KEY=python says not to use it."""
     if CALL_KEY.get() == "python":
         return None
     try:  # an extension module, absent where the install had no compiler
-        _callkey = importlib.import_module("pycoll._callkey")
+        return importlib.import_module("pycoll._callkey")
     except ImportError:
         return None
-    if not hasattr(_callkey, "cached_spec"):  # an older build
+
+
+def _compiled_cached_spec() -> Optional[Any]:
+    """``cached_spec_python``'s C form over this module's two caches, or None where it was not built."""
+    _callkey = call_key_module()
+    if _callkey is None or not hasattr(_callkey, "cached_spec"):  # none, or an older build
         return None
     return functools.partial(_callkey.cached_spec, _SPECS, _SHAPES)
 
