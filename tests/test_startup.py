@@ -213,3 +213,39 @@ def test_rdma_stand_in_is_off_as_the_real_transport_is(monkeypatch, caplog, tmp_
     assert stand_in.listen(me, "127.0.0.1") is None and not stand_in.can_connect(me, me)
     assert stand_in.connect(me, [], "job", barriers.append, 1.0) == {} and barriers == ["rdma-connected"]
     stand_in.close()
+
+
+def test_bytecode_is_written_where_python_is_told_not_to_write_any(tmp_path):
+    """native_build.compile_bytecode writes what an import under PYTHONDONTWRITEBYTECODE then reads (it writes none
+    itself), for pycoll and for the folders named; a folder it cannot write says so."""
+    import importlib.util
+    import stat
+
+    from pycoll import native_build
+
+    mod = tmp_path / "probe_module_for_bytecode.py"
+    mod.write_text("VALUE = 42\n")
+    cached = importlib.util.cache_from_source(str(mod))
+    assert not os.path.exists(cached)
+    assert native_build.compile_bytecode(tmp_path)
+    assert os.path.isfile(cached)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(tmp_path))
+    os.remove(cached)
+    subprocess.run([sys.executable, "-c", "import probe_module_for_bytecode"], env=env, check=True, timeout=60)
+    assert not os.path.exists(cached)  # Python itself wrote nothing
+    import pycoll
+
+    for name in ("comm", "executor", "p2p_fast"):  # pycoll's own modules have current bytecode after the call
+        src = os.path.join(os.path.dirname(pycoll.__file__), f"{name}.py")
+        pyc = importlib.util.cache_from_source(src)
+        assert os.path.isfile(pyc) and os.path.getmtime(pyc) >= os.path.getmtime(src)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "other_probe.py").write_text("X = 1\n")
+    locked.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    try:
+        if os.access(locked, os.W_OK):  # root writes anyway: nothing to check here
+            return
+        assert native_build.compile_bytecode(locked) is False
+    finally:
+        locked.chmod(stat.S_IRWXU)
