@@ -230,9 +230,16 @@ def test_bytecode_is_written_where_python_is_told_not_to_write_any(tmp_path):
     assert native_build.compile_bytecode(tmp_path)
     assert os.path.isfile(cached)
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(tmp_path))
+    # the import reads it: a source of the same size and time that says otherwise is not compiled again
+    stamp = os.stat(mod)
+    mod.write_text("VALUE = 43\n")
+    os.utime(mod, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    probe = [sys.executable, "-c", "import probe_module_for_bytecode as m; print(m.VALUE)"]
+    got = subprocess.run(probe, env=env, check=True, timeout=60, capture_output=True, text=True)
+    assert got.stdout.strip() == "42", got.stdout
     os.remove(cached)
-    subprocess.run([sys.executable, "-c", "import probe_module_for_bytecode"], env=env, check=True, timeout=60)
-    assert not os.path.exists(cached)  # Python itself wrote nothing
+    got = subprocess.run(probe, env=env, check=True, timeout=60, capture_output=True, text=True)
+    assert got.stdout.strip() == "43" and not os.path.exists(cached)  # Python compiled it, and wrote nothing
     import pycoll
 
     for name in ("comm", "executor", "p2p_fast"):  # pycoll's own modules have current bytecode after the call
