@@ -51,8 +51,8 @@ def _package_bytecode(env: dict) -> str:
     import pycoll
 
     sources = sorted(Path(pycoll.__file__).parent.glob("*.py"))
-    current = sum(1 for p in sources if Path(importlib.util.cache_from_source(str(p))).is_file()
-                  and Path(importlib.util.cache_from_source(str(p))).stat().st_mtime >= p.stat().st_mtime)
+    cached = [(p, Path(importlib.util.cache_from_source(str(p)))) for p in sources]
+    current = sum(1 for p, pyc in cached if pyc.is_file() and pyc.stat().st_mtime >= p.stat().st_mtime)
     writes = "not written (PYTHONDONTWRITEBYTECODE set)" if env.get("PYTHONDONTWRITEBYTECODE") else "written on import"
     return f"pycoll's own for {current} of its {len(sources)} top-level modules, {writes}"
 

@@ -13,8 +13,7 @@ from pycoll.algorithms.registry import REDUCTIONS
 pytestmark = pytest.mark.ranks
 
 # 4 and 5 ranks, 3 over TCP and the NumPy paths take 20-60 s each on 2 cores: in the full run (-m slow)
-_FULL = pytest.mark.slow
-JOBS = [pytest.param(n, t, e, marks=_FULL if slow else (), id=f"n{n}-{t}{'-numpy' if e else ''}")
+JOBS = [pytest.param(n, t, e, marks=pytest.mark.slow if slow else (), id=f"n{n}-{t}{'-numpy' if e else ''}")
         for n, t, e, slow in [(1, "shm", {}, False), (2, "shm", {}, False), (3, "shm", {}, False), (4, "shm", {}, True),
                               (5, "shm", {}, True), (2, "tcp", {}, False), (3, "tcp", {}, True),
                               (3, "shm", {"PYCOLL_ARENA_JIT": "0"}, True)]]
