@@ -126,7 +126,10 @@ class PointToPointCalls:
             status.source, status.tag, status.nbytes = self._to_comm[req.source], req.recv_tag, req.nbytes
 
     def Isend(self, buf: Any, dest: int, tag: int = 0) -> Request:  # noqa: N802
-        arr = self._fast.isend(buf, dest, tag)
+        fast = self._fast
+        if fast.send_now(buf, dest, tag):
+            return Request._finished(None)  # an eager send in C: the frame is in the peer's ring
+        arr = fast.isend(buf, dest, tag)
         if arr is True:
             return Request._finished(None)  # an eager send: the frame is in the peer's ring, the buffer free again
         if type(arr) is not np.ndarray:  # a rendezvous announced: done when the peer acknowledges it
@@ -136,7 +139,10 @@ class PointToPointCalls:
         return self._p2p_request(self._isend_array(arr, dest, tag, "Isend"))
 
     def Send(self, buf: Any, dest: int, tag: int = 0) -> None:  # noqa: N802
-        arr = self._fast.send(buf, dest, tag)
+        fast = self._fast
+        if fast.send_now(buf, dest, tag):
+            return
+        arr = fast.send(buf, dest, tag)
         if arr is None:
             return
         if self._eager_ok(dest, tag) and self._engine.send_eager(self._world[dest], arr, self._ctx, tag):
@@ -223,7 +229,11 @@ class PointToPointCalls:
         return self._p2p_request(self._bsend_array(self._p2p_buf(buf, "Ibsend"), dest, tag, "Ibsend"))
 
     def Irecv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG) -> Request:  # noqa: N802
-        arr = self._fast.irecv(buf, source, tag)
+        fast = self._fast
+        got = fast.take_now(buf, source, tag)
+        if got is not None:  # the message was next in the peer's ring: taken in C
+            return Request._received(source, got[0], got[1])
+        arr = fast.irecv(buf, source, tag)
         if type(arr) is tuple:  # the message was next in the peer's ring: taken
             return Request._received(source, arr[0], arr[1])
         if type(arr) is not np.ndarray:  # posted in the engine
@@ -235,7 +245,13 @@ class PointToPointCalls:
         return self._p2p_request(self._irecv_array(arr, source, tag, "Irecv"), True)
 
     def Recv(self, buf: Any, source: int = ANY_SOURCE, tag: int = ANY_TAG, status: Optional[Status] = None) -> None:  # noqa: N802
-        arr = self._fast.recv(buf, source, tag, status)
+        fast = self._fast
+        got = fast.take_now(buf, source, tag)
+        if got is not None:  # the message was next in the peer's ring: taken in C
+            if status is not None:
+                status.source, status.tag, status.nbytes = source, got[0], got[1]
+            return
+        arr = fast.recv(buf, source, tag, status)
         if arr is None:
             return
         if self._eager_ok(source, tag, True):

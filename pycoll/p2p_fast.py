@@ -1,9 +1,11 @@
 """Compiled point-to-point calls of one communicator: buffer specs resolved once (``p2p_specs``), then each call
-between two ranks of one host one Numba call while the engine has nothing else pending."""
+between two ranks of one host one C call (an eager Send, Isend or Irecv: ``eager_calls``) or one Numba call while
+the engine has nothing else pending."""
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import time
 from typing import Any, Optional
@@ -16,7 +18,7 @@ from .p2p import Engine
 from .p2p_protocol import ACK, NO_SEGMENTS, TAG_MAX, P2POwner, RecvRequest, SendRequest
 from .p2p_lane import EMPTY, SPLIT_MIN_BYTES
 from .p2p_sendrecv import SendRecv
-from .p2p_specs import cached_spec, flat_bytes_of, resolve_spec
+from .p2p_specs import cached_spec, call_key_module, flat_bytes_of, resolve_spec, spec_caches
 
 
 P2P_YIELDS = int_param(
@@ -33,6 +35,33 @@ P2P_SPIN_US = float_param(
 _memmove = ctypes.memmove
 
 
+def _not_in_c(buf: Any, rank: Any, tag: Any) -> None:
+    """Where the C eager calls were not built: every call takes the Python path."""
+    return None
+
+
+def eager_gate(fast: "FastP2P") -> tuple:
+    """What ``pycoll._callkey.eager_send`` and ``eager_take`` read of a communicator, in their order: the spec caches,
+    the engine (its lanes), the communicator (freed? aborted?), comm rank -> world rank, the engine's send queues
+    and broken contexts, the context id, the eager limit, then what a receive must find empty (posted receives,
+    buffered messages, running schedules, abort requests), the inbound streams, and the engine's lock."""
+    engine = fast.engine
+    return (*spec_caches(), engine, fast.comm, tuple(fast.world), engine._sendq, engine.broken_ctxs, fast.ctx,
+            fast.eager_max, engine._posted, engine._unexpected, engine._schedules, engine._abort_requests,
+            engine._inbound, engine.lock)
+
+
+def eager_calls(fast: "FastP2P") -> tuple[Any, Any]:
+    """(send_now, take_now): a communicator's eager send and receive in C (``pycoll/_callkey.c``), called with
+    (buf, rank, tag); each returns a false value where the call needs the Python path, always so where the C
+    module was not built or PYCOLL_CALL_KEY=python."""
+    module = call_key_module()
+    if module is None or not hasattr(module, "eager_take"):  # none, or an older build
+        return _not_in_c, _not_in_c
+    gate = eager_gate(fast)
+    return functools.partial(module.eager_send, gate), functools.partial(module.eager_take, gate)
+
+
 class FastP2P(SendRecv):
     """One communicator's compiled point-to-point calls. Each method does the whole call and returns None, or
     returns the buffer as flat bytes for the engine's general path when the call cannot go this way (a peer off
@@ -42,7 +71,7 @@ class FastP2P(SendRecv):
 
     __slots__ = ("comm", "engine", "ctx", "size", "world", "lanes", "words", "k", "posted", "unexpected",
                  "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners", "linger_s",
-                 "linger_polls")
+                 "linger_polls", "send_now", "take_now")
 
     def __init__(self, comm: Any) -> None:
         engine: Engine = comm._engine
@@ -63,6 +92,8 @@ class FastP2P(SendRecv):
         self.linger_s = 0.0
         self.linger_polls = 1
         self.owners: dict = {}  # (call, rank, tag) -> its owner, for the requests this path posts
+        # the eager send and receive in C, tried first: (buf, rank, tag) -> True / (tag, nbytes), else false
+        self.send_now, self.take_now = eager_calls(self)
 
     def _lanes(self) -> Optional[list[int]]:
         """The engine's lanes once its kernels are in (asking the engine counts towards starting their load)."""
