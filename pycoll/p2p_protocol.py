@@ -52,12 +52,12 @@ P2P_CMA_BYTES = size_param(
     "below it the eager ring's two copies, pipelined between the ranks, beat the rendezvous' handshake).",
 )
 SENDRECV_CMA_BYTES = size_param(
-    "PYCOLL_SENDRECV_CMA_BYTES", 32 << 10,
+    "PYCOLL_SENDRECV_CMA_BYTES", 128 << 10,
     "Smallest message a compiled Sendrecv sends by rendezvous where every rank of the host has a core (default "
-    "32K, below PYCOLL_P2P_CMA_BYTES): in a Sendrecv both ranks copy at once, so the eager ring's two copies sit "
-    "on each rank's own core, while by rendezvous each pulls its peer's message in one copy (64 KiB: 9-12 us "
-    "against 16-18). Where ranks share cores the eager ring lets a rank leave before its peer runs: "
-    "PYCOLL_P2P_CMA_BYTES holds there.",
+    "128K, as PYCOLL_P2P_CMA_BYTES): below it the eager ring's two copies, each rank's on its own core, beat each "
+    "rank pulling its peer's message (AMD EPYC VM, 2026-12-02: 64 KiB 4.8-6.4 us against 10.6-13.1, 96 KiB 6.7-7.8 "
+    "against 14.0-16.6); from 256 KiB the pull wins (34 against 48 us). Where ranks share cores "
+    "PYCOLL_P2P_CMA_BYTES holds.",
 )
 P2P_SPLIT = bool_param(
     "PYCOLL_P2P_SPLIT", True,
