@@ -17,6 +17,17 @@ from .status import Status
 
 
 _LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table entries
+# The object collectives' one round: each rank's pickle goes in a fixed block (two int64 header words, then the
+# pickle where it fits), so every call is one collective of a shape seen before, which runs on the planned fast
+# path. A block starts at FIRST_BLOCK bytes; a pickle that does not fit grows every rank's block alike (each rank
+# sees the same lengths) up to BLOCK_MAX, past which the call takes a second round sized to the pickles.
+FIRST_BLOCK = 256
+BLOCK_MAX = 64 << 10
+_HEAD = 16  # the block's header: this pickle's length, then the largest length its sender knows of
+
+
+def _pickled(obj: Any) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class ObjectCalls:
@@ -25,20 +36,74 @@ class ObjectCalls:
     # ---- Python objects (pickle) ---------------------------------------------------------------
     @staticmethod
     def _dumps(obj: Any) -> np.ndarray:
-        return np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+        return np.frombuffer(_pickled(obj), np.uint8)
 
     @staticmethod
-    def _loads(data: np.ndarray) -> Any:
-        return pickle.loads(data.tobytes()) if data.size else None  # an empty message is None (mpi4py)
+    def _loads(data: Any) -> Any:
+        """The object pickled in ``data`` (an array or a memoryview of bytes); None for an empty message (mpi4py)."""
+        return pickle.loads(data) if len(data) else None
 
-    def _allgather_bytes(self, data: np.ndarray) -> list[np.ndarray]:
-        sizes = np.empty(self._size, np.int64)
-        self.Allgather(np.array([data.size], np.int64), sizes)
-        out = np.empty(int(sizes.sum()), np.uint8)
-        counts = [int(s) for s in sizes]
-        displs = [int(d) for d in np.concatenate(([0], np.cumsum(sizes)[:-1]))]
-        self.Allgatherv(data, [out, counts, displs])
-        return [out[d : d + c] for c, d in zip(counts, displs)]
+    def _allgather_bytes(self, data: bytes) -> list[Any]:
+        """Every rank's bytes (``data`` here), in rank order: an Allgather of blocks, or where a pickle outgrows
+        BLOCK_MAX an Allgatherv sized by the lengths the blocks carried."""
+        got, lengths = self._exchange_blocks("allgather", [data], self.Allgather, 1, self._size)
+        if got is not None:
+            return got
+        out = np.empty(sum(lengths), np.uint8)
+        displs = [int(d) for d in np.concatenate(([0], np.cumsum(lengths)[:-1]))]
+        self.Allgatherv(np.frombuffer(data, np.uint8), [out, lengths, displs])
+        return [out[d : d + c] for c, d in zip(lengths, displs)]
+
+    def _block_bytes(self) -> int:
+        """This communicator's block for the object collectives (the same on every rank)."""
+        return self.__dict__.get("_obj_block", FIRST_BLOCK)
+
+    def _block_buffers(self, kind: str, block: int, nsend: int, nrecv: int, in_place: bool = False) -> tuple:
+        """``kind``'s send and receive blocks (``nsend``, ``nrecv`` of them; ``in_place``: one buffer for both) as
+        arrays for the collective, and as byte and int64 memoryviews for Python to read and write cheaply; kept for
+        the next call, which so has the same shape (and plan)."""
+        cache = self.__dict__.setdefault("_obj_buffers", {})
+        bufs = cache.get(kind)
+        if bufs is None or bufs[0] != block:
+            send = np.zeros(nsend * block, np.uint8)
+            recv = send if in_place else np.zeros(nrecv * block, np.uint8)
+            sview, rview = memoryview(send), memoryview(recv)
+            bufs = cache[kind] = (block, send, recv, sview, rview, sview.cast("q"), rview.cast("q"))
+        return bufs
+
+    def _exchange_blocks(self, kind: str, parts: Sequence[bytes], exchange: Any, nsend: int, nrecv: int,
+                         in_place: bool = False) -> tuple[Optional[list[memoryview]], list[int]]:
+        """One block exchange of ``parts`` (this rank's pickles, one per send block; ``nsend`` blocks, none given
+        where this rank sends nothing): ``exchange(send, recv)`` is the collective, after which ``recv`` holds
+        ``nrecv`` blocks. Returns their pickles (views into ``recv``, to be read before the next call) and lengths.
+        A pickle larger than the block makes every rank grow the block and exchange again; past BLOCK_MAX the
+        pickles are None and the caller takes a second round sized by the lengths. Every rank decides alike, from
+        the headers it received: each block carries its pickle's length and the largest length its sender had, and
+        every exchange here gives every rank a block from every sender (``in_place``: the blocks are sent from and
+        received into one buffer, a Bcast's)."""
+        largest = len(parts[0]) if len(parts) == 1 else max([len(p) for p in parts]) if parts else 0
+        while True:
+            block, send, recv, sview, rview, sq, rq = self._block_buffers(kind, self._block_bytes(), nsend, nrecv,
+                                                                          in_place)
+            room, words = block - _HEAD, block // 8
+            for j, data in enumerate(parts):
+                n = len(data)
+                sq[j * words] = n
+                sq[j * words + 1] = largest
+                if n <= room:
+                    at = j * block + _HEAD
+                    sview[at : at + n] = data
+            exchange(send, recv)
+            lengths = rq[::words].tolist()
+            seen = max(rq[1::words].tolist())
+            if seen <= room:
+                if nrecv == 1:
+                    return [rview[_HEAD : _HEAD + lengths[0]]], lengths
+                return [rview[i * block + _HEAD : i * block + _HEAD + n] for i, n in enumerate(lengths)], lengths
+            grown = 1 << (seen + _HEAD - 1).bit_length()
+            if grown > BLOCK_MAX:
+                return None, lengths
+            self.__dict__["_obj_block"] = grown
 
     def _lock_table(self) -> dict:
         """mpi4py's per-communicator locks of the object methods, by name (``MPI._comm_lock_table``)."""
@@ -58,17 +123,20 @@ class ObjectCalls:
 
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         root = self._check_root(root, "bcast")
+        mine = self._rank == root
         with self._obj_lock("bcast"):  # as mpi4py: one thread at a time in this communicator's bcast
-            data = self._dumps(obj) if self._rank == root else None
-            size = np.array([data.size if data is not None else 0], np.int64)
-            self.Bcast(size, root)
-            if data is None:
-                data = np.empty(int(size[0]), np.uint8)
-            self.Bcast(data, root)
-        return obj if self._rank == root else self._loads(data)
+            data = _pickled(obj) if mine else b""
+
+            got, lengths = self._exchange_blocks("bcast", [data] if mine else [],
+                                                 lambda send, recv: self.Bcast(recv, root), 1, 1, True)
+            if got is None:  # past BLOCK_MAX: a second Bcast of the length every rank now knows
+                whole = np.frombuffer(data, np.uint8) if mine else np.empty(lengths[0], np.uint8)
+                self.Bcast(whole, root)
+                got = [whole]
+        return obj if mine else self._loads(got[0])
 
     def allgather(self, sendobj: Any) -> list[Any]:
-        return [self._loads(b) for b in self._allgather_bytes(self._dumps(sendobj))]
+        return [self._loads(b) for b in self._allgather_bytes(_pickled(sendobj))]
 
     def allreduce(self, sendobj: Any, op: Any = _ops.SUM) -> Any:
         o = _ops.resolve(op)
@@ -76,18 +144,19 @@ class ObjectCalls:
 
     def gather(self, sendobj: Any, root: int = 0) -> Optional[list[Any]]:
         root = self._check_root(root, "gather")
-        data = self._dumps(sendobj)
-        sizes = np.empty(self._size, np.int64) if self._rank == root else None
-        self.Gather(np.array([data.size], np.int64), sizes, root)
-        if self._rank != root:
-            self.Gatherv(data, None, root)
-            return None
-        assert sizes is not None
-        counts = [int(s) for s in sizes]
-        out = np.empty(sum(counts), np.uint8)
-        displs = [int(d) for d in np.concatenate(([0], np.cumsum(sizes)[:-1]))]
-        self.Gatherv(data, [out, counts, displs], root)
-        return [self._loads(out[d : d + c]) for c, d in zip(counts, displs)]
+        data = _pickled(sendobj)
+        # an Allgather of blocks: for small pickles it costs what a Gather does, and every rank learns the
+        # lengths, so all agree on a second round
+        got, lengths = self._exchange_blocks("gather", [data], self.Allgather, 1, self._size)
+        if got is None:
+            if self._rank != root:
+                self.Gatherv(np.frombuffer(data, np.uint8), None, root)
+                return None
+            out = np.empty(sum(lengths), np.uint8)
+            displs = [int(d) for d in np.concatenate(([0], np.cumsum(lengths)[:-1]))]
+            self.Gatherv(np.frombuffer(data, np.uint8), [out, lengths, displs], root)
+            got = [out[d : d + c] for c, d in zip(lengths, displs)]
+        return [self._loads(b) for b in got] if self._rank == root else None
 
     def reduce(self, sendobj: Any, op: Any = _ops.SUM, root: int = 0) -> Any:
         o = _ops.resolve(op)
@@ -96,32 +165,34 @@ class ObjectCalls:
 
     def scatter(self, sendobj: Optional[Sequence[Any]] = None, root: int = 0) -> Any:
         root = self._check_root(root, "scatter")
-        size = np.empty(1, np.int64)
-        if self._rank == root:
+        mine = self._rank == root
+        parts: list[bytes] = []
+        if mine:
             if sendobj is None or len(sendobj) != self._size:
                 raise InvalidArgumentError(f"scatter needs a sequence of {self._size} objects at the root", op="scatter", rank=self._rank)
-            parts = [self._dumps(o) for o in sendobj]
-            sizes = np.array([p.size for p in parts], np.int64)
-            self.Scatter(sizes, size, root)
-            self.Scatterv([np.concatenate(parts) if parts else np.empty(0, np.uint8), [int(s) for s in sizes]], np.empty(parts[root].size, np.uint8), root)
-            return sendobj[root]
-        self.Scatter(None, size, root)
-        data = np.empty(int(size[0]), np.uint8)
+            parts = [_pickled(o) for o in sendobj]
+        got, lengths = self._exchange_blocks(
+            "scatter", parts, lambda send, recv: self.Scatter(send if mine else None, recv, root), self._size, 1)
+        if got is not None:
+            return sendobj[root] if mine else self._loads(got[0])  # type: ignore[index]
+        data = np.empty(lengths[0], np.uint8)
+        if mine:
+            self.Scatterv([np.frombuffer(b"".join(parts), np.uint8), [len(p) for p in parts]], data, root)
+            return sendobj[root]  # type: ignore[index]
         self.Scatterv(None, data, root)
         return self._loads(data)
 
     def alltoall(self, sendobj: Sequence[Any]) -> list[Any]:
         if len(sendobj) != self._size:
             raise InvalidArgumentError(f"alltoall needs a sequence of {self._size} objects", op="alltoall", rank=self._rank)
-        parts = [self._dumps(o) for o in sendobj]
-        scounts = np.array([p.size for p in parts], np.int64)
-        rcounts = np.empty(self._size, np.int64)
-        self.Alltoall(scounts, rcounts)
-        out = np.empty(int(rcounts.sum()), np.uint8)
-        send = np.concatenate(parts) if parts else np.empty(0, np.uint8)
-        self.Alltoallv([send, [int(c) for c in scounts]], [out, [int(c) for c in rcounts]])
-        displs = np.concatenate(([0], np.cumsum(rcounts)[:-1]))
-        return [self._loads(out[int(d) : int(d) + int(c)]) for c, d in zip(rcounts, displs)]
+        parts = [_pickled(o) for o in sendobj]
+        got, lengths = self._exchange_blocks("alltoall", parts, self.Alltoall, self._size, self._size)
+        if got is None:
+            out = np.empty(sum(lengths), np.uint8)
+            self.Alltoallv([np.frombuffer(b"".join(parts), np.uint8), [len(p) for p in parts]], [out, lengths])
+            displs = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+            got = [out[int(d) : int(d) + c] for c, d in zip(lengths, displs)]
+        return [self._loads(b) for b in got]
 
     def barrier(self) -> None:
         self.Barrier()

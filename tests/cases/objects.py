@@ -119,3 +119,32 @@ def case_large_objects(ctx):
     parts = [ctx.data(np.int32, 200000 + q, q) for q in range(n)] if r == n - 1 else None
     got = comm.scatter(parts, root=n - 1)
     ctx.check("scatter of large arrays", got, ctx.data(np.int32, 200000 + r, r))
+
+
+@case
+def case_uneven_sizes(ctx):
+    """Objects whose pickles fit the first block, outgrow it on one rank only, outgrow the largest block, and shrink
+    again, in every object collective, each rank checking what it got against what every rank sent."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    sizes = [8, 300, 5000, 70000, 8, 40000, 200, 1 << 17, 16]  # bytes of the big rank's payload, call by call
+
+    def payload(q, k, to=0):  # rank q's object in call k (for rank ``to``): only rank k % n is large
+        m = sizes[k] if q == k % n else 3
+        return (q, k, to, bytes([(q + 7 * k + to) % 251]) * m)
+
+    for k in range(len(sizes)):
+        root = k % n
+        ctx.check_equal(f"allgather #{k}", comm.allgather(payload(r, k)), [payload(q, k) for q in range(n)])
+        got = comm.gather(payload(r, k), root=root)
+        ctx.check_equal(f"gather #{k} root={root}", got, [payload(q, k) for q in range(n)] if r == root else None)
+        got = comm.bcast(payload(r, k) if r == root else None, root=root)
+        ctx.check_equal(f"bcast #{k} root={root}", got, payload(root, k))
+        objs = [payload(root, k, q) for q in range(n)] if r == root else None
+        ctx.check_equal(f"scatter #{k} root={root}", comm.scatter(objs, root=root), payload(root, k, r))
+        got = comm.alltoall([payload(r, k, q) for q in range(n)])
+        ctx.check_equal(f"alltoall #{k}", got, [payload(q, k, r) for q in range(n)])
+        total = comm.allreduce(len(payload(r, k)[3]), op=MPI.SUM)
+        ctx.check_equal(f"allreduce #{k}", total, sum(len(payload(q, k)[3]) for q in range(n)))
+        got = comm.reduce([len(payload(r, k)[3])], op=MPI.SUM, root=root)
+        ctx.check_equal(f"reduce #{k} root={root}", got, [len(payload(q, k)[3]) for q in range(n)] if r == root else None)
