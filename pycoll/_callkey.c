@@ -257,7 +257,8 @@ static PyObject *cached_spec(PyObject *module, PyObject *const *args, Py_ssize_t
  * words (ctx, tag, nbytes, meta, count, vhash) in 64 bytes, then the payload padded to 64 bytes; a ring's writer
  * count is at its header's byte 0, its reader count at byte 64. These calls move only a plain eager frame; anything
  * else (a rendezvous, an acknowledgement, a frame of another call, a full ring) is left for the Python path. */
-enum { L_OUT, L_OUT_CAP, L_OUT_HDR, L_IN, L_IN_CAP, L_IN_HDR, L_BELL, L_SYSCALL, L_FUTEX, L_PID, L_READV, L_META };
+enum { L_OUT, L_OUT_CAP, L_OUT_HDR, L_IN, L_IN_CAP, L_IN_HDR, L_BELL, L_SYSCALL, L_FUTEX, L_PID, L_READV, L_META,
+       L_RTS, L_ACK, L_YIELD };
 #define HEADER_BYTES 64
 #define TAIL_AT 0
 #define HEAD_AT 64
@@ -292,6 +293,22 @@ static void wake(int64_t d)
     }
 }
 
+/* one pause of a spin on lane d: the CPU's spin hint, or where ranks outnumber cores a sched_yield (the lane's
+ * L_YIELD word: its system call number, or -1), as p2p_addresses.relax */
+static void relax(int64_t d)
+{
+    int64_t nr = LANE(d, L_YIELD);
+    if (nr >= 0 && LANE(d, L_SYSCALL) != 0) {
+        syscall(nr);
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 /* write a plain frame of n bytes at src into the lane's outbound ring and publish it: 0 where it does not fit */
 static int put_frame(int64_t d, const char *src, int64_t n, int64_t ctx, int64_t tag)
 {
@@ -310,10 +327,11 @@ static int put_frame(int64_t d, const char *src, int64_t n, int64_t ctx, int64_t
     return 1;
 }
 
-/* take the plain frame at the head of the lane's inbound ring into cap bytes at dst if it is (ctx, tag; any tag
- * if negative) and fits: 1 with its tag and length set, else 0 with nothing consumed */
+/* take the plain frame at the head of the lane's inbound ring if it is (ctx, tag; any tag if negative): into cap
+ * bytes at dst if it fits there, or, with ``fresh`` given, into a new bytes object of its length made there. 1 with
+ * its tag and length set; 0 with nothing consumed; -1 where the bytes object could not be made (an error set) */
 static int take_frame(int64_t d, char *dst, int64_t cap_bytes, int64_t ctx, int64_t tag, int64_t *got_tag,
-                      int64_t *got_bytes)
+                      int64_t *got_bytes, PyObject **fresh)
 {
     int64_t hdr = LANE(d, L_IN_HDR);
     int64_t head = AT(hdr + HEAD_AT);  /* only this process writes it */
@@ -324,9 +342,14 @@ static int take_frame(int64_t d, char *dst, int64_t cap_bytes, int64_t ctx, int6
     const int64_t *h = (const int64_t *)(intptr_t)(base + head % cap);
     int64_t n = h[2];
     int64_t total = HEADER_BYTES + (n + HEADER_BYTES - 1) / HEADER_BYTES * HEADER_BYTES;
-    if (h[3] != LANE(d, L_META) || h[0] != ctx || (tag >= 0 && h[1] != tag) || n < 0 || n > cap_bytes || h[4] != 0
-            || h[5] != 0 || tail - head < total)
+    if (h[3] != LANE(d, L_META) || h[0] != ctx || (tag >= 0 && h[1] != tag) || n < 0
+            || (fresh == NULL && n > cap_bytes) || h[4] != 0 || h[5] != 0 || tail - head < total)
         return 0;
+    if (fresh != NULL) {
+        if ((*fresh = PyBytes_FromStringAndSize(NULL, n)) == NULL)
+            return -1;
+        dst = PyBytes_AS_STRING(*fresh);
+    }
     int64_t at = (head + HEADER_BYTES) % cap, first = n < cap - at ? n : cap - at;
     copy_bytes(dst, (const char *)(intptr_t)(base + at), first);
     copy_bytes(dst + first, (const char *)(intptr_t)base, n - first);
@@ -424,31 +447,36 @@ static int spec_bytes(PyObject *gate, PyObject *buf, int writable, char **addr, 
     return PyErr_Occurred() ? -1 : 1;
 }
 
-/* An eager call's arguments (gate, buf, rank, tag): 1 with the tag and the buffer's address and length set, 0 where
- * the tag is not one such a call takes (``receive``: from -1, any tag) or the spec is not cached, -1 on an error */
-static int eager_args(PyObject *const *args, Py_ssize_t nargs, const char *name, int receive, int64_t *tag,
-                      char **addr, int64_t *nbytes)
+/* whether an eager call got its gate (from pycoll.p2p_fast.eager_gate) and ``nargs`` arguments; a TypeError if not */
+static int gate_given(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, const char *usage)
 {
-    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != G_ITEMS || str_lane_of == NULL) {
-        PyErr_Format(PyExc_TypeError, "%s(gate, buf, rank, tag): gate from pycoll.p2p_fast.eager_gate", name);
-        return -1;
-    }
-    if (!int_within(args[3], receive ? -1 : 0, INT64_MAX, tag))
-        return 0;
-    return spec_bytes(args[0], args[1], receive, addr, nbytes);
+    if (nargs == want && PyTuple_CheckExact(args[0]) && PyTuple_GET_SIZE(args[0]) == G_ITEMS && str_lane_of != NULL)
+        return 1;
+    PyErr_Format(PyExc_TypeError, "%s: gate from pycoll.p2p_fast.eager_gate", usage);
+    return 0;
 }
 
-/* eager_send(gate, buf, dest, tag): True once buf went to communicator rank dest as one frame in its ring; False
- * where the call needs the Python path (a rendezvous size, a full ring, a spec not cached yet, ...) */
+/* eager_send(gate, buf, dest, tag): True once buf (a cached spec, or a bytes object: a pickle) went to communicator
+ * rank dest as one frame in its ring; False where the call needs the Python path (a rendezvous size, a full ring,
+ * a spec not cached yet, ...) */
 static PyObject *eager_send(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *peer;
     char *src;
     int64_t n, tag;
-    int ok = eager_args(args, nargs, "eager_send", 0, &tag, &src, &n);
-    if (ok <= 0)
-        return ok < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *gate = args[0];
+    if (!gate_given(args, nargs, 4, "eager_send(gate, buf, dest, tag)"))
+        return NULL;
+    PyObject *gate = args[0], *buf = args[1];
+    if (!int_within(args[3], 0, INT64_MAX, &tag))
+        Py_RETURN_FALSE;
+    if (PyBytes_CheckExact(buf)) {
+        src = PyBytes_AS_STRING(buf);
+        n = PyBytes_GET_SIZE(buf);
+    } else {
+        int found = spec_bytes(gate, buf, 0, &src, &n);
+        if (found <= 0)
+            return found < 0 ? NULL : Py_NewRef(Py_False);
+    }
     if (n > PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_EAGER_MAX)))
         Py_RETURN_FALSE;
     int64_t d = lane_to(gate, args[2], &peer);
@@ -457,25 +485,27 @@ static PyObject *eager_send(PyObject *module, PyObject *const *args, Py_ssize_t 
     return PyBool_FromLong(put_frame(d, src, n, PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_CTX)), tag));
 }
 
-/* eager_take(gate, buf, source, tag): (tag, nbytes) once the next frame from communicator rank source was this
- * receive's plain message and went into buf; None where the call needs the Python path (nothing there yet,
- * receives posted or messages buffered that match first, another kind of frame, a spec not cached yet, ...) */
-static PyObject *eager_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The receive of an eager call (``buf``: a spec to take into; NULL: into a new bytes object) from communicator
+ * rank ``source``, waiting up to ``polls`` polls for a frame: (tag, nbytes) or, into a new bytes object, (tag,
+ * nbytes, bytes); False where nothing came (every other condition held); None where the call needs the Python path
+ * (receives posted or messages buffered that match first, another kind of frame, a spec not cached yet, ...) */
+static PyObject *take(PyObject *gate, PyObject *buf, PyObject *source, int64_t tag, int64_t polls)
 {
     PyObject *peer;
-    char *dst;
-    int64_t cap_bytes, tag;
-    int ok = eager_args(args, nargs, "eager_take", 1, &tag, &dst, &cap_bytes);
-    if (ok <= 0)
-        return ok < 0 ? NULL : Py_NewRef(Py_None);
-    PyObject *gate = args[0];
+    char *dst = NULL;
+    int64_t cap_bytes = 0;
+    if (buf != NULL) {
+        int found = spec_bytes(gate, buf, 1, &dst, &cap_bytes);
+        if (found <= 0)
+            return found < 0 ? NULL : Py_NewRef(Py_None);
+    }
     int64_t ctx = PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_CTX));
     for (int i = G_POSTED; i <= G_ABORTS; i++) {  /* what could match first, or must run first */
         int empty = is_empty(PyTuple_GET_ITEM(gate, i));
         if (empty <= 0)
             return empty < 0 ? NULL : Py_NewRef(Py_None);
     }
-    int64_t d = lane_to(gate, args[2], &peer);
+    int64_t d = lane_to(gate, source, &peer);
     if (d <= 0)
         return d < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *stream = PyDict_GetItemWithError(PyTuple_GET_ITEM(gate, G_INBOUND), peer);
@@ -498,21 +528,60 @@ static PyObject *eager_take(PyObject *module, PyObject *const *args, Py_ssize_t 
         if (held != Py_True)  /* another thread is inside a wait */
             Py_RETURN_NONE;
     }
-    int64_t got_tag, got_bytes;
-    int taken = take_frame(d, dst, cap_bytes, ctx, tag, &got_tag, &got_bytes);
+    int64_t got_tag, got_bytes, hdr = LANE(d, L_IN_HDR), head = AT(hdr + HEAD_AT);
+    while (polls-- > 0 && __atomic_load_n((int64_t *)(intptr_t)(hdr + TAIL_AT), __ATOMIC_ACQUIRE) == head)
+        relax(d);
+    PyObject *fresh = NULL;
+    int taken = take_frame(d, dst, cap_bytes, ctx, tag, &got_tag, &got_bytes, buf == NULL ? &fresh : NULL);
+    int empty = __atomic_load_n((int64_t *)(intptr_t)(hdr + TAIL_AT), __ATOMIC_ACQUIRE) == head;
     if (lock != NULL) {
         PyObject *released = PyObject_CallMethodNoArgs(lock, str_release);
-        if (released == NULL)
+        if (released == NULL) {
+            Py_XDECREF(fresh);
             return NULL;
+        }
         Py_DECREF(released);
     }
-    if (!taken)
-        Py_RETURN_NONE;
+    if (taken <= 0)
+        return taken < 0 ? NULL : Py_NewRef(empty ? Py_False : Py_None);
     PyObject *got_t = PyLong_FromLongLong(got_tag), *got_n = PyLong_FromLongLong(got_bytes);
-    PyObject *got = got_t != NULL && got_n != NULL ? PyTuple_Pack(2, got_t, got_n) : NULL;
+    PyObject *got = NULL;
+    if (got_t != NULL && got_n != NULL)
+        got = fresh != NULL ? PyTuple_Pack(3, got_t, got_n, fresh) : PyTuple_Pack(2, got_t, got_n);
     Py_XDECREF(got_t);
     Py_XDECREF(got_n);
+    Py_XDECREF(fresh);
     return got;
+}
+
+/* eager_take(gate, buf, source, tag): (tag, nbytes) once the next frame from communicator rank source was this
+ * receive's plain message and went into buf; None where the call needs the Python path */
+static PyObject *eager_take(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t tag;
+    if (!gate_given(args, nargs, 4, "eager_take(gate, buf, source, tag)"))
+        return NULL;
+    if (!int_within(args[3], -1, INT64_MAX, &tag))
+        Py_RETURN_NONE;
+    PyObject *got = take(args[0], args[1], args[2], tag, 0);
+    if (got == Py_False) {  /* nothing there yet: the Python path posts the receive */
+        Py_DECREF(got);
+        Py_RETURN_NONE;
+    }
+    return got;
+}
+
+/* eager_take_object(gate, source, tag, polls): (tag, nbytes, bytes) once the next frame from communicator rank
+ * source, waited for up to ``polls`` polls, was a plain message of this receive's, copied into a new bytes object (a
+ * pickle, for the object receive); False where nothing came; None where the call needs the Python path */
+static PyObject *eager_take_object(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    int64_t tag, polls;
+    if (!gate_given(args, nargs, 4, "eager_take_object(gate, source, tag, polls)"))
+        return NULL;
+    if (!int_within(args[2], -1, INT64_MAX, &tag) || !int_within(args[3], 0, INT64_MAX, &polls))
+        Py_RETURN_NONE;
+    return take(args[0], NULL, args[1], tag, polls);
 }
 
 /* the lane layout and header size these calls assume, for a test to compare with pycoll.p2p_lane's */
@@ -547,6 +616,8 @@ static PyMethodDef methods[] = {
      "eager_send(gate, buf, dest, tag): True once sent as one eager frame; False: the Python path's call."},
     {"eager_take", (PyCFunction)(void (*)(void))eager_take, METH_FASTCALL,
      "eager_take(gate, buf, source, tag): (tag, nbytes) once taken from the peer's ring; None: the Python path's."},
+    {"eager_take_object", (PyCFunction)(void (*)(void))eager_take_object, METH_FASTCALL,
+     "eager_take_object(gate, source, tag, polls): (tag, nbytes, bytes) once taken; False: none came; None: Python's."},
     {"eager_layout", eager_layout, METH_NOARGS, "The lane layout the eager calls assume."},
     {"configure", configure, METH_VARARGS,
      "configure(Datatype, Op, IN_PLACE, flag_true, flag_false, describe_items, describe_scalar)"},

@@ -35,7 +35,7 @@ P2P_SPIN_US = float_param(
 _memmove = ctypes.memmove
 
 
-def _not_in_c(buf: Any, rank: Any, tag: Any) -> None:
+def _not_in_c(*args: Any) -> None:
     """Where the C eager calls were not built: every call takes the Python path."""
     return None
 
@@ -51,15 +51,17 @@ def eager_gate(fast: "FastP2P") -> tuple:
             engine._inbound, engine.lock)
 
 
-def eager_calls(fast: "FastP2P") -> tuple[Any, Any]:
-    """(send_now, take_now): a communicator's eager send and receive in C (``pycoll/_callkey.c``), called with
-    (buf, rank, tag); each returns a false value where the call needs the Python path, always so where the C
-    module was not built or PYCOLL_CALL_KEY=python."""
+def eager_calls(fast: "FastP2P") -> tuple[Any, Any, Any]:
+    """(send_now, take_now, take_object_now): a communicator's eager send and receive in C (``pycoll/_callkey.c``),
+    called with (buf, rank, tag), and its receive of a message of any length into a new bytes object (a pickle),
+    called with (rank, tag, polls to wait); each returns a false value where the call needs the Python path, always so where the
+    C module was not built or PYCOLL_CALL_KEY=python."""
     module = call_key_module()
-    if module is None or not hasattr(module, "eager_take"):  # none, or an older build
-        return _not_in_c, _not_in_c
+    if module is None or not hasattr(module, "eager_take_object"):  # none, or an older build
+        return _not_in_c, _not_in_c, _not_in_c
     gate = eager_gate(fast)
-    return functools.partial(module.eager_send, gate), functools.partial(module.eager_take, gate)
+    return (functools.partial(module.eager_send, gate), functools.partial(module.eager_take, gate),
+            functools.partial(module.eager_take_object, gate))
 
 
 class FastP2P(SendRecv):
@@ -71,7 +73,7 @@ class FastP2P(SendRecv):
 
     __slots__ = ("comm", "engine", "ctx", "size", "world", "lanes", "words", "k", "posted", "unexpected",
                  "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners", "linger_s",
-                 "linger_polls", "send_now", "take_now")
+                 "linger_polls", "send_now", "take_now", "take_object_now")
 
     def __init__(self, comm: Any) -> None:
         engine: Engine = comm._engine
@@ -92,8 +94,9 @@ class FastP2P(SendRecv):
         self.linger_s = 0.0
         self.linger_polls = 1
         self.owners: dict = {}  # (call, rank, tag) -> its owner, for the requests this path posts
-        # the eager send and receive in C, tried first: (buf, rank, tag) -> True / (tag, nbytes), else false
-        self.send_now, self.take_now = eager_calls(self)
+        # the eager send and receive in C, tried first: (buf, rank, tag) -> True / (tag, nbytes), else false; the
+        # object receive's: (rank, tag, polls) -> (tag, nbytes, its bytes), False (none came) or None
+        self.send_now, self.take_now, self.take_object_now = eager_calls(self)
 
     def _lanes(self) -> Optional[list[int]]:
         """The engine's lanes once its kernels are in (asking the engine counts towards starting their load)."""

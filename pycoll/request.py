@@ -95,6 +95,13 @@ class Request(RequestSets, HandleForms):
         req._status, req._active, req._completed = (source, tag, nbytes), True, False
         return req
 
+    @classmethod
+    def _received_object(cls, source: int, tag: int, nbytes: int, obj: Any) -> "Request":
+        """``_received`` for an object receive (``irecv``): its wait returns ``obj``."""
+        req = cls.completed(None)
+        req._status, req._result = (source, tag, nbytes), obj
+        return req
+
     # ---- identity (mpi4py's handle semantics) -------------------------------------------------
     def _identity(self) -> "Request":
         return self._origin if self._origin is not None else self

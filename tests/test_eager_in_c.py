@@ -1,5 +1,5 @@
-"""The eager send and receive in C (``pycoll/_callkey.c``: ``eager_send``, ``eager_take``) in one process, over two
-lanes facing each other: frames the Numba kernels read and write alike, wrap-round, full rings, what a receive must
+"""The eager send and receive in C (``pycoll/_callkey.c``: ``eager_send``, ``eager_take``, ``eager_take_object``) in
+one process, over two lanes facing each other: frames the Numba kernels read and write alike, wrap-round, full rings, what a receive must
 leave in the ring, every state of the engine that sends a call down the Python path, the engine's lock, the
 doorbell."""
 
@@ -54,7 +54,7 @@ class Side:
         self.comm = SimpleNamespace(_freed=False, _aborted=None)
         fast = SimpleNamespace(engine=self.engine, comm=self.comm, world=[0, 1], ctx=CTX, eager_max=eager_max)
         self.gate = eager_gate(fast)
-        self.send_now, self.take_now = eager_calls(fast)
+        self.send_now, self.take_now, self.take_object_now = eager_calls(fast)
         self.lane = words
 
 
@@ -243,5 +243,32 @@ def test_a_sleeping_peer_is_woken_by_a_send_and_by_a_take():
 def test_without_the_c_module_every_call_takes_the_python_path(monkeypatch):
     monkeypatch.setenv("PYCOLL_CALL_KEY", "python")
     fast = SimpleNamespace(engine=None, comm=None, world=[0, 1], ctx=CTX, eager_max=0)
-    assert eager_calls(fast) == (_not_in_c, _not_in_c)
+    assert eager_calls(fast) == (_not_in_c, _not_in_c, _not_in_c)
     assert not _not_in_c([np.zeros(1), MPI.BYTE], 0, 0)
+
+
+@pytest.mark.parametrize("writer", ["c", "numba"])
+def test_an_object_receive_takes_a_message_of_any_length_into_new_bytes(writer):
+    p = Pair()
+    a, b = Side(p, 0), Side(p, 1)
+    assert b.take_object_now(0, 3, 0) is False  # nothing there yet, every other condition holds
+    assert b.take_object_now(0, 3, 200) is False  # nor after a spin of 200 polls
+    for i, n in enumerate([0, 1, 47, 64, 65, 1500, 2000] * 3):  # wraps round the ring
+        src = data(n, i).tobytes()
+        if writer == "c":
+            assert a.send_now(src, 1, i) is True  # a bytes object is sent as it is (a pickle)
+        else:
+            assert k.put(p.addr(p.a), np.frombuffer(src, np.uint8).ctypes.data if n else 0, n, CTX, i) == 1
+        got = b.take_object_now(0, i if i % 2 else -1, 0)
+        assert got == (i, n, src) and type(got[2]) is bytes
+    assert a.send_now(spec(data(8, 1), False), 1, 9)
+    assert b.take_object_now(0, 8, 0) is None and p.head("ab") != p.tail("ab")  # another tag: not False, not taken
+    b.engine._posted.append(object())
+    assert b.take_object_now(0, 9, 0) is None  # a receive posted first matches first
+    b.engine._posted.clear()
+    assert b.take_object_now(0, 9, 0) == (9, 8, data(8, 1).tobytes())
+    assert a.send_now(b"x" * 2049, 1, 1) is False  # past the eager limit: the Python path's rendezvous
+    for args in [(0, True, 0), (0, 1, -1), (2, 1, 0), (0, 1, 1.0)]:
+        assert not b.take_object_now(*args)
+    with pytest.raises(TypeError, match="eager_gate"):
+        _callkey.eager_take_object(b.gate, 0, 1)
