@@ -24,11 +24,16 @@ SIZES = [8, 4 * KIB, 64 * KIB, MIB]
 POW4 = [8] + [4 ** k for k in range(2, 13)]  # 8 B, then every power of 4 from 16 B to 16 MiB
 SWEPT_AT_4 = ("Allreduce", "Bcast", "Allgather")  # the calls with a 4-rank target at every size
 BW_CALLS = ("Isend x16 bw", "Isend x64 bw")
+# mpi4py's object calls (pickled), as programs make them: a bytes object of the size, NumPy arrays to reduce
+OBJECT_CALLS = ("send/recv obj pingpong", "bcast obj", "reduce obj", "allreduce obj", "gather obj", "scatter obj",
+                "allgather obj", "alltoall obj")
+P2P_CALLS = ("Send/Recv pingpong", *BW_CALLS, "send/recv obj pingpong")  # timed on rank 0 alone
 CALLS = ("Send/Recv pingpong", *BW_CALLS, "Bcast", "Reduce", "Allreduce", "Gather", "Scatter", "Allgather",
-         "Allgather in place", "Alltoall", "Reduce_scatter_block", "Scan", "Exscan", "Sendrecv", "Barrier")
+         "Allgather in place", "Alltoall", "Reduce_scatter_block", "Scan", "Exscan", "Sendrecv", "Barrier",
+         *OBJECT_CALLS)
 # Which method each call needs on the communicator (a module lacking it reports the call missing).
 NEEDS = {"Send/Recv pingpong": "Send", "Isend x16 bw": "Isend", "Isend x64 bw": "Isend",
-         "Allgather in place": "Allgather"}
+         "Allgather in place": "Allgather", "send/recv obj pingpong": "send"}
 SLOT_BYTES = 64 * MIB  # windowed bandwidth: one receive slot per message while they fit, then reused
 HALO_N, HALO_WIDTH, HALO_EVERY = 100_000, 16, 10  # stencil array, ghost cells each side, steps per Allreduce
 FIRST_CALLS = 300
@@ -161,6 +166,44 @@ class Program:
                     lambda: bool((out == left + 1).all()), 1)
         if call == "Barrier":
             return comm.Barrier, ok_all, 1
+        if call in OBJECT_CALLS:
+            return self.make_object_call(call, size)
+        raise ValueError(call)
+
+    def make_object_call(self, call: str, size: int) -> tuple[Callable[[], Any], Callable[[], bool], int]:
+        """``make`` for mpi4py's object calls: a bytes object of ``size`` bytes (rank r's filled with r + 1), or a
+        float32 array of ``size`` bytes for the reductions."""
+        comm, n, r = self.comm, self.n, self.rank
+        mine = bytes([r + 1]) * size
+        of = [bytes([q + 1]) * size for q in range(n)]
+        arr = np.full(max(1, size // 4), r + 1, np.float32)
+        total = n * (n + 1) / 2
+        got: list[Any] = [None]
+
+        def keep(value: Any) -> None:
+            got[0] = value
+
+        if call == "send/recv obj pingpong":  # rank 1 echoes rank 0's object
+            if r == 0:
+                return lambda: (comm.send(mine, 1, 1), keep(comm.recv(source=1, tag=1))), lambda: got[0] == mine, 2
+            if r == 1:
+                return lambda: comm.send(comm.recv(source=0, tag=1), 0, 1), lambda: True, 2
+            return (lambda: None), lambda: True, 2
+        if call == "bcast obj":
+            return lambda: keep(comm.bcast(mine, root=0)), lambda: got[0] == of[0], 1
+        if call == "reduce obj":
+            return (lambda: keep(comm.reduce(arr, root=0)),
+                    lambda: r != 0 or bool((got[0] == total).all()), 1)
+        if call == "allreduce obj":
+            return lambda: keep(comm.allreduce(arr)), lambda: bool((got[0] == total).all()), 1
+        if call == "gather obj":
+            return lambda: keep(comm.gather(mine, root=0)), lambda: got[0] == (of if r == 0 else None), 1
+        if call == "scatter obj":
+            return lambda: keep(comm.scatter(of if r == 0 else None, root=0)), lambda: got[0] == mine, 1
+        if call == "allgather obj":
+            return lambda: keep(comm.allgather(mine)), lambda: got[0] == of, 1
+        if call == "alltoall obj":  # rank r sends rank q's own bytes: each gets its own back from everyone
+            return lambda: keep(comm.alltoall(of)), lambda: got[0] == [mine] * n, 1
         raise ValueError(call)
 
     def point(self, call: str, size: int) -> dict[str, Any]:
@@ -168,11 +211,11 @@ class Program:
         method = NEEDS.get(call, call.split()[0])
         if not hasattr(self.comm, method):
             return dict(rec, missing=f"no Comm.{method}")
-        if call in ("Send/Recv pingpong", *BW_CALLS) and self.n < 2:
+        if call in P2P_CALLS and self.n < 2:
             return dict(rec, missing="needs 2 ranks")
         try:
             fn, check, messages = self.make(call, size)
-            us, iters = self.time_point(fn, p2p=call in ("Send/Recv pingpong", *BW_CALLS))
+            us, iters = self.time_point(fn, p2p=call in P2P_CALLS)
             ok = self.comm.gather(check(), root=0)
         except Exception as exc:  # a pycoll error is raised on every rank; report it and go on
             return dict(rec, error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200])

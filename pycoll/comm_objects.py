@@ -19,11 +19,24 @@ from .status import Status
 _LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table entries
 # The object collectives' one round: each rank's pickle goes in a fixed block (two int64 header words, then the
 # pickle where it fits), so every call is one collective of a shape seen before, which runs on the planned fast
-# path. A block starts at FIRST_BLOCK bytes; a pickle that does not fit grows every rank's block alike (each rank
-# sees the same lengths) up to BLOCK_MAX, past which the call takes a second round sized to the pickles.
+# path. Each kind of call keeps its own block, the same on every rank: it starts at FIRST_BLOCK bytes, a pickle that
+# does not fit grows it (``_block_for``; each rank sees the same lengths), and a call whose pickles all fit a quarter of it shrinks it
+# to fit them; past the largest block (BLOCK_MAX, and no more than BLOCKS_BYTES for the blocks of all ranks) the call
+# takes a second round sized to the pickles.
 FIRST_BLOCK = 256
-BLOCK_MAX = 64 << 10
+BLOCK_MAX = 256 << 10
+BLOCKS_BYTES = 8 << 20
 _HEAD = 16  # the block's header: this pickle's length, then the largest length its sender knows of
+
+
+def _block_for(nbytes: int) -> int:
+    """The block that holds ``nbytes``: a power of two, or from 8 KiB up the next quarter step between two (5/4,
+    6/4, 7/4 of one), so that a block pads a pickle by at most a quarter where padding costs copies."""
+    top = 1 << (nbytes - 1).bit_length()
+    if top <= 8 << 10:
+        return top
+    step = top // 8  # quarter steps of the power below
+    return -(-nbytes // step) * step
 
 
 def _pickled(obj: Any) -> bytes:
@@ -54,21 +67,36 @@ class ObjectCalls:
         self.Allgatherv(np.frombuffer(data, np.uint8), [out, lengths, displs])
         return [out[d : d + c] for c, d in zip(lengths, displs)]
 
-    def _block_bytes(self) -> int:
-        """This communicator's block for the object collectives (the same on every rank)."""
-        return self.__dict__.get("_obj_block", FIRST_BLOCK)
+    def _block_bytes(self, kind: str) -> int:
+        """This communicator's block for ``kind``'s object calls (the same on every rank)."""
+        return self.__dict__.get("_obj_blocks", {}).get(kind, FIRST_BLOCK)
+
+    def _block_fitting(self, kind: str, seen: int) -> int:
+        """The block ``kind``'s next call uses after one whose largest pickle was ``seen`` bytes, as every rank
+        computes it; 0 where that is past the largest block."""
+        block = self._block_bytes(kind)
+        fits = max(FIRST_BLOCK, _block_for(seen + _HEAD))
+        if fits > block or fits * 4 <= block:  # grown to fit, or shrunk where a quarter would have done
+            if fits > min(BLOCK_MAX, max(FIRST_BLOCK, BLOCKS_BYTES // self._size)):
+                return 0
+            self.__dict__.setdefault("_obj_blocks", {})[kind] = fits
+            return fits
+        return block
 
     def _block_buffers(self, kind: str, block: int, nsend: int, nrecv: int, in_place: bool = False) -> tuple:
         """``kind``'s send and receive blocks (``nsend``, ``nrecv`` of them; ``in_place``: one buffer for both) as
-        arrays for the collective, and as byte and int64 memoryviews for Python to read and write cheaply; kept for
-        the next call, which so has the same shape (and plan)."""
+        arrays for the collective, and as byte and int64 memoryviews for Python to read and write cheaply; kept, per
+        block size, for the later calls, which so have the same shape (and plan)."""
         cache = self.__dict__.setdefault("_obj_buffers", {})
-        bufs = cache.get(kind)
-        if bufs is None or bufs[0] != block:
+        bufs = cache.get((kind, block))
+        if bufs is None:
+            held = [key for key in cache if key[0] == kind]
+            for key in held[: max(len(held) - 2, 0)]:  # the two sizes used last stay, with their plans
+                del cache[key]
             send = np.zeros(nsend * block, np.uint8)
             recv = send if in_place else np.zeros(nrecv * block, np.uint8)
             sview, rview = memoryview(send), memoryview(recv)
-            bufs = cache[kind] = (block, send, recv, sview, rview, sview.cast("q"), rview.cast("q"))
+            bufs = cache[(kind, block)] = (send, recv, sview, rview, sview.cast("q"), rview.cast("q"))
         return bufs
 
     def _exchange_blocks(self, kind: str, parts: Sequence[bytes], exchange: Any, nsend: int, nrecv: int,
@@ -82,9 +110,9 @@ class ObjectCalls:
         every exchange here gives every rank a block from every sender (``in_place``: the blocks are sent from and
         received into one buffer, a Bcast's)."""
         largest = len(parts[0]) if len(parts) == 1 else max([len(p) for p in parts]) if parts else 0
+        block = self._block_bytes(kind)
         while True:
-            block, send, recv, sview, rview, sq, rq = self._block_buffers(kind, self._block_bytes(), nsend, nrecv,
-                                                                          in_place)
+            send, recv, sview, rview, sq, rq = self._block_buffers(kind, block, nsend, nrecv, in_place)
             room, words = block - _HEAD, block // 8
             for j, data in enumerate(parts):
                 n = len(data)
@@ -96,14 +124,14 @@ class ObjectCalls:
             exchange(send, recv)
             lengths = rq[::words].tolist()
             seen = max(rq[1::words].tolist())
+            fitting = self._block_fitting(kind, seen)
             if seen <= room:
                 if nrecv == 1:
                     return [rview[_HEAD : _HEAD + lengths[0]]], lengths
                 return [rview[i * block + _HEAD : i * block + _HEAD + n] for i, n in enumerate(lengths)], lengths
-            grown = 1 << (seen + _HEAD - 1).bit_length()
-            if grown > BLOCK_MAX:
+            if not fitting:
                 return None, lengths
-            self.__dict__["_obj_block"] = grown
+            block = fitting
 
     def _lock_table(self) -> dict:
         """mpi4py's per-communicator locks of the object methods, by name (``MPI._comm_lock_table``)."""
