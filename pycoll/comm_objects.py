@@ -124,7 +124,8 @@ class ObjectCalls:
             exchange(send, recv)
             lengths = rq[::words].tolist()
             seen = max(rq[1::words].tolist())
-            fitting = self._block_fitting(kind, seen)
+            # the block changes only where a pickle did not fit or all would have fitted a quarter of it
+            fitting = self._block_fitting(kind, seen) if seen > room or (seen + _HEAD) * 4 <= block else block
             if seen <= room:
                 if nrecv == 1:
                     return [rview[_HEAD : _HEAD + lengths[0]]], lengths
