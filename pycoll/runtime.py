@@ -13,7 +13,7 @@ import socket
 import threading
 from typing import Any, Optional, Sequence
 
-from . import config, machine
+from . import config, machine, memory
 from .algorithms import arena_jit, cost
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
@@ -127,6 +127,7 @@ class Runtime:
 
     def __init__(self, timeout: Optional[float] = None, info: Optional[BootstrapInfo] = None) -> None:
         _setup_logging()
+        memory.keep_freed_memory()  # a fresh array per call then reuses faulted-in memory, as under MPICH
         self.timeout = config.TIMEOUT.get() if timeout is None else timeout
         self.info: BootstrapInfo = bootstrap(self.timeout) if info is None else info
         self.rank, self.size = self.info.rank, self.info.size

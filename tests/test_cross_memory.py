@@ -198,3 +198,18 @@ def test_a_refused_kernel_copy_makes_no_bounce_decision(monkeypatch):
     monkeypatch.setattr(cm, "_move", refused)
     assert cm.bounces is False
     assert "kernel" not in memory._bounces  # asked again next time, not remembered as measured
+
+
+def test_freed_memory_is_kept_for_reuse_where_glibc_allocates(monkeypatch):
+    """``memory.keep_freed_memory``: set where glibc is the allocator, and not where PYCOLL_KEEP_FREED=0."""
+    import ctypes
+
+    from pycoll import memory
+
+    try:
+        ctypes.CDLL(None).gnu_get_libc_version
+    except AttributeError:
+        pytest.skip("not glibc: mallopt's parameters are glibc's")
+    assert memory.keep_freed_memory() is True
+    monkeypatch.setenv("PYCOLL_KEEP_FREED", "0")
+    assert memory.keep_freed_memory() is False
