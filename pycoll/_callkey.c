@@ -1,6 +1,7 @@
 /* What every call pays before it moves a byte, in C: a collective call's shape key (pycoll.executor.shape_key), a
  * point-to-point buffer spec's cached resolution (pycoll.p2p_specs.cached_spec), and the eager point-to-point calls
- * between two ranks of one host (eager_send, eager_take: the frame written into, or taken out of, the peer's ring).
+ * between two ranks of one host (eager_send, eager_take, eager_take_object: the frame written into, or taken out
+ * of, the peer's ring).
  *
  * Every collective call looks its plan up by the key before anything else runs, so its cost is paid on every
  * call; in Python it was 1.1-1.6 us of a 6-9 us small call. The common entries (a buffer spec [array, count,
