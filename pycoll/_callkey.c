@@ -134,6 +134,32 @@ static PyObject *shape_key(PyObject *module, PyObject *args)
     return key;
 }
 
+/* A point-to-point buffer spec's parts: [array, count, datatype], [array, datatype] or a bare array (the others
+ * None); 1 where ``buf`` is one of these over an exact NumPy array, else 0 (the full parse's case) */
+static int spec_parts(PyObject *buf, PyObject **obj, PyObject **count, PyObject **datatype)
+{
+    PyTypeObject *type = Py_TYPE(buf);
+    *obj = NULL, *count = *datatype = Py_None;
+    if (type == &PyList_Type || type == &PyTuple_Type) {
+        Py_ssize_t len = PySequence_Fast_GET_SIZE(buf);
+        PyObject **items = PySequence_Fast_ITEMS(buf);
+        if (len == 3) {
+            if (Py_TYPE(items[1]) != &PyLong_Type)
+                return 0;
+            *obj = items[0], *count = items[1], *datatype = items[2];
+        } else if (len == 2) {
+            *obj = items[0], *datatype = items[1];
+        } else {
+            return 0;
+        }
+    } else if (type == &PyArray_Type) {
+        *obj = buf;
+    } else {
+        return 0;
+    }
+    return Py_TYPE(*obj) == &PyArray_Type;  /* the caches hold exact NumPy arrays only */
+}
+
 /* The cached resolution of point-to-point buffer ``buf`` (see pycoll.p2p_specs.cached_spec_python): 1 with
  * *entry (a new reference) set where the identity cache holds it; 1 with *entry NULL and *addr, *nbytes set where the
  * shape cache knows its length; 0 where neither does; -1 on an error. */
@@ -142,25 +168,8 @@ static int find_spec(PyObject *specs, PyObject *shapes, PyObject *buf, int writa
 {
     *entry = NULL;
     PyTypeObject *type = Py_TYPE(buf);
-    PyObject *obj, *count = Py_None, *datatype = Py_None;
-    if (type == &PyList_Type || type == &PyTuple_Type) {
-        Py_ssize_t len = PySequence_Fast_GET_SIZE(buf);
-        PyObject **items = PySequence_Fast_ITEMS(buf);
-        if (len == 3) {
-            if (Py_TYPE(items[1]) != &PyLong_Type)
-                return 0;
-            obj = items[0], count = items[1], datatype = items[2];
-        } else if (len == 2) {
-            obj = items[0], datatype = items[1];
-        } else {
-            return 0;
-        }
-    } else if (type == &PyArray_Type) {
-        obj = buf;
-    } else {
-        return 0;
-    }
-    if (Py_TYPE(obj) != &PyArray_Type)  /* the identity cache holds exact NumPy arrays only */
+    PyObject *obj, *count, *datatype;
+    if (!spec_parts(buf, &obj, &count, &datatype))
         return 0;
     PyArrayObject *arr = (PyArrayObject *)obj;
     int flags = PyArray_FLAGS(arr);
@@ -233,15 +242,8 @@ static PyObject *cached_spec(PyObject *module, PyObject *const *args, Py_ssize_t
         Py_RETURN_NONE;
     if (entry != NULL)
         return entry;
-    PyObject *buf = args[2], *obj = buf, *count = Py_None, *datatype = Py_None;
-    if (Py_TYPE(buf) == &PyList_Type || Py_TYPE(buf) == &PyTuple_Type) {
-        PyObject **items = PySequence_Fast_ITEMS(buf);
-        obj = items[0];
-        if (PySequence_Fast_GET_SIZE(buf) == 3)
-            count = items[1], datatype = items[2];
-        else
-            datatype = items[1];
-    }
+    PyObject *obj, *count, *datatype;
+    spec_parts(args[2], &obj, &count, &datatype);  /* found: a spec of these parts */
     PyObject *addr = PyLong_FromVoidPtr(data);
     if (addr == NULL)
         return NULL;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import threading
 import warnings
@@ -20,8 +21,8 @@ _LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table 
 # The object collectives' one round: each rank's pickle goes in a fixed block (two int64 header words, then the
 # pickle where it fits), so every call is one collective of a shape seen before, which runs on the planned fast
 # path. Each kind of call keeps its own block, the same on every rank: it starts at FIRST_BLOCK bytes, a pickle that
-# does not fit grows it (``_block_for``; each rank sees the same lengths), and a call whose pickles all fit a quarter of it shrinks it
-# to fit them; past the largest block (BLOCK_MAX, and no more than BLOCKS_BYTES for the blocks of all ranks) the call
+# does not fit grows it (``_block_for``; each rank sees the same lengths), and a call whose pickles all fit a quarter
+# of it shrinks it to fit them; past the largest block (BLOCK_MAX, and no more than BLOCKS_BYTES for the blocks of all ranks) the call
 # takes a second round sized to the pickles.
 FIRST_BLOCK = 256
 BLOCK_MAX = 256 << 10
@@ -37,6 +38,11 @@ def _block_for(nbytes: int) -> int:
         return top
     step = top // 8  # quarter steps of the power below
     return -(-nbytes // step) * step
+
+
+def _offsets(lengths: list[int]) -> list[int]:
+    """Where each of pickles of ``lengths`` starts, laid end to end: a sized second round's displacements."""
+    return [0, *itertools.accumulate(lengths)][:-1]
 
 
 def _pickled(obj: Any) -> bytes:
@@ -62,8 +68,7 @@ class ObjectCalls:
         got, lengths = self._exchange_blocks("allgather", [data], self.Allgather, 1, self._size)
         if got is not None:
             return got
-        out = np.empty(sum(lengths), np.uint8)
-        displs = [int(d) for d in np.concatenate(([0], np.cumsum(lengths)[:-1]))]
+        out, displs = np.empty(sum(lengths), np.uint8), _offsets(lengths)
         self.Allgatherv(np.frombuffer(data, np.uint8), [out, lengths, displs])
         return [out[d : d + c] for c, d in zip(lengths, displs)]
 
@@ -181,8 +186,7 @@ class ObjectCalls:
             if self._rank != root:
                 self.Gatherv(np.frombuffer(data, np.uint8), None, root)
                 return None
-            out = np.empty(sum(lengths), np.uint8)
-            displs = [int(d) for d in np.concatenate(([0], np.cumsum(lengths)[:-1]))]
+            out, displs = np.empty(sum(lengths), np.uint8), _offsets(lengths)
             self.Gatherv(np.frombuffer(data, np.uint8), [out, lengths, displs], root)
             got = [out[d : d + c] for c, d in zip(lengths, displs)]
         return [self._loads(b) for b in got] if self._rank == root else None
@@ -219,8 +223,7 @@ class ObjectCalls:
         if got is None:
             out = np.empty(sum(lengths), np.uint8)
             self.Alltoallv([np.frombuffer(b"".join(parts), np.uint8), [len(p) for p in parts]], [out, lengths])
-            displs = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-            got = [out[int(d) : int(d) + c] for c, d in zip(lengths, displs)]
+            got = [out[d : d + c] for c, d in zip(lengths, _offsets(lengths))]
         return [self._loads(b) for b in got]
 
     def barrier(self) -> None:

@@ -54,8 +54,8 @@ def eager_gate(fast: "FastP2P") -> tuple:
 def eager_calls(fast: "FastP2P") -> tuple[Any, Any, Any]:
     """(send_now, take_now, take_object_now): a communicator's eager send and receive in C (``pycoll/_callkey.c``),
     called with (buf, rank, tag), and its receive of a message of any length into a new bytes object (a pickle),
-    called with (rank, tag, polls to wait); each returns a false value where the call needs the Python path, always so where the
-    C module was not built or PYCOLL_CALL_KEY=python."""
+    called with (rank, tag, polls to wait); each returns a false value where the call needs the Python path, always
+    so where the C module was not built or PYCOLL_CALL_KEY=python."""
     module = call_key_module()
     if module is None or not hasattr(module, "eager_take_object"):  # none, or an older build
         return _not_in_c, _not_in_c, _not_in_c
