@@ -28,9 +28,11 @@ BW_CALLS = ("Isend x16 bw", "Isend x64 bw")
 OBJECT_CALLS = ("send/recv obj pingpong", "bcast obj", "reduce obj", "allreduce obj", "gather obj", "scatter obj",
                 "allgather obj", "alltoall obj")
 P2P_CALLS = ("Send/Recv pingpong", *BW_CALLS, "send/recv obj pingpong")  # timed on rank 0 alone
+# the vector forms, as programs call them: [buf, counts, displs, MPI.FLOAT], every rank's block the size
+VECTOR_CALLS = ("Gatherv", "Scatterv", "Allgatherv", "Alltoallv")
 CALLS = ("Send/Recv pingpong", *BW_CALLS, "Bcast", "Reduce", "Allreduce", "Gather", "Scatter", "Allgather",
-         "Allgather in place", "Alltoall", "Reduce_scatter_block", "Scan", "Exscan", "Sendrecv", "Barrier",
-         *OBJECT_CALLS)
+         "Allgather in place", "Alltoall", *VECTOR_CALLS, "Reduce_scatter_block", "Scan", "Exscan", "Sendrecv",
+         "Barrier", *OBJECT_CALLS)
 # Which method each call needs on the communicator (a module lacking it reports the call missing).
 NEEDS = {"Send/Recv pingpong": "Send", "Isend x16 bw": "Isend", "Isend x64 bw": "Isend",
          "Allgather in place": "Allgather", "send/recv obj pingpong": "send"}
@@ -151,6 +153,20 @@ class Program:
         if call == "Alltoall":
             send = np.full(n * c, r + 1, np.float32)  # every block of rank b holds b + 1
             return lambda: comm.Alltoall([send, c, F], [outs, c, F]), lambda: bool((outs == blocks).all()), 1
+        if call in VECTOR_CALLS:
+            counts, displs = [c] * n, [q * c for q in range(n)]
+            if call == "Gatherv":
+                return (lambda: comm.Gatherv([mine, c, F], [outs, counts, displs, F] if r == 0 else None, root=0),
+                        lambda: r != 0 or bool((outs == blocks).all()), 1)
+            if call == "Scatterv":
+                return (lambda: comm.Scatterv([blocks, counts, displs, F] if r == 0 else None, [out, c, F], root=0),
+                        lambda: bool((out == r + 1).all()), 1)
+            if call == "Allgatherv":
+                return (lambda: comm.Allgatherv([mine, c, F], [outs, counts, displs, F]),
+                        lambda: bool((outs == blocks).all()), 1)
+            send = np.full(n * c, r + 1, np.float32)
+            return (lambda: comm.Alltoallv([send, counts, displs, F], [outs, counts, displs, F]),
+                    lambda: bool((outs == blocks).all()), 1)
         if call == "Reduce_scatter_block":
             send = np.full(n * c, r + 1, np.float32)
             return (lambda: comm.Reduce_scatter_block([send, c, F], [out, c, F], op=MPI.SUM),

@@ -82,6 +82,48 @@ static PyObject *described(PyObject *describer, PyObject *type, PyObject *arg, i
     return entry;
 }
 
+/* ``_describe_items``' entry for a list or tuple made only of exact arrays, Datatypes, ints, IN_PLACE and such lists
+ * (a vector spec's counts and displacements), built here; NULL with *unplanned 0 and no error set where an item is
+ * of another kind (the caller then asks the Python describer) */
+static PyObject *items_entry(PyObject *type, PyObject *seq, int depth)
+{
+    Py_ssize_t len = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *entry = PyTuple_New(len + 1);
+    if (entry == NULL)
+        return NULL;
+    Py_INCREF(type);
+    PyTuple_SET_ITEM(entry, 0, type);
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *a = items[i];
+        PyTypeObject *ta = Py_TYPE(a);
+        PyObject *part = NULL;
+        if (ta == &PyArray_Type) {
+            part = array_entry((PyArrayObject *)a, NULL, NULL, NULL);
+        } else if ((PyObject *)ta == datatype_type) {
+            part = PyTuple_Pack(2, (PyObject *)ta, a);
+        } else if (ta == &PyLong_Type || a == in_place) {
+            Py_INCREF(a);
+            part = a;
+        } else if ((ta == &PyList_Type || ta == &PyTuple_Type) && depth < 2) {
+            part = items_entry((PyObject *)ta, a, depth + 1);
+            if (part == NULL && !PyErr_Occurred()) {
+                Py_DECREF(entry);
+                return NULL;
+            }
+        } else {
+            Py_DECREF(entry);
+            return NULL;  /* another kind: the Python describer's */
+        }
+        if (part == NULL) {
+            Py_DECREF(entry);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(entry, i + 1, part);
+    }
+    return entry;
+}
+
 static PyObject *shape_key(PyObject *module, PyObject *args)
 {
     if (describe_items == NULL) {
@@ -109,8 +151,11 @@ static PyObject *shape_key(PyObject *module, PyObject *args)
                 entry = array_entry((PyArrayObject *)items[0], (PyObject *)type, items[1], items[2]);
             else if (len == 2 && Py_TYPE(items[0]) == &PyArray_Type && (PyObject *)Py_TYPE(items[1]) == datatype_type)
                 entry = array_entry((PyArrayObject *)items[0], (PyObject *)type, NULL, items[1]);
-            else
-                entry = described(describe_items, (PyObject *)type, arg, &unplanned);
+            else {
+                entry = items_entry((PyObject *)type, arg, 0);
+                if (entry == NULL && !PyErr_Occurred())
+                    entry = described(describe_items, (PyObject *)type, arg, &unplanned);
+            }
         } else if (type == &PyArray_Type) {
             entry = array_entry((PyArrayObject *)arg, NULL, NULL, NULL);
         } else if (type == &PyLong_Type || (PyObject *)type == op_type || type == &PyUnicode_Type || arg == in_place

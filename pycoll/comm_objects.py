@@ -45,8 +45,33 @@ def _offsets(lengths: list[int]) -> list[int]:
     return [0, *itertools.accumulate(lengths)][:-1]
 
 
+def _pickles(view: memoryview, block: int, lengths: list[int]) -> list[memoryview]:
+    """The pickles of ``lengths`` bytes in consecutive blocks of ``view``."""
+    if len(lengths) == 1:
+        return [view[_HEAD : _HEAD + lengths[0]]]
+    return [view[i * block + _HEAD : i * block + _HEAD + n] for i, n in enumerate(lengths)]
+
+
 def _pickled(obj: Any) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class _Blocks:
+    """One size of one kind's blocks: the send and receive buffers (arrays for the collective), and the byte and
+    int64 views through which Python writes and reads them."""
+
+    __slots__ = ("block", "room", "shrink_at", "send", "recv", "sview", "rview", "sq", "rq", "lengths", "largests")
+
+    def __init__(self, block: int, nsend: int, nrecv: int, in_place: bool) -> None:
+        self.block, self.room = block, block - _HEAD
+        # a call whose largest pickle is at most this shrinks the block (to a quarter or less); none below the first
+        self.shrink_at = block // 4 - _HEAD if block > FIRST_BLOCK else -1
+        self.send = np.zeros(nsend * block, np.uint8)
+        self.recv = self.send if in_place else np.zeros(nrecv * block, np.uint8)
+        self.sview, self.rview = memoryview(self.send), memoryview(self.recv)
+        self.sq, self.rq = self.sview.cast("q"), self.rview.cast("q")
+        words = block // 8
+        self.lengths, self.largests = self.rq[::words], self.rq[1::words]
 
 
 class ObjectCalls:
@@ -74,7 +99,8 @@ class ObjectCalls:
 
     def _block_bytes(self, kind: str) -> int:
         """This communicator's block for ``kind``'s object calls (the same on every rank)."""
-        return self.__dict__.get("_obj_blocks", {}).get(kind, FIRST_BLOCK)
+        blocks = self.__dict__.get("_obj_blocks", {}).get(kind)
+        return blocks.block if blocks is not None else FIRST_BLOCK
 
     def _block_fitting(self, kind: str, seen: int) -> int:
         """The block ``kind``'s next call uses after one whose largest pickle was ``seen`` bytes, as every rank
@@ -84,25 +110,22 @@ class ObjectCalls:
         if fits > block or fits * 4 <= block:  # grown to fit, or shrunk where a quarter would have done
             if fits > min(BLOCK_MAX, max(FIRST_BLOCK, BLOCKS_BYTES // self._size)):
                 return 0
-            self.__dict__.setdefault("_obj_blocks", {})[kind] = fits
             return fits
         return block
 
-    def _block_buffers(self, kind: str, block: int, nsend: int, nrecv: int, in_place: bool = False) -> tuple:
-        """``kind``'s send and receive blocks (``nsend``, ``nrecv`` of them; ``in_place``: one buffer for both) as
-        arrays for the collective, and as byte and int64 memoryviews for Python to read and write cheaply; kept, per
-        block size, for the later calls, which so have the same shape (and plan)."""
+    def _object_blocks(self, kind: str, block: int, nsend: int, nrecv: int, in_place: bool) -> "_Blocks":
+        """``kind``'s blocks of ``block`` bytes (``nsend`` to send, ``nrecv`` to receive; ``in_place``: one buffer
+        for both), now the ones its calls use; each size's buffers are kept, the two used last per kind, so that a
+        call of a size seen before has the same shape (and plan)."""
         cache = self.__dict__.setdefault("_obj_buffers", {})
-        bufs = cache.get((kind, block))
-        if bufs is None:
+        blocks = cache.get((kind, block))
+        if blocks is None:
             held = [key for key in cache if key[0] == kind]
-            for key in held[: max(len(held) - 2, 0)]:  # the two sizes used last stay, with their plans
+            for key in held[: max(len(held) - 2, 0)]:
                 del cache[key]
-            send = np.zeros(nsend * block, np.uint8)
-            recv = send if in_place else np.zeros(nrecv * block, np.uint8)
-            sview, rview = memoryview(send), memoryview(recv)
-            bufs = cache[(kind, block)] = (send, recv, sview, rview, sview.cast("q"), rview.cast("q"))
-        return bufs
+            blocks = cache[(kind, block)] = _Blocks(block, nsend, nrecv, in_place)
+        self.__dict__.setdefault("_obj_blocks", {})[kind] = blocks
+        return blocks
 
     def _exchange_blocks(self, kind: str, parts: Sequence[bytes], exchange: Any, nsend: int, nrecv: int,
                          in_place: bool = False) -> tuple[Optional[list[memoryview]], list[int]]:
@@ -115,29 +138,33 @@ class ObjectCalls:
         every exchange here gives every rank a block from every sender (``in_place``: the blocks are sent from and
         received into one buffer, a Bcast's)."""
         largest = len(parts[0]) if len(parts) == 1 else max([len(p) for p in parts]) if parts else 0
-        block = self._block_bytes(kind)
+        b = self.__dict__.get("_obj_blocks", {}).get(kind)
+        if b is None:
+            b = self._object_blocks(kind, FIRST_BLOCK, nsend, nrecv, in_place)
         while True:
-            send, recv, sview, rview, sq, rq = self._block_buffers(kind, block, nsend, nrecv, in_place)
-            room, words = block - _HEAD, block // 8
-            for j, data in enumerate(parts):
+            sq, sview, block, room = b.sq, b.sview, b.block, b.room
+            at = 0
+            for data in parts:
                 n = len(data)
-                sq[j * words] = n
-                sq[j * words + 1] = largest
+                sq[at >> 3] = n
+                sq[(at >> 3) + 1] = largest
                 if n <= room:
-                    at = j * block + _HEAD
-                    sview[at : at + n] = data
-            exchange(send, recv)
-            lengths = rq[::words].tolist()
-            seen = max(rq[1::words].tolist())
-            # the block changes only where a pickle did not fit or all would have fitted a quarter of it
-            fitting = self._block_fitting(kind, seen) if seen > room or (seen + _HEAD) * 4 <= block else block
-            if seen <= room:
-                if nrecv == 1:
-                    return [rview[_HEAD : _HEAD + lengths[0]]], lengths
-                return [rview[i * block + _HEAD : i * block + _HEAD + n] for i, n in enumerate(lengths)], lengths
-            if not fitting:
-                return None, lengths
-            block = fitting
+                    sview[at + _HEAD : at + _HEAD + n] = data
+                at += block
+            exchange(b.send, b.recv)
+            if nrecv == 1:
+                lengths, seen = [b.rq[0]], b.rq[1]
+            else:
+                lengths, seen = b.lengths.tolist(), max(b.largests.tolist())
+            got = b
+            if not b.shrink_at < seen <= room:  # a pickle did not fit, or all would fit a quarter of the block
+                fitting = self._block_fitting(kind, seen)
+                if not fitting:
+                    return None, lengths
+                b = self._object_blocks(kind, fitting, nsend, nrecv, in_place)
+                if seen > room:
+                    continue  # again, in the grown block
+            return _pickles(got.rview, block, lengths), lengths
 
     def _lock_table(self) -> dict:
         """mpi4py's per-communicator locks of the object methods, by name (``MPI._comm_lock_table``)."""

@@ -59,6 +59,9 @@ def _argument_lists() -> list[tuple]:
         ([a, 3.0, F],), ([a, True, F],), ([a, F, 12],), (np.float32(1.5), 2.5, np.int32(7)), (a, np.int64(1)),
         (np.zeros((), np.int8),), (np.zeros((2, 0, 3)),), (a.reshape(3, 4).T,), (_List([a, 12, F]),), (F,), (MPI.SUM,),
         ([IN_PLACE, a],), ([[a, F]],), ([memoryview(a), F],), (b"bytes",), ({1: 2},), ([{1: 2}],),
+        # vector specs, built in C where every item is an array, Datatype, int, IN_PLACE or such a list
+        ([a, [6, 6], [0, 6], F], [a, [6, 6], (0, 6), F]), ([a, [np.int64(6), 6], [0, 6], F],), ([a, [True, 6], F],),
+        ([a, [[1, [2, [3]]]], F],), ([a, [6, 6], [0, 6], F, [ro, F]],), ([a, [], [], F],),
     ]
 
 

@@ -226,6 +226,9 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
         if arena is not None:  # set-up did not finish here
             arena.close()
         if state.status in ("new", "setting up"):  # set-up failed (rank 0 may have died before unlinking)
+            # the call failed (a peer skipped it, or died): the next arena call sets the arena up afresh, as a rank
+            # that skipped this one does
+            state.status = "new"
             try:
                 os.unlink(state.path)
             except OSError:

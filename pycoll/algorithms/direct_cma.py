@@ -5,8 +5,10 @@ two ranks' memories, and a rank whose memory others copy from or into stays in t
 Alltoall, Broadcast and Allgather receivers read their blocks from the owners' buffers (process_vm_readv); Gather
 senders write theirs into the root's buffer (process_vm_writev) while the root copies its own. For large blocks the
 root of a Gather, Scatter or Broadcast copies a share of each block itself meanwhile, so more cores copy at once.
-Gatherv, Scatterv and Alltoallv are refused (not every rank knows the others' block sizes, so ranks could choose
-differently); a communicator whose arena or cross-memory attach is unavailable runs the stream algorithm instead.
+Gatherv and Scatterv, whose block sizes and places only the root knows, have the root make every copy: each rank
+posts its buffer and byte count, the root checks the counts against its own and reads (Gatherv) or writes (Scatterv)
+each block at its displacement. Alltoallv is refused (no rank knows where its blocks go in its peers' buffers). A
+communicator whose arena or cross-memory attach is unavailable runs the stream algorithm instead.
 
 What one rank does in a call shape is a ``Program`` (posts, checks, copies, waits), run by the scheduled form here
 and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
@@ -48,8 +50,8 @@ BROADCAST_ROOT_SHARE = 0.45  # the Broadcast root has no block of its own to cop
 
 
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
-    if call.vector:
-        return "a vector call's blocks differ by rank, and not every rank knows their sizes"
+    if call.vector and call.coll == "alltoall":
+        return "no rank knows where its blocks go in its peers' buffers (their displacements)"
     return refuse_single_host(call, lay)
 
 
@@ -149,6 +151,37 @@ def _same(prog: Program, r: int, nbytes: int) -> None:
     prog.expect[r] = -1
 
 
+def _root_copies(r: int, p: int, call: Call, posted: tuple[int, int, int, int], word: int, which: int, write: int
+                 ) -> Program:
+    """Gatherv (``write`` 0: the root reads each block from its rank's send buffer) or Scatterv (1: writes it into
+    the rank's receive buffer): the root alone knows the blocks' sizes and displacements, so it makes every copy. The
+    others post their buffer (``posted``) and byte count and wait until the root is done with their memory; the root
+    checks each posted count against its own for that rank before it copies anything (a mismatch stops the call at
+    the root: no block lands outside its buffer)."""
+    isz = call.dtype.itemsize
+    if r != call.root:
+        buf = call.send if write == 0 else call.recv
+        n = buf.nbytes if buf is not None else 0
+        prog = Program(p, n, posted)
+        if n:
+            prog.waits.append(call.root)
+        return prog.done()
+    mine = call.counts[r] * isz
+    prog = Program(p, mine, (0, 0, 0, 0))
+    for q in range(p):
+        if q != r:
+            n = call.counts[q] * isz
+            prog.expect[q] = n
+            if n:
+                prog.rows.append((q, word, 0, which, call.displs[q] * isz, n, write))
+    if not call.in_place and mine:
+        own = (1, 0, 2, call.displs[r] * isz) if write == 0 else (1, call.displs[r] * isz, 2, 0)
+        prog.copies.append((*own, mine))
+    prog.done()
+    prog.verb = "write" if write else "read"
+    return prog
+
+
 class _Gather(Moves):
     """Each rank writes its block into the root's buffer (the root posts its address) while the root copies its own;
     the root reads the head of a large block meanwhile (``root_share``)."""
@@ -157,6 +190,8 @@ class _Gather(Moves):
 
     def program(self, r: int, p: int, call: Call) -> Program:
         root, isz = call.root, call.dtype.itemsize
+        if call.vector:
+            return _root_copies(r, p, call, (1, 0, 0, 0), SEND, 2, 0)
         if r != root:
             assert call.send is not None
             n = call.send.nbytes
@@ -190,6 +225,8 @@ class _Scatter(Moves):
 
     def program(self, r: int, p: int, call: Call) -> Program:
         root, isz = call.root, call.dtype.itemsize
+        if call.vector:
+            return _root_copies(r, p, call, (0, 0, 2, 0), RECV, 1, 1)
         if r != root:
             assert call.recv is not None
             n = call.recv.nbytes
@@ -399,7 +436,8 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     "gather",
     "cma",
     "Every rank writes its block straight into the root's buffer with one kernel copy (cross-memory attach) while the "
-    "root copies its own, and the root reads the head of a large block meanwhile; single host.",
+    "root copies its own, and the root reads the head of a large block meanwhile (Gatherv: the root reads every "
+    "block); single host.",
     steps="2 meetings",
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
@@ -413,7 +451,8 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
 @register(
     "scatter",
     "cma",
-    "Every rank reads its block straight from the root's buffer with one kernel copy (cross-memory attach); single host.",
+    "Every rank reads its block straight from the root's buffer with one kernel copy (cross-memory attach; Scatterv: "
+    "the root writes every block); single host.",
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,

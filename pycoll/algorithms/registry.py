@@ -45,6 +45,10 @@ COLLECTIVES = (
     "exscan",
 )
 
+# Vector calls whose block sizes only the root knows: the ranks cannot choose by size (each sees a different one),
+# so each takes the first of these that accepts the call, the same on every rank.
+UNSIZED = {"gather": ("cma", "linear"), "scatter": ("cma", "linear")}
+
 # The collectives that combine values: in reproducible mode only algorithms that keep the left fold serve them.
 REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter", "scan", "exscan"})
 
@@ -243,6 +247,11 @@ def select(call: Call, layout: Layout) -> Algorithm:
         if reason is None:
             return _chose(call, algo, "forced by PYCOLL_ALGO")
         log.warning("PYCOLL_ALGO %s:%s declined this call (%s); choosing by cost", call.coll, forced, reason)
+    if call.vector and call.coll in UNSIZED:
+        for name in UNSIZED[call.coll]:
+            algo = table.get(name)
+            if algo is not None and algo.refusal(call, layout) is None:
+                return _chose(call, algo, "the first that accepts a call whose sizes not every rank knows")
     options = _ranked_cached(call.coll, call.size_bytes, layout, cost_model.current(), call)
     if not options:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
