@@ -415,7 +415,8 @@ class _Cma(Runner):
             if self.arena is not a:
                 readv, writev = a.cma.function_address("read"), a.cma.function_address("write")
                 self.arena = a
-                self.packed = prog.packed(a.rank, gate.polls, readv, writev, a.cma.bounces, a.pids) if readv and writev else None
+                self.packed = (prog.packed(a.rank, gate.polls, readv, writev, a.cma.bounces, a.pids, a)
+                               if readv and writev else None)
         if kern is not None and self.packed is not None:
             sig, packed = self.sig_array, self.packed
             sig[3] = fold_seq(mine[3], a.seq)
@@ -428,7 +429,8 @@ class _Cma(Runner):
         direct_cma.post(a, opno, prog, mine, s, r)
         posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
         others = x.others
-        if not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, prog.expects()):
+        if (not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, prog.expects())
+                or not direct_cma.tables_agree(a, opno, prog)):
             x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
             return True
         try:

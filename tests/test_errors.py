@@ -150,6 +150,29 @@ def test_mismatch_default(case_id, n, transport, tmp_path):
     _check_ops(res, case_id, n, got)
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("case_id,opname,finder", [
+    ("mismatch_alltoallv_sizes", "Alltoallv", 1),  # the reader of the block finds it
+    ("mismatch_gatherv_sizes", "Gatherv", 0),  # the root finds it
+])
+def test_mismatch_vector_sizes(case_id, opname, finder, tmp_path):
+    """Sizes that only some ranks know disagree: the rank that knows both raises MismatchError naming the other and
+    the byte counts, and every rank returns with its inputs unchanged."""
+    n = 3
+    res = harness.run_cases(n, [f"errors.{case_id}"], transport="shm", out_dir=str(tmp_path), job_timeout=60)
+    res.assert_ok()
+    got = _outcomes(res, case_id)
+    if set(got) != set(range(n)):
+        _fail(res, f"not every rank recorded an outcome: {got}")
+    found = got[finder]
+    if not _is(found, "MismatchError") or opname not in (found.get("op") or "") or "bytes" not in found.get("cause", ""):
+        _fail(res, f"rank {finder} should raise MismatchError in {opname} naming the byte counts: {found}")
+    allowed = ("MismatchError", "RemoteError", "PeerFailureError")
+    bad = {r: i for r, i in got.items() if i.get("class") is not None and not _is(i, *allowed)}
+    if bad:
+        _fail(res, f"ranks raised something other than {allowed}: {bad}")
+
+
 # --------------------------------------------------------------------------------------------
 # timeouts: comm.timeout = 2 and a rank that never joins
 # --------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""Gatherv and Scatterv by cross-memory attach (``direct_cma``): every rank chooses alike though only the root knows
-the block sizes, and the root's program makes every copy, at the displacements only it knows, after checking the
-byte counts the others post."""
+"""Gatherv, Scatterv and Alltoallv on the arena (``direct_cma``): every rank chooses alike though the ranks do not
+all know the blocks' sizes, and a rank takes each block through its sender's table (offset and size), after checking
+the size there."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 
 from pycoll.algorithms import direct_cma, registry
 from pycoll.algorithms.base import Call, Layout
-from pycoll.transport.arena import RECV, SEND
 
 F4 = np.dtype(np.float32)
 COUNTS, DISPLS = [3, 0, 5], [6, 0, 0]  # uneven, a zero block, blocks out of rank order
@@ -42,30 +41,59 @@ def test_every_rank_chooses_the_same_algorithm_though_their_sizes_differ(coll, m
     assert [registry.select(c, one_host).name for c in calls] == ["linear"] * 3
 
 
-def test_alltoallv_is_still_refused():
-    call = Call("alltoall", F4, np.zeros(3, np.float32), np.zeros(3, np.float32), counts=[1, 1, 1],
-                displs=[0, 1, 2], send_counts=[1, 1, 1], send_displs=[0, 1, 2], vector=True)
-    assert "displacements" in direct_cma._refuse(call, Layout.flat(3))
+def _alltoallv(r: int) -> Call:
+    """Rank r of 3 in an Alltoallv: it sends q + 1 elements to rank q (block q at 4 * q), receives r + 1 from each
+    rank (block q at (r + 1) * q)."""
+    return Call("alltoall", F4, np.zeros(12, np.float32), np.zeros(3 * (r + 1), np.float32),
+                counts=[r + 1] * 3, displs=[(r + 1) * q for q in range(3)],
+                send_counts=[q + 1 for q in range(3)], send_displs=[4 * q for q in range(3)], vector=True)
 
 
-@pytest.mark.parametrize("coll,word,write", [("gather", SEND, 0), ("scatter", RECV, 1)])
-def test_the_root_copies_every_block_at_its_displacement_after_checking_its_size(coll, word, write):
-    moves = direct_cma.MOVES[coll]
-    calls = _calls(coll, root=2)
+def test_alltoallv_chooses_alike_and_reads_its_blocks_through_the_senders_tables(monkeypatch):
+    monkeypatch.setattr(direct_cma, "refuse_single_host", lambda call, lay: None)
+    assert [registry.select(_alltoallv(r), Layout.flat(3)).name for r in range(3)] == ["cma"] * 3
+    prog = direct_cma.MOVES["alltoall"].program(1, 3, _alltoallv(1))
+    # its table: (byte offset, bytes) of its block for each rank, for the readers
+    assert prog.table.tolist() == [[0, 4], [16, 8], [32, 12]]
+    # a row per peer, through the peer's table (no offset of its own), into its block q at 2 * q elements
+    assert prog.rows.tolist() == [[0, direct_cma.TABLE_ROW, 0, 2, 0, 8, 0], [2, direct_cma.TABLE_ROW, 0, 2, 16, 8, 0]]
+    assert prog.copies.tolist() == [[1, 16, 2, 8, 8]]  # its own block, locally
+    assert prog.waits.tolist() == [0, 2]  # both read its slot or its buffer
+    monkeypatch.setattr(direct_cma, "refuse_single_host", lambda call, lay: "the ranks are on more than one host")
+    assert registry.select(_alltoallv(0), Layout.flat(3)).name == "pairwise"
+
+
+def test_the_kernel_and_python_agree_on_the_table_layout():
+    kernels = pytest.importorskip("pycoll.algorithms._arena_kernels")
+    assert kernels.TABLE_ROW == direct_cma.TABLE_ROW
+    assert direct_cma.table_head_bytes(3) == 64 and direct_cma.table_head_bytes(5) == 128
+    assert direct_cma.table_block_bytes(64 << 10, 2) == 32704  # (64 KiB - one line) / 2, to whole lines
+    assert direct_cma.table_block_bytes(64 << 10, 4096) == 0  # no room beside a 64 KiB table
+
+
+def test_gatherv_root_takes_every_block_through_its_senders_tables():
+    moves, calls = direct_cma.MOVES["gather"], _calls("gather", root=2)
     root = moves.program(2, 3, calls[2])
-    # rank 0's 3 floats at element 6, rank 1's empty block: no copy, but its posted size is still checked (0 bytes)
-    assert root.rows.tolist() == [[0, word, 0, 2 if coll == "gather" else 1, 24, 12, write]]
-    assert root.expect.tolist() == [12, 0, -1]
-    assert root.waits.tolist() == []  # nobody copies into or out of the root's memory
-    # its own block (5 floats at element 0) within its memory
-    own = [1, 0, 2, 0, 20]
-    assert root.copies.tolist() == [own]
-    assert root.verb == ("write" if write else "read")
+    # rank 0's 3 floats to element 6; rank 1's empty block still checked (0 bytes) in its table
+    assert root.rows.tolist() == [[0, direct_cma.TABLE_ROW, 0, 2, 24, 12, 0], [1, direct_cma.TABLE_ROW, 0, 2, 0, 0, 0]]
+    assert root.copies.tolist() == [[1, 0, 2, 0, 20]]  # its own 5 floats to element 0
+    assert root.waits.tolist() == [] and root.table.tolist() == [[0, 0]] * 3  # nobody takes a block from the root
     for r, nbytes in ((0, 12), (1, 0)):
         prog = moves.program(r, 3, calls[r])
-        assert len(prog.rows) == 0 and prog.nbytes == nbytes
-        assert prog.expect.tolist() == [-1, -1, -1]
-        assert prog.waits.tolist() == ([2] if nbytes else [])  # the root reads or writes its memory
+        assert len(prog.rows) == 0 and prog.table.tolist() == [[0, 0], [0, 0], [0, nbytes]]  # its block, for the root
+        assert prog.waits.tolist() == ([2] if nbytes else [])
+
+
+def test_scatterv_readers_find_their_blocks_in_the_roots_table():
+    moves, calls = direct_cma.MOVES["scatter"], _calls("scatter", root=2)
+    root = moves.program(2, 3, calls[2])
+    assert root.table.tolist() == [[24, 12], [0, 0], [0, 0]]  # rank 0's block at element 6, rank 1's empty
+    assert len(root.rows) == 0 and root.copies.tolist() == [[1, 0, 2, 0, 20]]
+    assert root.waits.tolist() == [0]  # rank 0 takes its block from the root's slot or buffer
+    for r, nbytes in ((0, 12), (1, 0)):
+        prog = moves.program(r, 3, calls[r])
+        assert prog.rows.tolist() == [[2, direct_cma.TABLE_ROW, 0, 2, 0, nbytes, 0]]
+        assert prog.waits.tolist() == []
 
 
 def test_the_root_in_place_copies_nothing_of_its_own():

@@ -726,8 +726,27 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
 # as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
 # rank's process id, rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write into the
 # peer or 0 to read from it), own copies (which, offset, which, offset, bytes: source first), and the ranks waited for.
+# A program with a table (``C_TABLE``: Alltoallv, whose readers do not know where their blocks lie in the senders'
+# buffers) ends with it: (byte offset in the send buffer, bytes) for each peer's block. The kernel writes it into the
+# rank's arena slot for the call (``C_SLOT0`` and ``C_SLOTB``: where slot 0 of rank 0 lies in the mapping and how
+# long a slot is), with each block of at most ``C_SUB`` bytes after it; a row whose posted word is ``TABLE_ROW``
+# reads the peer's table, checks the block's size, and copies it from the peer's slot or its send buffer.
 C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED, C_BOUNCE = range(11)
-C_POSTED = 11
+C_TABLE, C_SLOT0, C_SLOTB, C_SUB = range(11, 15)
+C_POSTED = 15
+TABLE_ROW = -1
+
+
+@njit(cache=True, nogil=True)
+def table_slot(prog, rank, opno):
+    """Byte offset in the mapping of ``rank``'s slot for call ``opno``, where its table lies."""
+    return prog[C_SLOT0] + (rank * _DEPTH + opno % _DEPTH) * prog[C_SLOTB]
+
+
+@njit(cache=True, nogil=True)
+def table_block(prog, size, rank, opno, peer):
+    """Byte offset in the mapping of the block ``rank`` keeps in its slot for ``peer`` (a block of at most C_SUB)."""
+    return table_slot(prog, rank, opno) + (16 * size + 63) // 64 * 64 + peer * prog[C_SUB]
 
 
 @njit(cache=True, nogil=True)
@@ -752,7 +771,19 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
     rows = pids + size
     copies = rows + 7 * prog[C_NROWS]
     waits = copies + 5 * prog[C_NCOPIES]
+    table = waits + prog[C_NWAITS]
     base = bases[me]
+    if prog[C_TABLE]:  # the table and the small blocks into this rank's slot, before the post shows them
+        at = table_slot(prog, me, opno) // 8  # slots start on whole lines
+        for q in range(size):
+            off, n = prog[table + 2 * q], prog[table + 2 * q + 1]
+            words[at + 2 * q] = off
+            words[at + 2 * q + 1] = n
+            if q != me and 0 < n <= prog[C_SUB]:
+                src = carray(_address_pointer(send + off), n)
+                dst = carray(_byte_pointer(words, table_block(prog, size, me, opno, q)), n)
+                for i in range(n):
+                    dst[i] = src[i]
     for k in range(4):
         words[base + _KIND + k] = sig[k]
     at = C_POSTED
@@ -777,11 +808,26 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
     for r in range(size):
         if prog[expect + r] >= 0 and np.int64(words[bases[r] + _NBYTES_WORD]) != prog[expect + r]:
             return _MISMATCH | wake
+    for k in range(prog[C_NROWS]):  # every table row's size first: a mismatch copies nothing
+        row = rows + 7 * k
+        if prog[row + 1] == TABLE_ROW:
+            if np.int64(words[table_slot(prog, prog[row], opno) // 8 + 2 * me + 1]) != prog[row + 5]:
+                return _MISMATCH | wake
     for k in range(prog[C_NROWS]):
         row = rows + 7 * k
         q = prog[row]
-        remote = np.int64(words[bases[q] + prog[row + 1]]) + prog[row + 2]
         local = _local(send, recv, prog[row + 3], prog[row + 4])
+        if prog[row + 1] == TABLE_ROW:
+            n = prog[row + 5]
+            if n <= prog[C_SUB]:  # in the peer's slot
+                src = carray(_byte_pointer(words, table_block(prog, size, q, opno, me)), n)
+                dst = carray(_address_pointer(local), n)
+                for i in range(n):
+                    dst[i] = src[i]
+                continue
+            remote = np.int64(words[bases[q] + _SEND]) + np.int64(words[table_slot(prog, q, opno) // 8 + 2 * me])
+        else:
+            remote = np.int64(words[bases[q] + prog[row + 1]]) + prog[row + 2]
         writing = prog[row + 6] != 0
         fn = prog[C_WRITEV] if writing else prog[C_READV]
         if not _cross_copy(fn, prog[pids + q], local, remote, prog[row + 5], not writing, prog[C_BOUNCE] != 0):

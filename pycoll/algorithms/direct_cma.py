@@ -5,10 +5,12 @@ two ranks' memories, and a rank whose memory others copy from or into stays in t
 Alltoall, Broadcast and Allgather receivers read their blocks from the owners' buffers (process_vm_readv); Gather
 senders write theirs into the root's buffer (process_vm_writev) while the root copies its own. For large blocks the
 root of a Gather, Scatter or Broadcast copies a share of each block itself meanwhile, so more cores copy at once.
-Gatherv and Scatterv, whose block sizes and places only the root knows, have the root make every copy: each rank
-posts its buffer and byte count, the root checks the counts against its own and reads (Gatherv) or writes (Scatterv)
-each block at its displacement. Alltoallv is refused (no rank knows where its blocks go in its peers' buffers). A
-communicator whose arena or cross-memory attach is unavailable runs the stream algorithm instead.
+In the vector forms the ranks do not all know the blocks' sizes and places (in a Gatherv or Scatterv only the root
+does; in an Alltoallv no rank knows where its blocks lie in its peers' send buffers). There each rank writes a table
+into its arena slot, (offset, bytes) of its block for each rank, with the blocks small enough beside it; a rank that
+takes a block checks its size in the sender's table, then copies it from the sender's slot or reads it from the
+sender's buffer at the table's offset. A communicator whose arena or cross-memory attach is unavailable runs the
+stream algorithm instead.
 
 What one rank does in a call shape is a ``Program`` (posts, checks, copies, waits), run by the scheduled form here
 and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
@@ -47,11 +49,10 @@ SPLIT_BYTES = 256 << 10
 GATHER_ROOT_SHARE = 0.35
 SCATTER_ROOT_SHARE = 0.2
 BROADCAST_ROOT_SHARE = 0.45  # the Broadcast root has no block of its own to copy
+TABLE_ROW = -1  # a row's posted word where the peer's table gives the block (as _arena_kernels.TABLE_ROW)
 
 
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
-    if call.vector and call.coll == "alltoall":
-        return "no rank knows where its blocks go in its peers' buffers (their displacements)"
     return refuse_single_host(call, lay)
 
 
@@ -87,7 +88,7 @@ class Program:
     "done") before it leaves, because they copy from or into its memory. The compiled kernel
     (``_arena_kernels.cma_moves``) and the Python path below run the same program."""
 
-    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb")
+    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb", "table")
 
     def __init__(self, size: int, nbytes: int, posted: tuple[int, int, int, int]) -> None:
         self.posted = np.array(posted, np.int64)
@@ -97,6 +98,9 @@ class Program:
         self.copies: Any = []
         self.waits: Any = []
         self.verb = "read"
+        # (byte offset in the send buffer, bytes) of this rank's block for each rank, written into its arena slot for
+        # the readers (an Alltoallv's), or None
+        self.table: Optional[np.ndarray] = None
 
     def done(self) -> "Program":
         """Freeze the lists into the arrays the kernel takes."""
@@ -107,19 +111,63 @@ class Program:
             self.verb = "write"
         return self
 
-    def packed(self, rank: int, polls: int, readv: int, writev: int, bounce: bool, pids: list[int]) -> np.ndarray:
+    def packed(self, rank: int, polls: int, readv: int, writev: int, bounce: bool, pids: list[int], arena: Any
+               ) -> np.ndarray:
         """The program as the kernel takes it (``_arena_kernels.C_*``), with the spin length, libc's
-        process_vm_readv and _writev, whether copies at the short distance bounce (``CrossMemory.bounces``) and the
-        ranks' process ids."""
+        process_vm_readv and _writev, whether copies at the short distance bounce (``CrossMemory.bounces``), the
+        ranks' process ids and where the arena's slots lie (for a table)."""
         size = len(self.expect)
+        table = self.table is not None
         head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0,
-                int(bounce)]
-        return np.concatenate([np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64),
-                               self.rows.reshape(-1), self.copies.reshape(-1), self.waits]).astype(np.int64)
+                int(bounce), int(table), arena.slot_offset(0, 0), arena.slot_bytes,
+                table_block_bytes(arena.slot_bytes, size) if table else 0]
+        parts = [np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64), self.rows.reshape(-1),
+                 self.copies.reshape(-1), self.waits]
+        if table:
+            parts.append(self.table.reshape(-1))
+        return np.concatenate(parts).astype(np.int64)
 
     def expects(self) -> list[tuple[int, int]]:
         """(peer, bytes) for each peer whose posted byte count is checked."""
         return [(q, int(n)) for q, n in enumerate(self.expect) if n >= 0]
+
+
+def table_head_bytes(size: int) -> int:
+    """Bytes of a slot's table: (offset, bytes) per rank, to a whole line."""
+    return (16 * size + 63) // 64 * 64
+
+
+def table_block_bytes(slot_bytes: int, size: int) -> int:
+    """The largest block a rank keeps in its slot beside its table for each peer (whole lines; 0: none)."""
+    return max((slot_bytes - table_head_bytes(size)) // size // 64 * 64, 0)
+
+
+def _table_of(arena: Any, rank: int, op: int) -> np.ndarray:
+    return arena.slot(rank, op)[: 16 * arena.size].view(np.int64)
+
+
+def write_table(arena: Any, op: int, prog: Program, send: int) -> None:
+    """This rank's table, and its blocks small enough, into its slot for ``op`` (before its post)."""
+    if prog.table is None:
+        return
+    size, sub = arena.size, table_block_bytes(arena.slot_bytes, arena.size)
+    slot = arena.slot(arena.rank, op)
+    _table_of(arena, arena.rank, op)[:] = prog.table.reshape(-1)
+    head = table_head_bytes(size)
+    for q, (off, n) in enumerate(prog.table.tolist()):
+        if q != arena.rank and 0 < n <= sub:
+            ctypes.memmove(address(slot[head + q * sub: head + q * sub + n]), send + off, n)
+
+
+def table_mismatch(arena: Any, op: int, prog: Program) -> Optional[tuple[int, int, int]]:
+    """(peer, bytes its table gives this rank, bytes this rank expects) for the first table row whose sizes differ;
+    the peers' posts must be in."""
+    for q, word, _, _, _, n, _ in prog.rows.tolist():
+        if word == TABLE_ROW:
+            got = int(_table_of(arena, q, op)[2 * arena.rank + 1])
+            if got != n:
+                return q, got, n
+    return None
 
 
 def _at(send: int, recv: int, which: int, offset: int) -> int:
@@ -151,37 +199,6 @@ def _same(prog: Program, r: int, nbytes: int) -> None:
     prog.expect[r] = -1
 
 
-def _root_copies(r: int, p: int, call: Call, posted: tuple[int, int, int, int], word: int, which: int, write: int
-                 ) -> Program:
-    """Gatherv (``write`` 0: the root reads each block from its rank's send buffer) or Scatterv (1: writes it into
-    the rank's receive buffer): the root alone knows the blocks' sizes and displacements, so it makes every copy. The
-    others post their buffer (``posted``) and byte count and wait until the root is done with their memory; the root
-    checks each posted count against its own for that rank before it copies anything (a mismatch stops the call at
-    the root: no block lands outside its buffer)."""
-    isz = call.dtype.itemsize
-    if r != call.root:
-        buf = call.send if write == 0 else call.recv
-        n = buf.nbytes if buf is not None else 0
-        prog = Program(p, n, posted)
-        if n:
-            prog.waits.append(call.root)
-        return prog.done()
-    mine = call.counts[r] * isz
-    prog = Program(p, mine, (0, 0, 0, 0))
-    for q in range(p):
-        if q != r:
-            n = call.counts[q] * isz
-            prog.expect[q] = n
-            if n:
-                prog.rows.append((q, word, 0, which, call.displs[q] * isz, n, write))
-    if not call.in_place and mine:
-        own = (1, 0, 2, call.displs[r] * isz) if write == 0 else (1, call.displs[r] * isz, 2, 0)
-        prog.copies.append((*own, mine))
-    prog.done()
-    prog.verb = "write" if write else "read"
-    return prog
-
-
 class _Gather(Moves):
     """Each rank writes its block into the root's buffer (the root posts its address) while the root copies its own;
     the root reads the head of a large block meanwhile (``root_share``)."""
@@ -190,8 +207,15 @@ class _Gather(Moves):
 
     def program(self, r: int, p: int, call: Call) -> Program:
         root, isz = call.root, call.dtype.itemsize
-        if call.vector:
-            return _root_copies(r, p, call, (1, 0, 0, 0), SEND, 2, 0)
+        if call.vector:  # only the root knows the blocks' places: each rank tables its block for it
+            table = [(0, 0)] * p
+            if r != root:
+                assert call.send is not None
+                table[root] = (0, call.send.nbytes)
+                return _table_program(r, p, call, table, [])
+            own = [] if call.in_place or not call.counts[r] else [(1, 0, 2, call.displs[r] * isz, call.counts[r] * isz)]
+            return _table_program(r, p, call, table, [(q, call.displs[q] * isz, call.counts[q] * isz)
+                                                      for q in range(p) if q != r], own)
         if r != root:
             assert call.send is not None
             n = call.send.nbytes
@@ -225,8 +249,16 @@ class _Scatter(Moves):
 
     def program(self, r: int, p: int, call: Call) -> Program:
         root, isz = call.root, call.dtype.itemsize
-        if call.vector:
-            return _root_copies(r, p, call, (0, 0, 2, 0), RECV, 1, 1)
+        if call.vector:  # only the root knows the blocks' places: its table gives each reader its block
+            table = [(0, 0)] * p
+            if r != root:
+                assert call.recv is not None
+                return _table_program(r, p, call, table, [(root, 0, call.recv.nbytes)])
+            for q in range(p):
+                if q != r:
+                    table[q] = (call.displs[q] * isz, call.counts[q] * isz)
+            own = [] if call.in_place or not call.counts[r] else [(1, call.displs[r] * isz, 2, 0, call.counts[r] * isz)]
+            return _table_program(r, p, call, table, [], own)
         if r != root:
             assert call.recv is not None
             n = call.recv.nbytes
@@ -263,6 +295,11 @@ class _Alltoall(Moves):
     def program(self, r: int, p: int, call: Call) -> Program:
         assert call.send is not None
         isz = call.dtype.itemsize
+        if call.vector:  # no rank knows where its blocks lie in the senders' buffers: their tables say
+            own = [(1, call.send_displs[r] * isz, 2, call.displs[r] * isz, call.counts[r] * isz)] if call.counts[r] else []
+            return _table_program(r, p, call, list(zip([d * isz for d in call.send_displs],
+                                                       [c * isz for c in call.send_counts])),
+                                  [(q, call.displs[q] * isz, call.counts[q] * isz) for q in range(p) if q != r], own)
         prog = Program(p, call.send.nbytes, (1, 0, 0, 0))
         _same(prog, r, call.send.nbytes)
         for q in range(p):  # block r of q's send buffer, at q's displacement for r (uniform: r blocks in)
@@ -284,6 +321,21 @@ class _Alltoall(Moves):
         scratch = mem.scratch(call.send.shape[0], call.dtype)
         np.copyto(scratch, call.send)
         return address(scratch), address(call.recv), scratch
+
+
+def _table_program(r: int, p: int, call: Call, table: list[tuple[int, int]], reads: list[tuple[int, int, int]],
+                   own: Optional[list[tuple[int, int, int, int, int]]] = None) -> Program:
+    """A vector call's program, where the ranks do not all know the blocks' sizes and places: ``table`` gives
+    (byte offset in this rank's send buffer, bytes) of its block for each rank, which the kernel writes into its slot
+    with the blocks small enough; ``reads`` (peer, byte offset in this rank's receive buffer, bytes it expects) are
+    the blocks it takes, each after checking its size in the peer's table (zero too); ``own`` its local copies. It
+    waits for the peers that take a block from it (they read its slot or its buffer)."""
+    prog = Program(p, 0, (1, 0, 0, 0))
+    prog.table = np.array(table, np.int64).reshape(p, 2)
+    prog.rows = [(q, TABLE_ROW, 0, 2, at, n, 0) for q, at, n in reads]
+    prog.copies = list(own or [])
+    prog.waits = [q for q in range(p) if q != r and table[q][1]]
+    return prog.done()
 
 
 class _Broadcast(Moves):
@@ -345,6 +397,7 @@ MOVES = {m.coll: m for m in (GATHER, SCATTER, ALLTOALL, BROADCAST, ALLGATHER)}
 def post(arena: Any, op: int, prog: Program, words: tuple, send: int, recv: int) -> None:
     """Post this rank's call, addresses and byte count for ``op``; if posting fails, its arena operation ends."""
     try:
+        write_table(arena, op, prog, send)
         s_which, s_off, r_which, r_off = (int(v) for v in prog.posted)
         arena.post(op, words, _at(send, recv, s_which, s_off) if s_which else 0,
                    _at(send, recv, r_which, r_off) if r_which else 0, prog.nbytes)
@@ -357,7 +410,18 @@ def copy(arena: Any, op: int, prog: Program, send: int, recv: int) -> None:
     """The program's copies between this rank's memory and its peers'; raises OSError where one fails. A call that goes
     on as a schedule may repeat them: the same bytes land in the same places."""
     cma, w = arena.cma, arena.words
+    sub, head = table_block_bytes(arena.slot_bytes, arena.size), table_head_bytes(arena.size)
     for q, word, off, which, local_off, n, write in prog.rows.tolist():
+        if word == TABLE_ROW:
+            if not n:
+                continue
+            if n <= sub:  # in the sender's slot
+                at = head + arena.rank * sub
+                ctypes.memmove(_at(send, recv, which, local_off), address(arena.slot(q, op)[at: at + n]), n)
+                continue
+            remote = int(w[arena.line(q, op) + SEND]) + int(_table_of(arena, q, op)[2 * arena.rank])
+            cma.read_addr(arena.pids[q], _at(send, recv, which, local_off), remote, n)
+            continue
         remote = int(w[arena.line(q, op) + word]) + off
         (cma.write_addr if write else cma.read_addr)(arena.pids[q], _at(send, recv, which, local_off), remote, n)
 
@@ -379,6 +443,10 @@ def posts_agree(arena: Any, op: int, others: list[int], posted: tuple, expect: l
     return all(w[arena.line(q, op) + NBYTES] == n for q, n in expect)
 
 
+def tables_agree(arena: Any, op: int, prog: Program) -> bool:
+    return prog.table is None or table_mismatch(arena, op, prog) is None
+
+
 def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: int, recv: int,
              scratch: Optional[np.ndarray]) -> Schedule:
     """A posted cma call from its meeting on: meet the peers, check their calls, copy, then wait for the ranks that
@@ -391,6 +459,11 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
             got = arena.peer_addrs(q, op)[2]
             if got != want:
                 raise st.owner.error(MismatchError, f"rank {q} passed {got} bytes, this rank expects {want}", [st.world_rank(q)])
+        wrong = table_mismatch(arena, op, prog) if prog.table is not None else None
+        if wrong is not None:
+            q, got, want = wrong
+            raise st.owner.error(MismatchError, f"rank {q} sends this rank {got} bytes, this rank expects {want}",
+                                 [st.world_rank(q)])
         try:
             copy(arena, op, prog, send, recv)
         except OSError as exc:
@@ -436,8 +509,8 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
     "gather",
     "cma",
     "Every rank writes its block straight into the root's buffer with one kernel copy (cross-memory attach) while the "
-    "root copies its own, and the root reads the head of a large block meanwhile (Gatherv: the root reads every "
-    "block); single host.",
+    "root copies its own, and the root reads the head of a large block meanwhile (Gatherv: the root takes every "
+    "block through its sender's table); single host.",
     steps="2 meetings",
     bytes="(p-1)/p · n written into the root (large blocks: a third read by the root)",
     refuse=_refuse,
@@ -452,7 +525,7 @@ def gather_cma(st: Steps, call: Call) -> Schedule:
     "scatter",
     "cma",
     "Every rank reads its block straight from the root's buffer with one kernel copy (cross-memory attach; Scatterv: "
-    "the root writes every block); single host.",
+    "where the root's table says); single host.",
     steps="2 meetings",
     bytes="n/p read by each rank from the root",
     refuse=_refuse,
@@ -466,7 +539,8 @@ def scatter_cma(st: Steps, call: Call) -> Schedule:
 @register(
     "alltoall",
     "cma",
-    "Every rank reads its block from each peer's send buffer with one kernel copy (cross-memory attach); single host.",
+    "Every rank reads its block from each peer's send buffer with one kernel copy (cross-memory attach; Alltoallv: "
+    "where the peer's table says, small blocks from its slot); single host.",
     steps="2 meetings",
     bytes="(p-1)/p · n read from peers",
     refuse=_refuse,

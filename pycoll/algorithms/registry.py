@@ -45,9 +45,9 @@ COLLECTIVES = (
     "exscan",
 )
 
-# Vector calls whose block sizes only the root knows: the ranks cannot choose by size (each sees a different one),
+# Vector calls whose block sizes not every rank knows: the ranks cannot choose by size (each sees a different one),
 # so each takes the first of these that accepts the call, the same on every rank.
-UNSIZED = {"gather": ("cma", "linear"), "scatter": ("cma", "linear")}
+UNSIZED = {"gather": ("cma", "linear"), "scatter": ("cma", "linear"), "alltoall": ("cma", "pairwise")}
 
 # The collectives that combine values: in reproducible mode only algorithms that keep the left fold serve them.
 REDUCTIONS = frozenset({"allreduce", "reduce", "reduce_scatter", "scan", "exscan"})

@@ -288,6 +288,33 @@ def case_mismatch_reduce_root(ctx):
 
 
 @case
+def case_mismatch_alltoallv_sizes(ctx):
+    """Alltoallv: rank 0 sends rank 1 two elements where rank 1 expects one (each rank knows only its own counts)."""
+    comm, n = ctx.comm, ctx.size
+
+    def make(r):
+        scounts = [2 if (r, q) == (0, 1) else 1 for q in range(n)]
+        s, o = np.full(2 * n, r, np.float32), sentinel(np.float32, n)
+        sdispls, rdispls = [2 * q for q in range(n)], list(range(n))
+        return (lambda: comm.Alltoallv([s, scounts, sdispls, ctx.MPI.FLOAT], [o, [1] * n, rdispls, ctx.MPI.FLOAT])), [s, o]
+
+    _mismatch(ctx, make)
+
+
+@case
+def case_mismatch_gatherv_sizes(ctx):
+    """Gatherv: the last rank sends two elements where the root's counts say one."""
+    comm, n = ctx.comm, ctx.size
+
+    def make(r):
+        s = np.full(2 if r == n - 1 else 1, r, np.float32)
+        o = sentinel(np.float32, n) if r == 0 else None
+        return (lambda: comm.Gatherv([s, ctx.MPI.FLOAT], [o, [1] * n, list(range(n)), ctx.MPI.FLOAT] if r == 0 else None, 0)), [s]
+
+    _mismatch(ctx, make)
+
+
+@case
 def case_mismatch_barrier_vs_bcast(ctx):
     comm = ctx.comm
 
