@@ -297,11 +297,15 @@ def _cma_calls(coll: str, p: int, count: int, in_place: bool, rng) -> tuple[list
 
 @need_numba
 @pytest.mark.parametrize("p", [2, 3])
-@pytest.mark.parametrize("coll", ["broadcast", "gather", "scatter", "allgather", "alltoall"])
-def test_cma_programs(tmp_path, coll: str, p: int) -> None:
+@pytest.mark.parametrize("coll,vector", [("broadcast", False), ("gather", False), ("scatter", False),
+                                         ("allgather", False), ("alltoall", False),
+                                         ("gather", True), ("scatter", True), ("alltoall", True)])
+def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
     """Each rank's ``direct_cma.Program`` run by the compiled kernel (ranks stepped in turn; process_vm_readv on this
     process), or by the Python path for odd ranks: every block lands, blocks from 256 KiB split with the root, in and
-    out of place. A rank the peers keep waiting returns WAITING or LEFT and is called again."""
+    out of place. A rank the peers keep waiting returns WAITING or LEFT and is called again. ``vector``: the calls as
+    v-forms, whose blocks go through the senders' tables (from their 4 KiB slots below a slot's share, else by
+    cross-memory attach)."""
     import os
 
     from pycoll.algorithms import direct_cma
@@ -321,9 +325,12 @@ def test_cma_programs(tmp_path, coll: str, p: int) -> None:
     moves, host = direct_cma.MOVES[coll], backend("host")
     for opno, (count, in_place) in enumerate([(c, ip) for c in (0, 5, 100_000) for ip in ((False, True) if coll != "broadcast" else (False,))], 1):
         calls, want = _cma_calls(coll, p, count, in_place, rng)
+        for c in calls:
+            c.vector = vector
         progs = [moves.program(r, p, c) for r, c in enumerate(calls)]
+        assert all((prog.table is not None) == vector for prog in progs)
         # short-distance copies bounced in every other call
-        packed = [prog.packed(r, 20, readv, writev, opno % 2 == 0, pids) for r, prog in enumerate(progs)]
+        packed = [prog.packed(r, 20, readv, writev, opno % 2 == 0, pids, arenas[r]) for r, prog in enumerate(progs)]
         bufs = [moves.buffers(c, host) for c in calls]
         words = (0x1234, 0, count, 99)  # the Python path posts the vhash word folded with the call number, as the kernel's
         sig = np.array([*words[:3], A.fold_seq(words[3], opno)], np.uint64)
