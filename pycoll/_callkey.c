@@ -641,6 +641,22 @@ static PyObject *eager_layout(PyObject *module, PyObject *unused)
                          "HEADER_BYTES", HEADER_BYTES, "TAIL_AT", TAIL_AT, "HEAD_AT", HEAD_AT, "G_ITEMS", G_ITEMS);
 }
 
+/* buffer_address(array or None): where the array's first byte is, 0 for None or no bytes (as
+ * pycoll.algorithms.direct_cma.address, without the buffer export) */
+static PyObject *buffer_address(PyObject *module, PyObject *arr)
+{
+    if (arr == Py_None)
+        return PyLong_FromLong(0);
+    if (!PyArray_Check(arr)) {
+        PyErr_Format(PyExc_TypeError, "buffer_address takes a NumPy array or None, not %.80s", Py_TYPE(arr)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)arr;
+    if (PyArray_SIZE(a) == 0 || PyArray_ITEMSIZE(a) == 0)
+        return PyLong_FromLong(0);
+    return PyLong_FromVoidPtr(PyArray_DATA(a));
+}
+
 static PyObject *configure(PyObject *module, PyObject *args)
 {
     PyObject *given[7];
@@ -658,6 +674,7 @@ static PyObject *configure(PyObject *module, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"shape_key", shape_key, METH_O, "The shape key of a call's argument tuple, as pycoll.executor.shape_key."},
+    {"buffer_address", buffer_address, METH_O, "Where a NumPy array's first byte is (0: None, or no bytes)."},
     {"cached_spec", (PyCFunction)(void (*)(void))cached_spec, METH_FASTCALL,
      "cached_spec(specs, shapes, buf, writable): as pycoll.p2p_specs.cached_spec_python."},
     {"eager_send", (PyCFunction)(void (*)(void))eager_send, METH_FASTCALL,

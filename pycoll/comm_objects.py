@@ -26,6 +26,9 @@ _LOCK_TABLES_LOCK = threading.Lock()  # guards the creation of Comm._lock_table 
 # takes a second round sized to the pickles.
 FIRST_BLOCK = 256
 BLOCK_MAX = 256 << 10
+# The gather's exchange is an Allgather (every rank learns every length): past this block the non-roots would receive
+# blocks they do not need, so larger pickles go by a second round, a Gatherv
+GATHER_BLOCK_MAX = 8 << 10
 BLOCKS_BYTES = 8 << 20
 _HEAD = 16  # the block's header: this pickle's length, then the largest length its sender knows of
 
@@ -108,7 +111,8 @@ class ObjectCalls:
         block = self._block_bytes(kind)
         fits = max(FIRST_BLOCK, _block_for(seen + _HEAD))
         if fits > block or fits * 4 <= block:  # grown to fit, or shrunk where a quarter would have done
-            if fits > min(BLOCK_MAX, max(FIRST_BLOCK, BLOCKS_BYTES // self._size)):
+            largest = GATHER_BLOCK_MAX if kind == "gather" else BLOCK_MAX
+            if fits > min(largest, max(FIRST_BLOCK, BLOCKS_BYTES // self._size)):
                 return 0
             return fits
         return block

@@ -18,6 +18,7 @@ from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
 from .config import _ENV_BYTES
 from .memory import backend
+from .p2p_specs import call_key_module
 from .transport.arena import DEPTH, fold_seq
 
 if TYPE_CHECKING:  # annotations only: the executor runs these
@@ -348,6 +349,10 @@ class _Slots(Runner):
         x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, arena, opno, call, prep.words))
 
 
+# where an array's first byte is (0: None or no bytes), in C where built
+_buffer_address: Callable[[Any], int] = getattr(call_key_module(), "buffer_address", None) or direct_cma.address
+
+
 def _reached(x: Executor, arena: Any, what: str, opno: int, ranks: list[int], extra_s: float = 0.0) -> bool:
     """Whether ``ranks`` reach ``what`` for ``opno`` while this rank spins (``extra_s`` longer); where ranks share the
     cores it spins only briefly, then yields the core between polls for ``retry_s`` (and ``extra_s``)."""
@@ -389,19 +394,27 @@ class _Cma(Runner):
             return False
         state = x.comm._arena
         a = state.arena if state is not None else None
-        if a is None or not a.cma_ok:
+        if a is None or not a.cma_ok or state.status != "ready":
             return False
         kern = x.gate.open()
-        taken = x.begin(self.label, posts_seq=True)
-        if taken is None:
-            return False
-        a, opno = taken
         prog, mine, gate = self.prog, self.words, x.gate
         call = None
         if prog is None:
             call = plan.make_call(send, recv)
-            prog = self.prog = self.moves.program(a.rank, a.size, call)
+            sub = direct_cma.table_block_bytes(a.slot_bytes, a.size)
+            prog = self.prog = self.moves.program(a.rank, a.size, call, sub)
             self.scratch = self.moves.scratch(call)
+            self.one_sided = prog.one_sided
+        if kern is not None and self.arena is not a:
+            readv, writev = a.cma.function_address("read"), a.cma.function_address("write")
+            self.arena = a
+            self.packed = (prog.packed(a.rank, gate.polls, readv, writev, a.cma.bounces, a.pids, a)
+                           if readv and writev else None)
+        compiled = kern is not None and self.packed is not None
+        taken = x.begin(self.label, posts_seq=True, handles_lag=compiled)  # the kernel waits out a lag itself
+        if taken is None:
+            return False
+        a, opno = taken
         if self.scratch:
             call = call or plan.make_call(send, recv)
             try:
@@ -411,19 +424,12 @@ class _Cma(Runner):
                 raise
         else:
             s, r, scratch = direct_cma.address(send), direct_cma.address(recv), None
-        if kern is not None:
-            if self.arena is not a:
-                readv, writev = a.cma.function_address("read"), a.cma.function_address("write")
-                self.arena = a
-                self.packed = (prog.packed(a.rank, gate.polls, readv, writev, a.cma.bounces, a.pids, a)
-                               if readv and writev else None)
-        if kern is not None and self.packed is not None:
+        if compiled:
             sig, packed = self.sig_array, self.packed
-            sig[3] = fold_seq(mine[3], a.seq)
-            bases, seq = gate.bases(a, opno), a.seq
-            status = kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r)
+            bases, seq, lag = gate.bases(a, opno), a.seq, a.lagging
+            status = kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r, lag)
             if x.retry_s:
-                status = x.retry(a, status, lambda: kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r))
+                status = x.retry(a, status, lambda: kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r, lag))
             return self.after(x, plan, a, opno, status, send, recv, s, r, scratch, call)
         call = call or plan.make_call(send, recv)
         direct_cma.post(a, opno, prog, mine, s, r)
@@ -452,18 +458,25 @@ class _Cma(Runner):
         code = status & 3
         if code == arena_jit.DONE and not status & arena_jit.FAILED:
             a.finished = opno
+            a.lagging = self.one_sided
             gate.inline += 1
             if scratch is not None:
                 self.host.release(scratch)
             return True
         call = call or plan.make_call(send, recv)
         if status & arena_jit.FAILED:
+            a.lagging = False
             return self.failed(x, a, opno, prog, call, s, r, scratch)
         if code == arena_jit.LEFT:
             a.finished = opno
+            a.lagging = self.one_sided
             gate.inline += 1
             return self.wait(x, a, opno, prog, call, scratch)
         mine = self.words
+        if status & arena_jit.UNPOSTED:  # nothing posted: wait for the peers' last calls, then the whole call
+            x.rest(self.label, self.sig, lambda st: direct_cma.cma_unposted(st, a, opno, prog, mine, s, r, scratch))
+            return True
+        a.lagging = False  # the rest meets every peer
         x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
         return True
 
@@ -474,15 +487,14 @@ class _Cma(Runner):
             return None  # not yet: the kernels are still loading
         if self.scratch or a is None or x.comm._arena is None or x.comm._arena.arena is not a:
             return False
-        fn, sig, packed, w3, gate = arena_jit.pick(kern, "cma_moves"), self.sig_array, self.packed, self.words[3], x.gate
-        u64, bases, address = a.u64, [gate.bases(a, k) for k in range(DEPTH)], direct_cma.address
+        fn, sig, packed, gate = arena_jit.pick(kern, "cma_moves"), self.sig_array, self.packed, x.gate
+        u64, bases, address = a.u64, [gate.bases(a, k) for k in range(DEPTH)], _buffer_address
 
-        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-            sig[3] = fold_seq(w3, seq)
-            return fn(u64, bases[opno % DEPTH], sig, packed, opno, seq, address(send), address(recv))
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:  # the kernel folds seq into sig
+            return fn(u64, bases[opno % DEPTH], sig, packed, opno, seq, address(send), address(recv), a.lagging)
 
         self.kernel = kernel
-        return _fast_call(x, plan, self, kernel)
+        return _fast_call(x, plan, self, kernel, lags=True)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, send, recv)

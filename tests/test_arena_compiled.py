@@ -304,8 +304,8 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
     """Each rank's ``direct_cma.Program`` run by the compiled kernel (ranks stepped in turn; process_vm_readv on this
     process), or by the Python path for odd ranks: every block lands, blocks from 256 KiB split with the root, in and
     out of place. A rank the peers keep waiting returns WAITING or LEFT and is called again. ``vector``: the calls as
-    v-forms, whose blocks go through the senders' tables (from their 4 KiB slots below a slot's share, else by
-    cross-memory attach)."""
+    v-forms, whose blocks go through the tables (from the senders' 4 KiB slots below a slot's share, else by
+    cross-memory attach: read from the sender, or a Gatherv sender writing where the root's table says)."""
     import os
 
     from pycoll.algorithms import direct_cma
@@ -327,13 +327,14 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
         calls, want = _cma_calls(coll, p, count, in_place, rng)
         for c in calls:
             c.vector = vector
-        progs = [moves.program(r, p, c) for r, c in enumerate(calls)]
+        sub = direct_cma.table_block_bytes(arenas[0].slot_bytes, p)
+        progs = [moves.program(r, p, c, sub) for r, c in enumerate(calls)]
         assert all((prog.table is not None) == vector for prog in progs)
         # short-distance copies bounced in every other call
         packed = [prog.packed(r, 20, readv, writev, opno % 2 == 0, pids, arenas[r]) for r, prog in enumerate(progs)]
         bufs = [moves.buffers(c, host) for c in calls]
         words = (0x1234, 0, count, 99)  # the Python path posts the vhash word folded with the call number, as the kernel's
-        sig = np.array([*words[:3], A.fold_seq(words[3], opno)], np.uint64)
+        sig = arena_jit.sig_array(words)  # the kernel folds the call number in
         bases = arena_jit.line_bases(arenas[0], opno)
         state = [None] * p
         for a in arenas:
@@ -359,7 +360,7 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
                     if not a.waiting_for("done", opno, prog.waits.tolist()):
                         state[r] = "done"
                     continue
-                status = K.cma_moves(a.u64, bases, sig, packed[r], opno, opno, s, rv)
+                status = K.cma_moves(a.u64, bases, sig, packed[r], opno, opno, s, rv, False)
                 assert status & 3 != arena_jit.MISMATCH and not status & arena_jit.FAILED, status
                 if status & 3 == arena_jit.DONE:
                     state[r] = "done"

@@ -154,6 +154,7 @@ def test_mismatch_default(case_id, n, transport, tmp_path):
 @pytest.mark.parametrize("case_id,opname,finder", [
     ("mismatch_alltoallv_sizes", "Alltoallv", 1),  # the reader of the block finds it
     ("mismatch_gatherv_sizes", "Gatherv", 0),  # the root finds it
+    ("mismatch_gatherv_large", "Gatherv", 0),  # the root finds it in the sender's table, as the sender in the root's
 ])
 def test_mismatch_vector_sizes(case_id, opname, finder, tmp_path):
     """Sizes that only some ranks know disagree: the rank that knows both raises MismatchError naming the other and

@@ -197,12 +197,22 @@ def spin(words, bases, opno, polls):
 def _await_posts(words, me, bases, sig, opno, polls, yields, yield_fn):
     """After this rank posted: ring, spin for the peers (``_pause``), compare their calls: DONE, WAITING or MISMATCH,
     or'ed with WAKE."""
+    return _await_some(words, me, bases, sig, opno, polls, yields, yield_fn, _NONE_SKIPPED, 0)
+
+
+_NONE_SKIPPED = np.zeros(0, np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _await_some(words, me, bases, sig, opno, polls, yields, yield_fn, meets, at):
+    """``_await_posts`` for the ranks r with ``meets[at + r]`` nonzero (an empty ``meets``: every rank)."""
     wake = _ring(words, me, len(bases))
+    every = len(meets) == 0
     i = 0
     while True:
         left = 0
         for r in range(len(bases)):
-            if load_acquire(words, bases[r] + _POST) != opno:
+            if (every or meets[at + r] != 0) and load_acquire(words, bases[r] + _POST) != opno:
                 left += 1
         if left == 0:
             break
@@ -210,9 +220,10 @@ def _await_posts(words, me, bases, sig, opno, polls, yields, yield_fn):
             return _WAITING | wake
         i += 1
     for r in range(len(bases)):
-        for k in range(4):
-            if words[bases[r] + _KIND + k] != sig[k]:
-                return _MISMATCH | wake
+        if every or meets[at + r] != 0:
+            for k in range(4):
+                if words[bases[r] + _KIND + k] != sig[k]:
+                    return _MISMATCH | wake
     return _DONE | wake
 
 
@@ -567,10 +578,9 @@ def _post_n(words, base, sig, opno, nbytes, seq):
 
 
 @njit(cache=True, nogil=True)
-def _peers_done(words, meta, target):
-    """Spin (``_pause``, with the spin in ``meta``) until every peer finished arena call ``target`` (its DONE word);
-    False if the spin ends first."""
-    me, size = meta[M_ME], meta[M_SIZE]
+def _all_done(words, me, size, target, polls, yields, yield_fn):
+    """Spin (``_pause``) until every peer finished arena call ``target`` (its DONE word); False if the spin ends
+    first."""
     i = 0
     while True:
         left = 0
@@ -579,9 +589,15 @@ def _peers_done(words, meta, target):
                 left += 1
         if left == 0:
             return True
-        if not _pause(i, meta[M_POLLS], meta[M_YIELDS], meta[M_YIELD_FN]):
+        if not _pause(i, polls, yields, yield_fn):
             return False
         i += 1
+
+
+@njit(cache=True, nogil=True)
+def _peers_done(words, meta, target):
+    """``_all_done`` with the spin in ``meta``."""
+    return _all_done(words, meta[M_ME], meta[M_SIZE], target, meta[M_POLLS], meta[M_YIELDS], meta[M_YIELD_FN])
 
 
 @njit(cache=True, nogil=True)
@@ -724,13 +740,16 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
 # ---- cross-memory attach: Gather, Scatter, Alltoall, Broadcast, Allgather (see ``direct_cma``) ---------------------
 # A call's program is one int64 array (``direct_cma.Program.packed``): the C_* scalars, then the two posted addresses
 # as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
-# rank's process id, rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write into the
-# peer or 0 to read from it), own copies (which, offset, which, offset, bytes: source first), and the ranks waited for.
-# A program with a table (``C_TABLE``: Alltoallv, whose readers do not know where their blocks lie in the senders'
-# buffers) ends with it: (byte offset in the send buffer, bytes) for each peer's block. The kernel writes it into the
-# rank's arena slot for the call (``C_SLOT0`` and ``C_SLOTB``: where slot 0 of rank 0 lies in the mapping and how
-# long a slot is), with each block of at most ``C_SUB`` bytes after it; a row whose posted word is ``TABLE_ROW``
-# reads the peer's table, checks the block's size, and copies it from the peer's slot or its send buffer.
+# rank's process id, whether this rank meets each rank (waits for its post and checks it), rows (peer, posted word of
+# the peer, offset from it, which, offset, bytes, 1 to write into the peer or 0 to read from it), own copies (which,
+# offset, which, offset, bytes: source first), and the ranks waited for. A program with a table (``C_TABLE``: the
+# vector forms, whose ranks do not all know the blocks' sizes and places) ends with it: (byte offset, bytes) for each peer's block. The kernel writes it into the rank's arena slot
+# for the call (``C_SLOT0`` and ``C_SLOTB``: where slot 0 of rank 0 lies in the mapping and how long a slot is), with
+# each block of at most ``C_SUB`` bytes after it; a row whose posted word is ``TABLE_ROW`` reads the peer's table and
+# checks the block's size (the row's offset, bytes skipped at the block's start, plus its bytes), then reads the
+# block from the peer's slot (at most ``C_SUB``) or its send buffer, or writes it into the peer's receive buffer at
+# the table's offset (a Gatherv sender's large block, less the head the root reads), or copies nothing (``which``
+# 0: the peer writes it).
 C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED, C_BOUNCE = range(11)
 C_TABLE, C_SLOT0, C_SLOTB, C_SUB = range(11, 15)
 C_POSTED = 15
@@ -755,20 +774,29 @@ def _local(send, recv, which, offset):
 
 
 @njit(cache=True, nogil=True)
-def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
+def cma_moves(words, bases, sig, prog, opno, seq, send, recv, lag):
     """A whole cross-memory-attach call when the peers keep up: post this rank's addresses (``send``, ``recv``: 0 for
     none) and byte count, make its own copies (they depend on no peer; once per call: ``prog[C_COPIED]`` keeps the
     call's number), meet, check the peers' calls and byte counts, copy every row with one system call, mark this rank
     done, then spin until the ranks waited for are done with its memory.
 
-    ``sig[3]`` is the posted vhash word (the call number ``seq`` folded in). Returns DONE; WAITING (posted, nothing
-    copied from or to a peer: call again, or go on as a schedule), MISMATCH, FAILED (a copy failed, nothing marked) or LEFT (done here,
-    some ranks waited for are not), or'ed with WAKE.
+    It meets only the ranks its program names (a Gatherv sender whose block lies in its slot meets nobody: the
+    others check its post); such a call may return before the peers have read its slot, and the next call is made
+    with ``lag``: it first waits for the peers to finish call ``opno - DEPTH``, whose slot and line it reuses.
+
+    ``sig`` is ``arena_jit.sig_array``'s: the kernel folds the call number ``seq`` into word 3 (``_fold``). Returns
+    DONE; WAITING (posted, nothing
+    copied from or to a peer: call again, or go on as a schedule; with UNPOSTED: the lag wait ran out, nothing was
+    posted), MISMATCH, FAILED (a copy failed, nothing marked) or LEFT (done here, some ranks waited for are not),
+    or'ed with WAKE.
     """
     me, size, polls = prog[C_ME], prog[C_SIZE], prog[C_POLLS]
+    if lag and not _all_done(words, me, size, opno - _DEPTH, polls, 0, 0):
+        return _WAITING | _UNPOSTED
     expect = C_POSTED + 4
     pids = expect + size
-    rows = pids + size
+    meets = pids + size
+    rows = meets + size
     copies = rows + 7 * prog[C_NROWS]
     waits = copies + 5 * prog[C_NCOPIES]
     table = waits + prog[C_NWAITS]
@@ -784,13 +812,13 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
                 dst = carray(_byte_pointer(words, table_block(prog, size, me, opno, q)), n)
                 for i in range(n):
                     dst[i] = src[i]
+    _fold(words, base, sig, seq)  # word 3 and the number in clear, before the words are posted
     for k in range(4):
         words[base + _KIND + k] = sig[k]
     at = C_POSTED
     words[base + _SEND] = _local(send, recv, prog[at], prog[at + 1]) if prog[at] else 0
     words[base + _RECV] = _local(send, recv, prog[at + 2], prog[at + 3]) if prog[at + 2] else 0
     words[base + _NBYTES] = prog[C_NBYTES]
-    words[base + _SEQ_WORD] = seq
     store_seq_cst(words, base + _POST, opno)
     if prog[C_COPIED] != opno:
         for k in range(prog[C_NCOPIES]):
@@ -801,7 +829,7 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
             for i in range(n):
                 dst[i] = src[i]
         prog[C_COPIED] = opno
-    status = _await_posts(words, me, bases, sig, opno, polls, 0, 0)
+    status = _await_some(words, me, bases, sig, opno, polls, 0, 0, prog, meets)
     if status & 3 != _DONE:
         return status
     wake = status & _WAKE
@@ -811,24 +839,27 @@ def cma_moves(words, bases, sig, prog, opno, seq, send, recv):
     for k in range(prog[C_NROWS]):  # every table row's size first: a mismatch copies nothing
         row = rows + 7 * k
         if prog[row + 1] == TABLE_ROW:
-            if np.int64(words[table_slot(prog, prog[row], opno) // 8 + 2 * me + 1]) != prog[row + 5]:
+            if np.int64(words[table_slot(prog, prog[row], opno) // 8 + 2 * me + 1]) != prog[row + 2] + prog[row + 5]:
                 return _MISMATCH | wake
     for k in range(prog[C_NROWS]):
         row = rows + 7 * k
         q = prog[row]
         local = _local(send, recv, prog[row + 3], prog[row + 4])
+        writing = prog[row + 6] != 0
         if prog[row + 1] == TABLE_ROW:
             n = prog[row + 5]
-            if n <= prog[C_SUB]:  # in the peer's slot
+            if prog[row + 3] == 0:  # a size check only: the peer copies this block itself
+                continue
+            if not writing and n <= prog[C_SUB]:  # in the peer's slot
                 src = carray(_byte_pointer(words, table_block(prog, size, q, opno, me)), n)
                 dst = carray(_address_pointer(local), n)
                 for i in range(n):
                     dst[i] = src[i]
                 continue
-            remote = np.int64(words[bases[q] + _SEND]) + np.int64(words[table_slot(prog, q, opno) // 8 + 2 * me])
+            remote = (np.int64(words[bases[q] + (_RECV if writing else _SEND)])
+                      + np.int64(words[table_slot(prog, q, opno) // 8 + 2 * me]) + prog[row + 2])
         else:
             remote = np.int64(words[bases[q] + prog[row + 1]]) + prog[row + 2]
-        writing = prog[row + 6] != 0
         fn = prog[C_WRITEV] if writing else prog[C_READV]
         if not _cross_copy(fn, prog[pids + q], local, remote, prog[row + 5], not writing, prog[C_BOUNCE] != 0):
             return _FAILED | wake

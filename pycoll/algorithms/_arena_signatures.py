@@ -34,7 +34,7 @@ def signatures() -> dict[str, list[Any]]:
         "spin": [i64(words, ints, i64, i64)],
         "broadcast": [t.Tuple((i64, i64, b))(words, raw, raw, i64, ints, words, i64, i64, i64, i64, i64, i64)],
         "pipe_broadcast": [t.UniTuple(i64, 2)(words, raw, raw, i64, i64, i64, i64, i64, i64, i64, i64)],
-        "cma_moves": [i64(words, ints, words, ints, i64, i64, i64, i64)],
+        "cma_moves": [i64(words, ints, words, ints, i64, i64, i64, i64, i64)],
         "slots_move": [i64(words, arr(u8, 3), arr(d), arr(d), ints, words, i64, i64, i64) for d in dts],
         "allreduce": [i64(words, arr(d, 3), arr(d), arr(d), i64, ints, words, i64, i64, i64, i64, i64, i64)
                       for d in dts],

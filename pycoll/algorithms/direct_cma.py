@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ..errors import MismatchError
-from ..memory import MemoryBackend
+from ..memory import MemoryBackend, host_address
 from ..transport.arena import COUNT, KIND, NBYTES, RECV, ROOT, SEND, SEQ, VHASH
 from .arena_jit import sig_words
 from .base import Call, Layout, Schedule, Steps
@@ -36,7 +36,8 @@ from .chain import broadcast_chain
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
 from .registry import register
 from .ring import allgather_ring_algo
-from .arena_meeting import check_posts, cma_or_none, meet_peers, refuse_single_host, take_turn, transfer_error
+from .arena_meeting import (check_posts, cma_or_none, lag_wait, meet_peers, refuse_single_host, take_turn,
+                            transfer_error)
 from .shared import cma_cost
 
 _PAGE = 4096
@@ -57,13 +58,10 @@ def _refuse(call: Call, lay: Layout) -> Optional[str]:
 
 
 def address(arr: Optional[np.ndarray]) -> int:
-    """Where ``arr``'s first byte is (0: no bytes); a quarter of ``arr.ctypes.data``'s cost for a writable array."""
+    """Where ``arr``'s first byte is (0: None, or no bytes)."""
     if arr is None or not arr.nbytes:
         return 0
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(arr))
-    except (TypeError, ValueError):  # read-only, or a dtype the buffer protocol cannot export (float16)
-        return int(arr.ctypes.data)
+    return host_address(arr)
 
 
 def _block_bytes(call: Call, q: int) -> int:
@@ -86,9 +84,11 @@ class Program:
     and a peer's, as rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write or 0 to
     read); its own copies (which, offset, which, offset, bytes: source first); and the ranks it waits for (their
     "done") before it leaves, because they copy from or into its memory. The compiled kernel
-    (``_arena_kernels.cma_moves``) and the Python path below run the same program."""
+    (``_arena_kernels.cma_moves``) and the Python path below run the same program. The kernel meets the ranks in
+    ``meets`` (all, but in a vector call: the ranks it copies from or into); a call that meets fewer is
+    ``one_sided`` (its peers may still read its slot when it returns: ``HostArena.lagging``)."""
 
-    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb", "table")
+    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb", "table", "meets", "one_sided")
 
     def __init__(self, size: int, nbytes: int, posted: tuple[int, int, int, int]) -> None:
         self.posted = np.array(posted, np.int64)
@@ -101,6 +101,8 @@ class Program:
         # (byte offset in the send buffer, bytes) of this rank's block for each rank, written into its arena slot for
         # the readers (an Alltoallv's), or None
         self.table: Optional[np.ndarray] = None
+        self.meets = np.ones(size, np.int64)
+        self.one_sided = False
 
     def done(self) -> "Program":
         """Freeze the lists into the arrays the kernel takes."""
@@ -121,8 +123,8 @@ class Program:
         head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0,
                 int(bounce), int(table), arena.slot_offset(0, 0), arena.slot_bytes,
                 table_block_bytes(arena.slot_bytes, size) if table else 0]
-        parts = [np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64), self.rows.reshape(-1),
-                 self.copies.reshape(-1), self.waits]
+        parts = [np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64), self.meets,
+                 self.rows.reshape(-1), self.copies.reshape(-1), self.waits]
         if table:
             parts.append(self.table.reshape(-1))
         return np.concatenate(parts).astype(np.int64)
@@ -162,11 +164,11 @@ def write_table(arena: Any, op: int, prog: Program, send: int) -> None:
 def table_mismatch(arena: Any, op: int, prog: Program) -> Optional[tuple[int, int, int]]:
     """(peer, bytes its table gives this rank, bytes this rank expects) for the first table row whose sizes differ;
     the peers' posts must be in."""
-    for q, word, _, _, _, n, _ in prog.rows.tolist():
+    for q, word, skip, _, _, n, _ in prog.rows.tolist():
         if word == TABLE_ROW:
             got = int(_table_of(arena, q, op)[2 * arena.rank + 1])
-            if got != n:
-                return q, got, n
+            if got != skip + n:
+                return q, got, skip + n
     return None
 
 
@@ -180,7 +182,8 @@ class Moves:
 
     coll = ""
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
+        """``sub``: the largest block a vector call keeps in the arena slot (``table_block_bytes``; 0: none)."""
         raise NotImplementedError
 
     def buffers(self, call: Call, mem: MemoryBackend) -> tuple[int, int, Optional[np.ndarray]]:
@@ -201,21 +204,40 @@ def _same(prog: Program, r: int, nbytes: int) -> None:
 
 class _Gather(Moves):
     """Each rank writes its block into the root's buffer (the root posts its address) while the root copies its own;
-    the root reads the head of a large block meanwhile (``root_share``)."""
+    the root reads the head of a large block meanwhile (``root_share``). Gatherv: a small block goes through the
+    sender's slot (the root copies it out), a large one the sender writes where the root's table says."""
 
     coll = "gather"
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
         root, isz = call.root, call.dtype.itemsize
-        if call.vector:  # only the root knows the blocks' places: each rank tables its block for it
+        if call.vector:  # only the root knows the blocks' places: both sides table what the other must check
             table = [(0, 0)] * p
             if r != root:
                 assert call.send is not None
-                table[root] = (0, call.send.nbytes)
-                return _table_program(r, p, call, table, [])
+                n = call.send.nbytes
+                table[root] = (0, n)  # the root checks the size; a block of at most sub goes in the slot
+                if n <= sub:
+                    return _table_program(p, table, [], [], [])
+                # a larger one: written where the root's table says, but for the head the root reads meanwhile
+                head = root_share(n, p, GATHER_ROOT_SHARE)
+                return _table_program(p, table, [(root, 1, head, n - head, 1, head)], [], [root] if head else [])
+            rows, waits, heads = [], [], []
+            for q in range(p):
+                n = call.counts[q] * isz
+                if q == r:
+                    continue
+                if n > sub:  # the sender writes it: its place in the root's table, the root checks the size only
+                    table[q] = (call.displs[q] * isz, n)
+                    rows.append((q, 0, 0, n, 0))
+                    waits.append(q)
+                    head = root_share(n, p, GATHER_ROOT_SHARE)
+                    if head:  # ... and reads the head from the sender's buffer meanwhile
+                        heads.append((q, SEND, 0, 2, call.displs[q] * isz, head, 0))
+                else:
+                    rows.append((q, 2, call.displs[q] * isz, n, 0))
             own = [] if call.in_place or not call.counts[r] else [(1, 0, 2, call.displs[r] * isz, call.counts[r] * isz)]
-            return _table_program(r, p, call, table, [(q, call.displs[q] * isz, call.counts[q] * isz)
-                                                      for q in range(p) if q != r], own)
+            return _table_program(p, table, rows, own, waits, heads)
         if r != root:
             assert call.send is not None
             n = call.send.nbytes
@@ -247,18 +269,18 @@ class _Scatter(Moves):
 
     coll = "scatter"
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
         root, isz = call.root, call.dtype.itemsize
         if call.vector:  # only the root knows the blocks' places: its table gives each reader its block
             table = [(0, 0)] * p
             if r != root:
                 assert call.recv is not None
-                return _table_program(r, p, call, table, [(root, 0, call.recv.nbytes)])
+                return _table_program(p, table, [(root, 2, 0, call.recv.nbytes, 0)], [], [])
             for q in range(p):
                 if q != r:
                     table[q] = (call.displs[q] * isz, call.counts[q] * isz)
             own = [] if call.in_place or not call.counts[r] else [(1, call.displs[r] * isz, 2, 0, call.counts[r] * isz)]
-            return _table_program(r, p, call, table, [], own)
+            return _table_program(p, table, [], own, _readers(table, r, sub))
         if r != root:
             assert call.recv is not None
             n = call.recv.nbytes
@@ -292,14 +314,14 @@ class _Alltoall(Moves):
 
     coll = "alltoall"
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
         assert call.send is not None
         isz = call.dtype.itemsize
         if call.vector:  # no rank knows where its blocks lie in the senders' buffers: their tables say
             own = [(1, call.send_displs[r] * isz, 2, call.displs[r] * isz, call.counts[r] * isz)] if call.counts[r] else []
-            return _table_program(r, p, call, list(zip([d * isz for d in call.send_displs],
-                                                       [c * isz for c in call.send_counts])),
-                                  [(q, call.displs[q] * isz, call.counts[q] * isz) for q in range(p) if q != r], own)
+            table = list(zip([d * isz for d in call.send_displs], [c * isz for c in call.send_counts]))
+            return _table_program(p, table, [(q, 2, call.displs[q] * isz, call.counts[q] * isz, 0)
+                                             for q in range(p) if q != r], own, _readers(table, r, sub))
         prog = Program(p, call.send.nbytes, (1, 0, 0, 0))
         _same(prog, r, call.send.nbytes)
         for q in range(p):  # block r of q's send buffer, at q's displacement for r (uniform: r blocks in)
@@ -323,18 +345,34 @@ class _Alltoall(Moves):
         return address(scratch), address(call.recv), scratch
 
 
-def _table_program(r: int, p: int, call: Call, table: list[tuple[int, int]], reads: list[tuple[int, int, int]],
-                   own: Optional[list[tuple[int, int, int, int, int]]] = None) -> Program:
-    """A vector call's program, where the ranks do not all know the blocks' sizes and places: ``table`` gives
-    (byte offset in this rank's send buffer, bytes) of its block for each rank, which the kernel writes into its slot
-    with the blocks small enough; ``reads`` (peer, byte offset in this rank's receive buffer, bytes it expects) are
-    the blocks it takes, each after checking its size in the peer's table (zero too); ``own`` its local copies. It
-    waits for the peers that take a block from it (they read its slot or its buffer)."""
-    prog = Program(p, 0, (1, 0, 0, 0))
+def _readers(table: list[tuple[int, int]], r: int, sub: int) -> list[int]:
+    """The ranks that read their block from this rank's send buffer: those whose block does not fit the slot."""
+    return [q for q, (_, n) in enumerate(table) if q != r and n > sub]
+
+
+def _table_program(p: int, table: list[tuple[int, int]], rows: list[tuple[int, ...]],
+                   own: list[tuple[int, int, int, int, int]], waits: list[int],
+                   plain: Optional[list[tuple[int, int, int, int, int, int, int]]] = None) -> Program:
+    """A vector call's program, where the ranks do not all know the blocks' sizes and places. ``table`` gives
+    (byte offset, bytes) for each rank: of its block in this rank's send buffer (the kernel writes the table into the
+    rank's slot, with the blocks of at most ``table_block_bytes`` beside it), or, a Gatherv root's, of the place in
+    its receive buffer where a sender writes a larger block. ``rows`` (peer, which, offset, bytes, 1 to write) are
+    the blocks this rank copies, each after checking its size in the peer's table: read from the peer's slot or
+    send buffer into ``which`` (2: this rank's receive buffer), or written from it into the peer's receive buffer;
+    ``which`` 0 checks the size only. ``own``: its local copies; ``waits``: the ranks that copy from or into its
+    buffers. A row may end with a skip: the bytes at the block's start that another rank copies (its size check
+    counts them). ``plain``: rows as ``Program``'s (a Gatherv root reading a large block's head). It meets only the
+    ranks it copies from or into: a Gatherv sender whose block lies in its slot, or a Scatterv root whose blocks all
+    do, posts and leaves (the others check its post)."""
+    prog = Program(p, 0, (1, 0, 2, 0))
     prog.table = np.array(table, np.int64).reshape(p, 2)
-    prog.rows = [(q, TABLE_ROW, 0, 2, at, n, 0) for q, at, n in reads]
-    prog.copies = list(own or [])
-    prog.waits = [q for q in range(p) if q != r and table[q][1]]
+    prog.rows = [(q, TABLE_ROW, skip[0] if skip else 0, which, at, n, write) for q, which, at, n, write, *skip in rows]
+    prog.rows += list(plain or [])
+    prog.copies = list(own)
+    prog.waits = list(waits)
+    prog.meets[:] = 0
+    prog.meets[[q for q, *_ in rows]] = 1
+    prog.one_sided = int(prog.meets.sum()) < p - 1
     return prog.done()
 
 
@@ -343,7 +381,7 @@ class _Broadcast(Moves):
 
     coll = "broadcast"
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
         assert call.recv is not None
         root, n = call.root, call.recv.nbytes
         tail = root_share(n, p, BROADCAST_ROOT_SHARE)
@@ -373,7 +411,7 @@ class _Allgather(Moves):
 
     coll = "allgather"
 
-    def program(self, r: int, p: int, call: Call) -> Program:
+    def program(self, r: int, p: int, call: Call, sub: int = 0) -> Program:
         isz = call.dtype.itemsize
         mine = call.counts[r] * isz
         own = (2, call.displs[r] * isz) if call.in_place or call.send is None else (1, 0)
@@ -413,16 +451,16 @@ def copy(arena: Any, op: int, prog: Program, send: int, recv: int) -> None:
     sub, head = table_block_bytes(arena.slot_bytes, arena.size), table_head_bytes(arena.size)
     for q, word, off, which, local_off, n, write in prog.rows.tolist():
         if word == TABLE_ROW:
-            if not n:
+            if not n or not which:  # nothing, or a size check only
                 continue
-            if n <= sub:  # in the sender's slot
+            if not write and n <= sub:  # in the sender's slot
                 at = head + arena.rank * sub
                 ctypes.memmove(_at(send, recv, which, local_off), address(arena.slot(q, op)[at: at + n]), n)
                 continue
-            remote = int(w[arena.line(q, op) + SEND]) + int(_table_of(arena, q, op)[2 * arena.rank])
-            cma.read_addr(arena.pids[q], _at(send, recv, which, local_off), remote, n)
-            continue
-        remote = int(w[arena.line(q, op) + word]) + off
+            at = int(_table_of(arena, q, op)[2 * arena.rank]) + off  # off: the head another rank copies
+            remote = int(w[arena.line(q, op) + (RECV if write else SEND)]) + at
+        else:
+            remote = int(w[arena.line(q, op) + word]) + off
         (cma.write_addr if write else cma.read_addr)(arena.pids[q], _at(send, recv, which, local_off), remote, n)
 
 
@@ -462,8 +500,11 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
         wrong = table_mismatch(arena, op, prog) if prog.table is not None else None
         if wrong is not None:
             q, got, want = wrong
-            raise st.owner.error(MismatchError, f"rank {q} sends this rank {got} bytes, this rank expects {want}",
+            exc = st.owner.error(MismatchError, f"rank {q} sends this rank {got} bytes, this rank expects {want}",
                                  [st.world_rank(q)])
+            arena.set_done(op)  # the peers whose sizes agreed may be copying into its buffer: they finish first
+            yield from meet_peers(st, arena, op, prog.waits.tolist(), "done")
+            raise exc
         try:
             copy(arena, op, prog, send, recv)
         except OSError as exc:
@@ -472,6 +513,15 @@ def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: i
         arena.set_done(op)
     local(prog, send, recv)
     yield from cma_wait_rest(st, arena, op, prog.waits.tolist(), scratch)
+
+
+def cma_unposted(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: int, recv: int,
+                 scratch: Optional[np.ndarray]) -> Schedule:
+    """An inline call whose kernel found the peers not done with the call DEPTH back (UNPOSTED: after a one-sided
+    call): wait for them (with timeouts), then post and go on as ``cma_rest``."""
+    yield from lag_wait(st, arena, op)
+    post(arena, op, prog, mine, send, recv)
+    yield from cma_rest(st, arena, op, prog, mine, send, recv, scratch)
 
 
 def cma_wait_rest(st: Steps, arena: Any, op: int, ranks: list[int], scratch: Optional[np.ndarray]) -> Schedule:
@@ -495,7 +545,7 @@ def _cma(st: Steps, call: Call, moves: Moves, fallback) -> Schedule:
         return
     op = yield from take_turn(st, arena, number)
     mine = sig_words(st.sig)
-    prog = moves.program(st.rank, st.size, call)
+    prog = moves.program(st.rank, st.size, call, table_block_bytes(arena.slot_bytes, arena.size))
     try:
         send, recv, scratch = moves.buffers(call, st.mem)
     except BaseException:

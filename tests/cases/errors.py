@@ -315,6 +315,21 @@ def case_mismatch_gatherv_sizes(ctx):
 
 
 @case
+def case_mismatch_gatherv_large(ctx):
+    """Gatherv of blocks past the arena slot, which the senders write into the root's buffer: the last rank sends one
+    element more than the root's counts say, the others write theirs (the root waits for them before it raises)."""
+    comm, n, big = ctx.comm, ctx.size, 100_000  # 400 KB: past the slot share on 2-8 ranks
+
+    def make(r):
+        s = np.full(big + 1 if r == n - 1 else big, r, np.float32)
+        o = sentinel(np.float32, n * big) if r == 0 else None
+        spec = [o, [big] * n, [big * q for q in range(n)], ctx.MPI.FLOAT] if r == 0 else None
+        return (lambda: comm.Gatherv([s, ctx.MPI.FLOAT], spec, 0)), [s]
+
+    _mismatch(ctx, make)
+
+
+@case
 def case_mismatch_barrier_vs_bcast(ctx):
     comm = ctx.comm
 

@@ -121,7 +121,6 @@ def case_gather(ctx):
 
 @case
 def case_gatherv(ctx):
-    comm = ctx.comm
     n, r = ctx.size, ctx.rank
     i = 0
     for dt in ctx.dtypes():
@@ -132,17 +131,23 @@ def case_gatherv(ctx):
             displs, total = vlayout(counts)
             parts = [ctx.data(dt, counts[q], q) for q in range(n)]
             lab = _lab("Gatherv", dt, count, root=root) + f" counts={counts}"
-            mine = parts[r].copy()
-            if r == root:
-                recv = sentinel(dt, total)
-                comm.Gatherv(mine, ctx.vspec(recv, counts, displs), root=root)
-                expected = sentinel(dt, total)
-                for q in range(n):
-                    expected[displs[q]:displs[q] + counts[q]] = parts[q]
-                ctx.check(lab, recv, expected)
-            else:
-                comm.Gatherv(mine, None, root=root)
+            mine = _gatherv_checked(ctx, parts, counts, displs, total, root, lab)
             ctx.check(lab + " (sendbuf unchanged)", mine, parts[r])
+
+
+def _gatherv_checked(ctx, parts, counts, displs, total, root, lab):
+    """One Gatherv of ``parts[rank]`` (a copy, returned), the root's result checked against ``parts``."""
+    mine = parts[ctx.rank].copy()
+    if ctx.rank != root:
+        ctx.comm.Gatherv(mine, None, root=root)
+        return mine
+    recv = sentinel(mine.dtype, total)
+    ctx.comm.Gatherv(mine, ctx.vspec(recv, counts, displs), root=root)
+    expected = sentinel(mine.dtype, total)
+    for q, part in enumerate(parts):
+        expected[displs[q]:displs[q] + counts[q]] = part
+    ctx.check(lab, recv, expected)
+    return mine
 
 
 @case
@@ -194,6 +199,42 @@ def case_scatterv(ctx):
             else:
                 comm.Scatterv(None, recv, root=root)
             ctx.check(lab, recv, full[displs[r]:displs[r] + counts[r]])
+
+
+@case
+def case_vector_back_to_back(ctx):
+    """Runs of Gatherv, then of Scatterv, calls of one shape (so all but the first take the compiled path), roots
+    rotating, each rank's buffers refilled every time, one rank sleeping at the start of a run. A sender whose block
+    lies in its arena slot leaves before the root has read it, and may run several calls ahead: it must not overwrite
+    a slot before the root has read it."""
+    import time
+
+    comm = ctx.comm
+    n, r = ctx.size, ctx.rank
+    dt = np.dtype(np.float32)
+    for run in range(12):
+        root, count, length = run % n, (3, 1000, 70_000)[run % 3], 7  # 70k floats: past the slot share
+        counts = vcounts(count, n)
+        displs, total = vlayout(counts)
+        sleeper = root if run % 2 == 0 else (root + 1) % n
+        if r == sleeper:
+            time.sleep(0.005)  # the others run ahead into this run
+        for i in range(length):
+            parts = [ctx.data(dt, counts[q], q, run, i) for q in range(n)]
+            mine = _gatherv_checked(ctx, parts, counts, displs, total, root, f"Gatherv run {run} #{i} root={root}")
+            mine[:] = -1  # the sender reuses its buffer at once
+        if r == sleeper:
+            time.sleep(0.005)
+        for i in range(length):
+            full = ctx.data(dt, total, root, run, i, "scatter")
+            got = sentinel(dt, counts[r])
+            if r == root:
+                send = full.copy()
+                comm.Scatterv(ctx.vspec(send, counts, displs), got, root=root)
+                send[:] = -1  # the root reuses its buffer at once
+            else:
+                comm.Scatterv(None, got, root=root)
+            ctx.check(f"Scatterv run {run} #{i} count={count} root={root}", got, full[displs[r]:displs[r] + counts[r]])
 
 
 @case
