@@ -13,7 +13,7 @@ import numpy as np
 from . import arrays
 from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO
-from .algorithms import arena_jit, arena_meeting, direct_cma, shared, slots, staged
+from .algorithms import arena_jit, arena_meeting, cma_program, direct_cma, shared, slots, staged
 from .algorithms.registry import REPRODUCIBLE
 from .algorithms import cost as cost_model
 from .config import _ENV_BYTES
@@ -350,7 +350,7 @@ class _Slots(Runner):
 
 
 # where an array's first byte is (0: None or no bytes), in C where built
-_buffer_address: Callable[[Any], int] = getattr(call_key_module(), "buffer_address", None) or direct_cma.address
+_buffer_address: Callable[[Any], int] = getattr(call_key_module(), "buffer_address", None) or cma_program.address
 
 
 def _reached(x: Executor, arena: Any, what: str, opno: int, ranks: list[int], extra_s: float = 0.0) -> bool:
@@ -385,7 +385,7 @@ class _Cma(Runner):
         super().__init__(x, plan)
         self.moves = direct_cma.MOVES[plan.template.coll]
         self.checked = CHECK_CALLS.get()  # part of the plan's choice: a change makes a new runner
-        self.prog: Any = None  # the rank's direct_cma.Program: the same for every call of the plan
+        self.prog: Any = None  # the rank's cma_program.Program: the same for every call of the plan
         self.packed: Any = None  # ... as the kernel takes it, for ``arena``
         self.scratch: Optional[bool] = None  # whether the call posts a scratch copy (the in-place Alltoall)
 
@@ -401,7 +401,7 @@ class _Cma(Runner):
         call = None
         if prog is None:
             call = plan.make_call(send, recv)
-            sub = direct_cma.table_block_bytes(a.slot_bytes, a.size)
+            sub = cma_program.table_block_bytes(a.slot_bytes, a.size)
             prog = self.prog = self.moves.program(a.rank, a.size, call, sub)
             self.scratch = self.moves.scratch(call)
             self.one_sided = prog.one_sided
@@ -423,7 +423,7 @@ class _Cma(Runner):
                 a.set_done(opno)
                 raise
         else:
-            s, r, scratch = direct_cma.address(send), direct_cma.address(recv), None
+            s, r, scratch = cma_program.address(send), cma_program.address(recv), None
         if compiled:
             sig, packed = self.sig_array, self.packed
             bases, seq, lag = gate.bases(a, opno), a.seq, a.lagging
@@ -432,19 +432,19 @@ class _Cma(Runner):
                 status = x.retry(a, status, lambda: kern.cma_moves(a.u64, bases, sig, packed, opno, seq, s, r, lag))
             return self.after(x, plan, a, opno, status, send, recv, s, r, scratch, call)
         call = call or plan.make_call(send, recv)
-        direct_cma.post(a, opno, prog, mine, s, r)
+        cma_program.post(a, opno, prog, mine, s, r)
         posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
         others = x.others
-        if (not _reached(x, a, "post", opno, others) or not direct_cma.posts_agree(a, opno, others, posted, prog.expects())
-                or not direct_cma.tables_agree(a, opno, prog)):
+        if (not _reached(x, a, "post", opno, others) or not cma_program.posts_agree(a, opno, others, posted, prog.expects())
+                or not cma_program.tables_agree(a, opno, prog)):
             x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
             return True
         try:
-            direct_cma.copy(a, opno, prog, s, r)
+            cma_program.copy(a, opno, prog, s, r)
         except OSError:
             return self.failed(x, a, opno, prog, call, s, r, scratch)
         a.set_done(opno)
-        direct_cma.local(prog, s, r)
+        cma_program.local(prog, s, r)
         gate.inline += 1
         return self.wait(x, a, opno, prog, call, scratch)
 
@@ -498,7 +498,7 @@ class _Cma(Runner):
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, send, recv)
-        self.after(x, plan, arena, opno, status, send, recv, direct_cma.address(send), direct_cma.address(recv), None)
+        self.after(x, plan, arena, opno, status, send, recv, cma_program.address(send), cma_program.address(recv), None)
 
     def wait(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, scratch: Any) -> bool:
         """This rank is done: wait (inline, then as a schedule) until the ranks that use its memory are."""
@@ -514,14 +514,14 @@ class _Cma(Runner):
         """A cross-memory copy failed: copy again in Python, for the error (a peer probably exited), and report it as a
         schedule does; this rank is done."""
         try:
-            direct_cma.copy(a, opno, prog, s, r)
+            cma_program.copy(a, opno, prog, s, r)
         except OSError as exc:
             a.set_done(opno)
             err = exc  # ``exc`` is unbound once this block ends; the schedule runs later
             x.rest(self.label, self.sig, lambda st: direct_cma.cma_copy_failed(st, a, err, prog.verb))
             return True
         a.set_done(opno)
-        direct_cma.local(prog, s, r)
+        cma_program.local(prog, s, r)
         return self.wait(x, a, opno, prog, call, scratch)
 
 

@@ -301,14 +301,14 @@ def _cma_calls(coll: str, p: int, count: int, in_place: bool, rng) -> tuple[list
                                          ("allgather", False), ("alltoall", False),
                                          ("gather", True), ("scatter", True), ("alltoall", True)])
 def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
-    """Each rank's ``direct_cma.Program`` run by the compiled kernel (ranks stepped in turn; process_vm_readv on this
+    """Each rank's ``cma_program.Program`` run by the compiled kernel (ranks stepped in turn; process_vm_readv on this
     process), or by the Python path for odd ranks: every block lands, blocks from 256 KiB split with the root, in and
     out of place. A rank the peers keep waiting returns WAITING or LEFT and is called again. ``vector``: the calls as
     v-forms, whose blocks go through the tables (from the senders' 4 KiB slots below a slot's share, else by
     cross-memory attach: read from the sender, or a Gatherv sender writing where the root's table says)."""
     import os
 
-    from pycoll.algorithms import direct_cma
+    from pycoll.algorithms import cma_program, direct_cma
     from pycoll.memory import backend
     from pycoll.transport.cma import CrossMemory
 
@@ -327,7 +327,7 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
         calls, want = _cma_calls(coll, p, count, in_place, rng)
         for c in calls:
             c.vector = vector
-        sub = direct_cma.table_block_bytes(arenas[0].slot_bytes, p)
+        sub = cma_program.table_block_bytes(arenas[0].slot_bytes, p)
         progs = [moves.program(r, p, c, sub) for r, c in enumerate(calls)]
         assert all((prog.table is not None) == vector for prog in progs)
         # short-distance copies bounced in every other call
@@ -345,13 +345,13 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
                     continue
                 a, prog, (s, rv, _) = arenas[r], progs[r], bufs[r]
                 if r % 2 and state[r] is None:  # the Python path: post, then copy once all posted
-                    direct_cma.post(a, opno, prog, words, s, rv)
+                    cma_program.post(a, opno, prog, words, s, rv)
                     state[r] = "posted"
                 if r % 2:
                     if state[r] == "posted" and not a.waiting_for("post", opno, range(p)):
-                        direct_cma.copy(a, opno, prog, s, rv)
+                        cma_program.copy(a, opno, prog, s, rv)
                         a.set_done(opno)
-                        direct_cma.local(prog, s, rv)
+                        cma_program.local(prog, s, rv)
                         state[r] = "copied"
                     if state[r] == "copied" and not a.waiting_for("done", opno, prog.waits.tolist()):
                         state[r] = "done"

@@ -86,8 +86,8 @@ def test_the_compiled_key_is_the_python_key() -> None:
 
 @pytest.mark.skipif(_COMPILED is None, reason="pycoll._callkey was not compiled at install (no C compiler)")
 def test_the_compiled_buffer_address_is_the_python_one() -> None:
-    """The inline runners' addresses in C (``_callkey.buffer_address``) agree with ``direct_cma.address``."""
-    from pycoll.algorithms import direct_cma
+    """The inline runners' addresses in C (``_callkey.buffer_address``) agree with ``cma_program.address``."""
+    from pycoll.algorithms import cma_program
     from pycoll.p2p_specs import call_key_module
 
     buffer_address = call_key_module().buffer_address
@@ -95,7 +95,7 @@ def test_the_compiled_buffer_address_is_the_python_one() -> None:
     ro = a[3:9]
     ro.flags.writeable = False
     for arr in (a, a[5:], a[::1], ro, np.zeros(0), np.zeros((0, 3)), np.zeros(1, np.float16), None):
-        assert buffer_address(arr) == direct_cma.address(arr), arr
+        assert buffer_address(arr) == cma_program.address(arr), arr
     assert buffer_address(a[5:]) == buffer_address(a) + 20 and buffer_address(np.zeros(0)) == 0
     with pytest.raises(TypeError, match="NumPy array"):
         buffer_address(b"bytes")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pycoll.algorithms import direct_cma, registry
+from pycoll.algorithms import cma_program, direct_cma, registry
 from pycoll.algorithms.base import Call, Layout
 
 F4 = np.dtype(np.float32)
@@ -56,7 +56,7 @@ def test_alltoallv_chooses_alike_and_reads_its_blocks_through_the_senders_tables
     # its table: (byte offset, bytes) of its block for each rank, for the readers
     assert prog.table.tolist() == [[0, 4], [16, 8], [32, 12]]
     # a row per peer, through the peer's table (no offset of its own), into its block q at 2 * q elements
-    assert prog.rows.tolist() == [[0, direct_cma.TABLE_ROW, 0, 2, 0, 8, 0], [2, direct_cma.TABLE_ROW, 0, 2, 16, 8, 0]]
+    assert prog.rows.tolist() == [[0, cma_program.TABLE_ROW, 0, 2, 0, 8, 0], [2, cma_program.TABLE_ROW, 0, 2, 16, 8, 0]]
     assert prog.copies.tolist() == [[1, 16, 2, 8, 8]]  # its own block, locally
     assert prog.waits.tolist() == [0, 2]  # both read its buffer (no slot)
     # with 8-byte slot blocks rank 0's 4 bytes lie in the slot: only rank 2 reads its buffer
@@ -67,15 +67,15 @@ def test_alltoallv_chooses_alike_and_reads_its_blocks_through_the_senders_tables
 
 def test_the_kernel_and_python_agree_on_the_table_layout():
     kernels = pytest.importorskip("pycoll.algorithms._arena_kernels")
-    assert kernels.TABLE_ROW == direct_cma.TABLE_ROW
-    assert direct_cma.table_head_bytes(3) == 64 and direct_cma.table_head_bytes(5) == 128
-    assert direct_cma.table_block_bytes(64 << 10, 2) == 32704  # (64 KiB - one line) / 2, to whole lines
-    assert direct_cma.table_block_bytes(64 << 10, 4096) == 0  # no room beside a 64 KiB table
+    assert kernels.TABLE_ROW == cma_program.TABLE_ROW
+    assert cma_program.table_head_bytes(3) == 64 and cma_program.table_head_bytes(5) == 128
+    assert cma_program.table_block_bytes(64 << 10, 2) == 32704  # (64 KiB - one line) / 2, to whole lines
+    assert cma_program.table_block_bytes(64 << 10, 4096) == 0  # no room beside a 64 KiB table
 
 
 def test_gatherv_blocks_go_through_the_slot_or_are_written_where_the_roots_table_says():
     moves, calls = direct_cma.MOVES["gather"], _calls("gather", root=2)
-    row = direct_cma.TABLE_ROW
+    row = cma_program.TABLE_ROW
     # blocks up to 64 bytes in the senders' slots: the root copies each out after checking its size (0 bytes too)
     root = moves.program(2, 3, calls[2], sub=64)
     assert root.rows.tolist() == [[0, row, 0, 2, 24, 12, 0], [1, row, 0, 2, 0, 0, 0]]
@@ -105,10 +105,10 @@ def test_a_large_gatherv_block_is_split_between_its_sender_and_the_root():
     head = direct_cma.root_share(4 * n, 2, direct_cma.GATHER_ROOT_SHARE)
     assert 0 < head < 4 * n and head % 4096 == 0
     sender = direct_cma.MOVES["gather"].program(1, 2, calls[1], sub=64)
-    assert sender.rows.tolist() == [[0, direct_cma.TABLE_ROW, head, 1, head, 4 * n - head, 1]]
+    assert sender.rows.tolist() == [[0, cma_program.TABLE_ROW, head, 1, head, 4 * n - head, 1]]
     assert sender.waits.tolist() == [0]  # the root reads its head
     root = direct_cma.MOVES["gather"].program(0, 2, calls[0], sub=64)
-    assert root.rows.tolist() == [[1, direct_cma.TABLE_ROW, 0, 0, 0, 4 * n, 0],  # the size check
+    assert root.rows.tolist() == [[1, cma_program.TABLE_ROW, 0, 0, 0, 4 * n, 0],  # the size check
                                   [1, direct_cma.SEND, 0, 2, 4 * n, head, 0]]  # the head, into its place
     assert root.waits.tolist() == [1] and root.table.tolist() == [[0, 0], [4 * n, 4 * n]]  # where rank 1 writes
 
@@ -122,7 +122,7 @@ def test_scatterv_readers_find_their_blocks_in_the_roots_table(sub, waits):
     assert root.waits.tolist() == waits  # rank 0 reads its block from the root's buffer, unless it lies in the slot
     for r, nbytes in ((0, 12), (1, 0)):
         prog = moves.program(r, 3, calls[r], sub=sub)
-        assert prog.rows.tolist() == [[2, direct_cma.TABLE_ROW, 0, 2, 0, nbytes, 0]]
+        assert prog.rows.tolist() == [[2, cma_program.TABLE_ROW, 0, 2, 0, nbytes, 0]]
         assert prog.waits.tolist() == []
 
 

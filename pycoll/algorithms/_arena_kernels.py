@@ -738,7 +738,7 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
 
 
 # ---- cross-memory attach: Gather, Scatter, Alltoall, Broadcast, Allgather (see ``direct_cma``) ---------------------
-# A call's program is one int64 array (``direct_cma.Program.packed``): the C_* scalars, then the two posted addresses
+# A call's program is one int64 array (``cma_program.Program.packed``): the C_* scalars, then the two posted addresses
 # as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
 # rank's process id, whether this rank meets each rank (waits for its post and checks it), rows (peer, posted word of
 # the peer, offset from it, which, offset, bytes, 1 to write into the peer or 0 to read from it), own copies (which,

@@ -12,8 +12,8 @@ takes a block checks its size in the sender's table, then copies it from the sen
 sender's buffer at the table's offset. A communicator whose arena or cross-memory attach is unavailable runs the
 stream algorithm instead.
 
-What one rank does in a call shape is a ``Program`` (posts, checks, copies, waits), run by the scheduled form here
-and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
+What one rank does in a call shape is a ``cma_program.Program`` (posts, checks, copies, waits), built here and run by
+the scheduled form here and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
 the rest handed to ``cma_rest`` or ``cma_wait_rest`` (as a schedule, with timeouts and reports) when they do not.
 
 (Blocks passed through the arena's shared stage instead, two memory copies, measured slower here: a rank writing
@@ -22,15 +22,15 @@ stage lines that a peer's core has just read waits for their invalidation, 8-30 
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Optional
 
 import numpy as np
 
 from ..errors import MismatchError
-from ..memory import MemoryBackend, host_address
-from ..transport.arena import COUNT, KIND, NBYTES, RECV, ROOT, SEND, SEQ, VHASH
+from ..memory import MemoryBackend
+from ..transport.arena import RECV, SEND
 from .arena_jit import sig_words
+from .cma_program import Program, address, copy, local, post, table_block_bytes, table_mismatch, table_program
 from .base import Call, Layout, Schedule, Steps
 from .chain import broadcast_chain
 from .direct import alltoall_pairwise, gather_linear, scatter_linear
@@ -50,18 +50,11 @@ SPLIT_BYTES = 256 << 10
 GATHER_ROOT_SHARE = 0.35
 SCATTER_ROOT_SHARE = 0.2
 BROADCAST_ROOT_SHARE = 0.45  # the Broadcast root has no block of its own to copy
-TABLE_ROW = -1  # a row's posted word where the peer's table gives the block (as _arena_kernels.TABLE_ROW)
+
 
 
 def _refuse(call: Call, lay: Layout) -> Optional[str]:
     return refuse_single_host(call, lay)
-
-
-def address(arr: Optional[np.ndarray]) -> int:
-    """Where ``arr``'s first byte is (0: None, or no bytes)."""
-    if arr is None or not arr.nbytes:
-        return 0
-    return host_address(arr)
 
 
 def _block_bytes(call: Call, q: int) -> int:
@@ -75,105 +68,6 @@ def root_share(nbytes: int, size: int, share: float) -> int:
     if nbytes < SPLIT_BYTES or size < 2:
         return 0
     return int(nbytes * share / (size - 1)) // _PAGE * _PAGE
-
-
-class Program:
-    """What one rank does in one cma call shape (never a buffer address: those are passed per call, ``send`` and
-    ``recv``): the addresses it posts, as (which, offset) for the SEND and RECV words (which: 0 none, 1 send, 2 recv);
-    the byte count it posts and the counts it checks the peers posted (-1: unchecked); its copies between its memory
-    and a peer's, as rows (peer, posted word of the peer, offset from it, which, offset, bytes, 1 to write or 0 to
-    read); its own copies (which, offset, which, offset, bytes: source first); and the ranks it waits for (their
-    "done") before it leaves, because they copy from or into its memory. The compiled kernel
-    (``_arena_kernels.cma_moves``) and the Python path below run the same program. The kernel meets the ranks in
-    ``meets`` (all, but in a vector call: the ranks it copies from or into); a call that meets fewer is
-    ``one_sided`` (its peers may still read its slot when it returns: ``HostArena.lagging``)."""
-
-    __slots__ = ("posted", "nbytes", "expect", "rows", "copies", "waits", "verb", "table", "meets", "one_sided")
-
-    def __init__(self, size: int, nbytes: int, posted: tuple[int, int, int, int]) -> None:
-        self.posted = np.array(posted, np.int64)
-        self.nbytes = nbytes
-        self.expect = np.full(size, -1, np.int64)
-        self.rows: Any = []
-        self.copies: Any = []
-        self.waits: Any = []
-        self.verb = "read"
-        # (byte offset in the send buffer, bytes) of this rank's block for each rank, written into its arena slot for
-        # the readers (an Alltoallv's), or None
-        self.table: Optional[np.ndarray] = None
-        self.meets = np.ones(size, np.int64)
-        self.one_sided = False
-
-    def done(self) -> "Program":
-        """Freeze the lists into the arrays the kernel takes."""
-        self.rows = np.array(self.rows, np.int64).reshape(-1, 7)
-        self.copies = np.array(self.copies, np.int64).reshape(-1, 5)
-        self.waits = np.array(self.waits, np.int64)
-        if len(self.rows) and all(self.rows[:, 6]):
-            self.verb = "write"
-        return self
-
-    def packed(self, rank: int, polls: int, readv: int, writev: int, bounce: bool, pids: list[int], arena: Any
-               ) -> np.ndarray:
-        """The program as the kernel takes it (``_arena_kernels.C_*``), with the spin length, libc's
-        process_vm_readv and _writev, whether copies at the short distance bounce (``CrossMemory.bounces``), the
-        ranks' process ids and where the arena's slots lie (for a table)."""
-        size = len(self.expect)
-        table = self.table is not None
-        head = [rank, size, self.nbytes, polls, readv, writev, len(self.rows), len(self.copies), len(self.waits), 0,
-                int(bounce), int(table), arena.slot_offset(0, 0), arena.slot_bytes,
-                table_block_bytes(arena.slot_bytes, size) if table else 0]
-        parts = [np.array(head, np.int64), self.posted, self.expect, np.array(pids, np.int64), self.meets,
-                 self.rows.reshape(-1), self.copies.reshape(-1), self.waits]
-        if table:
-            parts.append(self.table.reshape(-1))
-        return np.concatenate(parts).astype(np.int64)
-
-    def expects(self) -> list[tuple[int, int]]:
-        """(peer, bytes) for each peer whose posted byte count is checked."""
-        return [(q, int(n)) for q, n in enumerate(self.expect) if n >= 0]
-
-
-def table_head_bytes(size: int) -> int:
-    """Bytes of a slot's table: (offset, bytes) per rank, to a whole line."""
-    return (16 * size + 63) // 64 * 64
-
-
-def table_block_bytes(slot_bytes: int, size: int) -> int:
-    """The largest block a rank keeps in its slot beside its table for each peer (whole lines; 0: none)."""
-    return max((slot_bytes - table_head_bytes(size)) // size // 64 * 64, 0)
-
-
-def _table_of(arena: Any, rank: int, op: int) -> np.ndarray:
-    return arena.slot(rank, op)[: 16 * arena.size].view(np.int64)
-
-
-def write_table(arena: Any, op: int, prog: Program, send: int) -> None:
-    """This rank's table, and its blocks small enough, into its slot for ``op`` (before its post)."""
-    if prog.table is None:
-        return
-    size, sub = arena.size, table_block_bytes(arena.slot_bytes, arena.size)
-    slot = arena.slot(arena.rank, op)
-    _table_of(arena, arena.rank, op)[:] = prog.table.reshape(-1)
-    head = table_head_bytes(size)
-    for q, (off, n) in enumerate(prog.table.tolist()):
-        if q != arena.rank and 0 < n <= sub:
-            ctypes.memmove(address(slot[head + q * sub: head + q * sub + n]), send + off, n)
-
-
-def table_mismatch(arena: Any, op: int, prog: Program) -> Optional[tuple[int, int, int]]:
-    """(peer, bytes its table gives this rank, bytes this rank expects) for the first table row whose sizes differ;
-    the peers' posts must be in."""
-    for q, word, skip, _, _, n, _ in prog.rows.tolist():
-        if word == TABLE_ROW:
-            got = int(_table_of(arena, q, op)[2 * arena.rank + 1])
-            if got != skip + n:
-                return q, got, skip + n
-    return None
-
-
-def _at(send: int, recv: int, which: int, offset: int) -> int:
-    return (send if which == 1 else recv) + offset
 
 
 class Moves:
@@ -218,10 +112,10 @@ class _Gather(Moves):
                 n = call.send.nbytes
                 table[root] = (0, n)  # the root checks the size; a block of at most sub goes in the slot
                 if n <= sub:
-                    return _table_program(p, table, [], [], [])
+                    return table_program(p, table, [], [], [])
                 # a larger one: written where the root's table says, but for the head the root reads meanwhile
                 head = root_share(n, p, GATHER_ROOT_SHARE)
-                return _table_program(p, table, [(root, 1, head, n - head, 1, head)], [], [root] if head else [])
+                return table_program(p, table, [(root, 1, head, n - head, 1, head)], [], [root] if head else [])
             rows, waits, heads = [], [], []
             for q in range(p):
                 n = call.counts[q] * isz
@@ -237,7 +131,7 @@ class _Gather(Moves):
                 else:
                     rows.append((q, 2, call.displs[q] * isz, n, 0))
             own = [] if call.in_place or not call.counts[r] else [(1, 0, 2, call.displs[r] * isz, call.counts[r] * isz)]
-            return _table_program(p, table, rows, own, waits, heads)
+            return table_program(p, table, rows, own, waits, heads)
         if r != root:
             assert call.send is not None
             n = call.send.nbytes
@@ -275,12 +169,12 @@ class _Scatter(Moves):
             table = [(0, 0)] * p
             if r != root:
                 assert call.recv is not None
-                return _table_program(p, table, [(root, 2, 0, call.recv.nbytes, 0)], [], [])
+                return table_program(p, table, [(root, 2, 0, call.recv.nbytes, 0)], [], [])
             for q in range(p):
                 if q != r:
                     table[q] = (call.displs[q] * isz, call.counts[q] * isz)
             own = [] if call.in_place or not call.counts[r] else [(1, call.displs[r] * isz, 2, 0, call.counts[r] * isz)]
-            return _table_program(p, table, [], own, _readers(table, r, sub))
+            return table_program(p, table, [], own, _readers(table, r, sub))
         if r != root:
             assert call.recv is not None
             n = call.recv.nbytes
@@ -320,7 +214,7 @@ class _Alltoall(Moves):
         if call.vector:  # no rank knows where its blocks lie in the senders' buffers: their tables say
             own = [(1, call.send_displs[r] * isz, 2, call.displs[r] * isz, call.counts[r] * isz)] if call.counts[r] else []
             table = list(zip([d * isz for d in call.send_displs], [c * isz for c in call.send_counts]))
-            return _table_program(p, table, [(q, 2, call.displs[q] * isz, call.counts[q] * isz, 0)
+            return table_program(p, table, [(q, 2, call.displs[q] * isz, call.counts[q] * isz, 0)
                                              for q in range(p) if q != r], own, _readers(table, r, sub))
         prog = Program(p, call.send.nbytes, (1, 0, 0, 0))
         _same(prog, r, call.send.nbytes)
@@ -348,32 +242,6 @@ class _Alltoall(Moves):
 def _readers(table: list[tuple[int, int]], r: int, sub: int) -> list[int]:
     """The ranks that read their block from this rank's send buffer: those whose block does not fit the slot."""
     return [q for q, (_, n) in enumerate(table) if q != r and n > sub]
-
-
-def _table_program(p: int, table: list[tuple[int, int]], rows: list[tuple[int, ...]],
-                   own: list[tuple[int, int, int, int, int]], waits: list[int],
-                   plain: Optional[list[tuple[int, int, int, int, int, int, int]]] = None) -> Program:
-    """A vector call's program, where the ranks do not all know the blocks' sizes and places. ``table`` gives
-    (byte offset, bytes) for each rank: of its block in this rank's send buffer (the kernel writes the table into the
-    rank's slot, with the blocks of at most ``table_block_bytes`` beside it), or, a Gatherv root's, of the place in
-    its receive buffer where a sender writes a larger block. ``rows`` (peer, which, offset, bytes, 1 to write) are
-    the blocks this rank copies, each after checking its size in the peer's table: read from the peer's slot or
-    send buffer into ``which`` (2: this rank's receive buffer), or written from it into the peer's receive buffer;
-    ``which`` 0 checks the size only. ``own``: its local copies; ``waits``: the ranks that copy from or into its
-    buffers. A row may end with a skip: the bytes at the block's start that another rank copies (its size check
-    counts them). ``plain``: rows as ``Program``'s (a Gatherv root reading a large block's head). It meets only the
-    ranks it copies from or into: a Gatherv sender whose block lies in its slot, or a Scatterv root whose blocks all
-    do, posts and leaves (the others check its post)."""
-    prog = Program(p, 0, (1, 0, 2, 0))
-    prog.table = np.array(table, np.int64).reshape(p, 2)
-    prog.rows = [(q, TABLE_ROW, skip[0] if skip else 0, which, at, n, write) for q, which, at, n, write, *skip in rows]
-    prog.rows += list(plain or [])
-    prog.copies = list(own)
-    prog.waits = list(waits)
-    prog.meets[:] = 0
-    prog.meets[[q for q, *_ in rows]] = 1
-    prog.one_sided = int(prog.meets.sum()) < p - 1
-    return prog.done()
 
 
 class _Broadcast(Moves):
@@ -430,59 +298,6 @@ class _Allgather(Moves):
 
 GATHER, SCATTER, ALLTOALL, BROADCAST, ALLGATHER = _Gather(), _Scatter(), _Alltoall(), _Broadcast(), _Allgather()
 MOVES = {m.coll: m for m in (GATHER, SCATTER, ALLTOALL, BROADCAST, ALLGATHER)}
-
-
-def post(arena: Any, op: int, prog: Program, words: tuple, send: int, recv: int) -> None:
-    """Post this rank's call, addresses and byte count for ``op``; if posting fails, its arena operation ends."""
-    try:
-        write_table(arena, op, prog, send)
-        s_which, s_off, r_which, r_off = (int(v) for v in prog.posted)
-        arena.post(op, words, _at(send, recv, s_which, s_off) if s_which else 0,
-                   _at(send, recv, r_which, r_off) if r_which else 0, prog.nbytes)
-    except BaseException:
-        arena.set_done(op)
-        raise
-
-
-def copy(arena: Any, op: int, prog: Program, send: int, recv: int) -> None:
-    """The program's copies between this rank's memory and its peers'; raises OSError where one fails. A call that goes
-    on as a schedule may repeat them: the same bytes land in the same places."""
-    cma, w = arena.cma, arena.words
-    sub, head = table_block_bytes(arena.slot_bytes, arena.size), table_head_bytes(arena.size)
-    for q, word, off, which, local_off, n, write in prog.rows.tolist():
-        if word == TABLE_ROW:
-            if not n or not which:  # nothing, or a size check only
-                continue
-            if not write and n <= sub:  # in the sender's slot
-                at = head + arena.rank * sub
-                ctypes.memmove(_at(send, recv, which, local_off), address(arena.slot(q, op)[at: at + n]), n)
-                continue
-            at = int(_table_of(arena, q, op)[2 * arena.rank]) + off  # off: the head another rank copies
-            remote = int(w[arena.line(q, op) + (RECV if write else SEND)]) + at
-        else:
-            remote = int(w[arena.line(q, op) + word]) + off
-        (cma.write_addr if write else cma.read_addr)(arena.pids[q], _at(send, recv, which, local_off), remote, n)
-
-
-def local(prog: Program, send: int, recv: int) -> None:
-    """The program's copies within this rank's memory."""
-    for s_which, s_off, d_which, d_off, n in prog.copies.tolist():
-        ctypes.memmove(_at(send, recv, d_which, d_off), _at(send, recv, s_which, s_off), n)
-
-
-def posts_agree(arena: Any, op: int, others: list[int], posted: tuple, expect: list[tuple[int, int]]) -> bool:
-    """Whether every rank in ``others`` posted ``op`` for this call (``posted``: the signature words as posted, the
-    call number folded in) and each peer in ``expect`` the byte count given there; the peers' posts must be in."""
-    w, seq = arena.words, arena.seq
-    for q in others:
-        b = arena.line(q, op)
-        if (w[b + KIND], w[b + ROOT], w[b + COUNT], w[b + VHASH]) != posted or w[b + SEQ] != seq:
-            return False
-    return all(w[arena.line(q, op) + NBYTES] == n for q, n in expect)
-
-
-def tables_agree(arena: Any, op: int, prog: Program) -> bool:
-    return prog.table is None or table_mismatch(arena, op, prog) is None
 
 
 def cma_rest(st: Steps, arena: Any, op: int, prog: Program, mine: tuple, send: int, recv: int,
