@@ -423,7 +423,7 @@ class _Cma(Runner):
                 a.set_done(opno)
                 raise
         else:
-            s, r, scratch = cma_program.address(send), cma_program.address(recv), None
+            s, r, scratch = _buffer_address(send), _buffer_address(recv), None
         if compiled:
             sig, packed = self.sig_array, self.packed
             bases, seq, lag = gate.bases(a, opno), a.seq, a.lagging
@@ -498,7 +498,7 @@ class _Cma(Runner):
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, send, recv)
-        self.after(x, plan, arena, opno, status, send, recv, cma_program.address(send), cma_program.address(recv), None)
+        self.after(x, plan, arena, opno, status, send, recv, _buffer_address(send), _buffer_address(recv), None)
 
     def wait(self, x: Executor, a: Any, opno: int, prog: Any, call: Any, scratch: Any) -> bool:
         """This rank is done: wait (inline, then as a schedule) until the ranks that use its memory are."""
