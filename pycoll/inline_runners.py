@@ -435,7 +435,8 @@ class _Cma(Runner):
         cma_program.post(a, opno, prog, mine, s, r)
         posted = (mine[0], mine[1], mine[2], fold_seq(mine[3], a.seq))
         others = x.others
-        if (not _reached(x, a, "post", opno, others) or not cma_program.posts_agree(a, opno, others, posted, prog.expects())
+        if (not _reached(x, a, "post", opno, others)
+                or not cma_program.posts_agree(a, opno, others, posted, prog.expects())
                 or not cma_program.tables_agree(a, opno, prog)):
             x.rest(self.label, self.sig, lambda st: direct_cma.cma_rest(st, a, opno, prog, mine, s, r, scratch))
             return True

@@ -742,14 +742,14 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
 # as (which, offset) pairs (which: 0 none, 1 send, 2 recv), the byte count expected from each rank (-1: unchecked), each
 # rank's process id, whether this rank meets each rank (waits for its post and checks it), rows (peer, posted word of
 # the peer, offset from it, which, offset, bytes, 1 to write into the peer or 0 to read from it), own copies (which,
-# offset, which, offset, bytes: source first), and the ranks waited for. A program with a table (``C_TABLE``: the
-# vector forms, whose ranks do not all know the blocks' sizes and places) ends with it: (byte offset, bytes) for each peer's block. The kernel writes it into the rank's arena slot
-# for the call (``C_SLOT0`` and ``C_SLOTB``: where slot 0 of rank 0 lies in the mapping and how long a slot is), with
-# each block of at most ``C_SUB`` bytes after it; a row whose posted word is ``TABLE_ROW`` reads the peer's table and
-# checks the block's size (the row's offset, bytes skipped at the block's start, plus its bytes), then reads the
-# block from the peer's slot (at most ``C_SUB``) or its send buffer, or writes it into the peer's receive buffer at
-# the table's offset (a Gatherv sender's large block, less the head the root reads), or copies nothing (``which``
-# 0: the peer writes it).
+# offset, which, offset, bytes: source first), and the ranks waited for. A program with a table (``C_TABLE``: the vector
+# forms, whose ranks do not all know the blocks' sizes and places) ends with it: (byte offset, bytes) for each peer's
+# block. The kernel writes it into the rank's arena slot for the call (``C_SLOT0`` and ``C_SLOTB``: where slot 0 of rank
+# 0 lies in the mapping and how long a slot is), with each block of at most ``C_SUB`` bytes after it; a row whose posted
+# word is ``TABLE_ROW`` reads the peer's table and checks the block's size (the row's offset, bytes skipped at the
+# block's start, plus its bytes), then reads the block from the peer's slot (at most ``C_SUB``) or its send buffer, or
+# writes it into the peer's receive buffer at the table's offset (a Gatherv sender's large block, less the head the root
+# reads), or copies nothing (``which`` 0: the peer writes it).
 C_ME, C_SIZE, C_NBYTES, C_POLLS, C_READV, C_WRITEV, C_NROWS, C_NCOPIES, C_NWAITS, C_COPIED, C_BOUNCE = range(11)
 C_TABLE, C_SLOT0, C_SLOTB, C_SUB = range(11, 15)
 C_POSTED = 15

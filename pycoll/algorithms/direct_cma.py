@@ -13,8 +13,9 @@ sender's buffer at the table's offset. A communicator whose arena or cross-memor
 stream algorithm instead.
 
 What one rank does in a call shape is a ``cma_program.Program`` (posts, checks, copies, waits), built here and run by
-the scheduled form here and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``) while the peers keep up,
-the rest handed to ``cma_rest`` or ``cma_wait_rest`` (as a schedule, with timeouts and reports) when they do not.
+the scheduled form here and by the executor's inline runner: one compiled kernel call (``_arena_kernels.cma_moves``)
+while the peers keep up, the rest handed to ``cma_rest`` or ``cma_wait_rest`` (as a schedule, with timeouts and
+reports) when they do not.
 
 (Blocks passed through the arena's shared stage instead, two memory copies, measured slower here: a rank writing
 stage lines that a peer's core has just read waits for their invalidation, 8-30 µs per 64 KiB on this VM against
