@@ -35,6 +35,8 @@ class SendRecv:
             return flat_bytes_of(s), flat_bytes_of(r)
         speer, rpeer = self.world[dest], self.world[source]
         dd, ds = lanes[speer], lanes[rpeer]
+        if self.unexpected and dd and ds:
+            return self._buffered(s, r, dest, sendtag, source, rpeer, recvtag, status)
         if (not dd or not ds or self.sendq[speer] or not self._quiet(rpeer) or self._dead()
                 or not self.lock.acquire(False)):
             return flat_bytes_of(s), flat_bytes_of(r)
@@ -88,6 +90,28 @@ class SendRecv:
         if status is not None:
             w = self.words[rpeer]
             status.source, status.tag, status.nbytes = source, w[16], w[17]
+        return None
+
+    def _buffered(self, s: tuple, r: tuple, dest: int, sendtag: int, source: int, rpeer: int, recvtag: int,
+                  status: Any) -> Optional[tuple]:
+        """A Sendrecv whose message may have come while this rank was in another call (after a receive the
+        engine completed, which reads on past its frame): taken from the buffer, then the send written into the
+        peer's ring (or sent by the engine where it does not fit). The flat bytes for the engine's path, nothing
+        done, where no buffered message matches or it needs the engine."""
+        if self._dead() or not self.lock.acquire(False):
+            return flat_bytes_of(s), flat_bytes_of(r)
+        try:
+            got = None if self.schedules or self.aborts else self._take_unexpected(rpeer, r, recvtag)
+        finally:
+            self.lock.release()
+        if got is None:
+            return flat_bytes_of(s), flat_bytes_of(r)
+        comm = self.comm
+        if self.sendq[self.world[dest]] or s[6] > self.eager_max or not self.k.put(self.lanes[self.world[dest]],
+                                                                                   s[5], s[6], self.ctx, sendtag):
+            comm._p2p_wait(comm._isend_array(flat_bytes_of(s), dest, sendtag, "Sendrecv"))
+        if status is not None:
+            status.source, status.tag, status.nbytes = source, got[0], got[1]
         return None
 
     def _to_self(self, s: tuple, r: tuple, sendtag: Any, recvtag: Any, status: Any) -> bool:
