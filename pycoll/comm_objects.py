@@ -11,6 +11,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import ops as _ops
+from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
 from .p2p_protocol import ANY_SOURCE, ANY_TAG
 from .request import Request
@@ -217,9 +218,13 @@ class ObjectCalls:
             if self._rank != root:
                 self.Gatherv(np.frombuffer(data, np.uint8), None, root)
                 return None
-            out, displs = np.empty(sum(lengths), np.uint8), _offsets(lengths)
-            self.Gatherv(np.frombuffer(data, np.uint8), [out, lengths, displs], root)
-            got = [out[d : d + c] for c, d in zip(lengths, displs)]
+            # the root's own pickle stays where it is (in place, a block of none): one copy fewer
+            counts = lengths[:]
+            counts[root] = 0
+            out, displs = np.empty(sum(counts), np.uint8), _offsets(counts)
+            self.Gatherv(IN_PLACE, [out, counts, displs], root)
+            got = [out[d : d + c] for c, d in zip(counts, displs)]
+            got[root] = data
         return [self._loads(b) for b in got] if self._rank == root else None
 
     def reduce(self, sendobj: Any, op: Any = _ops.SUM, root: int = 0) -> Any:

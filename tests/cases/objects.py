@@ -138,6 +138,9 @@ def case_uneven_sizes(ctx):
         ctx.check_equal(f"allgather #{k}", comm.allgather(payload(r, k)), [payload(q, k) for q in range(n)])
         got = comm.gather(payload(r, k), root=root)
         ctx.check_equal(f"gather #{k} root={root}", got, [payload(q, k) for q in range(n)] if r == root else None)
+        other = (root + 1) % n  # the large pickle a non-root's
+        got = comm.gather(payload(r, k), root=other)
+        ctx.check_equal(f"gather #{k} root={other}", got, [payload(q, k) for q in range(n)] if r == other else None)
         got = comm.bcast(payload(r, k) if r == root else None, root=root)
         ctx.check_equal(f"bcast #{k} root={root}", got, payload(root, k))
         objs = [payload(root, k, q) for q in range(n)] if r == root else None
