@@ -4,7 +4,9 @@ Every rank runs, for each size: first calls of that size, twice each, by torch a
 default group, then on a second group) and by ``Allreduce(IN_PLACE, array)`` on a fresh NumPy array (each on its own
 duplicate of the group's communicator, so neither finds the other's plans), torch first in one pair and NumPy first
 in the other; then the medians of warm torch all_reduce calls and of ``comm.Allreduce(IN_PLACE, array)`` on the
-tensor's memory, the two alternating call by call. Times are the slowest rank's; first calls are the mean of the two.
+tensor's memory, the two alternating call by call; and torch all_reduce on a group of torch's own no-op
+backend ("fake", from the wheel's test package), timed on its own, which times torch's dispatch alone: the part of
+every torch all_reduce that no backend can take away. Times are the slowest rank's; first calls are the mean of the two.
 Run it under the launcher, alone on the machine:
 
     flock /tmp/pycoll-bench.lock pycoll run -n 2 -- python perf/torch_allreduce.py [--json FILE]
@@ -25,6 +27,15 @@ import pycoll.torch  # noqa: F401
 from pycoll import MPI
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _no_op_group() -> object:
+    """A group of torch's no-op backend (its C++ ``FakeProcessGroup``), or None where this torch has none."""
+    try:
+        import torch.testing._internal.distributed.fake_pg  # noqa: F401  registers the "fake" backend
+        return dist.new_group(backend="fake")
+    except (ImportError, RuntimeError, ValueError):
+        return None
 
 
 def _medians_us(fns, iters: int) -> list[float]:
@@ -57,6 +68,7 @@ def main() -> None:
     # pair and NumPy first in the other (the first of a size in the process also pays for what the process sets up)
     groups = [dist.group.WORLD, dist.new_group(list(range(dist.get_world_size())))]
     twins = [comm.Dup(), comm.Dup()]
+    no_op = _no_op_group()
     rows = []
     for nbytes in SIZES:
         n = nbytes // 4
@@ -84,15 +96,20 @@ def main() -> None:
         dist.barrier()
         warm, own = map(_slowest, _medians_us([lambda: dist.all_reduce(t), lambda: comm.Allreduce(MPI.IN_PLACE, arr)],
                                               iters))
+        # alone, not between the two: a no-op call right after a large pycoll call waits for the GIL meanwhile
+        dispatch = [] if no_op is None else [_slowest(_medians_us([lambda: dist.all_reduce(t, group=no_op)], 200)[0])]
         rows.append({"bytes": nbytes, "numpy_us": own, "torch_us": warm, "torch_first_us": first,
-                     "numpy_first_us": own_first, "ratio": warm / own, "first_ratio": first / own_first})
+                     "numpy_first_us": own_first, "ratio": warm / own, "first_ratio": first / own_first,
+                     "dispatch_us": dispatch[0] if dispatch else None,
+                     "floor_ratio": (own + dispatch[0]) / own if dispatch else None})
     if dist.get_rank() == 0:
         print(f"# torch all_reduce on pycoll against pycoll Allreduce on NumPy, {dist.get_world_size()} ranks, float32 sum")
-        print("| size | NumPy Allreduce µs | torch all_reduce µs | ratio | first call of the size: NumPy µs | torch µs "
-              "| ratio |")
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("| size | NumPy Allreduce µs | torch all_reduce µs | ratio | torch's dispatch alone µs | least ratio "
+              "| first call of the size: NumPy µs | torch µs | ratio |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
-            print(f"| {r['bytes'] >> 10} KiB | {r['numpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | "
+            floor = (f"{r['dispatch_us']:.1f} | {r['floor_ratio']:.2f}" if r["dispatch_us"] is not None else "- | -")
+            print(f"| {r['bytes'] >> 10} KiB | {r['numpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | {floor} | "
                   f"{r['numpy_first_us']:.0f} | {r['torch_first_us']:.0f} | {r['first_ratio']:.2f} |")
         if args.json:
             with open(args.json, "w") as f:
