@@ -151,13 +151,17 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
         return f"<pycoll.Comm {self._name} rank {self._rank}/{self._size}>"
 
     # ---- plumbing --------------------------------------------------------------------------
-    def _live(self, opname: str) -> None:
+    def _live(self, opname: str, numbered: bool = False) -> None:
+        """Raise if this communicator cannot take ``opname``: freed, torn down, or broken by a failure. A
+        ``numbered`` call (a collective, about to take the next call number) numbered before the call a peer
+        failed in goes on: a rank ahead of this one failed a later call, and this one may still finish (if it
+        fails too, the peer that found it reports it under its own number)."""
         if self._freed:
             raise InvalidArgumentError("the communicator was freed", op=opname, rank=self._rank)
         if self._aborted is not None:
             raise AbortedError(f"the communicator was torn down: {self._aborted.cause}", op=opname, rank=self._rank)
         err = self._engine.broken(self._ctx)
-        if err is not None:
+        if err is not None and not (numbered and self._engine.broken_since(self._ctx) > self._seq + 1):
             from .errors import CommunicatorBrokenError, CommunicatorLostError, PeerFailureError, RemoteError
 
             op = f"{opname} #{self._seq + 1}"

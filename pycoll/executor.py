@@ -314,7 +314,7 @@ class Executor:
             return False
         if call.coll in REDUCTIONS and self.comm.reproducible:  # the hosts' partial sums are not the left fold
             return False
-        self.comm._live(label)
+        self.comm._live(label, numbered=True)
         self.composed.run(call)
         last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
         self.ran[call.coll] = ("composed", last_choice.nbytes)
@@ -394,7 +394,7 @@ class Executor:
         messages to peers on other hosts may move straight through the sockets as it starts (``Steps.now``)."""
         c = self.comm
         chosen, self.chosen = self.chosen, None
-        c._live(label)
+        c._live(label, numbered=True)
         c._seq += 1
         steps, owner = self.steps(label, sig)
         steps.now = blocking and self.engine.direct_peers and call.stream is None
@@ -447,7 +447,7 @@ class Executor:
         (else None).
         """
         c = self.comm
-        c._live(label)
+        c._live(label, numbered=True)
         self.chosen = None
         if self.gate.kernels is None and c._arena is not None:
             self.gate.open()  # a shape's first call opens the compiled kernels, so its second never stalls on them
@@ -514,7 +514,7 @@ class Executor:
                 return None  # the schedule's ``lag_wait`` waits for them
             arena.lagging = False
         if c._freed or c._aborted is not None or c._engine.broken_ctxs:
-            c._live(label)  # raises
+            c._live(label, numbered=True)  # raises, unless only a later call failed
         c._seq += 1
         state.ops += 1
         opno = arena.ops = state.ops

@@ -174,6 +174,15 @@ def test_mismatch_vector_sizes(case_id, opname, finder, tmp_path):
         _fail(res, f"ranks raised something other than {allowed}: {bad}")
 
 
+@pytest.mark.timeout(90)
+def test_a_failure_reported_for_a_later_call_spares_the_calls_before_it(tmp_path):
+    """A rank that got ahead reports a failure in call 2 before the others made call 1: their call 1 goes on and
+    completes (it used to raise CommunicatorBrokenError as it started), and call 2 raises the report everywhere."""
+    res = harness.run_cases(3, ["errors.failure_reported_for_a_later_call"], transport="shm", out_dir=str(tmp_path),
+                            job_timeout=60)
+    res.assert_ok()
+
+
 # --------------------------------------------------------------------------------------------
 # timeouts: comm.timeout = 2 and a rank that never joins
 # --------------------------------------------------------------------------------------------

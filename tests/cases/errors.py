@@ -342,6 +342,38 @@ def case_mismatch_barrier_vs_bcast(ctx):
     _mismatch(ctx, make, inputs=lambda r, bufs: bufs if r == 0 else [])  # only the root's buffer is an input
 
 
+@case
+def case_failure_reported_for_a_later_call(ctx):
+    """A rank ahead of the others reports a mismatch in call 2 before they have made call 1 (it finished call 1 and
+    found the mismatch in the next, as a Bcast root does when its sends complete): call 1 still completes on every
+    rank, since it did not fail, and call 2 raises the report on every rank."""
+    errors = _errors(ctx)
+    if ctx.size < 2:
+        ctx.skip("needs 2 ranks")
+    comm, last = ctx.comm.Dup(), ctx.size - 1
+    engine = comm._engine
+    if ctx.rank == last:  # reports call 2 without making it (a white-box stand-in for the race)
+        owner = comm._owner("Barrier #2", comm._ctx | 1, 2)
+        engine.abort(owner, owner.error(errors.MismatchError, "rank 0 called barrier, this rank called bcast", [0]))
+    else:
+        deadline = time.monotonic() + 30
+        while engine.broken(comm._ctx) is None and time.monotonic() < deadline:
+            with engine.lock:
+                engine.poll_reports()
+            time.sleep(0.001)
+        ctx.expect(engine.broken(comm._ctx) is not None, "the report arrived", "no report within 30 s")
+    try:
+        comm.Barrier()
+        ctx.expect(True, "call 1 completes")
+    except errors.PycollError as exc:
+        ctx.fail("call 1 completes", f"raised {type(exc).__name__}: {exc}")
+    want = errors.MismatchError if ctx.rank != last else (errors.MismatchError, errors.CommunicatorBrokenError)
+    exc = ctx.raises("call 2 raises the report", want, comm.Barrier)
+    if exc is not None:
+        ctx.expect("called bcast" in str(exc), "call 2's error names the calls", got=str(exc))
+    ctx.comm.Barrier()  # other communicators are unaffected
+
+
 def _done_flag(ctx, r):
     return os.path.join(ctx.out_dir or ".", f"errdone.{r}")
 
@@ -517,7 +549,7 @@ def case_foreign_error_on_one_rank_keeps_calls_in_line(ctx):
 def case_recv_truncation(ctx):
     """A message larger than the receive buffer raises (MPI_ERR_TRUNCATE); the next message still arrives."""
     errors = _errors(ctx)
-    comm, MPI = ctx.comm, ctx.MPI
+    comm = ctx.comm
     n, r = ctx.size, ctx.rank
     if n < 2:
         ctx.skip("needs 2 ranks")
