@@ -97,11 +97,12 @@ def main() -> None:
         warm, own = map(_slowest, _medians_us([lambda: dist.all_reduce(t), lambda: comm.Allreduce(MPI.IN_PLACE, arr)],
                                               iters))
         # alone, not between the two: a no-op call right after a large pycoll call waits for the GIL meanwhile
-        dispatch = [] if no_op is None else [_slowest(_medians_us([lambda: dist.all_reduce(t, group=no_op)], 200)[0])]
+        dispatch = None
+        if no_op is not None:
+            dispatch = _slowest(_medians_us([lambda: dist.all_reduce(t, group=no_op)], 200)[0])
         rows.append({"bytes": nbytes, "numpy_us": own, "torch_us": warm, "torch_first_us": first,
                      "numpy_first_us": own_first, "ratio": warm / own, "first_ratio": first / own_first,
-                     "dispatch_us": dispatch[0] if dispatch else None,
-                     "floor_ratio": (own + dispatch[0]) / own if dispatch else None})
+                     "dispatch_us": dispatch, "floor_ratio": None if dispatch is None else (own + dispatch) / own})
     if dist.get_rank() == 0:
         print(f"# torch all_reduce on pycoll against pycoll Allreduce on NumPy, {dist.get_world_size()} ranks, float32 sum")
         print("| size | NumPy Allreduce µs | torch all_reduce µs | ratio | torch's dispatch alone µs | least ratio "
@@ -109,8 +110,8 @@ def main() -> None:
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in rows:
             floor = (f"{r['dispatch_us']:.1f} | {r['floor_ratio']:.2f}" if r["dispatch_us"] is not None else "- | -")
-            print(f"| {r['bytes'] >> 10} KiB | {r['numpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | {floor} | "
-                  f"{r['numpy_first_us']:.0f} | {r['torch_first_us']:.0f} | {r['first_ratio']:.2f} |")
+            print(f"| {r['bytes'] >> 10} KiB | {r['numpy_us']:.1f} | {r['torch_us']:.1f} | {r['ratio']:.2f} | "
+                  f"{floor} | {r['numpy_first_us']:.0f} | {r['torch_first_us']:.0f} | {r['first_ratio']:.2f} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"ranks": dist.get_world_size(), "torch": torch.__version__, "rows": rows}, f, indent=1)

@@ -247,11 +247,8 @@ class FastP2P(SendRecv):
         if lanes is not None and type(source) is int and type(tag) is int and 0 <= source < self.size and -1 <= tag <= TAG_MAX:
             peer = self.world[source]
             d = lanes[peer]
-            if d and self.unexpected and not self._dead() and self.lock.acquire(False):
-                try:
-                    got = self._take_unexpected(peer, e, tag)
-                finally:
-                    self.lock.release()
+            if d and self.unexpected and not self._dead():
+                got = self._take_buffered(peer, e, tag)
                 if got is not None:
                     if status is not None:
                         status.source, status.tag, status.nbytes = source, got[0], got[1]
@@ -281,11 +278,8 @@ class FastP2P(SendRecv):
             d = lanes[peer]
             comm = self.comm
             if (d and self.unexpected and not self.aborts and not comm._freed and comm._aborted is None
-                    and not self.broken and self.lock.acquire(False)):
-                try:
-                    got = self._take_unexpected(peer, e, tag)
-                finally:
-                    self.lock.release()
+                    and not self.broken):
+                got = self._take_buffered(peer, e, tag)
                 if got is not None:
                     return got
             elif (d and not self.schedules and not self.aborts and not comm._freed
@@ -308,6 +302,15 @@ class FastP2P(SendRecv):
                 finally:
                     self.lock.release()
         return flat_bytes_of(e)
+
+    def _take_buffered(self, peer: int, e: tuple, tag: int) -> Optional[tuple[int, int]]:
+        """``_take_unexpected`` under the engine's lock, if it is free (None, nothing taken, if not)."""
+        if not self.lock.acquire(False):
+            return None
+        try:
+            return self._take_unexpected(peer, e, tag)
+        finally:
+            self.lock.release()
 
     def _take_unexpected(self, peer: int, e: tuple, tag: int) -> Optional[tuple[int, int]]:
         """The first buffered message (one that came while this rank was in another call) that a receive of ``tag``

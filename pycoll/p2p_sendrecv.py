@@ -36,7 +36,7 @@ class SendRecv:
         speer, rpeer = self.world[dest], self.world[source]
         dd, ds = lanes[speer], lanes[rpeer]
         if self.unexpected and dd and ds:
-            return self._buffered(s, r, dest, sendtag, source, rpeer, recvtag, status)
+            return self._buffered(s, r, speer, dd, dest, sendtag, source, rpeer, recvtag, status)
         if (not dd or not ds or self.sendq[speer] or not self._quiet(rpeer) or self._dead()
                 or not self.lock.acquire(False)):
             return flat_bytes_of(s), flat_bytes_of(r)
@@ -92,23 +92,17 @@ class SendRecv:
             status.source, status.tag, status.nbytes = source, w[16], w[17]
         return None
 
-    def _buffered(self, s: tuple, r: tuple, dest: int, sendtag: int, source: int, rpeer: int, recvtag: int,
-                  status: Any) -> Optional[tuple]:
+    def _buffered(self, s: tuple, r: tuple, speer: int, dd: int, dest: int, sendtag: int, source: int, rpeer: int,
+                  recvtag: int, status: Any) -> Optional[tuple]:
         """A Sendrecv whose message may have come while this rank was in another call (after a receive the
         engine completed, which reads on past its frame): taken from the buffer, then the send written into the
-        peer's ring (or sent by the engine where it does not fit). The flat bytes for the engine's path, nothing
-        done, where no buffered message matches or it needs the engine."""
-        if self._dead() or not self.lock.acquire(False):
-            return flat_bytes_of(s), flat_bytes_of(r)
-        try:
-            got = None if self.schedules or self.aborts else self._take_unexpected(rpeer, r, recvtag)
-        finally:
-            self.lock.release()
+        peer's ring on lane ``dd`` (or sent by the engine where it does not fit). The flat bytes for the engine's
+        path, nothing done, where no buffered message matches or it needs the engine."""
+        got = None if self.schedules or self.aborts or self._dead() else self._take_buffered(rpeer, r, recvtag)
         if got is None:
             return flat_bytes_of(s), flat_bytes_of(r)
-        comm = self.comm
-        if self.sendq[self.world[dest]] or s[6] > self.eager_max or not self.k.put(self.lanes[self.world[dest]],
-                                                                                   s[5], s[6], self.ctx, sendtag):
+        if self.sendq[speer] or s[6] > self.eager_max or not self.k.put(dd, s[5], s[6], self.ctx, sendtag):
+            comm = self.comm
             comm._p2p_wait(comm._isend_array(flat_bytes_of(s), dest, sendtag, "Sendrecv"))
         if status is not None:
             status.source, status.tag, status.nbytes = source, got[0], got[1]

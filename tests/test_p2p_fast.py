@@ -469,8 +469,8 @@ def test_messages_between_hosts_go_straight_through_the_socket(eager, tmp_path):
 
 def test_buffered_messages_are_taken_in_matching_order(tmp_path):
     """Messages that came while the receiver was busy elsewhere (the engine buffered them): receives by tag, by
-    ANY_TAG, into views and a Sendrecv's take them through the compiled path, in MPI's matching order, with their statuses; one
-    too large for its buffer still raises on the engine's path and leaves the buffer alone."""
+    ANY_TAG, into views and a Sendrecv's take them through the compiled path, in MPI's matching order, with their
+    statuses; one too large for its buffer still raises on the engine's path and leaves the buffer alone."""
     proc, outs = _run(tmp_path, _BUFFERED, [], "shm", {"PYCOLL_ARENA_JIT_LOAD": "now"})
     assert set(outs) == {0, 1}, f"ranks did not finish:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     o = outs[1]
