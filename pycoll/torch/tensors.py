@@ -251,6 +251,30 @@ class Staged:
                 self.tensor.copy_(self.copy)
 
 
+def huge_page_tensors() -> Optional[bool]:
+    """Whether torch's CPU allocator advises huge pages for a new 2 MiB tensor (``THP_MEM_ALLOC_ENABLE``, which
+    ``import pycoll.torch`` sets where unset; torch reads it at its first allocation, so a tensor made before that
+    import decides): the kernel's flags on the tensor's mapping say. None where ``/proc/self/smaps`` is unreadable."""
+    probe = torch.empty(2 << 20, dtype=torch.uint8)  # never touched: no page is faulted in
+    return _advised_huge(probe.data_ptr())
+
+
+def _advised_huge(address: int) -> Optional[bool]:
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    lo, hi = (int(x, 16) for x in head.split("-"))
+                    inside = lo <= address < hi
+                elif inside and head == "VmFlags:":
+                    return "hg" in line.split()
+    except OSError:
+        return None
+    return False
+
+
 def flat_concat(tensors: list[torch.Tensor]) -> torch.Tensor:
     """One new contiguous 1-D tensor holding ``tensors`` one after another, where they live (CPU or GPU)."""
     if not tensors:
