@@ -1,6 +1,6 @@
 """Build hooks: compile the ahead-of-time kernels (pycoll.native_build) into the package while it is installed (and,
-for an editable install, its bytecode), and the C shape key of a call (pycoll/_callkey.c), optional: without it
-pycoll keys calls in Python."""
+for an editable install, its bytecode), the C shape key of a call (pycoll/_callkey.c) and the C frame swap between hosts
+(pycoll/transport/_tcpframe.c), both optional: without them pycoll does the same in Python."""
 
 from __future__ import annotations
 
@@ -43,5 +43,7 @@ def _numpy_include() -> str:
 
 # optional: a failed compile leaves the Python form of the key (pycoll.executor.shape_key) in use
 CALL_KEY = Extension("pycoll._callkey", ["pycoll/_callkey.c"], include_dirs=[_numpy_include()], optional=True)
+# optional too: without it a frame between hosts moves in the engine's Python calls (pycoll.p2p_eager)
+TCP_FRAME = Extension("pycoll.transport._tcpframe", ["pycoll/transport/_tcpframe.c"], optional=True)
 
-setup(cmdclass={"build_py": BuildPyWithKernels}, ext_modules=[CALL_KEY])
+setup(cmdclass={"build_py": BuildPyWithKernels}, ext_modules=[CALL_KEY, TCP_FRAME])

@@ -1,11 +1,13 @@
 """Side-by-side tables of `pycoll perf --hosts` sweeps: pycoll against MPICH and gloo per call, size and placement,
 with the bytes each put on the links over the fewest the call needs, and issue 29's targets checked; with
-``--stability A.json B.json``, how far each point of one job moved in another."""
+``--stability A.json B.json``, how far each point of one job moved in another; with ``--by-call``, one line per file:
+each call's geometric mean time over the file's sizes and placements, for pycoll and MPICH, and the targets met."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -97,12 +99,31 @@ def stability(first: Path, second: Path, limit: float = 2.0) -> tuple[str, int, 
     return "\n".join(lines), ok_all, n_all
 
 
+def by_call(path: Path) -> str:
+    """One line: per call, the geometric mean over the file's points of pycoll's and MPICH's times (points both
+    ran), and the targets met."""
+    points = rows(json.loads(path.read_text())["records"])
+    parts = []
+    for call in sorted({p["collective"] for p in points}):
+        both = [p for p in points if p["collective"] == call and p.get("pycoll") and p.get("mpi")]
+        if both:
+            means = [math.exp(sum(math.log(p[peer]) for p in both) / len(both)) for peer in ("pycoll", "mpi")]
+            parts.append(f"{call} {means[0]:.1f}/{means[1]:.1f}")
+    _, met, checked = table(path)
+    return f"{path.name}: {met}/{checked} targets met; pycoll/MPICH µs (geometric means): " + ", ".join(parts)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON files written by pycoll perf --hosts ... --json")
     p.add_argument("--stability", action="store_true",
                    help="compare two jobs of the same sweep point by point (two files) instead of tabulating")
+    p.add_argument("--by-call", action="store_true", help="one summary line per file instead of its table")
     ns = p.parse_args(argv)
+    if ns.by_call:
+        for f in ns.files:
+            print(by_call(f))
+        return 0
     if ns.stability:
         if len(ns.files) != 2:
             p.error("--stability compares exactly two files")

@@ -74,6 +74,36 @@ class EagerPaths:
             self.lock.release()
         return got is not None
 
+    def swap_frames_now(self, peer: int, head_out: Optional[bytes], out: Optional[np.ndarray],
+                        head_in: Optional[bytes], into: Optional[np.ndarray], limit: int = SMALL_BYTES
+                        ) -> tuple[bool, bool]:
+        """``send_frame_now`` of ``out`` and ``recv_frame_now`` into ``into`` (either None: no frame that way) in
+        one call into C where the socket's channel has it (``TcpChannel.swap_frame``): whether each moved. A frame
+        that did not is the caller's to move through the engine, as with the two calls."""
+        ch: Any = self.channels.get(peer)
+        if (peer not in self._swap_peers or ch.ended
+                or (out is not None and (out.nbytes > limit or self._sendq[peer] or peer in self._dead))
+                or (into is not None and (HEADER_SIZE + into.nbytes + ALIGN > ch.staging_bytes
+                                          or not self._can_take(peer, True)))
+                or not self.lock.acquire(blocking=False)):
+            sent = out is None or self.send_frame_now(peer, head_out, out, limit)  # type: ignore[arg-type]
+            return sent, into is None or self.recv_frame_now(peer, head_in, into)  # type: ignore[arg-type]
+        try:
+            count, status = ch.swap_frame(head_out, out, head_in, into,
+                                          int(self._spin_us() * 1e3) if into is not None else 0)
+        finally:
+            self.lock.release()
+        sent = out is None or (count >= 0 and self._sent_eager_tcp(peer, head_out, out, count))  # type: ignore
+        if into is None:
+            return sent, True
+        if status == ch.TAKEN:
+            self._seen[peer] = (head_ctx(head_in), head_tag(head_in))  # type: ignore[arg-type]
+            self.tcp_eager_recvs += 1
+            return sent, True
+        if status == ch.NOT_YET:  # the rest of the wait (yielding, then sleeping) as in Python
+            return sent, self.recv_frame_now(peer, head_in, into)  # type: ignore[arg-type]
+        return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
+
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
         """Write a small point-to-point message of flat bytes straight into ``peer``'s ring; False (nothing sent)
         unless it left whole: nothing queued before it, room in the ring, a channel that writes frames in place."""
@@ -105,6 +135,14 @@ class EagerPaths:
         small ones copied behind the header in the engine's frame buffer, larger ones by sendmsg's iovec. What the
         socket does not take at once queues behind, as the engine's own sends do (the user's buffer is free either
         way: the rest is a copy)."""
+        if peer in self._swap_peers:  # in C: one sendmsg, nothing copied first
+            if not self.lock.acquire(blocking=False):
+                return False
+            try:
+                sent, _ = self.channels[peer].swap_frame(head, payload, None, None, 0)  # type: ignore
+            finally:
+                self.lock.release()
+            return sent >= 0 and self._sent_eager_tcp(peer, head, payload, sent)
         nbytes = payload.nbytes
         pad = -nbytes % ALIGN
         total = HEADER_SIZE + nbytes + pad
@@ -129,13 +167,16 @@ class EagerPaths:
             return False  # nothing left: the engine's path finds the failure and reports it
         finally:
             self.lock.release()
-        if sent < total:  # the socket is full: the rest (copied) queues, and progress sends it
-            if nbytes <= SMALL_BYTES:
-                rest = memoryview(bytes(frame[sent:total]))
-            else:
-                whole = b"".join((head.ljust(HEADER_SIZE, b"\0"), memoryview(payload).cast("B"), ZEROS[:pad]))
-                rest = memoryview(whole)[sent:]
-            req = SendRequest(self._ctl_owner, peer, head_ctx(head), head_tag(head), [rest])
+        return self._sent_eager_tcp(peer, head, payload, sent)
+
+    def _sent_eager_tcp(self, peer: int, head: bytes, payload: np.ndarray, sent: int) -> bool:
+        """A frame of which the socket took ``sent`` bytes: the rest (copied) queues, and progress sends it (the
+        user's buffer is free either way)."""
+        nbytes = payload.nbytes
+        pad = -nbytes % ALIGN
+        if sent < HEADER_SIZE + nbytes + pad:
+            whole = b"".join((head.ljust(HEADER_SIZE, b"\0"), memoryview(payload).cast("B"), ZEROS[:pad]))
+            req = SendRequest(self._ctl_owner, peer, head_ctx(head), head_tag(head), [memoryview(whole)[sent:]])
             self._sendq[peer].append(req)
             self.tcp_eager_queued += 1
         self.tcp_eager_sends += 1
@@ -149,7 +190,8 @@ class EagerPaths:
         header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
         PYCOLL_YIELD_US), then in the kernel (poll) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
         needs this rank; the engine's wait takes over after that."""
-        ch = self.channels[peer]
+        ch: Any = self.channels[peer]
+        in_c, spun = peer in self._swap_peers, False
         spin_until = deadline = 0.0
         if head is not None:
             nbytes = dst.nbytes
@@ -161,33 +203,46 @@ class EagerPaths:
         else:
             want = HEADER_SIZE
         while True:
-            try:
-                view = ch.peek(want)
-            except PeerFailureError:
-                return None  # the engine's path reports it
-            if len(view) >= HEADER_SIZE:
+            if in_c and not ch.ended:  # the look and the spin in C (TcpChannel.swap_frame, take_message)
+                spin_ns = int(self._spin_us() * 1e3) if spin and not spun else 0
                 if head is not None:
-                    if view[:hlen] != head:
-                        return None  # another call's message or a control frame: the engine's path
+                    status = ch.swap_frame(None, None, head, dst, spin_ns)[1]
                 else:
-                    got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
-                    want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
-                    if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root or count
-                            or vhash or nbytes > dst.nbytes or want > ch.staging_bytes):
-                        return None
-                if len(view) >= want:
-                    if nbytes:
-                        memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
-                    ch.consume(want)
+                    status, nbytes, got_tag = ch.take_message(ctx, tag, tag == ANY_TAG, P2P_META, dst, spin_ns)
+                if status == ch.TAKEN:
                     self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
                     self.tcp_eager_recvs += 1
                     return nbytes, got_tag
+                if status != ch.NOT_YET:
+                    return None  # another frame is next, or the stream ended: the engine's path
+                spun = spun or spin
+            else:
+                try:
+                    view = ch.peek(want)
+                except PeerFailureError:
+                    return None  # the engine's path reports it
+                if len(view) >= HEADER_SIZE:
+                    if head is not None:
+                        if view[:hlen] != head:
+                            return None  # another call's message or a control frame: the engine's path
+                    else:
+                        got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
+                        want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+                        if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root
+                                or count or vhash or nbytes > dst.nbytes or want > ch.staging_bytes):
+                            return None
+                    if len(view) >= want:
+                        if nbytes:
+                            memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
+                        ch.consume(want)
+                        self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
+                        self.tcp_eager_recvs += 1
+                        return nbytes, got_tag
             if not spin or ch.ended:  # a frame cut short by the end of the stream: the engine's path reports it
                 return None
             if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
                 now = time.monotonic()
-                spin_us = SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else OVERSUBSCRIBED_SPIN_US
-                spin_until = now + spin_us * 1e-6
+                spin_until = now + (0.0 if spun else self._spin_us() * 1e-6)
                 yield_until = spin_until + YIELD_US.get() * 1e-6
                 deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
                 ready = self._readable.get(peer) or self._poller(peer, ch)
@@ -203,6 +258,11 @@ class EagerPaths:
                     continue
                 ready(max(1, int((deadline - now) * 1e3)))
                 break
+
+    def _spin_us(self) -> float:
+        """How long a wait on a socket polls it before it yields the core (PYCOLL_SPIN_US; 2 µs where the ranks
+        outnumber the cores, unless set)."""
+        return SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else OVERSUBSCRIBED_SPIN_US
 
     def _poller(self, peer: int, ch: Channel) -> Callable[[int], list]:
         """``poll(ms)`` on the socket of ``peer`` alone, for input (and its end), kept per peer."""

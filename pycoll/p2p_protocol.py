@@ -71,6 +71,12 @@ TCP_EAGER = bool_param(
     "default a blocking or nonblocking send of up to the eager size leaves in one system call, and a receive "
     "takes its message straight from the socket while nothing else is pending.",
 )
+TCP_FRAME_C = bool_param(
+    "PYCOLL_TCP_FRAME_C", True,
+    "Set to 0 to move those frames in the engine's Python calls; by default, where pycoll/transport/_tcpframe.c was "
+    "compiled at install, a small call's frame out and frame in move in one call into C (one sendmsg each way, the "
+    "wait polling the socket).",
+)
 TCP_EAGER_WAIT_MS = float_param(
     "PYCOLL_TCP_EAGER_WAIT_MS", 2.0,
     "Milliseconds a receive from a peer on another host waits in the kernel on that one socket (after its spin "

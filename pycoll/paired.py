@@ -53,12 +53,13 @@ class _Pair:
     def swap(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
         """Send ``out`` to the peer and receive ``into`` from it (flat bytes; None: no message that way), as the
         call numbered ``seq``; ``into`` is written only once its message is whole."""
-        engine, peer, ctx, tag, sig = self.engine, self.world_peer, self.ctx, seq * LANES, self.sig
+        ctx, tag, sig = self.ctx, seq * LANES, self.sig
         head = frame_head(ctx, tag, out.nbytes, sig) if out is not None else None
-        sent = out is None or engine.send_frame_now(peer, head, out, self.limit)
-        if into is not None and (head is None or into.nbytes != out.nbytes):  # type: ignore[union-attr]
-            head = frame_head(ctx, tag, into.nbytes, sig)
-        got = into is None or engine.recv_frame_now(peer, head, into)
+        head_in = None
+        if into is not None:
+            same = head is not None and into.nbytes == out.nbytes  # type: ignore[union-attr]
+            head_in = head if same else frame_head(ctx, tag, into.nbytes, sig)
+        sent, got = self.engine.swap_frames_now(self.world_peer, head, out, head_in, into, self.limit)
         if not (sent and got):
             self._through_engine(seq, None if sent else out, None if got else into)
 

@@ -25,3 +25,11 @@ def test_p2p_compiled_eager(n, tmp_path):
     res = harness.run_cases(n, ["p2p.*"], transport="shm", out_dir=str(tmp_path), job_timeout=140,
                             env={"PYCOLL_ARENA_JIT_LOAD": "now"})
     res.assert_ok()
+
+
+def test_p2p_over_tcp_with_frames_moved_in_python(tmp_path):
+    """The same cases over TCP on 3 ranks with the C frame swap off (PYCOLL_TCP_FRAME_C=0): the engine's Python
+    path for small frames between hosts, which a build without pycoll/transport/_tcpframe.c runs."""
+    res = harness.run_cases(3, ["p2p.*"], transport="tcp", out_dir=str(tmp_path), job_timeout=140,
+                            env={"PYCOLL_TCP_FRAME_C": "0"})
+    res.assert_ok()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hmac
+import importlib
 import logging
 import os
 import secrets
@@ -22,6 +23,11 @@ from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, ascii_host, auth_proof
 from ..config import size_param, str_param
 from ..errors import PeerFailureError, PycollError, TimeoutError
 from .base import Barrier, Channel, PeerInfo, Transport
+
+try:  # optional (setup.py): without it the engine moves each frame between hosts in Python
+    _tcpframe: Any = importlib.import_module(__name__.rpartition(".")[0] + "._tcpframe")
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _tcpframe = None
 
 log = logging.getLogger("pycoll")
 
@@ -139,6 +145,30 @@ class TcpChannel(Channel):
 
     def _failed(self, exc: BaseException) -> PeerFailureError:
         return PeerFailureError(f"connection to rank {self.peer} failed: {exc}", peers=[self.peer])
+
+    # swap_frame's outcomes for the incoming frame (None where the C module was not built)
+    can_swap = _tcpframe is not None
+    TAKEN, NOT_YET, OTHER = (_tcpframe.TAKEN, _tcpframe.NOT_YET, _tcpframe.OTHER) if _tcpframe else (0, 1, 2)
+
+    def swap_frame(self, head_out: Optional[bytes], out: Any, head_in: Optional[bytes], into: Any,
+                   spin_ns: int) -> tuple[int, int]:
+        """One frame out (header ``head_out``, payload ``out``: flat bytes) in one ``sendmsg``, and the frame whose
+        header is exactly ``head_in`` into ``into`` (flat bytes), polling the socket for up to ``spin_ns``; either
+        may be None. Returns (bytes the socket took of the outgoing frame, -1 for none, below -1 for a failed
+        send; what became of the incoming one: TAKEN, NOT_YET with nothing consumed, OTHER where another frame is
+        next, anything else where the stream ended). The caller holds the engine's lock; in C, without the GIL."""
+        sent, status, self._start, self._end = _tcpframe.swap(
+            self.sock.fileno(), self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns)
+        return sent, status
+
+    def take_message(self, ctx: int, tag: int, any_tag: bool, meta: int, into: Any,
+                     spin_ns: int) -> tuple[int, int, int]:
+        """The next frame if it is a point-to-point message of ``ctx`` and ``tag`` (any tag if ``any_tag``) with
+        ``meta`` of at most ``len(into)`` bytes, its payload into ``into`` (flat bytes), polling the socket for up
+        to ``spin_ns``: (status as ``swap_frame``'s, its size, its tag). The caller holds the engine's lock."""
+        status, nbytes, got_tag, self._start, self._end = _tcpframe.take_message(
+            self.sock.fileno(), self._stage, self._start, self._end, ctx, tag, any_tag, meta, into, spin_ns)
+        return status, nbytes, got_tag
 
     def send_some(self, data: memoryview) -> int:
         try:
