@@ -37,6 +37,18 @@ from .transport.base import Channel
 log = logging.getLogger("pycoll")
 
 
+def _sliced(segments: list, limit: int) -> list:
+    """The leading ``limit`` bytes of ``segments`` (byte memoryviews), as segments."""
+    out, left = [], limit
+    for seg in segments:
+        if len(seg) >= left:
+            out.append(seg[:left])
+            return out
+        out.append(seg)
+        left -= len(seg)
+    return out
+
+
 class Progress:
     """The engine's non-blocking progress over every channel and schedule (mixed into ``p2p.Engine``)."""
 
@@ -87,20 +99,32 @@ class Progress:
 
     def _push(self, peer: int, q: deque) -> bool:
         ch = self.channels[peer]
+        gather = getattr(ch, "send_gathered", None)  # a socket: a message's segments in one system call
+        budget = (ch.push_slice or 1 << 62) if gather is not None else 0  # a socket's bytes per push, then a pull
         moved = False
         while q:
             req = q[0]
             segs = req.segments
             while req.index < len(segs):
                 seg = segs[req.index]
-                n = ch.send_some(seg[req.offset :]) if req.offset else ch.send_some(seg)
+                if gather is not None:
+                    n = gather(_sliced([seg[req.offset :] if req.offset else seg, *segs[req.index + 1 :]], budget))
+                    budget -= n
+                else:
+                    n = ch.send_some(seg[req.offset :]) if req.offset else ch.send_some(seg)
                 if n == 0:
                     return moved
                 moved = True
-                req.offset += n
-                if req.offset == len(seg):
+                while n and req.index < len(segs):  # past the segments the socket took whole
+                    left = len(segs[req.index]) - req.offset
+                    if n < left:
+                        req.offset += n
+                        break
+                    n -= left
                     req.index += 1
                     req.offset = 0
+                if gather is not None and budget <= 0 and req.index < len(segs):
+                    return moved  # the rest after this peer's incoming bytes are read: both directions flow
             if not req.rdv:
                 req.done = True
             q.popleft()
@@ -188,7 +212,7 @@ class Progress:
         target = st.target
         left = st.nbytes - st.got
         if isinstance(target, RecvRequest) and target.reduces and target.error is None:
-            view = ch.peek()
+            view = ch.peek(left) if ch.kind == "tcp" else ch.peek()  # a socket's read: up to the rest
             isz = target.dst.itemsize  # type: ignore[union-attr]
             n = min(len(view), left) // isz * isz
             if n == 0:

@@ -27,9 +27,10 @@ def test_p2p_compiled_eager(n, tmp_path):
     res.assert_ok()
 
 
-def test_p2p_over_tcp_with_frames_moved_in_python(tmp_path):
+def test_p2p_over_tcp_with_frames_moved_in_python_and_writes_in_odd_slices(tmp_path):
     """The same cases over TCP on 3 ranks with the C frame swap off (PYCOLL_TCP_FRAME_C=0): the engine's Python
-    path for small frames between hosts, which a build without pycoll/transport/_tcpframe.c runs."""
+    path for small frames between hosts, which a build without pycoll/transport/_tcpframe.c runs; and the engine's
+    writes cut every 1000 bytes (PYCOLL_TCP_PUSH_SLICE), so a write ends inside a header, a payload or its padding."""
     res = harness.run_cases(3, ["p2p.*"], transport="tcp", out_dir=str(tmp_path), job_timeout=140,
-                            env={"PYCOLL_TCP_FRAME_C": "0"})
+                            env={"PYCOLL_TCP_FRAME_C": "0", "PYCOLL_TCP_PUSH_SLICE": "1000"})
     res.assert_ok()

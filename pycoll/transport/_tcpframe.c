@@ -19,6 +19,8 @@
 
 #define HEADER_SIZE 64
 #define ALIGN 64
+/* a read takes at most this much more than the frame wanted (READ_WINDOW in tcp.py) */
+#define READ_WINDOW (32 << 10)
 
 /* what became of the incoming frame */
 enum { TAKEN = 0, NOT_YET = 1, OTHER = 2, ENDED = 3, NOTHING_ASKED = -1 };
@@ -112,7 +114,10 @@ static int take(int fd, char *stage, Py_ssize_t cap, Py_ssize_t *pstart, Py_ssiz
             start = 0;
             end = have;
         }
-        ssize_t n = recv(fd, stage + end, (size_t)(cap - end), MSG_DONTWAIT);
+        Py_ssize_t ask = (want > READ_WINDOW ? want : READ_WINDOW) - have;  /* > 0: have < want here */
+        if (ask > cap - end)
+            ask = cap - end;
+        ssize_t n = recv(fd, stage + end, (size_t)ask, MSG_DONTWAIT);
         if (n > 0) {
             end += n;
             continue;

@@ -59,6 +59,13 @@ _RANKS = struct.Struct("<II")
 HANDSHAKE_TIMEOUT = 10.0
 MAX_PENDING = 64
 _STAGING = 1 << 18
+# A read into the staging area takes at most this much more than the frame it waits for: small frames still come
+# many to a read, and a large one's payload is read straight into its receive instead of through the area.
+READ_WINDOW = 32 << 10
+PUSH_SLICE = size_param(
+    "PYCOLL_TCP_PUSH_SLICE", 128 << 10,
+    "Bytes the engine writes to one socket before it reads what that peer sent (0: all it can): messages both ways "
+    "at once then flow together instead of one direction's whole chunk first.")
 
 
 def frame_limit() -> int:
@@ -141,6 +148,7 @@ class TcpChannel(Channel):
         self._start = 0
         self._end = 0
         self._fd = sock.fileno()
+        self.push_slice = PUSH_SLICE.get()  # read by the engine's push (p2p_progress)
         self._ended: Optional[PeerFailureError] = None  # how the stream ended, while staged bytes precede the end
 
     def _failed(self, exc: BaseException) -> PeerFailureError:
@@ -171,8 +179,13 @@ class TcpChannel(Channel):
         return status, nbytes, got_tag
 
     def send_some(self, data: memoryview) -> int:
+        return self.send_gathered((data,))
+
+    def send_gathered(self, segments: Any) -> int:
+        """``send_some`` of several segments in one ``sendmsg`` (a message's header, payload and padding): the
+        bytes the socket took, counted across them."""
         try:
-            return self.sock.send(data)
+            return self.sock.sendmsg(segments)
         except (BlockingIOError, InterruptedError):
             return 0
         except OSError as exc:
@@ -209,9 +222,10 @@ class TcpChannel(Channel):
             left = self._end - self._start
             self._stage[:left] = self._view[self._start : self._end]
             self._start, self._end = 0, left
-        if self._end < len(self._stage):
+        stop = min(len(self._stage), self._start + max(want, READ_WINDOW))
+        if self._end < stop:
             try:
-                self._end += self._fill(self._view[self._end :])
+                self._end += self._fill(self._view[self._end : stop])
             except PeerFailureError as exc:
                 # The stream ended (or broke) behind bytes already staged: those came first (the peer's last
                 # data, its goodbye) and must be read before the end is reported, by the read that finds
