@@ -104,6 +104,33 @@ def test_allreduce(name: str, p: int) -> None:
         assert ran > 0
 
 
+@pytest.mark.parametrize("p", (4, 5, 6, 8))
+def test_hierarchical_allreduce_in_pipelined_segments(p: int, monkeypatch) -> None:
+    """A large hierarchical allreduce runs as segments whose steps inside the hosts overlap the transfers between
+    them; segments of 64 bytes here, so these counts run as 1 to 8 of them, on even and uneven hosts."""
+    from pycoll.algorithms import hierarchical
+
+    monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "64")
+    rng = np.random.default_rng(40 + p)
+    ran = 0
+    cases = itertools.product(_layouts(p)[1:], (np.float32, np.int32), (0, 7, 33, 1001), (False, True))
+    for lay, dtype, count, in_place in cases:
+        for op in (ops.SUM, ops.MAX, ops.AVG) if np.dtype(dtype).kind == "f" else (ops.SUM, ops.BXOR):
+            inputs = [_data(rng, count, dtype, r, op) for r in range(p)]
+            sends = [a.copy() for a in inputs]
+            recvs = [s if in_place else np.full(count, 77, dtype) for s in sends]
+            calls = [Call("allreduce", np.dtype(dtype), sends[r], recvs[r], op, in_place=in_place) for r in range(p)]
+            if not _accepts("allreduce", "hierarchical", calls[0], lay):
+                continue
+            run_schedules(ALGORITHMS["allreduce"]["hierarchical"], calls, lay, chunk_bytes=48)
+            want = _reference(op, inputs)
+            for r in range(p):
+                _close(recvs[r], want, f"p={p} {lay} {np.dtype(dtype)} {op.name} n={count} rank {r}")
+            ran += 1
+    assert ran > 0
+    assert hierarchical._segments(1001 * 4) == 8 and hierarchical._segments(100) == 1
+
+
 # ---- reduce-scatter -------------------------------------------------------------------------------
 
 

@@ -16,7 +16,9 @@ CHECKS = ["reduce.allreduce", "reduce.reduce_scatter", "reduce.reduce_scatter_bl
 
 @pytest.mark.timeout(300)
 def test_two_hosts_two_ranks_each(tmp_path) -> None:
-    res = harness.run_cases_on_hosts(CHECKS + ["large.allreduce"], hosts=2, n=4, env={"PYCOLL_ALGO": ALL_THREE},
+    """The large allreduces (4-8 MiB) run as 4-8 pipelined segments (PYCOLL_HIER_SEGMENT=1M)."""
+    res = harness.run_cases_on_hosts(CHECKS + ["large.allreduce"], hosts=2, n=4,
+                                     env={"PYCOLL_ALGO": ALL_THREE, "PYCOLL_HIER_SEGMENT": "1M"},
                                      out_dir=str(tmp_path), job_timeout=240)
     res.assert_ok()
     assert res.records("topology.placement", "host_of")[0] == [0, 0, 1, 1]

@@ -16,13 +16,19 @@ import dataclasses
 import numpy as np
 
 from .. import ops as _ops
+from ..config import size_param
 
-from .base import Call, Layout, Schedule, Steps, blocks_of, even_counts
+from .base import Call, Layout, Schedule, Steps, blocks_of, concurrently, even_counts, offsets
 from .cost import CostModel
 from .registry import ALGORITHMS, ranked, register
 from .ring import allgather_ring, chunked, reduce_scatter_ring
 
 _INTRA_RS, _INTER, _INTRA_AG = 1, 2, 3  # message lanes of the three phases
+SEGMENT_BYTES = size_param(
+    "PYCOLL_HIER_SEGMENT", 8 << 20,
+    "A hierarchical allreduce of at least twice this many bytes runs as segments of at least this size (8 at most), "
+    "each segment's steps inside the hosts beside another's transfer between them.")
+MAX_SEGMENTS = 8
 
 
 def _refuse_flat(call: Call, lay: Layout) -> str | None:
@@ -81,33 +87,56 @@ def allreduce_hierarchical(st: Steps, call: Call) -> Schedule:
     j = host.index(st.rank)
     parts = min(lay.local_sizes)
     n = call.recv.shape[0]
-    counts = even_counts(n, parts) + [0] * (len(host) - parts)
     scratch = st.mem.scratch(n, call.dtype)
+    intra, intra_ag = st.sub(host, lane=_INTRA_RS), st.sub(host, lane=_INTRA_AG)
+    column = st.sub(_column(lay, j), lane=_INTER) if j < parts else None
+    bounds = offsets(even_counts(n, _segments(call.recv.nbytes))) + [n]
+    segments = list(zip(bounds, bounds[1:]))
 
-    # 1. reduce-scatter inside the host: local rank j ends with part j of the host's sum
-    intra = st.sub(host, lane=_INTRA_RS)
-    ins = chunked(intra, [[b] for b in blocks_of(call.send, counts)])
-    work = chunked(intra, [[b] for b in blocks_of(scratch, counts)])
-    yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
-    part = blocks_of(scratch, counts)[j]
+    def reduce_in_host(k: int) -> Schedule:  # 1. local rank j ends with part j of the segment's host sum
+        lo, hi = segments[k]
+        counts = even_counts(hi - lo, parts) + [0] * (len(host) - parts)
+        ins = chunked(intra, [[b] for b in blocks_of(call.send[lo:hi], counts)])
+        work = chunked(intra, [[b] for b in blocks_of(scratch[lo:hi], counts)])
+        yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
 
-    # 2. allreduce of that part among the ranks with the same local index on the other hosts
-    if j < parts:
-        column = st.sub(_column(lay, j), lane=_INTER)
-        from . import cost as cost_model  # the model in force, as selection uses it
+    def part_of(k: int) -> tuple[list[int], np.ndarray]:
+        lo, hi = segments[k]
+        counts = even_counts(hi - lo, parts) + [0] * (len(host) - parts)
+        return counts, blocks_of(scratch[lo:hi], counts)[j]
 
-        _, name = _inner_allreduce(cost_model.current(), part.nbytes, column.size, parts)
-        summing = _ops.SUM if call.op.averages else call.op  # average once, over all ranks, below
-        inner = Call("allreduce", call.dtype, send=part, recv=part, op=summing, in_place=True)
-        yield from ALGORITHMS["allreduce"][name].run(column, inner)
-    if call.op.averages:
-        st.mem.scale(part, st.size)
+    def across_hosts(k: int) -> Schedule:  # 2. that part, allreduced with the same local index on other hosts
+        part = part_of(k)[1]
+        if column is not None:
+            from . import cost as cost_model  # the model in force, as selection uses it
 
-    # 3. allgather inside the host
-    out = chunked(intra, [[b] for b in blocks_of(call.recv, counts)])
-    own = chunked(intra, [[b] for b in blocks_of(scratch, counts)])[j]
-    yield from allgather_ring(st.sub(host, lane=_INTRA_AG), out, own)
+            _, name = _inner_allreduce(cost_model.current(), part.nbytes, column.size, parts)
+            summing = _ops.SUM if call.op.averages else call.op  # average once, over all ranks, below
+            inner = Call("allreduce", call.dtype, send=part, recv=part, op=summing, in_place=True)
+            yield from ALGORITHMS["allreduce"][name].run(column, inner)
+        if call.op.averages:
+            st.mem.scale(part, st.size)
+
+    def gather_in_host(k: int) -> Schedule:  # 3. the segment's parts to every rank of the host
+        lo, hi = segments[k]
+        counts = part_of(k)[0]
+        out = chunked(intra, [[b] for b in blocks_of(call.recv[lo:hi], counts)])
+        own = chunked(intra, [[b] for b in blocks_of(scratch[lo:hi], counts)])[j]
+        yield from allgather_ring(intra_ag, out, own)
+
+    # segments in a pipeline: segment k's step in the host beside segment k-1's step across hosts (each phase
+    # keeps its lane, and one segment at a time runs each phase, so every rank matches messages in one order)
+    stages = (reduce_in_host, across_hosts, gather_in_host)
+    for t in range(len(segments) + len(stages) - 1):
+        now = [stage(t - i) for i, stage in enumerate(stages) if 0 <= t - i < len(segments)]
+        yield from (now[0] if len(now) == 1 else concurrently(*now))
     st.mem.release(scratch)
+
+
+def _segments(nbytes: int) -> int:
+    """How many pipelined segments a hierarchical allreduce of ``nbytes`` runs in (one below twice
+    PYCOLL_HIER_SEGMENT)."""
+    return max(1, min(MAX_SEGMENTS, nbytes // max(1, SEGMENT_BYTES.get())))
 
 
 def _cells(arr: np.ndarray, counts: list[int], displs: list[int] | None = None) -> list[np.ndarray]:
