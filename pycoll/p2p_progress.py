@@ -38,7 +38,7 @@ log = logging.getLogger("pycoll")
 
 
 def _sliced(segments: list, limit: int) -> list:
-    """The leading ``limit`` bytes of ``segments`` (byte memoryviews), as segments."""
+    """The leading ``limit`` (> 0) bytes of ``segments`` (byte memoryviews), as segments."""
     out, left = [], limit
     for seg in segments:
         if len(seg) >= left:
@@ -108,6 +108,8 @@ class Progress:
             while req.index < len(segs):
                 seg = segs[req.index]
                 if gather is not None:
+                    if budget <= 0:
+                        return moved  # the rest after this peer's incoming bytes are read: both directions flow
                     n = gather(_sliced([seg[req.offset :] if req.offset else seg, *segs[req.index + 1 :]], budget))
                     budget -= n
                 else:
@@ -123,8 +125,6 @@ class Progress:
                     n -= left
                     req.index += 1
                     req.offset = 0
-                if gather is not None and budget <= 0 and req.index < len(segs):
-                    return moved  # the rest after this peer's incoming bytes are read: both directions flow
             if not req.rdv:
                 req.done = True
             q.popleft()
