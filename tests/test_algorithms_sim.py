@@ -131,6 +131,30 @@ def test_hierarchical_allreduce_in_pipelined_segments(p: int, monkeypatch) -> No
     assert hierarchical._segments(1001 * 4) == 8 and hierarchical._segments(100) == 1
 
 
+@pytest.mark.parametrize("p", (4, 6, 8))
+def test_hierarchical_reduce_scatter_in_pipelined_segments(p: int, monkeypatch) -> None:
+    """The hierarchical reduce-scatter in segments of 64 bytes (1 to 8 of them), even and uneven blocks."""
+    monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "64")
+    rng = np.random.default_rng(60 + p)
+    ran = 0
+    for lay, each, vector, op in itertools.product(_layouts(p)[1:], (0, 3, 40, 300), (False, True),
+                                                   (ops.SUM, ops.MAX, ops.AVG)):
+        counts = [each + (r % 3 if vector else 0) for r in range(p)]
+        inputs = [_data(rng, sum(counts), np.float32, r, op) for r in range(p)]
+        recvs = [np.full(counts[r] + 2, 77, np.float32) for r in range(p)]
+        calls = [Call("reduce_scatter", np.dtype(np.float32), inputs[r].copy(), recvs[r], op, counts=counts)
+                 for r in range(p)]
+        if not _accepts("reduce_scatter", "hierarchical", calls[0], lay):
+            continue
+        run_schedules(ALGORITHMS["reduce_scatter"]["hierarchical"], calls, lay, chunk_bytes=48)
+        want, d = _reference(op, inputs), offsets(counts)
+        for r in range(p):
+            _close(recvs[r][: counts[r]], want[d[r] : d[r] + counts[r]], f"p={p} {lay} {op.name} rank {r}")
+            np.testing.assert_array_equal(recvs[r][counts[r] :], 77)
+        ran += 1
+    assert ran > 0
+
+
 # ---- reduce-scatter -------------------------------------------------------------------------------
 
 

@@ -16,8 +16,8 @@ CHECKS = ["reduce.allreduce", "reduce.reduce_scatter", "reduce.reduce_scatter_bl
 
 @pytest.mark.timeout(300)
 def test_two_hosts_two_ranks_each(tmp_path) -> None:
-    """The large allreduces (4-8 MiB) run as 4-8 pipelined segments (PYCOLL_HIER_SEGMENT=1M)."""
-    res = harness.run_cases_on_hosts(CHECKS + ["large.allreduce"], hosts=2, n=4,
+    """The large allreduces and reduce-scatters (4-8 MiB) run as 4-8 pipelined segments (PYCOLL_HIER_SEGMENT=1M)."""
+    res = harness.run_cases_on_hosts(CHECKS + ["large.allreduce", "large.reduce_family"], hosts=2, n=4,
                                      env={"PYCOLL_ALGO": ALL_THREE, "PYCOLL_HIER_SEGMENT": "1M"},
                                      out_dir=str(tmp_path), job_timeout=240)
     res.assert_ok()

@@ -26,8 +26,8 @@ from .ring import allgather_ring, chunked, reduce_scatter_ring
 _INTRA_RS, _INTER, _INTRA_AG = 1, 2, 3  # message lanes of the three phases
 SEGMENT_BYTES = size_param(
     "PYCOLL_HIER_SEGMENT", 8 << 20,
-    "A hierarchical allreduce of at least twice this many bytes runs as segments of at least this size (8 at most), "
-    "each segment's steps inside the hosts beside another's transfer between them.")
+    "A hierarchical allreduce or reduce-scatter of at least twice this many bytes runs as segments of at least this "
+    "size (8 at most), each segment's steps inside the hosts beside another's transfer between them.")
 MAX_SEGMENTS = 8
 
 
@@ -124,13 +124,17 @@ def allreduce_hierarchical(st: Steps, call: Call) -> Schedule:
         own = chunked(intra, [[b] for b in blocks_of(scratch[lo:hi], counts)])[j]
         yield from allgather_ring(intra_ag, out, own)
 
-    # segments in a pipeline: segment k's step in the host beside segment k-1's step across hosts (each phase
-    # keeps its lane, and one segment at a time runs each phase, so every rank matches messages in one order)
-    stages = (reduce_in_host, across_hosts, gather_in_host)
-    for t in range(len(segments) + len(stages) - 1):
-        now = [stage(t - i) for i, stage in enumerate(stages) if 0 <= t - i < len(segments)]
-        yield from (now[0] if len(now) == 1 else concurrently(*now))
+    yield from _pipelined((reduce_in_host, across_hosts, gather_in_host), len(segments))
     st.mem.release(scratch)
+
+
+def _pipelined(stages: tuple, segments: int) -> Schedule:
+    """Every segment through every stage, in a pipeline: at step t segment t - i runs stage i, the stages of one
+    step side by side. Each stage keeps its own lane and one segment at a time runs each stage, so every rank
+    matches messages in one order."""
+    for t in range(segments + len(stages) - 1):
+        now = [stage(t - i) for i, stage in enumerate(stages) if 0 <= t - i < segments]
+        yield from (now[0] if len(now) == 1 else concurrently(*now))
 
 
 def _segments(nbytes: int) -> int:
@@ -171,25 +175,38 @@ def reduce_scatter_hierarchical(st: Steps, call: Call) -> Schedule:
     total = call.send.shape[0]
     scratch = st.mem.scratch(total, call.dtype)
     send_cells, work_cells = _cells(call.send, call.counts), _cells(scratch, call.counts)
+    intra = st.sub(host, lane=_INTRA_RS)
+    column = st.sub(_column(lay, j), lane=_INTER)
+    mine = call.recv[: call.counts[st.rank]]
+    segments = _segments(call.send.nbytes)
 
     def column_of(cells: list[np.ndarray], jj: int) -> list[np.ndarray]:
         return [cells[g[jj]] for g in groups]
 
-    # 1. inside the host, local rank j sums column j (the blocks of every host's j-th rank)
-    intra = st.sub(host, lane=_INTRA_RS)
-    ins = chunked(intra, [column_of(send_cells, jj) for jj in range(len(host))])
-    work = chunked(intra, [column_of(work_cells, jj) for jj in range(len(host))])
-    yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
+    def piece(cells: list[np.ndarray], k: int) -> list[np.ndarray]:  # segment k of every cell
+        return [_segment(c, k, segments) for c in cells]
 
-    # 2. across hosts, the column's ranks reduce-scatter it: each keeps its own block
-    column = st.sub(_column(lay, j), lane=_INTER)
-    mine = call.recv[: call.counts[st.rank]]
-    cells = chunked(column, [[c] for c in column_of(work_cells, j)] + [[mine]])
-    *parts, final = cells
-    yield from reduce_scatter_ring(column, parts, parts.__getitem__, final, call.op)
+    def reduce_in_host(k: int) -> Schedule:  # 1. local rank j sums column j (every host's j-th rank's block)
+        sends, works = piece(send_cells, k), piece(work_cells, k)
+        ins = chunked(intra, [column_of(sends, jj) for jj in range(len(host))])
+        work = chunked(intra, [column_of(works, jj) for jj in range(len(host))])
+        yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
+
+    def across_hosts(k: int) -> Schedule:  # 2. the column's ranks reduce-scatter it: each keeps its own block
+        cells = chunked(column, [[c] for c in column_of(piece(work_cells, k), j)] + [[_segment(mine, k, segments)]])
+        *parts, final = cells
+        yield from reduce_scatter_ring(column, parts, parts.__getitem__, final, call.op)
+
+    yield from _pipelined((reduce_in_host, across_hosts), segments)
     if call.op.averages:
         st.mem.scale(mine, st.size)
     st.mem.release(scratch)
+
+
+def _segment(block: np.ndarray, k: int, segments: int) -> np.ndarray:
+    """Segment ``k`` of ``segments`` nearly equal ones of ``block``."""
+    bounds = offsets(even_counts(block.shape[0], segments)) + [block.shape[0]]
+    return block[bounds[k] : bounds[k + 1]]
 
 
 @register(
