@@ -62,14 +62,15 @@ class EagerPaths:
         ch = self.channels.get(peer)
         return max(0, getattr(ch, "staging_bytes", 0) - HEADER_SIZE - ALIGN) if peer in self._tcp_socks else 0
 
-    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray) -> bool:
-        """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``)."""
+    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray, spun: bool = False) -> bool:
+        """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``); ``spun``: the caller has
+        spun its share already, and the wait goes on from yielding the core."""
         # Only this call's own receives could match its frames (its exact context and tag): none may be posted
         # or buffered, else the next frame could be theirs. Other calls' schedules may run.
         if peer not in self._tcp_socks or not self._can_take(peer, True) or not self.lock.acquire(blocking=False):
             return False
         try:
-            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head)
+            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head, spun)
         finally:
             self.lock.release()
         return got is not None
@@ -97,11 +98,10 @@ class EagerPaths:
         if into is None:
             return sent, True
         if status == ch.TAKEN:
-            self._seen[peer] = (head_ctx(head_in), head_tag(head_in))  # type: ignore[arg-type]
-            self.tcp_eager_recvs += 1
+            self._took_from_socket(peer, head_ctx(head_in), head_tag(head_in))  # type: ignore[arg-type]
             return sent, True
         if status == ch.NOT_YET:  # the rest of the wait (yielding, then sleeping) as in Python
-            return sent, self.recv_frame_now(peer, head_in, into)  # type: ignore[arg-type]
+            return sent, self.recv_frame_now(peer, head_in, into, spun=True)  # type: ignore[arg-type]
         return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
 
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
@@ -182,16 +182,16 @@ class EagerPaths:
         self.tcp_eager_sends += 1
         return True
 
-    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool, head: Optional[bytes] = None
-                        ) -> Optional[tuple[int, int]]:
+    def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool,
+                        head: Optional[bytes] = None, spun: bool = False) -> Optional[tuple[int, int]]:
         """``recv_eager`` from a peer on another host: its next frame, read from the socket into the channel's
         staging area and copied out, when it is this receive's message: a point-to-point frame of ``ctx`` and
         ``tag`` (or any tag) of up to ``dst.nbytes``, or, given ``head``, the collective frame with exactly that
         header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
         PYCOLL_YIELD_US), then in the kernel (poll) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
-        needs this rank; the engine's wait takes over after that."""
+        needs this rank; the engine's wait takes over after that. ``spun``: the spin was made already."""
         ch: Any = self.channels[peer]
-        in_c, spun = peer in self._swap_peers, False
+        in_c = peer in self._swap_peers
         spin_until = deadline = 0.0
         if head is not None:
             nbytes = dst.nbytes
@@ -210,8 +210,7 @@ class EagerPaths:
                 else:
                     status, nbytes, got_tag = ch.take_message(ctx, tag, tag == ANY_TAG, P2P_META, dst, spin_ns)
                 if status == ch.TAKEN:
-                    self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
-                    self.tcp_eager_recvs += 1
+                    self._took_from_socket(peer, head_ctx(head) if head is not None else ctx, got_tag)
                     return nbytes, got_tag
                 if status != ch.NOT_YET:
                     return None  # another frame is next, or the stream ended: the engine's path
@@ -235,8 +234,7 @@ class EagerPaths:
                         if nbytes:
                             memoryview(dst)[:nbytes] = view[HEADER_SIZE : HEADER_SIZE + nbytes]
                         ch.consume(want)
-                        self._seen[peer] = (head_ctx(head) if head is not None else ctx, got_tag)
-                        self.tcp_eager_recvs += 1
+                        self._took_from_socket(peer, head_ctx(head) if head is not None else ctx, got_tag)
                         return nbytes, got_tag
             if not spin or ch.ended:  # a frame cut short by the end of the stream: the engine's path reports it
                 return None
@@ -258,6 +256,12 @@ class EagerPaths:
                     continue
                 ready(max(1, int((deadline - now) * 1e3)))
                 break
+
+    def _took_from_socket(self, peer: int, ctx: int, tag: int) -> None:
+        """What an eager receive from a socket records of the message it took: its context and tag (for the
+        matching order), and the count."""
+        self._seen[peer] = (ctx, tag)
+        self.tcp_eager_recvs += 1
 
     def _spin_us(self) -> float:
         """How long a wait on a socket polls it before it yields the core (PYCOLL_SPIN_US; 2 µs where the ranks

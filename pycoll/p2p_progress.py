@@ -212,7 +212,7 @@ class Progress:
         target = st.target
         left = st.nbytes - st.got
         if isinstance(target, RecvRequest) and target.reduces and target.error is None:
-            view = ch.peek(left) if ch.kind == "tcp" else ch.peek()  # a socket's read: up to the rest
+            view = ch.peek(left)  # a socket reads up to the rest
             isz = target.dst.itemsize  # type: ignore[union-attr]
             n = min(len(view), left) // isz * isz
             if n == 0:

@@ -90,23 +90,19 @@ def allreduce_hierarchical(st: Steps, call: Call) -> Schedule:
     scratch = st.mem.scratch(n, call.dtype)
     intra, intra_ag = st.sub(host, lane=_INTRA_RS), st.sub(host, lane=_INTRA_AG)
     column = st.sub(_column(lay, j), lane=_INTER) if j < parts else None
-    bounds = offsets(even_counts(n, _segments(call.recv.nbytes))) + [n]
-    segments = list(zip(bounds, bounds[1:]))
+    segments = _segments(call.recv.nbytes)
+
+    def blocks(arr: np.ndarray, k: int) -> list[np.ndarray]:  # segment k of ``arr``, cut into the host's parts
+        piece = _segment(arr, k, segments)
+        return blocks_of(piece, even_counts(piece.shape[0], parts) + [0] * (len(host) - parts))
 
     def reduce_in_host(k: int) -> Schedule:  # 1. local rank j ends with part j of the segment's host sum
-        lo, hi = segments[k]
-        counts = even_counts(hi - lo, parts) + [0] * (len(host) - parts)
-        ins = chunked(intra, [[b] for b in blocks_of(call.send[lo:hi], counts)])
-        work = chunked(intra, [[b] for b in blocks_of(scratch[lo:hi], counts)])
+        ins = chunked(intra, [[b] for b in blocks(call.send, k)])
+        work = chunked(intra, [[b] for b in blocks(scratch, k)])
         yield from reduce_scatter_ring(intra, ins, work.__getitem__, work[j], call.op)
 
-    def part_of(k: int) -> tuple[list[int], np.ndarray]:
-        lo, hi = segments[k]
-        counts = even_counts(hi - lo, parts) + [0] * (len(host) - parts)
-        return counts, blocks_of(scratch[lo:hi], counts)[j]
-
     def across_hosts(k: int) -> Schedule:  # 2. that part, allreduced with the same local index on other hosts
-        part = part_of(k)[1]
+        part = blocks(scratch, k)[j]
         if column is not None:
             from . import cost as cost_model  # the model in force, as selection uses it
 
@@ -118,13 +114,11 @@ def allreduce_hierarchical(st: Steps, call: Call) -> Schedule:
             st.mem.scale(part, st.size)
 
     def gather_in_host(k: int) -> Schedule:  # 3. the segment's parts to every rank of the host
-        lo, hi = segments[k]
-        counts = part_of(k)[0]
-        out = chunked(intra, [[b] for b in blocks_of(call.recv[lo:hi], counts)])
-        own = chunked(intra, [[b] for b in blocks_of(scratch[lo:hi], counts)])[j]
+        out = chunked(intra, [[b] for b in blocks(call.recv, k)])
+        own = chunked(intra, [[b] for b in blocks(scratch, k)])[j]
         yield from allgather_ring(intra_ag, out, own)
 
-    yield from _pipelined((reduce_in_host, across_hosts, gather_in_host), len(segments))
+    yield from _pipelined((reduce_in_host, across_hosts, gather_in_host), segments)
     st.mem.release(scratch)
 
 

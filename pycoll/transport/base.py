@@ -62,8 +62,9 @@ class Channel(abc.ABC):
         return got
 
     @abc.abstractmethod
-    def peek(self) -> memoryview:
-        """A zero-copy view of received, unconsumed, contiguous bytes (possibly empty)."""
+    def peek(self, want: int = 0) -> memoryview:
+        """A zero-copy view of received, unconsumed, contiguous bytes (possibly empty). ``want``: the bytes the
+        caller waits for, which a channel that reads on demand (a socket) may read up to; others ignore it."""
 
     @abc.abstractmethod
     def consume(self, n: int) -> None:

@@ -25,7 +25,7 @@ class LoopbackChannel(Channel):
     def has_input(self) -> bool:
         return bool(self._chunks)
 
-    def peek(self) -> memoryview:
+    def peek(self, want: int = 0) -> memoryview:
         if not self._chunks:
             return memoryview(b"")
         return memoryview(self._chunks[0])[self._offset :]

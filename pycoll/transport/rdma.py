@@ -284,7 +284,7 @@ class RdmaChannel(Channel):
         return done
 
     # ---- receiving ---------------------------------------------------------------------------
-    def peek(self) -> memoryview:
+    def peek(self, want: int = 0) -> memoryview:
         view = self._ring.peek()
         if view:
             return view

@@ -254,7 +254,7 @@ class ShmChannel(Channel):
         v = self._out.receiver_state[1]
         return None if v == _UNKNOWN else v == _CAN_PULL
 
-    def peek(self) -> memoryview:
+    def peek(self, want: int = 0) -> memoryview:
         ring = self._in
         head = self._heads[0]
         avail = ring.tail[0] - head
