@@ -15,7 +15,11 @@ carries one message per host per step (between two hosts, one frame each way: ``
 inside a host cost a shared-memory meeting instead of a trip through the point-to-point engine.
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
-the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off.
+the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather
+or Bcast is composed where the cost model prices its three steps (each the cheapest algorithm
+for its communicator) below the cheapest algorithm for the whole communicator: where the hosts' link is fast
+against their cores, the flat ring's extra bytes on the link cost less than its extra steps but more than the
+composition's shared memory (``predict``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from .algorithms.base import Call
+from . import ops as _ops
+from .algorithms import cost as cost_model
+from .algorithms.base import Call, Layout, offsets
+from .algorithms.registry import ranked
 from .buffers import IN_PLACE
 from .config import size_param
 
@@ -32,12 +39,55 @@ SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
     "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
-    "hosts' first ranks (the hosts' shared memory takes the compiled arena path). 0: never.")
+    "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather or "
+    "Bcast where the cost model prices that composition below the flat algorithms. 0: never.")
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
 _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
+# Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
+# leaders, its share of the call's bytes: the whole call, or one host's part of it). Not Reduce_scatter_block: its
+# whole-vector Reduce in the host ran 1.2-1.5x the hierarchical one's time at 1-4 MiB, which the model does not see.
+_WHOLE, _HOST_PART = "whole", "host part"
+_PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
+    "allreduce": (("reduce", True, _WHOLE), ("allreduce", False, _WHOLE), ("broadcast", True, _WHOLE)),
+    "allgather": (("gather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _WHOLE)),
+    "broadcast": (("broadcast", True, _WHOLE), ("broadcast", False, _WHOLE), ("broadcast", True, _WHOLE)),
+}
+
+
+def _regular(call: Call) -> bool:
+    """Whether every rank's block has one size and the blocks follow each other in rank order (an Allgatherv,
+    Reduce_scatter or Alltoallv may have any counts and displacements; the compositions by host take neither)."""
+    for counts, displs in ((call.counts, call.displs), (call.send_counts, call.send_displs)):
+        if counts and (any(c != counts[0] for c in counts) or (displs and list(displs) != offsets(counts))):
+            return False
+    return bool(call.counts)
+
+
+def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any) -> float:
+    """The model's time for the cheapest algorithm of ``coll`` on ``nbytes`` (the whole vector) over ``lay``."""
+    probe = Call(coll, np.dtype(np.uint8), op=op if coll in _REDUCING else None, total=nbytes,
+                 counts=[nbytes // lay.size] * lay.size if coll in ("gather", "scatter", "allgather", "reduce_scatter")
+                 else [])
+    options = ranked(probe, lay, model)
+    return options[0][0] if options else float("inf")
+
+
+def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None) -> float:
+    """The model's time for a composed ``coll`` of ``nbytes`` on a communicator laid out as ``lay``: its steps one
+    after another, on the largest host's communicator and the leaders' (inf: not composed above PYCOLL_SMP_BYTES)."""
+    steps = _PRICED.get(coll)
+    if steps is None:
+        return float("inf")
+    host, leaders = Layout.flat(max(lay.local_sizes)), Layout(tuple(range(lay.hosts)))
+    op = op if op is not None else _ops.SUM
+    total = 0.0
+    for step, on_host, share in steps:
+        size = nbytes if share == _WHOLE else nbytes // lay.hosts
+        total += _cheapest(model, step, size, host if on_host else leaders, op)
+    return total
 
 
 class HostComposition:
@@ -58,6 +108,8 @@ class HostComposition:
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
+        self._priced: dict[tuple, bool] = {}  # (collective, bytes, op's kind) -> composed above PYCOLL_SMP_BYTES
+        self._priced_by: Any = None  # the model those answers came from (compared by identity)
 
     @staticmethod
     def wanted(comm: Any) -> bool:
@@ -72,13 +124,30 @@ class HostComposition:
             return False
         if call.coll == "barrier":
             return True
-        if call.size_bytes > limit or call.dtype.kind not in "biufc" or call.vector:
+        if call.dtype.kind not in "biufc" or call.vector:
             return False
-        if call.coll in _BY_HOST and not self.even:
+        if call.coll in _BY_HOST and not (self.even and _regular(call)):
             return False
-        if call.coll in _REDUCING:
-            return call.op is not None and call.op.commutative and not call.op.averages
-        return True
+        if call.coll in _REDUCING and not (call.op is not None and call.op.commutative and not call.op.averages):
+            return False
+        return call.size_bytes <= limit or self._cheaper(call)
+
+    def _cheaper(self, call: Call) -> bool:
+        """Whether the model prices the composed call below the cheapest algorithm for the whole communicator."""
+        if call.coll not in _PRICED:
+            return False
+        model = cost_model.current()
+        if self._priced_by is not model:
+            self._priced.clear()
+            self._priced_by = model
+        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0)
+        known = self._priced.get(key)
+        if known is None:
+            lay = self.comm._layout
+            flat = ranked(call, lay, model)
+            composed = predict(model, call.coll, call.size_bytes, lay, call.op)
+            known = self._priced[key] = bool(flat) and composed < flat[0][0]
+        return known
 
     def _comms(self) -> None:
         if self.host_comm is None:  # every rank makes them in the same call, from the layout alone (no messages)

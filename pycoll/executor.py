@@ -318,7 +318,8 @@ class Executor:
         self.composed.run(call)
         last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
         self.ran[call.coll] = ("composed", last_choice.nbytes)
-        last_choice.why = "a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES)"
+        last_choice.why = ("a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES, or "
+                           "priced below the cheapest algorithm for the whole communicator)")
         return True
 
     def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:

@@ -436,3 +436,50 @@ def test_a_link_rate_the_user_gives_sets_the_network_bandwidth() -> None:
     assert link_rate_bits("10gbit") == 10**10
     with pytest.raises(InvalidArgumentError, match="PYCOLL_LINK_RATE: bad link rate 'fast'"):
         link_rate_bits("fast")
+
+
+def test_a_segmented_hierarchical_call_is_priced_as_a_pipeline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 segments: the first through every stage, then one per time of the busier resource (the link's, at 1
+    Gbit/s; the stages inside a host share it); one segment: the stages one after another, as before."""
+    from pycoll.algorithms import hierarchical
+
+    assert hierarchical._through_pipeline([1.0, 2.0], 5.0, 8) == 8.0 + 7 * 5.0
+    assert hierarchical._through_pipeline([3.0, 4.0], 5.0, 8) == 12.0 + 7 * 7.0
+    m, lay, n = dataclasses.replace(CostModel(cores=64), net_GBps=0.118), Layout((0, 0, 1, 1)), 64 << 20
+    algo = ALGORITHMS["allreduce"]["hierarchical"]
+    monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "1G")
+    whole = algo.predict(m, n, lay)
+    link_alone = hierarchical._inner_allreduce(m, n / 2, 2, 2)[0]
+    assert whole > link_alone
+    monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "8M")
+    piped = algo.predict(m, n, lay)
+    assert link_alone < piped < whole
+    assert piped - link_alone < (whole - link_alone) / 4  # 7 of 8 segments' steps in the hosts hidden
+
+
+def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper() -> None:
+    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks runs composed exactly where
+    the host and leaders' steps are priced below the cheapest algorithm for the whole communicator; the answer
+    follows the model in force; Reduce_scatter_block and Alltoall stay with the algorithms."""
+    from types import SimpleNamespace
+
+    from pycoll import composed, ops
+
+    lay = Layout((0, 0, 1, 1))
+    choice = composed.HostComposition(SimpleNamespace(_layout=lay, _rank=1))
+    seen = set()
+    for model in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118)):
+        cost.use(model)
+        for nbytes in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+            a = np.empty(nbytes // 4, np.float32)
+            calls = [Call("allreduce", F32, a, a.copy(), ops.SUM), Call("broadcast", F32, recv=a),
+                     Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4)]
+            for call in calls:
+                cheaper = composed.predict(model, call.coll, nbytes, lay, call.op) < select(call, lay).predict(
+                    model, nbytes, lay)
+                assert choice.takes(call) == cheaper, (call.coll, nbytes, model.net_GBps)
+                seen.add(cheaper)
+            counts = [len(a) // 4] * 4
+            assert not choice.takes(Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts))
+            assert not choice.takes(Call("alltoall", F32, a, a.copy(), counts=counts))
+    assert seen == {True, False}  # both answers occur over these sizes and models

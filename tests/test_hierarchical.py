@@ -28,6 +28,18 @@ def test_two_hosts_two_ranks_each(tmp_path) -> None:
 
 
 @pytest.mark.timeout(300)
+def test_large_calls_composed_on_two_hosts_of_two(tmp_path) -> None:
+    """With PYCOLL_SMP_BYTES=1G every call that can be composed is, here at 1-16 MB (ops x dtypes of Allreduce,
+    Bcast, Allgather, Reduce, Reduce_scatter_block, Alltoall): each matches NumPy."""
+    res = harness.run_cases_on_hosts(["large.allreduce", "large.movement", "large.reduce_family",
+                                      "topology.chosen_algorithms"], hosts=2, n=4, env={"PYCOLL_SMP_BYTES": "1G"},
+                                     out_dir=str(tmp_path), job_timeout=240)
+    res.assert_ok()
+    for coll in ("allreduce", "reduce_scatter", "allgather"):
+        assert set(res.records("topology.chosen_algorithms", coll).values()) == {"composed"}, coll
+
+
+@pytest.mark.timeout(300)
 def test_three_uneven_hosts(tmp_path) -> None:
     res = harness.run_cases_on_hosts(CHECKS, hosts=3, n=5, ranks_per_host=[2, 1, 2], env={"PYCOLL_ALGO": ALL_THREE},
                                      out_dir=str(tmp_path), job_timeout=240)

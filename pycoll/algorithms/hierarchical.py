@@ -62,13 +62,22 @@ def _inner_allreduce(m: CostModel, n: float, hosts: int, flows: int) -> tuple[fl
     return min(options) if options else (0.0, "ring")
 
 
+def _through_pipeline(in_hosts: list[float], between: float, segments: int) -> float:
+    """Time of ``segments`` segments (``_pipelined``) whose stages inside the hosts take ``in_hosts`` each and whose
+    stage between them takes ``between``: the first segment through every stage, then one segment per time of the
+    busier resource (the stages inside a host share its memory and cores; the one between hosts, its link)."""
+    return sum(in_hosts) + between + (segments - 1) * max(sum(in_hosts), between)
+
+
 def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
     parts = min(lay.local_sizes)
     local = max(lay.local_sizes)
+    segments = _segments(int(n))
+    piece = n / segments
     intra = Layout.flat(local)
-    shm = m.ring(intra, local - 1, (local - 1) / local * n, reduced=(local - 1) / local * n) if local > 1 else 0.0
-    inner, _ = _inner_allreduce(m, n / parts, lay.hosts, parts)
-    return 2 * shm + inner
+    shm = m.ring(intra, local - 1, (local - 1) / local * piece, reduced=(local - 1) / local * piece) if local > 1 else 0.0
+    inner, _ = _inner_allreduce(m, piece / parts, lay.hosts, parts)
+    return _through_pipeline([shm, shm], inner, segments)
 
 
 @register(
@@ -142,13 +151,17 @@ def _cells(arr: np.ndarray, counts: list[int], displs: list[int] | None = None) 
 
 
 def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float:
+    """Reduce-scatter (``reduced``, in pipelined segments) or allgather (whole): a ring in the host, one between them."""
     local, hosts = max(lay.local_sizes), lay.hosts
-    shm = m.ring(Layout.flat(local), local - 1, (local - 1) / local * n, reduced=((local - 1) / local * n) if reduced else 0)
+    segments = _segments(int(n)) if reduced else 1
+    piece = n / segments
+    shm = m.ring(Layout.flat(local), local - 1, (local - 1) / local * piece,
+                 reduced=((local - 1) / local * piece) if reduced else 0)
     net_model = _inter_model(m, local)
-    chunk = n / local
+    chunk = piece / local
     net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
                          reduced=((hosts - 1) / hosts * chunk) if reduced else 0)
-    return shm + net
+    return _through_pipeline([shm], net, segments)
 
 
 @register(

@@ -70,6 +70,10 @@ def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
         from pycoll.algorithms import cost
 
         nbytes = ran[1] if ran is not None else registry.last_choice.nbytes  # type: ignore[union-attr]
+        if name == "composed":  # the host and leaders' steps (pycoll.composed)
+            from pycoll import composed
+
+            return round(composed.predict(cost.current(), coll, nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
         algo = registry.ALGORITHMS[coll][name]  # type: ignore[union-attr]
         return round(algo.predict(cost.current(), nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - no choice recorded, a collective without a model: no prediction
