@@ -57,10 +57,12 @@ def test_three_uneven_hosts(tmp_path) -> None:
 def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None:
     """Without a forced algorithm, every op x dtype x count Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block
     and Alltoall (small ones composed: calls on each host's communicator and one among the leaders) matches NumPy,
-    on even and uneven hosts; PYCOLL_SMP_BYTES=0 keeps the flat path."""
+    on even and uneven hosts, and so do Allgatherv and Reduce_scatter with uneven counts (not composed: a composition
+    by hosts failed on them); PYCOLL_SMP_BYTES=0 keeps the flat path."""
     n = sum(per_host)
     cases = ["reduce.allreduce", "movement.barrier", "movement.bcast", "reduce.reduce", "reduce.reduce_every_root",
-             "movement.allgather", "reduce.reduce_scatter_block", "movement.alltoall", "topology.host_composition",
+             "movement.allgather", "movement.allgatherv", "reduce.reduce_scatter_block", "reduce.reduce_scatter",
+             "movement.alltoall", "topology.host_composition",
              "errors.mismatch_barrier_vs_bcast"]
     res = harness.run_cases_on_hosts(cases, hosts=len(per_host), n=n, ranks_per_host=per_host, out_dir=str(tmp_path),
                                      job_timeout=240)
