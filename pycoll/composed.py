@@ -31,7 +31,7 @@ import numpy as np
 from . import ops as _ops
 from .algorithms import cost as cost_model
 from .algorithms.base import Call, Layout, offsets
-from .algorithms.registry import ranked
+from .algorithms.registry import LINK_MINIMAL, link_tolerance, preferred, ranked
 from .buffers import IN_PLACE
 from .config import size_param
 
@@ -133,7 +133,9 @@ class HostComposition:
         return call.size_bytes <= limit or self._cheaper(call)
 
     def _cheaper(self, call: Call) -> bool:
-        """Whether the model prices the composed call below the cheapest algorithm for the whole communicator."""
+        """Whether the composed call is the choice: priced below every algorithm for the whole communicator, or the
+        cheapest of those that put the fewest bytes on the links (with the hierarchical one or the chain) and within
+        PYCOLL_LINK_TOLERANCE of the cheapest (``registry.preferred``)."""
         if call.coll not in _PRICED:
             return False
         model = cost_model.current()
@@ -144,9 +146,11 @@ class HostComposition:
         known = self._priced.get(key)
         if known is None:
             lay = self.comm._layout
-            flat = ranked(call, lay, model)
-            composed = predict(model, call.coll, call.size_bytes, lay, call.op)
-            known = self._priced[key] = bool(flat) and composed < flat[0][0]
+            priced = [(t, a.name) for t, a in ranked(call, lay, model)]
+            priced.append((predict(model, call.coll, call.size_bytes, lay, call.op), "composed"))
+            priced.sort(key=lambda p: p[0])
+            lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links
+            known = self._priced[key] = preferred(priced, lean, link_tolerance(call.coll, lay))[1] == "composed"
         return known
 
     def _comms(self) -> None:

@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Callable, Optional, Union
 
 from ..arrays import DeviceArray
-from ..config import bool_param, str_param
+from ..config import bool_param, float_param, str_param
 from ..errors import InvalidArgumentError
 from ..ops import ORDERED
 from . import cost as cost_model
@@ -30,6 +30,20 @@ REPRODUCIBLE = bool_param(
     "algorithm, sizes, transport or placement (docs/reproducibility.md); algorithms that cannot keep that order "
     "decline. `Comm.reproducible` sets it per communicator.",
 )
+
+LINK_TOLERANCE = float_param(
+    "PYCOLL_LINK_TOLERANCE",
+    0.1,
+    "Ranks on several hosts with more than one on some host: an algorithm that puts only the fewest bytes on the "
+    "hosts' links (hierarchical, or a composed call) is chosen over a flat one priced faster by up to this share "
+    "of its time (default 0.1; 0: always the cheapest).",
+)
+# per collective, the algorithms whose bytes between hosts are the fewest the call needs (the chain walks the ranks
+# host by host, so it crosses each link once)
+LINK_MINIMAL: dict[str, frozenset[str]] = {
+    "allreduce": frozenset({"hierarchical"}), "allgather": frozenset({"hierarchical"}),
+    "reduce_scatter": frozenset({"hierarchical"}), "broadcast": frozenset({"chain"}),
+}
 
 COLLECTIVES = (
     "allreduce",
@@ -257,11 +271,34 @@ def select(call: Call, layout: Layout) -> Algorithm:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
         return _chose(call, options[0][1], "the only one that accepts")
+    tolerance = link_tolerance(call.coll, layout)
+    _, name = preferred([(t, a.name) for t, a in options], LINK_MINIMAL[call.coll], tolerance) if tolerance else (0, "")
+    pick = table[name] if name else options[0][1]
+
     def why() -> str:  # written only when logged or asked for: formatting every candidate costs more than selecting
         each = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
-        return f"cheapest predicted ({each}; {layout.size} ranks on {layout.hosts} hosts)"
+        lean = "" if pick is options[0][1] else "; the fewest bytes between hosts within PYCOLL_LINK_TOLERANCE"
+        return f"cheapest predicted ({each}; {layout.size} ranks on {layout.hosts} hosts{lean})"
 
-    return _chose(call, options[0][1], why)
+    return _chose(call, pick, why)
+
+
+def link_tolerance(coll: str, layout: Layout) -> float:
+    """How much slower a link-minimal algorithm of ``coll`` may be priced and still be chosen on ``layout`` (0: not
+    here, or none known for ``coll``)."""
+    if coll not in LINK_MINIMAL or layout.hosts < 2 or max(layout.local_sizes) < 2:
+        return 0.0
+    return max(LINK_TOLERANCE.get(), 0.0)
+
+
+def preferred(priced: list[tuple[float, str]], minimal: frozenset[str], tolerance: float) -> tuple[float, str]:
+    """Of (time, name) pairs, cheapest first: the cheapest, or the cheapest of ``minimal`` (those that put the
+    fewest bytes on the links) where it is within ``tolerance`` of the cheapest's time."""
+    best = priced[0]
+    if best[1] in minimal or tolerance <= 0:
+        return best
+    lean = next((p for p in priced if p[1] in minimal), None)
+    return lean if lean is not None and lean[0] <= best[0] * (1 + tolerance) else best
 
 
 def _chose(call: Call, algo: Algorithm, why: Union[str, Callable[[], str]]) -> Algorithm:
