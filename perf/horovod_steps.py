@@ -2,7 +2,8 @@
 
 The model has many small parameter tensors, as Horovod's fusion is for: 200 bias-free linear layers of 4-64 KiB
 each (widths cycling through 32, 64 and 128) between two 1024x1024 layers (4 MiB each), float32. Each round runs
-every variant for ``--steps`` timed steps after 2 warm-up steps, in the order DDP on gloo, DDP on pycoll,
+every variant for ``--steps`` timed steps after 2 warm-up steps, in the order: no communication (each rank steps
+its own model, the floor of every variant), DDP on gloo, DDP on pycoll,
 ``DistributedOptimizer`` with fusion, the same with fusion off (threshold 0), and with fusion and the background
 thread's overlap forced on (``PYCOLL_HVD_OVERLAP=on``: where the ranks fill the host's cores, ``auto`` leaves it off);
 the variants alternate over ``--rounds``. Horovod's engine is started for its variants and shut down before the DDP
@@ -74,9 +75,14 @@ def main() -> None:
     shapes = [tuple(p.shape) for p in make_model(args.layers).parameters()]
     small = [s for s in shapes if 4 << 10 <= 4 * int(torch.tensor(s).prod()) <= 64 << 10]
     variants = (("hvd-fusion", True, None), ("hvd-no-fusion", False, None), ("hvd-fusion-overlap-on", True, True))
-    times: dict[str, list[float]] = {"ddp-gloo": [], "ddp-pycoll": [], **{v[0]: [] for v in variants}}
+    times: dict[str, list[float]] = {"no-communication": [], "ddp-gloo": [], "ddp-pycoll": [],
+                                     **{v[0]: [] for v in variants}}
     counters: dict[str, list] = {v[0]: [] for v in variants}
     for _ in range(args.rounds):
+        # the floor: every rank steps its own model side by side, nothing reduced (no step with communication is faster)
+        model = make_model(args.layers)
+        times["no-communication"] += steps(model, torch.optim.SGD(model.parameters(), lr=1e-4), args.steps, rank,
+                                           lambda: dist.barrier(group=gloo))
         for name, group in (("ddp-gloo", gloo), ("ddp-pycoll", None)):
             model = DDP(make_model(args.layers), process_group=group)
             opt = torch.optim.SGD(model.parameters(), lr=1e-4)
@@ -112,6 +118,8 @@ def main() -> None:
         print(f"  fusion speed-up over no fusion: {med['hvd-no-fusion'] / med['hvd-fusion']:.2f}x (target >= 2); "
               f"fusion / DDP on pycoll: {med['hvd-fusion'] / med['ddp-pycoll']:.2f} (target <= 1.2); "
               f"fusion / DDP on gloo: {med['hvd-fusion'] / med['ddp-gloo']:.2f}")
+        print(f"  no fusion over no communication: {med['hvd-no-fusion'] / med['no-communication']:.2f}x (the most any "
+              f"fusion could gain: a fused step takes at least the step without communication)")
         if args.json:
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
             with open(args.json, "w") as f:
