@@ -142,15 +142,16 @@ class HostComposition:
         if self._priced_by is not model:
             self._priced.clear()
             self._priced_by = model
-        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0)
+        lay = self.comm._layout
+        tolerance = link_tolerance(call.coll, lay)
+        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance)
         known = self._priced.get(key)
         if known is None:
-            lay = self.comm._layout
             priced = [(t, a.name) for t, a in ranked(call, lay, model)]
             priced.append((predict(model, call.coll, call.size_bytes, lay, call.op), "composed"))
             priced.sort(key=lambda p: p[0])
             lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links
-            known = self._priced[key] = preferred(priced, lean, link_tolerance(call.coll, lay))[1] == "composed"
+            known = self._priced[key] = preferred(priced, lean, tolerance)[1] == "composed"
         return known
 
     def _comms(self) -> None:
