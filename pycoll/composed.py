@@ -16,10 +16,9 @@ inside a host cost a shared-memory meeting instead of a trip through the point-t
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
 the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather
-or Bcast is composed where the cost model prices its three steps (each the cheapest algorithm
-for its communicator) below the cheapest algorithm for the whole communicator: where the hosts' link is fast
-against their cores, the flat ring's extra bytes on the link cost less than its extra steps but more than the
-composition's shared memory (``predict``).
+or Bcast is composed where the cost model prices its three steps one after another (each the cheapest algorithm for
+its communicator: ``predict``) below every algorithm for the whole communicator, or, since a composition puts only
+the fewest bytes on the links, below the other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
 """
 
 from __future__ import annotations
@@ -108,7 +107,7 @@ class HostComposition:
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
-        self._priced: dict[tuple, bool] = {}  # (collective, bytes, op's kind) -> composed above PYCOLL_SMP_BYTES
+        self._priced: dict[tuple, bool] = {}  # (collective, bytes, op's kind, tolerance) -> composed when larger
         self._priced_by: Any = None  # the model those answers came from (compared by identity)
 
     @staticmethod

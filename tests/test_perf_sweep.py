@@ -145,6 +145,23 @@ def test_algorithm_used_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker.algorithm_used("pycoll", "broadcast", comm) is None  # neither record has one
 
 
+def test_a_composed_calls_prediction_is_its_steps_or_none_where_unpriced() -> None:
+    """A composed Allreduce's predicted time is the sum of its host and leaders' steps (pycoll.composed.predict);
+    a composed Alltoall, which the model does not price, records none (not infinity)."""
+    import types
+
+    from pycoll import composed
+    from pycoll.algorithms import Layout, cost
+
+    lay = Layout((0, 0, 1, 1))
+    comm = types.SimpleNamespace(_layout=lay, _x=types.SimpleNamespace(
+        ran={"allreduce": ("composed", 1 << 20), "alltoall": ("composed", 1 << 10)}))
+    b = types.SimpleNamespace(name="pycoll", comm=comm)
+    want = composed.predict(cost.current(), "allreduce", 1 << 20, lay) * 1e6
+    assert want > 0 and worker.predicted_us(b, "allreduce", "composed") == pytest.approx(want, abs=1e-3)
+    assert worker.predicted_us(b, "alltoall", "composed") is None
+
+
 @pytest.mark.timeout(120)
 def test_a_sweep_across_hosts_names_each_calls_algorithm_and_its_prediction(tmp_path: Path) -> None:
     """4 ranks on 2 namespace hosts: the composed Barrier before every timed call and the host communicators of a

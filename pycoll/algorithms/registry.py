@@ -35,8 +35,8 @@ LINK_TOLERANCE = float_param(
     "PYCOLL_LINK_TOLERANCE",
     0.1,
     "Ranks on several hosts with more than one on some host: an algorithm that puts only the fewest bytes on the "
-    "hosts' links (hierarchical, or a composed call) is chosen over a flat one priced faster by up to this share "
-    "of its time (default 0.1; 0: always the cheapest).",
+    "hosts' links (the hierarchical Allreduce, Allgather and Reduce_scatter, the Bcast chain, a composed call) is "
+    "chosen over one priced faster by up to this share of its time (default 0.1; 0: always the cheapest).",
 )
 # per collective, the algorithms whose bytes between hosts are the fewest the call needs (the chain walks the ranks
 # host by host, so it crosses each link once)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import traceback
@@ -73,7 +74,8 @@ def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
         if name == "composed":  # the host and leaders' steps (pycoll.composed)
             from pycoll import composed
 
-            return round(composed.predict(cost.current(), coll, nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
+            t = composed.predict(cost.current(), coll, nbytes, b.comm._layout)  # type: ignore[attr-defined]
+            return round(t * 1e6, 3) if math.isfinite(t) else None  # inf: a composition the model does not price
         algo = registry.ALGORITHMS[coll][name]  # type: ignore[union-attr]
         return round(algo.predict(cost.current(), nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - no choice recorded, a collective without a model: no prediction
