@@ -38,8 +38,8 @@ LINK_TOLERANCE = float_param(
     "hosts' links (the hierarchical Allreduce, Allgather and Reduce_scatter, the Bcast chain, a composed call) is "
     "chosen over one priced faster by up to this share of its time (default 0.1; 0: always the cheapest).",
 )
-# per collective, the algorithms whose bytes between hosts are the fewest the call needs (the chain walks the ranks
-# host by host, so it crosses each link once)
+# per collective, the algorithms whose bytes between hosts are the fewest the call needs (the chain follows the
+# layout's ring, which keeps each host's ranks together, so it crosses each link once)
 LINK_MINIMAL: dict[str, frozenset[str]] = {
     "allreduce": frozenset({"hierarchical"}), "allgather": frozenset({"hierarchical"}),
     "reduce_scatter": frozenset({"hierarchical"}), "broadcast": frozenset({"chain"}),
@@ -271,9 +271,10 @@ def select(call: Call, layout: Layout) -> Algorithm:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
         return _chose(call, options[0][1], "the only one that accepts")
+    pick = options[0][1]
     tolerance = link_tolerance(call.coll, layout)
-    _, name = preferred([(t, a.name) for t, a in options], LINK_MINIMAL[call.coll], tolerance) if tolerance else (0, "")
-    pick = table[name] if name else options[0][1]
+    if tolerance:
+        pick = table[preferred([(t, a.name) for t, a in options], LINK_MINIMAL[call.coll], tolerance)[1]]
 
     def why() -> str:  # written only when logged or asked for: formatting every candidate costs more than selecting
         each = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
