@@ -1,10 +1,14 @@
-"""First calls of a program across virtual hosts: the first, second and slowest of the first 300 small Allreduce calls.
+"""First calls of a program across virtual hosts: the first, second and slowest of a program's first calls.
 
-Usage: python perf/first_calls_hosts.py [--np 4] [--hosts 2] [--jobs 5] [--env PYCOLL_SMP_BYTES=0 ...]
+Usage: python perf/first_calls_hosts.py [--np 4] [--hosts 2] [--jobs 5] [--coll allreduce] [--bytes 8]
+       [--calls 300] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...]
 
-Each job is a fresh `pycoll run -n NP --hosts H` program that makes 300 `Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])`
-calls of 8 bytes on fresh arrays and reports the slowest rank's time for each. Every --env setting (and the default)
-runs --jobs jobs, alternating, and the medians over the jobs are printed. Needs root (network namespaces).
+Each job is a fresh program on `--hosts` network namespaces (`pycoll run -n NP --hosts H` for pycoll; MPICH's
+hydra through `python -m pycoll.perf.mpi_hosts` for mpi, its traffic on the same links) that makes `--calls`
+buffer-spec calls (`[a, MPI.FLOAT]`) of `--bytes` bytes each on arrays made fresh before every call (the receive
+array untouched, as `np.empty` gives it: its first touch is timed, as in a program), and reports the slowest rank's
+time for each. Every peer and --env setting (pycoll's) runs --jobs jobs, alternating, and the medians over the jobs
+are printed. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -17,18 +21,33 @@ import subprocess
 import sys
 import tempfile
 
+COLLECTIVES = ("allreduce", "allgather", "bcast")
+
 PROGRAM = r"""
-import json, sys, time
+import json, os, sys, time
 import numpy as np
-from pycoll import MPI
+if os.environ.get("FIRST_CALLS_PEER") == "mpi":
+    from mpi4py import MPI
+else:
+    from pycoll import MPI
+coll, nbytes, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 c = MPI.COMM_WORLD
+n = max(nbytes // 4, 1)
 times = []
-for _ in range(300):
-    a, b = np.ones(2, np.float32), np.empty(2, np.float32)
+for _ in range(calls):
+    if coll == "allreduce":
+        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+        call = lambda: c.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])
+    elif coll == "allgather":  # nbytes is the whole output (nccl-tests' size)
+        a, b = np.ones(max(n // c.size, 1), np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
+        call = lambda: c.Allgather([a, MPI.FLOAT], [b, MPI.FLOAT])
+    else:
+        b = np.ones(n, np.float32) if c.rank == 0 else np.empty(n, np.float32)
+        call = lambda: c.Bcast([b, MPI.FLOAT], 0)
     t0 = time.perf_counter()
-    c.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])
+    call()
     times.append(time.perf_counter() - t0)
-slowest = np.empty(300)
+slowest = np.empty(calls)
 c.Allreduce(np.array(times), slowest, op=MPI.MAX)
 if c.rank == 0:
     print("FIRST " + json.dumps({"first_ms": slowest[0] * 1e3, "second_ms": slowest[1] * 1e3,
@@ -37,12 +56,16 @@ if c.rank == 0:
 """
 
 
-def one_job(np_: int, hosts: int, env: dict[str, str], script: str) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(np_), "--hosts", str(hosts), sys.executable, script]
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+def one_job(peer: str, np_: int, hosts: int, env: dict[str, str], argv: list[str]) -> dict[str, float]:
+    if peer == "mpi":
+        cmd = [sys.executable, "-m", "pycoll.perf.mpi_hosts", "-n", str(np_), "--hosts", str(hosts), "--", *argv]
+    else:
+        cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(np_), "--hosts", str(hosts), *argv]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env, "FIRST_CALLS_PEER": peer})
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("FIRST ")), None)
     if out.returncode != 0 or line is None:
-        raise SystemExit(f"job failed ({out.returncode}): {out.stderr[-2000:]}")
+        raise SystemExit(f"{peer} job failed ({out.returncode}): {out.stderr[-2000:]}")
     return json.loads(line[6:])
 
 
@@ -51,27 +74,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--np", type=int, default=4)
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--jobs", type=int, default=5)
-    p.add_argument("--env", action="append", default=[], metavar="K=V", help="a setting to compare with the default")
+    p.add_argument("--coll", choices=COLLECTIVES, default="allreduce")
+    p.add_argument("--bytes", type=int, default=8, help="bytes a call moves (Allgather: its whole output)")
+    p.add_argument("--calls", type=int, default=300, help="calls a program makes (at least 2)")
+    p.add_argument("--peers", default="pycoll", help="comma-separated: pycoll, mpi (MPICH through mpi4py)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V", help="a pycoll setting to compare with the default")
     p.add_argument("--json", default=None, help="write every job's figures here")
     args = p.parse_args(argv)
-    settings = [("default", {})] + [(e, dict([e.split("=", 1)])) for e in args.env]
-    results: dict[str, list[dict[str, float]]] = {name: [] for name, _ in settings}
+    peers = args.peers.split(",")
+    settings = [(peer, peer, {}) for peer in peers]
+    settings += [(f"pycoll {e}", "pycoll", dict([e.split("=", 1)])) for e in args.env]
+    results: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in settings}
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "first_calls.py")
         with open(script, "w") as f:
             f.write(PROGRAM)
+        job_argv = [sys.executable, script, args.coll, str(args.bytes), str(max(args.calls, 2))]
         for _ in range(args.jobs):
-            for name, env in settings:
-                results[name].append(one_job(args.np, args.hosts, env, script))
-    print(f"{args.np} ranks on {args.hosts} virtual hosts, {args.jobs} jobs each; medians over the jobs")
-    print(f"{'setting':28s} {'first ms':>9s} {'second ms':>10s} {'worst of 2-300 ms':>18s} {'median us':>10s}")
+            for name, peer, env in settings:
+                results[name].append(one_job(peer, args.np, args.hosts, env, job_argv))
+    print(f"{args.np} ranks on {args.hosts} virtual hosts, {args.coll} of {args.bytes} B, {args.calls} calls on fresh "
+          f"arrays; {args.jobs} jobs each, medians over the jobs")
+    print(f"{'peer / setting':28s} {'first ms':>9s} {'second ms':>10s} {'worst of the rest ms':>21s} {'median us':>10s}")
     for name, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
-        print(f"{name:28s} {med['first_ms']:9.1f} {med['second_ms']:10.2f} {med['worst_after_first_ms']:18.2f} "
+        print(f"{name:28s} {med['first_ms']:9.2f} {med['second_ms']:10.2f} {med['worst_after_first_ms']:21.2f} "
               f"{med['median_us']:10.1f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"np": args.np, "hosts": args.hosts, "jobs": results}, f, indent=1)
+            json.dump({"np": args.np, "hosts": args.hosts, "coll": args.coll, "bytes": args.bytes,
+                       "calls": args.calls, "jobs": results}, f, indent=1)
     return 0
 
 
