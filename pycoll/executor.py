@@ -9,10 +9,11 @@ on the progress engine. Every collective goes through ``Executor.run``/``Executo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -529,6 +530,19 @@ class Executor:
         """Finish an inline call whose peers did not keep up as an ordinary schedule: timeouts, liveness, reports."""
         steps, owner = self.steps(label, sig)
         self._finish(self.engine.start(Schedule(schedule(steps), owner)))
+
+    @contextlib.contextmanager
+    def sleeping_waits(self) -> Iterator[None]:
+        """Inside, a call that finds its peers late waits on the arena's doorbell at once, with no yields and no
+        retries: for a rank that expects a long wait where ranks share cores, whose yields would take turns with the
+        very rank it waits for (outside that case there are none to drop)."""
+        gate = self.gate
+        yields, retry_s = gate.yields, self.retry_s
+        gate.yields, self.retry_s = 0, 0.0
+        try:
+            yield
+        finally:
+            gate.yields, self.retry_s = yields, retry_s
 
     def retry(self, arena: Any, status: int, again: Callable[[], int]) -> int:
         """While a kernel call that may be repeated (it posts the same words and copies the same bytes) finds its peers

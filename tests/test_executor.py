@@ -160,3 +160,38 @@ def test_point_to_point_specs_on_fresh_views_resolve_without_the_cache() -> None
     ro.flags.writeable = False
     with pytest.raises(InvalidArgumentError, match="read-only"):
         flat_bytes.parse_bytes([ro, 8, MPI.DOUBLE], "buf", "Recv", writable=True)
+
+
+def test_sleeping_waits_drop_yields_and_retries_inside_only() -> None:
+    from types import SimpleNamespace
+
+    from pycoll.executor import Executor
+
+    x = SimpleNamespace(gate=SimpleNamespace(yields=200), retry_s=1e-3)
+    with Executor.sleeping_waits(x):  # type: ignore[arg-type]
+        assert (x.gate.yields, x.retry_s) == (0, 0.0)
+    assert (x.gate.yields, x.retry_s) == (200, 1e-3)
+    with pytest.raises(RuntimeError), Executor.sleeping_waits(x):  # type: ignore[arg-type]
+        raise RuntimeError("a failed call")
+    assert (x.gate.yields, x.retry_s) == (200, 1e-3)
+
+
+@pytest.mark.parametrize("leader", [False, True])
+@pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 16 << 20])
+def test_a_composed_calls_other_ranks_wait_asleep_from_a_mebibyte(leader, nbytes) -> None:
+    from types import SimpleNamespace
+
+    from pycoll.composed import SLEEP_FROM_BYTES, HostComposition
+    from pycoll.executor import Executor
+
+    seen = []
+    x = SimpleNamespace(gate=SimpleNamespace(yields=200), retry_s=1e-3)
+    x.sleeping_waits = lambda: Executor.sleeping_waits(x)  # type: ignore[arg-type]
+    host_comm = SimpleNamespace(_x=x, Bcast=lambda buf, root: seen.append((x.gate.yields, x.retry_s)))
+    hc = object.__new__(HostComposition)
+    hc.leader, hc.host_comm = leader, host_comm
+    buf = np.zeros(nbytes // 4, np.float32)
+    hc._host_bcast(buf, 0, Call("broadcast", buf.dtype, recv=buf, root=0))
+    asleep = not leader and nbytes >= SLEEP_FROM_BYTES
+    assert seen == [(0, 0.0) if asleep else (200, 1e-3)]
+    assert (x.gate.yields, x.retry_s) == (200, 1e-3)
