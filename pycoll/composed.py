@@ -56,9 +56,10 @@ _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
 }
 
 
-# From this size a rank waiting for its leader's step between the hosts sleeps rather than yields the core: where
-# ranks share cores, its yields took turns with the leader's network transfer (4 ranks on 2 namespace hosts, 2 cores:
-# 1 MiB Bcast back to back 2.7 -> 1.3 ms, Allreduce 3.4 -> 2.1 ms; below 1 MiB the wake-up cost more than it saved).
+# Where the leaders' step between the hosts brings a host at least this many bytes, the host's other ranks wait
+# through it asleep rather than yield the core: where ranks share cores, their yields took turns with the leader's
+# transfer (4 ranks on 2 namespace hosts, 2 cores: 1 MiB Bcast back to back 2.7 -> 1.3 ms, Allreduce 3.4 -> 2.1 ms;
+# below 1 MiB the wake-up cost more than it saved).
 SLEEP_FROM_BYTES = 1 << 20
 
 
@@ -180,10 +181,11 @@ class HostComposition:
                 c.free()
         self.host_comm = self.leaders = None
 
-    def _host_bcast(self, buf: Any, root: int, call: Call) -> None:
-        """The host's Bcast from local rank ``root``; the ranks other than the leader wait asleep on a large call
-        (``SLEEP_FROM_BYTES``): they wait through the leaders' step, or through the copy of a large buffer."""
-        if self.leader or call.size_bytes < SLEEP_FROM_BYTES:
+    def _host_bcast(self, buf: Any, root: int, incoming: int) -> None:
+        """The host's Bcast from local rank ``root``; the ranks other than the leader wait asleep where the leaders'
+        step brings the host ``incoming`` bytes, at least ``SLEEP_FROM_BYTES``: they wait through that step (or,
+        in the root's host of a Bcast, through the copy of as large a buffer)."""
+        if self.leader or incoming < SLEEP_FROM_BYTES:
             self.host_comm.Bcast(buf, root)
             return
         with self.host_comm._x.sleeping_waits():
@@ -212,7 +214,7 @@ class HostComposition:
             out[...] = partial
         else:
             self.host_comm.Reduce(out if call.in_place else call.send, None, call.op, 0)
-        self._host_bcast(out, 0, call)
+        self._host_bcast(out, 0, call.size_bytes)
 
     def _broadcast(self, call: Call) -> None:
         buf, root = call.recv, call.root
@@ -223,13 +225,13 @@ class HostComposition:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
                 self.host_comm.Bcast(buf, 0)
                 return
-            self._host_bcast(buf, self.groups[root_host].index(root), call)
+            self._host_bcast(buf, self.groups[root_host].index(root), call.size_bytes)
             if self.leader:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
         else:
             if self.leader:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
-            self._host_bcast(buf, 0, call)
+            self._host_bcast(buf, 0, call.size_bytes)
 
     def _reduce(self, call: Call) -> None:
         assert call.send is not None and call.op is not None
@@ -271,7 +273,7 @@ class HostComposition:
             recv[...] = gathered
         else:
             self.host_comm.Gather(mine, None, 0)
-        self._host_bcast(recv, 0, call)
+        self._host_bcast(recv, 0, call.size_bytes - call.size_bytes // len(self.groups))  # the other hosts' blocks
 
     def _reduce_scatter(self, call: Call) -> None:
         assert call.send is not None and call.recv is not None and call.op is not None

@@ -179,6 +179,7 @@ def test_sleeping_waits_drop_yields_and_retries_inside_only() -> None:
 @pytest.mark.parametrize("leader", [False, True])
 @pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 16 << 20])
 def test_a_composed_calls_other_ranks_wait_asleep_from_a_mebibyte(leader, nbytes) -> None:
+    """They sleep where the leaders' step brings their host at least a MiB; the leader never does."""
     from types import SimpleNamespace
 
     from pycoll.composed import SLEEP_FROM_BYTES, HostComposition
@@ -191,7 +192,7 @@ def test_a_composed_calls_other_ranks_wait_asleep_from_a_mebibyte(leader, nbytes
     hc = object.__new__(HostComposition)
     hc.leader, hc.host_comm = leader, host_comm
     buf = np.zeros(nbytes // 4, np.float32)
-    hc._host_bcast(buf, 0, Call("broadcast", buf.dtype, recv=buf, root=0))
+    hc._host_bcast(buf, 0, buf.nbytes)
     asleep = not leader and nbytes >= SLEEP_FROM_BYTES
     assert seen == [(0, 0.0) if asleep else (200, 1e-3)]
     assert (x.gate.yields, x.retry_s) == (200, 1e-3)
