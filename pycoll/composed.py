@@ -30,7 +30,7 @@ import numpy as np
 from . import ops as _ops
 from .algorithms import cost as cost_model
 from .algorithms.base import Call, Layout, offsets
-from .algorithms.registry import LINK_MINIMAL, link_tolerance, preferred, ranked
+from .algorithms.registry import LINK_MINIMAL, link_tolerance, preferred, ranked_cached
 from .buffers import IN_PLACE
 from .config import size_param
 
@@ -77,7 +77,7 @@ def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any) -> float
     probe = Call(coll, np.dtype(np.uint8), op=op if coll in _REDUCING else None, total=nbytes,
                  counts=[nbytes // lay.size] * lay.size if coll in ("gather", "scatter", "allgather", "reduce_scatter")
                  else [])
-    options = ranked(probe, lay, model)
+    options = ranked_cached(coll, nbytes, lay, model, probe)  # shared with select and the other compositions
     return options[0][0] if options else float("inf")
 
 
@@ -153,7 +153,7 @@ class HostComposition:
         key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance)
         known = self._priced.get(key)
         if known is None:
-            priced = [(t, a.name) for t, a in ranked(call, lay, model)]
+            priced = [(t, a.name) for t, a in ranked_cached(call.coll, call.size_bytes, lay, model, call)]
             priced.append((predict(model, call.coll, call.size_bytes, lay, call.op), "composed"))
             priced.sort(key=lambda p: p[0])
             lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links

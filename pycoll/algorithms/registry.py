@@ -226,7 +226,7 @@ _cache: dict[tuple, list[tuple[float, Algorithm]]] = {}
 _cache_model: list[Optional[CostModel]] = [None]  # the model the cache was filled with (compared by identity)
 
 
-def _ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, call: Call) -> list[tuple[float, Algorithm]]:
+def ranked_cached(coll: str, nbytes: int, layout: Layout, model: CostModel, call: Call) -> list[tuple[float, Algorithm]]:
     """``ranked`` memoised per (collective, size, layout, memory) for the model in force: repeated calls skip the model.
 
     The model is compared by identity, not hashed: a tuned model carries tables whose hash would cost more
@@ -266,7 +266,7 @@ def select(call: Call, layout: Layout) -> Algorithm:
             algo = table.get(name)
             if algo is not None and algo.refusal(call, layout) is None:
                 return _chose(call, algo, "the first that accepts a call whose sizes not every rank knows")
-    options = _ranked_cached(call.coll, call.size_bytes, layout, cost_model.current(), call)
+    options = ranked_cached(call.coll, call.size_bytes, layout, cost_model.current(), call)
     if not options:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
