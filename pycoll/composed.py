@@ -81,12 +81,15 @@ def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any) -> float
     return options[0][0] if options else float("inf")
 
 
-def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None) -> float:
+def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> float:
     """The model's time for a composed ``coll`` of ``nbytes`` on a communicator laid out as ``lay``: its steps one
-    after another, on the largest host's communicator and the leaders' (inf: not composed above PYCOLL_SMP_BYTES)."""
+    after another, on the largest host's communicator and the leaders' (inf: not composed above PYCOLL_SMP_BYTES).
+    A Bcast whose ``root`` leads its host sends to the other hosts first, so its host's step overlaps theirs."""
     steps = _PRICED.get(coll)
     if steps is None:
         return float("inf")
+    if coll == "broadcast" and lay.groups[lay.host_of[root]][0] == root:
+        steps = steps[1:]
     host, leaders = Layout.flat(max(lay.local_sizes)), Layout(tuple(range(lay.hosts)))
     op = op if op is not None else _ops.SUM
     total = 0.0
@@ -150,11 +153,12 @@ class HostComposition:
             self._priced_by = model
         lay = self.comm._layout
         tolerance = link_tolerance(call.coll, lay)
-        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance)
+        leads = call.coll == "broadcast" and lay.groups[lay.host_of[call.root]][0] == call.root
+        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance, leads)
         known = self._priced.get(key)
         if known is None:
             priced = [(t, a.name) for t, a in ranked_cached(call.coll, call.size_bytes, lay, model, call)]
-            priced.append((predict(model, call.coll, call.size_bytes, lay, call.op), "composed"))
+            priced.append((predict(model, call.coll, call.size_bytes, lay, call.op, call.root), "composed"))
             priced.sort(key=lambda p: p[0])
             lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links
             known = self._priced[key] = preferred(priced, lean, tolerance)[1] == "composed"

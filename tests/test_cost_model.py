@@ -317,7 +317,7 @@ def test_direct_calls_across_hosts_are_costed_on_the_blocks_that_cross() -> None
     """Alltoall on 2 hosts x 2 ranks: each host's 2 ranks send a block of n/4 to each of the 2 ranks off it, n
     bytes through the host's link, not a rank's (p - 1)/p n: measured at 1 Gbit/s, 145 ms at 16 MiB (0.1185 GB/s
     between the hosts), predicted 108 ms before. A Gather's root host takes the blocks of the ranks off it."""
-    m = CostModel(net_GBps=0.1, net_latency_us=10.0, msg_us=0.0)
+    m = CostModel(net_GBps=0.1, net_latency_us=10.0, msg_us=0.0, cores=8)  # no host short of cores: no hand-overs
     n = 16 << 20
     alltoall = ALGORITHMS["alltoall"]["pairwise"].cost
     one_each, two_each, three_and_one = Layout((0, 1)), Layout((0, 0, 1, 1)), Layout((0, 0, 0, 1))
@@ -493,6 +493,55 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
             assert not choice.takes(Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts))
             assert not choice.takes(Call("alltoall", F32, a, a.copy(), counts=counts))
     assert seen == {True, False}  # both answers occur over these sizes and models
+
+
+def test_ranks_short_of_cores_pay_a_hand_over_per_message_across_hosts_too() -> None:
+    """4 ranks on 2 hosts of one core each: every message of a flat algorithm waits on a peer that may be
+    descheduled, as on one host (the 16 MiB Bcast chain of 34 messages read 0.54-0.68x slower than the composition,
+    which the model ranked the other way); with a core per rank, or one rank a host, nothing is added."""
+    chain = ALGORITHMS["broadcast"]["chain"].cost
+    short, enough = CostModel(cores=1), CostModel(cores=2)
+    n = 16 << 20
+    msgs = 4 - 2 + short.messages(n)  # the chain's steps, one chunk each
+    two_each = Layout((0, 0, 1, 1))
+    for m in (short, enough):
+        added = chain(m, n, two_each) - chain(dataclasses.replace(m, handover_us=0.0), n, two_each)
+        assert added == pytest.approx(msgs * m.handover_us * 1e-6 if m is short else 0.0, abs=1e-9)
+    assert chain(short, n, Layout((0, 1))) == chain(dataclasses.replace(short, handover_us=0.0), n, Layout((0, 1)))
+
+
+def test_a_composed_bcast_from_a_leader_overlaps_its_hosts_steps() -> None:
+    """A root that leads its host sends to the other hosts first, then Bcasts in its host while they do: two steps
+    in a row. Any other root's host Bcasts first, so three."""
+    from pycoll import composed
+
+    m, lay, n = CostModel(cores=1), Layout((0, 0, 1, 1)), 16 << 20
+    host = min(t for t, _ in ranked(Call("broadcast", np.dtype(np.uint8), total=n), Layout.flat(2), m))
+    leaders = min(t for t, _ in ranked(Call("broadcast", np.dtype(np.uint8), total=n), Layout((0, 1)), m))
+    assert composed.predict(m, "broadcast", n, lay, root=0) == pytest.approx(leaders + host)
+    assert composed.predict(m, "broadcast", n, lay, root=2) == pytest.approx(leaders + host)
+    assert composed.predict(m, "broadcast", n, lay, root=3) == pytest.approx(leaders + 2 * host)
+
+
+def test_a_reduce_across_hosts_takes_the_chain_within_the_tolerance(monkeypatch) -> None:
+    """The Reduce chain follows the ring, which keeps each host's ranks together: one vector crosses each link. The
+    tree's sends cross it twice on 2 hosts of 2 (1 Gbit/s, 256 KiB: the links carried 2.01x the fewest bytes under
+    the tree, 1.00x under the chain), so on such hosts the chain is chosen where priced within the tolerance."""
+    cost.use(CostModel(cores=1, net_GBps=0.1185, net_latency_us=9.8))
+    two_by_two = Layout((0, 0, 1, 1))
+    found = 0
+    for nbytes in [1 << k for k in range(10, 26)]:
+        a = np.empty(nbytes // 4, np.float32)
+        call = Call("reduce", F32, a, a.copy(), ops.SUM, root=0)
+        flat = ranked(call, two_by_two)
+        chain = next(t for t, algo in flat if algo.name == "chain")
+        if flat[0][1].name != "chain" and chain <= 1.1 * flat[0][0]:
+            found += 1
+            assert select(call, two_by_two).name == "chain", nbytes
+            monkeypatch.setenv("PYCOLL_LINK_TOLERANCE", "0")
+            assert select(call, two_by_two).name == flat[0][1].name
+            monkeypatch.delenv("PYCOLL_LINK_TOLERANCE")
+    assert found  # the 1 Gbit/s model has such sizes
 
 
 def test_several_ranks_a_host_take_the_link_minimal_algorithm_within_the_tolerance(monkeypatch) -> None:

@@ -43,8 +43,9 @@ BUILTIN = "builtin"
 # really leave a host in tree and recursive halving/doubling algorithms (``phase``'s ``wire``); version 1 charged
 # every rank's bytes to its host's link, and `pycoll tune` then fitted the network constants to that count.
 # Version 3 bounds cma by the rank's own copies or the host's memory (``host_memory_GBps``); a file from before
-# keeps its other constants, and its cma terms are the built-in ones at its memory speed.
-FORMULA = 3
+# keeps its other constants, and its cma terms are the built-in ones at its memory speed. Version 4 charges the
+# hand-overs of ranks that outnumber their host's cores across hosts too, as on one host (``handovers``).
+FORMULA = 4
 log = logging.getLogger("pycoll")
 
 
@@ -236,7 +237,8 @@ class CostModel:
         that leave the busiest host (replacing ``nbytes * flows``), and ``local``: the bytes a rank moves
         in steps that stay inside hosts, at the intra-host bandwidth. The rest of a rank's bytes move while
         the network carries its share, so where hosts hold several ranks the phase takes at least their
-        time over the intra-host link (a ring across hosts is as slow as its slowest hop).
+        time over the intra-host link (a ring across hosts is as slow as its slowest hop). Where a host's ranks
+        outnumber its cores, every message is a dependent wait on a peer that may be descheduled, on any link.
         On one host, an algorithm that gives ``footprint`` (the bytes the host's ranks touch in a call) moves and
         reduces its bytes through the shared-memory transport faster while they stay in cache (``memory_s``).
         """
@@ -253,7 +255,7 @@ class CostModel:
                 moved += local / (self.shm_GBps * 1e9)
             if self.fused:
                 return cpu * over + max(moved, red * over)
-            return (cpu + red) * over + moved
+            return (cpu + red) * over + moved + self.handovers(lay, msgs)
         if self.fused:
             return (cpu + max(nbytes / bw, red)) * over
         if footprint:

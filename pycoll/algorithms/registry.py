@@ -35,14 +35,14 @@ LINK_TOLERANCE = float_param(
     "PYCOLL_LINK_TOLERANCE",
     0.1,
     "Ranks on several hosts with more than one on some host: an algorithm that puts only the fewest bytes on the "
-    "hosts' links (the hierarchical Allreduce, Allgather and Reduce_scatter, the Bcast chain, a composed call) is "
-    "chosen over one priced faster by up to this share of its time (default 0.1; 0: always the cheapest).",
+    "hosts' links (the hierarchical Allreduce, Allgather and Reduce_scatter, the Bcast and Reduce chains, a composed "
+    "call) is chosen over one priced faster by up to this share of its time (default 0.1; 0: always the cheapest).",
 )
 # per collective, the algorithms whose bytes between hosts are the fewest the call needs (the chain follows the
 # layout's ring, which keeps each host's ranks together, so it crosses each link once)
 LINK_MINIMAL: dict[str, frozenset[str]] = {
     "allreduce": frozenset({"hierarchical"}), "allgather": frozenset({"hierarchical"}),
-    "reduce_scatter": frozenset({"hierarchical"}), "broadcast": frozenset({"chain"}),
+    "reduce_scatter": frozenset({"hierarchical"}), "broadcast": frozenset({"chain"}), "reduce": frozenset({"chain"}),
 }
 
 COLLECTIVES = (
