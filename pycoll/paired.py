@@ -109,6 +109,9 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     if vc:
         return False
     limit, views = pair.limit, plan.views
+    largest = _largest_message(t, pair.me, pair.peer)
+    if largest is not None and largest > limit:
+        return False
     sendq, dead = engine._sendq[peer], engine._dead
 
     def fast(args: tuple) -> bool:
@@ -119,8 +122,9 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         if bound is None:
             return False  # the buffers overlap: the checks name it
         send, recv = bound
-        if ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)
-                or c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead):
+        if largest is None and ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)):
+            return False
+        if c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead:
             return False
         seq = c._seq + 1
         c._seq = seq
@@ -128,6 +132,18 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         return True
 
     return fast
+
+
+def _largest_message(t: Any, me: int, peer: int) -> Optional[int]:
+    """The larger of the call's two messages, in bytes, where only a block of its buffers crosses (an Allgather,
+    Reduce_scatter or Alltoall sends and receives one rank's block: its whole buffers may exceed the socket's
+    staging area while each message fits); None where a message is a whole buffer (checked call by call)."""
+    size = t.dtype.itemsize
+    if t.coll in ("allgather", "reduce_scatter") and t.counts:
+        return max(t.counts[me], t.counts[peer]) * size
+    if t.coll == "alltoall" and t.counts and t.send_counts:
+        return max(t.counts[peer], t.send_counts[peer]) * size
+    return None
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:

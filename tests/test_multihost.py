@@ -404,6 +404,9 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
     assert "allgather" in outcomes[0]["cause"] and "allreduce" in outcomes[1]["cause"], outcomes
     for name in ("Allreduce", "Allreduce in place", "Bcast", "Reduce", "Allgather", "Alltoall", "Reduce_scatter_block"):
         assert set(res.records("topology.paired_calls", f"fast {name}").values()) == {True}, name
+    for name in ("Allgather", "Alltoall", "Reduce_scatter_block"):  # whole buffers larger than the staging area
+        assert set(res.records("topology.paired_calls", f"fast {name} of fitting blocks").values()) == {True}, name
+        assert set(res.records("topology.paired_calls", f"fast {name} of larger blocks").values()) == {False}, name
     # 7 calls x 4 counts x 4 repeats and 3 Barriers, each one frame out of each rank (Bcast and Reduce: one rank's)
     # in one system call; but the first call of each shape is scheduled, and its frames over 16 KiB (count 5000)
     # go through the engine's send queue instead: 12 of them
