@@ -81,6 +81,11 @@ def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any) -> float
     return options[0][0] if options else float("inf")
 
 
+def _leads(lay: Layout, root: int) -> bool:
+    """Whether rank ``root`` is its host's first rank (its leader)."""
+    return lay.groups[lay.host_of[root]][0] == root
+
+
 def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> float:
     """The model's time for a composed ``coll`` of ``nbytes`` on a communicator laid out as ``lay``: its steps one
     after another, on the largest host's communicator and the leaders' (inf: not composed above PYCOLL_SMP_BYTES).
@@ -88,7 +93,7 @@ def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, roo
     steps = _PRICED.get(coll)
     if steps is None:
         return float("inf")
-    if coll == "broadcast" and lay.groups[lay.host_of[root]][0] == root:
+    if coll == "broadcast" and _leads(lay, root):
         steps = steps[1:]
     host, leaders = Layout.flat(max(lay.local_sizes)), Layout(tuple(range(lay.hosts)))
     op = op if op is not None else _ops.SUM
@@ -153,7 +158,7 @@ class HostComposition:
             self._priced_by = model
         lay = self.comm._layout
         tolerance = link_tolerance(call.coll, lay)
-        leads = call.coll == "broadcast" and lay.groups[lay.host_of[call.root]][0] == call.root
+        leads = call.coll == "broadcast" and _leads(lay, call.root)
         key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance, leads)
         known = self._priced.get(key)
         if known is None:

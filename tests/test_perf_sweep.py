@@ -147,7 +147,8 @@ def test_algorithm_used_hook(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_composed_calls_prediction_is_its_steps_or_none_where_unpriced() -> None:
     """A composed Allreduce's predicted time is the sum of its host and leaders' steps (pycoll.composed.predict);
-    a composed Alltoall, which the model does not price, records none (not infinity)."""
+    a composed Bcast's depends on its root (from a host's leader, one host step fewer); a composed Alltoall, which
+    the model does not price, records none (not infinity)."""
     import types
 
     from pycoll import composed
@@ -155,11 +156,15 @@ def test_a_composed_calls_prediction_is_its_steps_or_none_where_unpriced() -> No
 
     lay = Layout((0, 0, 1, 1))
     comm = types.SimpleNamespace(_layout=lay, _x=types.SimpleNamespace(
-        ran={"allreduce": ("composed", 1 << 20), "alltoall": ("composed", 1 << 10)}))
+        ran={"allreduce": ("composed", 1 << 20), "alltoall": ("composed", 1 << 10), "broadcast": ("composed", 1 << 20)}))
     b = types.SimpleNamespace(name="pycoll", comm=comm)
     want = composed.predict(cost.current(), "allreduce", 1 << 20, lay) * 1e6
     assert want > 0 and worker.predicted_us(b, "allreduce", "composed") == pytest.approx(want, abs=1e-3)
     assert worker.predicted_us(b, "alltoall", "composed") is None
+    leader, other = (worker.predicted_us(b, "broadcast", "composed", root) for root in (2, 1))
+    assert leader == pytest.approx(composed.predict(cost.current(), "broadcast", 1 << 20, lay, root=2) * 1e6, abs=1e-3)
+    assert other == pytest.approx(composed.predict(cost.current(), "broadcast", 1 << 20, lay, root=1) * 1e6, abs=1e-3)
+    assert other > leader
 
 
 @pytest.mark.timeout(120)

@@ -59,10 +59,10 @@ def _comm_record(comm: Any) -> dict:
     return ran if isinstance(ran, dict) else {}
 
 
-def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
+def predicted_us(b: Backend, coll: str, name: Optional[str], root: int = 0) -> Optional[float]:
     """What pycoll's cost model predicted for its last ``coll`` call, with the algorithm it chose (``name``, from
-    ``algorithm_used``), the call's size as selection saw it and the communicator's layout (µs); None for other
-    peers or where it cannot say."""
+    ``algorithm_used``), the call's size as selection saw it, the communicator's layout and the call's ``root`` (a
+    composed Bcast from a host's leader is priced as two steps) (µs); None for other peers or where it cannot say."""
     if b.name != "pycoll" or name is None:
         return None
     registry = sys.modules.get("pycoll.algorithms.registry")
@@ -74,7 +74,7 @@ def predicted_us(b: Backend, coll: str, name: Optional[str]) -> Optional[float]:
         if name == "composed":  # the host and leaders' steps (pycoll.composed)
             from pycoll import composed
 
-            t = composed.predict(cost.current(), coll, nbytes, b.comm._layout)  # type: ignore[attr-defined]
+            t = composed.predict(cost.current(), coll, nbytes, b.comm._layout, root=root)  # type: ignore[attr-defined]
             return round(t * 1e6, 3) if math.isfinite(t) else None  # inf: a composition the model does not price
         algo = registry.ALGORITHMS[coll][name]  # type: ignore[union-attr]
         return round(algo.predict(cost.current(), nbytes, b.comm._layout) * 1e6, 3)  # type: ignore[attr-defined]
@@ -121,7 +121,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 times[j].append(elapsed / per_call if timed_here else 0.0)
                 used[j] = algorithm_used(b.name, coll, getattr(b, "comm", None))
                 if i == spec["iters"] - 1:  # the last call of each variant: the model's work stays out of the timed loop
-                    predicted[j] = predicted_us(b, coll, used[j])
+                    predicted[j] = predicted_us(b, coll, used[j], root)
     wrong = [0] * len(runs)
     if spec["check"]:
         for j, v in enumerate(runs):
