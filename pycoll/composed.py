@@ -23,16 +23,17 @@ the fewest bytes on the links, below the other such algorithms and within PYCOLL
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from . import ops as _ops
 from .algorithms import cost as cost_model
 from .algorithms.base import Call, Layout, offsets
-from .algorithms.registry import LINK_MINIMAL, link_tolerance, preferred, ranked_cached
+from .algorithms.check import CHECK_CALLS
+from .algorithms.registry import ALGO, LINK_MINIMAL, REPRODUCIBLE, link_tolerance, preferred, ranked_cached
 from .buffers import IN_PLACE
-from .config import size_param
+from .config import _ENV_BYTES, size_param
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
@@ -169,6 +170,34 @@ class HostComposition:
             known = self._priced[key] = preferred(priced, lean, tolerance)[1] == "composed"
         return known
 
+    def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
+        """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within
+        PYCOLL_SMP_BYTES: what decided to compose it (``takes``, a forced algorithm, the checks, reproducibility)
+        depends on the plan's shape and on environment words the closure rechecks, so a call only rebinds its
+        views and runs the composition, and ``ran(collective, bytes)`` records it; the closure declines (False,
+        nothing done) once any of them changed. Larger calls, priced by the cost model, keep the general path."""
+        env, c = _ENV_BYTES, self.comm
+        if env is None or call.size_bytes > SMP_BYTES.get():
+            return False
+        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key)
+        ka, kc, kr, ks = keys
+        va, vc, vr, vs = (env.get(k) for k in keys)
+        mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
+        views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
+
+        def fast(args: tuple) -> bool:
+            if env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or c._reproducible is not mine:
+                return False
+            bound = views(args)
+            if bound is None:
+                return False  # the buffers overlap: the checks name it
+            live(label, numbered=True)
+            run(make_call(*bound))
+            ran(coll, nbytes)
+            return True
+
+        return fast
+
     def _comms(self) -> None:
         if self.host_comm is None:  # every rank makes them in the same call, from the layout alone (no messages)
             c = self.comm
@@ -223,7 +252,7 @@ class HostComposition:
             out[...] = partial
         else:
             self.host_comm.Reduce(out if call.in_place else call.send, None, call.op, 0)
-        self._host_bcast(out, 0, call.size_bytes)
+        self._host_bcast(out, 0, out.nbytes)
 
     def _broadcast(self, call: Call) -> None:
         buf, root = call.recv, call.root
@@ -234,13 +263,13 @@ class HostComposition:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
                 self.host_comm.Bcast(buf, 0)
                 return
-            self._host_bcast(buf, self.groups[root_host].index(root), call.size_bytes)
+            self._host_bcast(buf, self.groups[root_host].index(root), buf.nbytes)
             if self.leader:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
         else:
             if self.leader:
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
-            self._host_bcast(buf, 0, call.size_bytes)
+            self._host_bcast(buf, 0, buf.nbytes)
 
     def _reduce(self, call: Call) -> None:
         assert call.send is not None and call.op is not None

@@ -50,7 +50,7 @@ class Param(Generic[T]):
         return value
 
     def is_set(self) -> bool:
-        return bool(os.environ.get(self.name))
+        return bool(_ENV_BYTES.get(self._key) if _ENV_BYTES is not None else os.environ.get(self.name))  # type: ignore
 
 
 @contextlib.contextmanager

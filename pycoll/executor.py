@@ -46,6 +46,8 @@ _OVERSUBSCRIBED_SPIN_S = 0.2e-6
 # Ranks that outnumber the cores spin only briefly (the peer they wait for may need the core), then yield the core and
 # call the kernel again for this long before the call waits as a schedule: a schedule costs tens of microseconds.
 _YIELD_RETRY_S = 1e-3
+_COMPOSED_WHY = ("a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES, or priced "
+                 "below the cheapest algorithm for the whole communicator)")
 _SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
 
 
@@ -290,6 +292,8 @@ class Executor:
                         return
                     call = plan.make_call(*views)
                     if self.composed is not None and self._compose(label, call):
+                        if not fast:  # None, or False where an earlier call of the plan ran another way
+                            plan.fast = self.composed.plan_closure(label, plan, call, self._ran_composed)
                         return
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
@@ -317,11 +321,13 @@ class Executor:
             return False
         self.comm._live(label, numbered=True)
         self.composed.run(call)
-        last_choice.collective, last_choice.algorithm, last_choice.nbytes = call.coll, "composed", call.size_bytes
-        self.ran[call.coll] = ("composed", last_choice.nbytes)
-        last_choice.why = ("a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES, or "
-                           "priced below the cheapest algorithm for the whole communicator)")
+        self._ran_composed(call.coll, call.size_bytes)
         return True
+
+    def _ran_composed(self, coll: str, nbytes: int) -> None:
+        last_choice.collective, last_choice.algorithm, last_choice.nbytes = coll, "composed", nbytes
+        self.ran[coll] = ("composed", nbytes)
+        last_choice.why = _COMPOSED_WHY
 
     def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:
         """A nonblocking collective: scheduled now, progressed by the engine, finished by the request."""

@@ -62,15 +62,16 @@ class EagerPaths:
         ch = self.channels.get(peer)
         return max(0, getattr(ch, "staging_bytes", 0) - HEADER_SIZE - ALIGN) if peer in self._tcp_socks else 0
 
-    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray, spun: bool = False) -> bool:
+    def recv_frame_now(self, peer: int, head: bytes, dst: np.ndarray, spun: bool = False, yielded: bool = False) -> bool:
         """``recv_now`` for the frame whose header is exactly ``head`` (``frame_head``); ``spun``: the caller has
-        spun its share already, and the wait goes on from yielding the core."""
+        spun its share already, and the wait goes on from yielding the core; ``yielded``: it has yielded too, and
+        the wait goes on in the kernel."""
         # Only this call's own receives could match its frames (its exact context and tag): none may be posted
         # or buffered, else the next frame could be theirs. Other calls' schedules may run.
         if peer not in self._tcp_socks or not self._can_take(peer, True) or not self.lock.acquire(blocking=False):
             return False
         try:
-            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head, spun)
+            got = self._recv_eager_tcp(peer, dst, 0, 0, True, head, spun, yielded)
         finally:
             self.lock.release()
         return got is not None
@@ -89,9 +90,10 @@ class EagerPaths:
                 or not self.lock.acquire(blocking=False)):
             sent = out is None or self.send_frame_now(peer, head_out, out, limit)  # type: ignore[arg-type]
             return sent, into is None or self.recv_frame_now(peer, head_in, into)  # type: ignore[arg-type]
-        try:
+        yield_us = YIELD_US.get() if into is not None else 0.0
+        try:  # the whole wait short of sleeping, in C: the spin, then the yields
             count, status = ch.swap_frame(head_out, out, head_in, into,
-                                          int(self._spin_us() * 1e3) if into is not None else 0)
+                                          int(self._spin_us() * 1e3) if into is not None else 0, int(yield_us * 1e3))
         finally:
             self.lock.release()
         sent = out is None or (count >= 0 and self._sent_eager_tcp(peer, head_out, out, count))  # type: ignore
@@ -100,8 +102,9 @@ class EagerPaths:
         if status == ch.TAKEN:
             self._took_from_socket(peer, head_ctx(head_in), head_tag(head_in))  # type: ignore[arg-type]
             return sent, True
-        if status == ch.NOT_YET:  # the rest of the wait (yielding, then sleeping) as in Python
-            return sent, self.recv_frame_now(peer, head_in, into, spun=True)  # type: ignore[arg-type]
+        if status == ch.NOT_YET:  # the rest of the wait (sleeping, or yielding where the frame left in part) in Python
+            yielded = count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN) if out is not None else True
+            return sent, self.recv_frame_now(peer, head_in, into, spun=True, yielded=yielded)  # type: ignore
         return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
 
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
@@ -183,13 +186,15 @@ class EagerPaths:
         return True
 
     def _recv_eager_tcp(self, peer: int, dst: np.ndarray, ctx: int, tag: int, spin: bool,
-                        head: Optional[bytes] = None, spun: bool = False) -> Optional[tuple[int, int]]:
+                        head: Optional[bytes] = None, spun: bool = False, yielded: bool = False
+                        ) -> Optional[tuple[int, int]]:
         """``recv_eager`` from a peer on another host: its next frame, read from the socket into the channel's
         staging area and copied out, when it is this receive's message: a point-to-point frame of ``ctx`` and
         ``tag`` (or any tag) of up to ``dst.nbytes``, or, given ``head``, the collective frame with exactly that
         header. Waits as the engine does (polling the socket for PYCOLL_SPIN_US, then yielding the core for
         PYCOLL_YIELD_US), then in the kernel (poll) for up to PYCOLL_TCP_EAGER_WAIT_MS, while nothing else
-        needs this rank; the engine's wait takes over after that. ``spun``: the spin was made already."""
+        needs this rank; the engine's wait takes over after that. ``spun``: the spin was made already; ``yielded``: the
+        yields too."""
         ch: Any = self.channels[peer]
         in_c = peer in self._swap_peers
         spin_until = deadline = 0.0
@@ -241,7 +246,7 @@ class EagerPaths:
             if not deadline:  # the engine's wait in small: spin, then yield the core, then sleep in the kernel
                 now = time.monotonic()
                 spin_until = now + (0.0 if spun else self._spin_us() * 1e-6)
-                yield_until = spin_until + YIELD_US.get() * 1e-6
+                yield_until = spin_until + (0.0 if yielded else YIELD_US.get() * 1e-6)
                 deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
                 ready = self._readable.get(peer) or self._poller(peer, ch)
             # until more bytes are in: a poll of the socket costs a third of a failed read

@@ -76,6 +76,10 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
     leaders = {int(r): k for r, k in res.records("topology.host_composition", "leaders").items()}
     assert {r for r, k in leaders.items() if k} == set(first) and {leaders[r] for r in first} == {len(per_host)}
     assert set(res.records("topology.host_composition", "child_freed").values()) == {True}
+    # a plan's closure composes its repeated calls, and steps aside while PYCOLL_SMP_BYTES or PYCOLL_ALGO says otherwise
+    repeated = res.records("topology.host_composition", "repeated composed")
+    assert all(runs == [True, True, True, False, False, True, True] for runs in repeated.values()), repeated
+    assert set(res.records("topology.host_composition", "plan closure").values()) == {True}
     for call in ("bcast", "reduce"):
         assert set(res.records("topology.host_composition", f"{call} by").values()) == {"composed"}, call
     # Allgather only where every host holds as many ranks, numbered host by host

@@ -62,6 +62,39 @@ def test_a_frame_is_taken_whole_however_its_bytes_arrive(pair, nbytes: int) -> N
     assert box[:4].tobytes() == b"next" and ch._start == ch._end == 0
 
 
+def test_a_frame_that_comes_while_the_swap_yields_the_core_is_taken(pair) -> None:
+    """Past its spin, the swap polls the socket between sched_yields for up to ``yield_ns``, in C: a frame that
+    comes meanwhile is taken there, and the frame sent went out whole first."""
+    ch, peer = pair
+    head = HEADER.pack(9, 4, 3, P2P_META, 0, 0, 0)
+    into = np.zeros(3, np.uint8)
+    assert ch.swap_frame(None, None, head, into, 0)[1] == ch.NOT_YET  # no spin, no yields: not in yet
+    late = threading.Timer(0.05, peer.sendall, (_frame(9, 4, b"abc"),))
+    late.start()
+    sent, status = ch.swap_frame(head, np.frombuffer(b"xyz", np.uint8), head, into, 0, 60 * 10**9)
+    late.join()
+    assert (sent, status) == (HEADER_SIZE + ALIGN, ch.TAKEN) and into.tobytes() == b"abc"
+    assert peer.recv(4096) == _frame(9, 4, b"xyz")
+
+
+def test_a_swap_whose_frame_left_in_part_does_not_yield_for_the_answer(pair) -> None:
+    """Where the socket took only part of the outgoing frame, the swap gives up the wait after its spin (the
+    engine must send the rest before the peer can answer), however long ``yield_ns`` is."""
+    ch, peer = pair
+    ch.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    out = np.ones(4 << 20, np.uint8)  # more than the socket pair holds while the peer reads nothing
+    head_out = HEADER.pack(9, 4, out.nbytes, P2P_META, 0, 0, 0)
+    head_in = HEADER.pack(9, 4, 3, P2P_META, 0, 0, 0)
+    got: list = []
+    swap = threading.Thread(target=lambda: got.append(
+        ch.swap_frame(head_out, out, head_in, np.zeros(3, np.uint8), 0, 60 * 10**9)))
+    swap.start()
+    swap.join(20)
+    assert not swap.is_alive(), "the swap waited through its yields with its own frame half sent"
+    sent, status = got[0]
+    assert 0 <= sent < HEADER_SIZE + out.nbytes and status == ch.NOT_YET
+
+
 def test_frames_that_are_not_this_calls_are_left_where_they_are(pair) -> None:
     ch, peer = pair
     box = np.zeros(64, np.uint8)

@@ -11,6 +11,7 @@
 #include <Python.h>
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -84,7 +85,7 @@ static Py_ssize_t wanted(const char *frame, Py_ssize_t have, const struct match 
 /* the frame ``m`` wants, its payload into dst (room bytes at most; *got: its size, *tag: its tag); stage[start:end]
  * holds what was read before and not consumed, and is compacted when the frame would not fit behind start */
 static int take(int fd, char *stage, Py_ssize_t cap, Py_ssize_t *pstart, Py_ssize_t *pend, const struct match *m,
-                char *dst, Py_ssize_t room, int64_t spin_ns, Py_ssize_t *got, int64_t *tag)
+                char *dst, Py_ssize_t room, int64_t spin_ns, int64_t yield_ns, Py_ssize_t *got, int64_t *tag)
 {
     Py_ssize_t start = *pstart, end = *pend;
     int64_t until = 0;
@@ -134,6 +135,13 @@ static int take(int fd, char *stage, Py_ssize_t cap, Py_ssize_t *pstart, Py_ssiz
         int ready = 0;
         while (!(ready = poll(&p, 1, 0)) && now_ns() < until)
             ;
+        if (!ready && yield_ns > 0) {  /* then give the core away between looks: the peer may need it to send */
+            int64_t yield_until = until + yield_ns;
+            do
+                sched_yield();
+            while (!(ready = poll(&p, 1, 0)) && now_ns() < yield_until);
+            yield_ns = 0;
+        }
         if (!ready) {
             status = NOT_YET;
             break;
@@ -178,9 +186,10 @@ static int channel_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, 
     return 0;
 }
 
-/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns) -> (sent, status, start, end)
+/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns]) -> (sent, status, start, end)
  * sent: bytes the socket took of the outgoing frame (-1: none to send; below -1: minus the errno of a failed send);
- * status: TAKEN, NOT_YET (nothing consumed after spin_ns of polling), OTHER, ENDED or NOTHING_ASKED (into None) */
+ * status: TAKEN, NOT_YET (nothing consumed after spin_ns of polling, then yield_ns of polling between sched_yields,
+ * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None) */
 static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
@@ -191,9 +200,10 @@ static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const char *head_out = NULL, *head_in = NULL;
     Py_ssize_t out_hlen = 0, in_hlen = 0;
     long long spin_ns = nargs > 8 ? PyLong_AsLongLong(args[8]) : 0;
+    long long yield_ns = nargs > 9 ? PyLong_AsLongLong(args[9]) : 0;
     if ((PyErr_Occurred()) || (sending && header_of(args[4], &head_out, &out_hlen) < 0) ||
         (receiving && header_of(args[6], &head_in, &in_hlen) < 0) ||
-        channel_of(args, nargs, 9, "swap", &fd, &stage, &start, &end) < 0)
+        channel_of(args, nargs, nargs == 10 ? 10 : 9, "swap", &fd, &stage, &start, &end) < 0)
         return NULL;
     PyObject *result = NULL;
     if (sending && PyObject_GetBuffer(args[5], &out, PyBUF_SIMPLE) < 0)
@@ -223,7 +233,9 @@ static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         struct match m = {head_in, in_hlen, 0, 0, 0, 0};
         Py_ssize_t got = 0;
         int64_t tag = 0;
-        status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, &got, &tag);
+        int whole = !sending || sent == HEADER_SIZE + padded(out.len);  /* else the rest must go out first */
+        status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, whole ? yield_ns : 0,
+                      &got, &tag);
     }
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("ninn", sent, status, start, end);
@@ -261,7 +273,7 @@ static PyObject *take_message(PyObject *module, PyObject *const *args, Py_ssize_
     int64_t tag = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, &got, &tag);
+    status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, 0, &got, &tag);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("inLnn", status, got, (long long)tag, start, end);
 done:
@@ -273,7 +285,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"swap", (PyCFunction)(void (*)(void))swap, METH_FASTCALL,
-     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns) -> (sent, status, start, end)"},
+     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns]) -> (sent, status, start, end)"},
     {"take_message", (PyCFunction)(void (*)(void))take_message, METH_FASTCALL,
      "take_message(fd, stage, start, end, ctx, tag, any_tag, meta, into, spin_ns) -> "
      "(status, nbytes, tag, start, end)"},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import case
@@ -77,6 +79,23 @@ def host_composition(ctx):
     comm.Alltoall(blocks, swapped)
     ctx.check("alltoall", swapped, np.array([100 * s + ctx.rank for s in range(p)], dtype=np.int64))
     ctx.record("alltoall by", last_choice.algorithm)
+    # repeated with fresh arrays and buffer specs: the plan runs the composition from its closure (``Plan.fast``),
+    # which steps aside, alike on every rank, once the environment says otherwise between calls
+    MPI, want = ctx.MPI, np.arange(6.0) * p + p * (p - 1) / 2
+    runs = []
+    for env in ({}, {}, {}, {"PYCOLL_SMP_BYTES": "0"}, {"PYCOLL_ALGO": "allreduce:ring"}, {}, {}):
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            out = np.full(6, -1.0)
+            comm.Allreduce([np.arange(6.0) + ctx.rank, MPI.DOUBLE], [out, MPI.DOUBLE])
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        ctx.check(f"allreduce, call {len(runs)} of the plan", out, want)
+        runs.append(last_choice.algorithm == "composed")
+    ctx.record("repeated composed", runs)
+    ctx.record("plan closure", any(plan.fast for (label, _), plan in comm._x.plans.items() if label == "Allreduce"))
     big = np.ones((128 << 10) // 8)
     comm.Allreduce(big, big.copy())  # above PYCOLL_SMP_BYTES: the flat path
     composed = comm._x.composed

@@ -1,0 +1,73 @@
+"""Small blocking calls in loops, under pycoll or mpi4py: each call's median time from a Barrier and its mean back
+to back, on every rank, with the slowest rank's figure (one line per call and mode, as JSON with --json).
+
+    pycoll run -n 4 --hosts 2 -- python perf/small_call_loops.py [--calls reduce,allreduce,bcast,barrier] [--bytes 8]
+    python -m pycoll.perf.mpi_hosts -n 4 --hosts 2 -- python perf/small_call_loops.py --mpi4py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier")
+    ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
+    ap.add_argument("--iters", type=int, default=400)
+    ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
+    ap.add_argument("--json", help="append the rows to this file (rank 0)")
+    args = ap.parse_args()
+    if args.mpi4py:
+        from mpi4py import MPI
+    else:
+        from pycoll import MPI
+    comm = MPI.COMM_WORLD
+    n = max(args.bytes // 4, 1)
+    a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+    calls = {
+        "reduce": lambda: comm.Reduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM, root=0),
+        "allreduce": lambda: comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT]),
+        "bcast": lambda: comm.Bcast([a, MPI.FLOAT], root=0),
+        "barrier": comm.Barrier,
+    }
+    rows = []
+    for name in args.calls.split(","):
+        fn = calls[name]
+        for mode in ("from a barrier", "back to back"):
+            for _ in range(5):
+                fn()
+            comm.Barrier()
+            if mode == "back to back":
+                t0 = time.perf_counter()
+                for _ in range(args.iters):
+                    fn()
+                mine = (time.perf_counter() - t0) / args.iters * 1e6
+            else:
+                times = []
+                for _ in range(args.iters):
+                    comm.Barrier()
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+                mine = statistics.median(times) * 1e6
+            every = comm.allgather(mine)
+            rows.append({"call": name, "mode": mode, "bytes": n * 4, "ranks": comm.Get_size(), "slowest_us": max(every),
+                         "rank_us": every, "impl": "mpi4py" if args.mpi4py else "pycoll"})
+    if comm.Get_rank() == 0:
+        for r in rows:
+            print(f"{r['call']:9s} {r['mode']:14s} slowest {r['slowest_us']:7.1f} µs  ranks "
+                  + " ".join(f"{x:6.1f}" for x in r["rank_us"]))
+        if args.json:
+            with open(args.json, "a") as f:
+                for r in rows:
+                    f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
