@@ -30,7 +30,8 @@ def job(side: str, args: argparse.Namespace, out: str) -> None:
     else:
         env["PYTHONPATH"] = os.path.abspath(side)
         cmd = [sys.executable, "-m", "pycoll", "run", "-n", str(args.np), "--hosts", str(args.hosts), "--", *prog]
-    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    # from the tree itself: `python -m` puts the working folder first on the path, so the launcher is the tree's too
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=None if side == "mpich" else side)
 
 
 def main() -> None:

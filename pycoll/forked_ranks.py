@@ -166,10 +166,11 @@ class ForkedRank:
         return self.returncode
 
 
-def fork(program: Program, env: dict[str, str], stdin_null: bool, outputs: Optional[tuple[int, int]],
+def fork(program: Program, env: dict[str, str], stdin: Optional[int], outputs: Optional[tuple[int, int]],
          forget: Callable[[], None]) -> ForkedRank:
     """Fork a rank that runs ``program`` with ``env``; in the child, ``forget`` closes the launcher's own files first.
-    ``outputs``: pipe write ends for the rank's stdout and stderr (None: inherit them)."""
+    ``stdin``: a file descriptor the rank reads as its standard input (-1: nothing, as /dev/null; None: the
+    launcher's); ``outputs``: pipe write ends for the rank's stdout and stderr (None: inherit them)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()  # nothing buffered here is written twice
@@ -179,12 +180,12 @@ def fork(program: Program, env: dict[str, str], stdin_null: bool, outputs: Optio
     if pid:
         return ForkedRank(pid)
     try:
-        os.setsid()  # its own process group, as start_new_session gives an exec'd rank
+        os.setpgid(0, 0)  # its own process group, as an exec'd rank gets
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         forget()
-        if stdin_null:
-            fd = os.open(os.devnull, os.O_RDONLY)
+        if stdin is not None:
+            fd = os.open(os.devnull, os.O_RDONLY) if stdin < 0 else stdin
             os.dup2(fd, 0)
             os.close(fd)
         if outputs is not None:

@@ -93,15 +93,21 @@ class _Job:
     def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool, cpu: Optional[int] = None) -> None:
         """Start one rank; ``cpu``: the one CPU it may run on (None: any)."""
         pipe = subprocess.PIPE if tag_output else None
-        # Own process group per rank: we forward signals ourselves and can kill whole trees.
-        proc = subprocess.Popen(
-            cmd,
-            env=env,
-            stdin=None if rank == 0 else subprocess.DEVNULL,
-            stdout=pipe,
-            stderr=pipe,
-            start_new_session=True,
-        )
+        stdin = _stdin_of(rank)
+        # Own process group per rank (we forward signals ourselves and can kill whole trees), in our session: the
+        # scheduler's autogroups are per session, and ranks in groups of their own ignore each other's sched_yield
+        try:
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL if stdin == -1 else stdin,
+                stdout=pipe,
+                stderr=pipe,
+                process_group=0,
+            )
+        finally:
+            if stdin is not None and stdin >= 0:
+                os.close(stdin)
         self.procs.append(proc)
         if cpu is not None:
             try:  # ``ip netns exec`` replaces itself with the command: the binding stays with the rank
@@ -128,13 +134,18 @@ class _Job:
                 os.close(outputs[0][0])
                 os.close(outputs[1][0])
 
+        stdin = _stdin_of(rank)
         try:  # in the child this raises SystemExit once the program has run: only the launcher goes on below
-            proc = forked_ranks.fork(program, env, rank != 0, (outputs[0][1], outputs[1][1]) if outputs else None,
+            proc = forked_ranks.fork(program, env, stdin, (outputs[0][1], outputs[1][1]) if outputs else None,
                                      forget_all)
         except OSError:  # no fork: nothing started
             for fd in (fd for pair in outputs or () for fd in pair):
                 os.close(fd)
+            if stdin is not None and stdin >= 0:
+                os.close(stdin)
             raise
+        if stdin is not None and stdin >= 0:  # the child took it (and leaves with SystemExit: never here)
+            os.close(stdin)
         self.procs.append(proc)
         if outputs is not None:
             os.close(outputs[0][1])
@@ -180,6 +191,35 @@ class _Job:
 
 
 _OUTPUT_LOCK = threading.Lock()
+
+
+def _stdin_of(rank: int) -> Optional[int]:
+    """What a rank reads as its standard input: -1 (nothing) but for rank 0, which reads ours (None); where ours is
+    a terminal, through a pipe that a thread here fills from it (the descriptor of its read end), as mpiexec
+    forwards it: a rank's process group is in the background of the terminal's session, where a read would stop it."""
+    if rank != 0:
+        return -1
+    try:
+        if not os.isatty(0):
+            return None
+    except OSError:
+        return None
+    read_end, write_end = os.pipe()
+
+    def forward() -> None:
+        try:
+            while True:
+                data = os.read(0, 1 << 16)
+                if not data:
+                    break
+                os.write(write_end, data)
+        except OSError:  # rank 0 is gone, or our terminal
+            pass
+        finally:
+            os.close(write_end)
+
+    threading.Thread(target=forward, name="pycoll-stdin", daemon=True).start()
+    return read_end
 
 
 def _cleanup_shm(job_id: Optional[bytes]) -> None:

@@ -211,6 +211,56 @@ def test_sigint_is_forwarded_to_every_rank(tmp_path):
     assert [p for p in read_pids(tmp_path) if alive(p)] == []
 
 
+def test_ranks_share_the_launchers_session_each_in_a_group_of_its_own(tmp_path):
+    # one session (the scheduler's autogroup: ranks sharing a core hand it over with sched_yield), and a process group
+    # per rank for the signals; rank 0 from a script file is forked, the others started afresh
+    script = tmp_path / "ids.py"
+    script.write_text("import os\nprint('ids', os.environ['PYCOLL_RANK'], os.getsid(0), os.getpgid(0), os.getpid())\n")
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "3", "--", sys.executable, str(script)]
+    out = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    rows = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("ids "))
+    assert [r[0] for r in rows] == ["0", "1", "2"]
+    for _, sid, pgid, pid in rows:
+        assert int(sid) == os.getsid(0) and int(pgid) == int(pid)
+
+
+def test_rank_0_reads_the_launchers_terminal(tmp_path):
+    # the launcher leads a session on a terminal; the ranks' groups are in its background, where a read of the
+    # terminal would stop them (SIGTTIN): rank 0 reads it through the launcher, as under mpiexec
+    import fcntl
+    import pty
+    import termios
+
+    script = tmp_path / "read.py"
+    script.write_text("import os, sys\nline = sys.stdin.readline()\n"
+                      "os.write(1, f\"rank {os.environ['PYCOLL_RANK']} read {line!r}\\n\".encode())\n")  # one write
+    master, slave = pty.openpty()
+
+    def lead_the_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=lead_the_terminal)
+    os.close(slave)
+    try:
+        os.write(master, b"hello\n")
+        seen = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the job ends and the terminal with it
+            try:
+                seen += os.read(master, 4096)
+            except OSError:  # the terminal closed with the job
+                break
+        assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert b"rank 0 read 'hello\\n'" in seen and b"rank 1 read ''" in seen, seen.decode(errors="replace")
+
+
 @pytest.mark.timeout(90)
 def test_sigterm_to_launcher_stops_the_job(tmp_path):
     cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", PIDS + "import time; time.sleep(1000)"]
