@@ -7,6 +7,7 @@ import glob
 import os
 import queue
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -193,10 +194,20 @@ class _Job:
 _OUTPUT_LOCK = threading.Lock()
 
 
+def _foreground() -> bool:
+    """Whether this process's group holds our terminal (stdin) in the foreground: only then may it read it."""
+    try:
+        return os.tcgetpgrp(0) == os.getpgrp()
+    except OSError:
+        return False
+
+
 def _stdin_of(rank: int) -> Optional[int]:
     """What a rank reads as its standard input: -1 (nothing) but for rank 0, which reads ours (None); where ours is
     a terminal, through a pipe that a thread here fills from it (the descriptor of its read end), as mpiexec
-    forwards it: a rank's process group is in the background of the terminal's session, where a read would stop it."""
+    forwards it: a rank's process group is in the background of the terminal's session, where a read would stop it.
+    A launcher started in the background gives rank 0 nothing; one put there later stops forwarding until it is
+    in the foreground again (it never reads the terminal from the background, which would stop it)."""
     if rank != 0:
         return -1
     try:
@@ -204,11 +215,18 @@ def _stdin_of(rank: int) -> Optional[int]:
             return None
     except OSError:
         return None
+    if not _foreground():
+        return -1
     read_end, write_end = os.pipe()
 
     def forward() -> None:
         try:
             while True:
+                if not select.select([0], [], [], 0.5)[0]:
+                    continue
+                if not _foreground():
+                    time.sleep(0.5)
+                    continue
                 data = os.read(0, 1 << 16)
                 if not data:
                     break

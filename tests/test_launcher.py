@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -225,40 +226,79 @@ def test_ranks_share_the_launchers_session_each_in_a_group_of_its_own(tmp_path):
         assert int(sid) == os.getsid(0) and int(pgid) == int(pid)
 
 
-def test_rank_0_reads_the_launchers_terminal(tmp_path):
-    # the launcher leads a session on a terminal; the ranks' groups are in its background, where a read of the
-    # terminal would stop them (SIGTTIN): rank 0 reads it through the launcher, as under mpiexec
+def _on_a_terminal(tmp_path: Path, job: list[str], typed: bytes) -> tuple[int, bytes]:
+    """Run ``job`` as the session leader of a new terminal (stdin, stdout and stderr on it) after typing ``typed``
+    into it: its exit code and everything the terminal showed."""
     import fcntl
     import pty
     import termios
 
-    script = tmp_path / "read.py"
-    script.write_text("import os, sys\nline = sys.stdin.readline()\n"
-                      "os.write(1, f\"rank {os.environ['PYCOLL_RANK']} read {line!r}\\n\".encode())\n")  # one write
     master, slave = pty.openpty()
 
     def lead_the_terminal() -> None:
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(), stdin=slave, stdout=slave, stderr=slave,
+    proc = subprocess.Popen(job, cwd=REPO, env=clean_env(), stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True, preexec_fn=lead_the_terminal)
     os.close(slave)
+    seen = b""
     try:
-        os.write(master, b"hello\n")
-        seen = b""
+        os.write(master, typed)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # until the job ends and the terminal with it
+            if not select.select([master], [], [], 0.5)[0]:
+                continue
             try:
                 seen += os.read(master, 4096)
-            except OSError:  # the terminal closed with the job
+            except OSError:
                 break
-        assert proc.wait(timeout=60) == 0, seen.decode(errors="replace")
+        code = proc.wait(timeout=5)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        for pid in _session_members(proc.pid):  # a stopped launcher and its ranks too, where the test failed
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=5)
         os.close(master)
+    return code, seen
+
+
+def _session_members(sid: int) -> list[int]:
+    """Every live process of session ``sid``."""
+    found = []
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(stat.split("/")[2]))
+    return found
+
+
+_READ_LINE = ("import os, sys\nline = sys.stdin.readline()\n"
+              "os.write(1, f\"rank {os.environ['PYCOLL_RANK']} read {line!r}\\n\".encode())\n")  # one write
+
+
+def test_rank_0_reads_the_launchers_terminal(tmp_path):
+    # the launcher leads a session on a terminal; the ranks' groups are in its background, where a read of the
+    # terminal would stop them (SIGTTIN): rank 0 reads it through the launcher, as under mpiexec
+    script = tmp_path / "read.py"
+    script.write_text(_READ_LINE)
+    code, seen = _on_a_terminal(tmp_path, [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable,
+                                           str(script)], b"hello\n")
+    assert code == 0, seen.decode(errors="replace")
     assert b"rank 0 read 'hello\\n'" in seen and b"rank 1 read ''" in seen, seen.decode(errors="replace")
+
+
+def test_a_launcher_in_the_background_leaves_the_terminal_alone(tmp_path):
+    # started in the background of a shell with job control, the launcher must not read the terminal (the read
+    # would stop it): rank 0 reads nothing and the job ends
+    script = tmp_path / "read.py"
+    script.write_text(_READ_LINE)
+    job = f"{sys.executable} -m pycoll run -n 2 -- {sys.executable} {script}"
+    code, seen = _on_a_terminal(tmp_path, ["bash", "-c", f"set -m; {job} & wait $!; echo job ended $?"], b"")
+    assert code == 0, seen.decode(errors="replace")
+    assert b"rank 0 read ''" in seen and b"job ended 0" in seen, seen.decode(errors="replace")
 
 
 @pytest.mark.timeout(90)
