@@ -58,10 +58,11 @@ _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
 
 
 # Where the leaders' step between the hosts brings a host at least this many bytes, the host's other ranks wait
-# through it asleep rather than yield the core: where ranks share cores, their yields took turns with the leader's
-# transfer (4 ranks on 2 namespace hosts, 2 cores: 1 MiB Bcast back to back 2.7 -> 1.3 ms, Allreduce 3.4 -> 2.1 ms;
-# below 1 MiB the wake-up cost more than it saved).
-SLEEP_FROM_BYTES = 1 << 20
+# through it asleep rather than yield the core. 4 ranks on 2 namespace hosts, 2 cores, back to back on fresh arrays:
+# with the ranks in one session (their yields hand the core over) the sleep cost more than it saved up to 4 MiB
+# (Bcast 1 MiB 1.1-1.4 ms yielding against 1.1-3.0 asleep, 4 MiB 4.1-6.4 against 6.4-7.6; Allreduce 1 MiB 2.5-3.4
+# against 3.4-4.5), and saved from 16 MiB (Bcast 18.6-21.8 ms asleep against 22.0-26.6).
+SLEEP_FROM_BYTES = 8 << 20
 
 
 def _regular(call: Call) -> bool:

@@ -177,9 +177,9 @@ def test_sleeping_waits_drop_yields_and_retries_inside_only() -> None:
 
 
 @pytest.mark.parametrize("leader", [False, True])
-@pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 16 << 20])
-def test_a_composed_calls_other_ranks_wait_asleep_from_a_mebibyte(leader, nbytes) -> None:
-    """They sleep where the leaders' step brings their host at least a MiB; the leader never does."""
+@pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 8 << 20, 16 << 20])
+def test_a_composed_calls_other_ranks_wait_asleep_through_a_long_leaders_step(leader, nbytes) -> None:
+    """They sleep where the leaders' step brings their host at least SLEEP_FROM_BYTES (8 MiB); the leader never does."""
     from types import SimpleNamespace
 
     from pycoll.composed import SLEEP_FROM_BYTES, HostComposition
