@@ -212,13 +212,16 @@ def test_sigint_is_forwarded_to_every_rank(tmp_path):
     assert [p for p in read_pids(tmp_path) if alive(p)] == []
 
 
-def test_ranks_share_the_launchers_session_each_in_a_group_of_its_own(tmp_path):
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_ranks_share_the_launchers_session_each_in_a_group_of_its_own(tmp_path, fork):
     # one session (the scheduler's autogroup: ranks sharing a core hand it over with sched_yield), and a process group
-    # per rank for the signals; rank 0 from a script file is forked, the others started afresh
+    # per rank for the signals; with PYCOLL_RUN_FORK=1 rank 0 is forked from the launcher, the others started afresh
     script = tmp_path / "ids.py"
-    script.write_text("import os\nprint('ids', os.environ['PYCOLL_RANK'], os.getsid(0), os.getpgid(0), os.getpid())\n")
+    # one write per rank: the ranks share our stdout, and unbuffered (PYTHONUNBUFFERED) a print's items interleave
+    script.write_text("import os\nos.write(1, f\"ids {os.environ['PYCOLL_RANK']} {os.getsid(0)} {os.getpgid(0)} "
+                      "{os.getpid()}\\n\".encode())\n")
     cmd = [sys.executable, "-m", "pycoll", "run", "-n", "3", "--", sys.executable, str(script)]
-    out = subprocess.run(cmd, cwd=REPO, env=clean_env(), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(cmd, cwd=REPO, env=clean_env(PYCOLL_RUN_FORK=fork), capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = sorted(line.split()[1:] for line in out.stdout.splitlines() if line.startswith("ids "))
     assert [r[0] for r in rows] == ["0", "1", "2"]
