@@ -183,6 +183,7 @@ def fork(program: Program, env: dict[str, str], stdin: Optional[int], outputs: O
         os.setpgid(0, 0)  # its own process group, as an exec'd rank gets
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         forget()
         if stdin is not None:
             fd = os.open(os.devnull, os.O_RDONLY) if stdin < 0 else stdin

@@ -7,16 +7,15 @@ import glob
 import os
 import queue
 import re
-import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from pycoll import forked_ranks
+from pycoll.launched_ranks import Job
 from pycoll.bootstrap.store import FAILED_KEY, new_token
 from pycoll.bootstrap.store_server import TCPStoreServer
 from pycoll.config import float_param, str_param
@@ -32,8 +31,6 @@ BIND = str_param(
     "`pycoll run --hosts`: `auto` binds each rank to one CPU where the virtual hosts' ranks outnumber this machine's "
     "usable CPUs, the hosts' first ranks (their leaders) on different CPUs; `none` leaves placement to the scheduler.",
 )
-# Seconds between SIGTERM and SIGKILL when the launcher stops ranks.
-_TERM_TO_KILL = 3.0
 # What sizes the thread pools a rank's libraries start: OpenMP, OpenBLAS (under NumPy), MKL, torch's intra-op pool.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 _PREFIX = "pycoll run"
@@ -56,188 +53,6 @@ def _exit_code(code: int) -> int:
 
 def _say(msg: str) -> None:
     print(f"{_PREFIX}: {msg}", file=sys.stderr, flush=True)
-
-
-class _Tagger:
-    """Copies a child's pipe to our stream line by line, each line prefixed with ``[rank] ``."""
-
-    def __init__(self, rank: int, pipe: IO[bytes], out: Any, lock: threading.Lock) -> None:
-        self.thread = threading.Thread(target=self._run, args=(rank, pipe, out, lock), daemon=True)
-        self.thread.start()
-
-    @staticmethod
-    def _run(rank: int, pipe: IO[bytes], out: Any, lock: threading.Lock) -> None:
-        tag = f"[{rank}] ".encode()
-        binary = getattr(out, "buffer", None)
-        with pipe:
-            for line in iter(pipe.readline, b""):
-                if not line.endswith(b"\n"):
-                    line += b"\n"
-                with lock:
-                    if binary is not None:
-                        binary.write(tag + line)
-                        binary.flush()
-                    else:
-                        out.write((tag + line).decode(errors="replace"))
-                        out.flush()
-
-
-class _Job:
-    """The running ranks: spawn, wait, signal, and stop them."""
-
-    def __init__(self) -> None:
-        self.procs: list[Any] = []  # subprocess.Popen, or forked_ranks.ForkedRank
-        self.exits: "queue.Queue[tuple[int, int]]" = queue.Queue()
-        self.taggers: list[_Tagger] = []
-        self.pipes: list[IO[bytes]] = []  # our ends of forked ranks' output pipes (a later fork closes its copies)
-
-    def spawn(self, rank: int, cmd: list[str], env: dict[str, str], tag_output: bool, cpu: Optional[int] = None) -> None:
-        """Start one rank; ``cpu``: the one CPU it may run on (None: any)."""
-        pipe = subprocess.PIPE if tag_output else None
-        stdin = _stdin_of(rank)
-        # Own process group per rank (we forward signals ourselves and can kill whole trees), in our session: the
-        # scheduler's autogroups are per session, and ranks in groups of their own ignore each other's sched_yield
-        try:
-            proc = subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL if stdin == -1 else stdin,
-                stdout=pipe,
-                stderr=pipe,
-                process_group=0,
-            )
-        finally:
-            if stdin is not None and stdin >= 0:
-                os.close(stdin)
-        self.procs.append(proc)
-        if cpu is not None:
-            try:  # ``ip netns exec`` replaces itself with the command: the binding stays with the rank
-                os.sched_setaffinity(proc.pid, {cpu})
-            except OSError:  # it already exited: its exit code tells
-                pass
-        if tag_output:
-            lock = _OUTPUT_LOCK
-            assert proc.stdout is not None and proc.stderr is not None
-            self.taggers.append(_Tagger(rank, proc.stdout, sys.stdout, lock))
-            self.taggers.append(_Tagger(rank, proc.stderr, sys.stderr, lock))
-        threading.Thread(target=self._reap, args=(rank, proc), daemon=True).start()
-
-    def fork(self, rank: int, program: forked_ranks.Program, env: dict[str, str], tag_output: bool,
-             forget: Callable[[], None]) -> None:
-        """``spawn`` by forking this process (see pycoll.forked_ranks); ``forget`` closes our files in the child."""
-        outputs = (os.pipe(), os.pipe()) if tag_output else None
-
-        def forget_all() -> None:
-            forget()
-            for pipe in self.pipes:
-                pipe.close()
-            if outputs is not None:
-                os.close(outputs[0][0])
-                os.close(outputs[1][0])
-
-        stdin = _stdin_of(rank)
-        try:  # in the child this raises SystemExit once the program has run: only the launcher goes on below
-            proc = forked_ranks.fork(program, env, stdin, (outputs[0][1], outputs[1][1]) if outputs else None,
-                                     forget_all)
-        except OSError:  # no fork: nothing started
-            for fd in (fd for pair in outputs or () for fd in pair):
-                os.close(fd)
-            if stdin is not None and stdin >= 0:
-                os.close(stdin)
-            raise
-        if stdin is not None and stdin >= 0:  # the child took it (and leaves with SystemExit: never here)
-            os.close(stdin)
-        self.procs.append(proc)
-        if outputs is not None:
-            os.close(outputs[0][1])
-            os.close(outputs[1][1])
-            self.pipes += [os.fdopen(outputs[0][0], "rb"), os.fdopen(outputs[1][0], "rb")]
-        threading.Thread(target=lambda: self.exits.put((rank, proc.reap())), daemon=True).start()
-
-    def copy_forked_outputs(self) -> None:
-        """Start copying the forked ranks' output pipes, once all are forked: a copying thread holds our stdout's
-        lock while it writes, and a rank forked then would find that lock taken by a thread it does not have."""
-        for k, pipe in enumerate(self.pipes):
-            self.taggers.append(_Tagger(k // 2, pipe, sys.stdout if k % 2 == 0 else sys.stderr, _OUTPUT_LOCK))
-
-    def _reap(self, rank: int, proc: subprocess.Popen) -> None:
-        self.exits.put((rank, proc.wait()))
-
-    def running(self) -> list[subprocess.Popen]:
-        return [p for p in self.procs if p.poll() is None]
-
-    def signal_all(self, sig: int) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, sig)  # the rank and anything it started
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def stop(self) -> None:
-        """SIGTERM every group, then SIGKILL what is left after _TERM_TO_KILL seconds."""
-        if self.running():
-            self.signal_all(signal.SIGTERM)
-            deadline = time.monotonic() + _TERM_TO_KILL
-            for proc in self.procs:
-                try:
-                    proc.wait(max(deadline - time.monotonic(), 0.0))
-                except subprocess.TimeoutExpired:
-                    pass
-        # Kill every group, even of ranks that exited: their children may linger.
-        self.signal_all(signal.SIGKILL)
-        for proc in self.procs:
-            proc.wait()
-        for tagger in self.taggers:
-            tagger.thread.join(timeout=5.0)
-
-
-_OUTPUT_LOCK = threading.Lock()
-
-
-def _foreground() -> bool:
-    """Whether this process's group holds our terminal (stdin) in the foreground: only then may it read it."""
-    try:
-        return os.tcgetpgrp(0) == os.getpgrp()
-    except OSError:
-        return False
-
-
-def _stdin_of(rank: int) -> Optional[int]:
-    """What a rank reads as its standard input: -1 (nothing) but for rank 0, which reads ours (None); where ours is
-    a terminal, through a pipe that a thread here fills from it (the descriptor of its read end), as mpiexec
-    forwards it: a rank's process group is in the background of the terminal's session, where a read would stop it.
-    A launcher started in the background gives rank 0 nothing; one put there later stops forwarding until it is
-    in the foreground again (it never reads the terminal from the background, which would stop it)."""
-    if rank != 0:
-        return -1
-    try:
-        if not os.isatty(0):
-            return None
-    except OSError:
-        return None
-    if not _foreground():
-        return -1
-    read_end, write_end = os.pipe()
-
-    def forward() -> None:
-        try:
-            while True:
-                if not select.select([0], [], [], 0.5)[0]:
-                    continue
-                if not _foreground():
-                    time.sleep(0.5)
-                    continue
-                data = os.read(0, 1 << 16)
-                if not data:
-                    break
-                os.write(write_end, data)
-        except OSError:  # rank 0 is gone, or our terminal
-            pass
-        finally:
-            os.close(write_end)
-
-    threading.Thread(target=forward, name="pycoll-stdin", daemon=True).start()
-    return read_end
 
 
 def _cleanup_shm(job_id: Optional[bytes]) -> None:
@@ -363,7 +178,7 @@ def launch(
     bind = bind_mode(env)
     grace = LAUNCH_GRACE.get()
     launcher_pid = os.getpid()
-    job = _Job()
+    job = Job()
     stop_requests: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -374,7 +189,7 @@ def launch(
     in_main = threading.current_thread() is threading.main_thread()
     old_handlers = {}
     if in_main:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal or the ssh session went
             old_handlers[sig] = signal.signal(sig, on_signal)
     vhosts = None
     server: Optional[TCPStoreServer] = None
@@ -476,7 +291,7 @@ def launch(
             _cleanup_shm(job_id)
 
 
-def _wait(job: _Job, n: int, grace: float, timeout: Optional[float], on_failure: Callable[[int, str], None] = lambda r, c: None) -> int:
+def _wait(job: Job, n: int, grace: float, timeout: Optional[float], on_failure: Callable[[int, str], None] = lambda r, c: None) -> int:
     """Wait for the ranks; apply the grace period after a failure and the job timeout.
 
     ``on_failure(rank, cause)`` runs at the first failure (the store then wakes ranks still starting up)."""

@@ -212,6 +212,65 @@ def test_sigint_is_forwarded_to_every_rank(tmp_path):
     assert [p for p in read_pids(tmp_path) if alive(p)] == []
 
 
+# Every rank writes its pid into DIR, then sleeps.
+SLEEPER = """
+import os, pathlib, time
+(pathlib.Path(os.environ["DIR"]) / f"pid{os.environ['PYCOLL_RANK']}").write_text(str(os.getpid()))
+time.sleep(1000)
+"""
+
+
+def _start_sleepers(tmp_path: Path, fork: str) -> tuple[subprocess.Popen, list[int]]:
+    cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", SLEEPER]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(DIR=str(tmp_path), PYCOLL_RUN_FORK=fork),
+                            stderr=subprocess.PIPE, text=True)
+    wait_for_files([tmp_path / "pid0", tmp_path / "pid1"])
+    return proc, read_pids(tmp_path)
+
+
+def _gone_within(pids: list[int], seconds: float) -> list[int]:
+    """The pids still running after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_a_hangup_stops_every_rank(tmp_path, fork):
+    # the terminal closed or the ssh session dropped: the ranks go with the launcher, which cleans up
+    proc, pids = _start_sleepers(tmp_path, fork)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGHUP, err
+    assert "SIGHUP" in err
+    assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_ranks_die_with_a_killed_launcher(tmp_path, fork):
+    # SIGKILL leaves the launcher no word: the kernel's parent-death signal takes the ranks (exec'd and forked)
+    proc, pids = _start_sleepers(tmp_path, fork)
+    try:
+        proc.kill()
+        proc.wait(timeout=30)
+        left = _gone_within(pids, 10.0)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert left == []
+
+
 @pytest.mark.parametrize("fork", ["0", "1"])
 def test_ranks_share_the_launchers_session_each_in_a_group_of_its_own(tmp_path, fork):
     # one session (the scheduler's autogroup: ranks sharing a core hand it over with sched_yield), and a process group
