@@ -17,7 +17,8 @@ import numpy as np
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier")
+    ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier",
+                    help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather")
     ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
@@ -28,13 +29,18 @@ def main() -> None:
     else:
         from pycoll import MPI
     comm = MPI.COMM_WORLD
-    n = max(args.bytes // 4, 1)
+    p = comm.Get_size()
+    n = max(args.bytes // 4 // p, 1) * p  # sizes as the sweep's: a rank's whole input (alltoall, reduce_scatter)
     a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+    block = b[: n // p]  # reduce_scatter's output, allgather's input
     calls = {
         "reduce": lambda: comm.Reduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM, root=0),
         "allreduce": lambda: comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT]),
         "bcast": lambda: comm.Bcast([a, MPI.FLOAT], root=0),
         "barrier": comm.Barrier,
+        "reduce_scatter": lambda: comm.Reduce_scatter_block([a, MPI.FLOAT], [block, MPI.FLOAT], op=MPI.SUM),
+        "alltoall": lambda: comm.Alltoall([a, MPI.FLOAT], [b, MPI.FLOAT]),
+        "allgather": lambda: comm.Allgather([a[: n // p], MPI.FLOAT], [b, MPI.FLOAT]),
     }
     rows = []
     for name in args.calls.split(","):
@@ -61,7 +67,7 @@ def main() -> None:
                          "rank_us": every, "impl": "mpi4py" if args.mpi4py else "pycoll"})
     if comm.Get_rank() == 0:
         for r in rows:
-            print(f"{r['call']:9s} {r['mode']:14s} slowest {r['slowest_us']:7.1f} µs  ranks "
+            print(f"{r['call']:14s} {r['mode']:14s} slowest {r['slowest_us']:7.1f} µs  ranks "
                   + " ".join(f"{x:6.1f}" for x in r["rank_us"]))
         if args.json:
             with open(args.json, "a") as f:
