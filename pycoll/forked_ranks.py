@@ -182,8 +182,8 @@ def fork(program: Program, env: dict[str, str], stdin: Optional[int], outputs: O
     try:
         os.setpgid(0, 0)  # its own process group, as an exec'd rank gets
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP, signal.SIGCONT):  # the launcher's handlers
+            signal.signal(sig, signal.SIG_DFL)
         forget()
         if stdin is not None:
             fd = os.open(os.devnull, os.O_RDONLY) if stdin < 0 else stdin

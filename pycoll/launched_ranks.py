@@ -163,6 +163,20 @@ class Job:
             except (ProcessLookupError, PermissionError):
                 pass
 
+    def suspend(self, _signum: int, _frame: Any) -> None:
+        """SIGTSTP (Ctrl-Z): stop every rank's group, then this process, as a shell's job stops whole; the ranks sit
+        in process groups of their own, which the terminal's signal does not reach."""
+        self.signal_all(signal.SIGTSTP)
+        ours = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT (not at all where our group is orphaned)
+        finally:
+            signal.signal(signal.SIGTSTP, ours)
+
+    def resume(self, _signum: int, _frame: Any) -> None:
+        """SIGCONT (`fg`, `bg`): the ranks go on with us."""
+        self.signal_all(signal.SIGCONT)
+
     def stop(self) -> None:
         """SIGTERM every group, then SIGKILL what is left after _TERM_TO_KILL seconds."""
         if self.running():

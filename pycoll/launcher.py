@@ -191,6 +191,8 @@ def launch(
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal or the ssh session went
             old_handlers[sig] = signal.signal(sig, on_signal)
+        old_handlers[signal.SIGTSTP] = signal.signal(signal.SIGTSTP, job.suspend)  # Ctrl-Z stops the whole job
+        old_handlers[signal.SIGCONT] = signal.signal(signal.SIGCONT, job.resume)
     vhosts = None
     server: Optional[TCPStoreServer] = None
     # The job token: the user's PYCOLL_JOB_TOKEN, else a fresh secret; only the ranks get it.

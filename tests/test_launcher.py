@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import select
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
 
@@ -38,13 +40,18 @@ def pycoll_run(args: list[str], script: str, timeout: float = 60, **env: str) ->
     return subprocess.run(cmd, cwd=REPO, env=clean_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
-def alive(pid: int) -> bool:
-    """True if pid runs (a zombie waiting for a non-reaping init counts as dead)."""
+def process_state(pid: int) -> str:
+    """The state letter of /proc/PID/stat (R, S, T, Z, ...), or "gone"."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
+        return "gone"
+
+
+def alive(pid: int) -> bool:
+    """True if pid runs (a zombie waiting for a non-reaping init counts as dead)."""
+    return process_state(pid) not in ("Z", "gone")
 
 
 def wait_for_files(paths: list[Path], limit: float = 30.0) -> None:
@@ -220,55 +227,70 @@ time.sleep(1000)
 """
 
 
-def _start_sleepers(tmp_path: Path, fork: str) -> tuple[subprocess.Popen, list[int]]:
+@contextlib.contextmanager
+def _sleepers(tmp_path: Path, fork: str) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """`pycoll run -n 2` of SLEEPER (rank 0 forked where ``fork`` is "1"), once both ranks run: (launcher, rank pids);
+    whatever is left of them is killed on the way out."""
     cmd = [sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, "-c", SLEEPER]
     proc = subprocess.Popen(cmd, cwd=REPO, env=clean_env(DIR=str(tmp_path), PYCOLL_RUN_FORK=fork),
                             stderr=subprocess.PIPE, text=True)
-    wait_for_files([tmp_path / "pid0", tmp_path / "pid1"])
-    return proc, read_pids(tmp_path)
-
-
-def _gone_within(pids: list[int], seconds: float) -> list[int]:
-    """The pids still running after up to ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while [p for p in pids if alive(p)] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("fork", ["0", "1"])
-def test_a_hangup_stops_every_rank(tmp_path, fork):
-    # the terminal closed or the ssh session dropped: the ranks go with the launcher, which cleans up
-    proc, pids = _start_sleepers(tmp_path, fork)
+    pids: list[int] = []
     try:
-        proc.send_signal(signal.SIGHUP)
-        _, err = proc.communicate(timeout=60)
+        wait_for_files([tmp_path / "pid0", tmp_path / "pid1"])
+        pids = read_pids(tmp_path)
+        yield proc, pids
     finally:
         if proc.poll() is None:
             proc.kill()
         for pid in pids:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 128 + signal.SIGHUP, err
-    assert "SIGHUP" in err
-    assert [p for p in pids if alive(p)] == []
+
+
+def _until(check: Callable[[], bool], seconds: float) -> bool:
+    """Whether ``check()`` came true within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_a_hangup_stops_every_rank(tmp_path, fork):
+    # the terminal closed or the ssh session dropped: the ranks go with the launcher, which cleans up
+    with _sleepers(tmp_path, fork) as (proc, pids):
+        proc.send_signal(signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGHUP, err
+        assert "SIGHUP" in err
+        assert [p for p in pids if alive(p)] == []
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fork", ["0", "1"])
+def test_ctrl_z_stops_every_rank_and_fg_resumes_them(tmp_path, fork):
+    # the terminal's SIGTSTP reaches the launcher's group only: it stops the ranks' groups, and SIGCONT (fg, bg)
+    # sends them on
+    with _sleepers(tmp_path, fork) as (proc, pids):
+        proc.send_signal(signal.SIGTSTP)
+        assert _until(lambda: all(process_state(p) == "T" for p in pids), 10.0), [process_state(p) for p in pids]
+        proc.send_signal(signal.SIGCONT)
+        assert _until(lambda: all(process_state(p) in ("S", "R") for p in pids), 10.0), [process_state(p) for p in pids]
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("fork", ["0", "1"])
 def test_ranks_die_with_a_killed_launcher(tmp_path, fork):
     # SIGKILL leaves the launcher no word: the kernel's parent-death signal takes the ranks (exec'd and forked)
-    proc, pids = _start_sleepers(tmp_path, fork)
-    try:
+    with _sleepers(tmp_path, fork) as (proc, pids):
         proc.kill()
         proc.wait(timeout=30)
-        left = _gone_within(pids, 10.0)
-    finally:
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-    assert left == []
+        assert _until(lambda: not any(alive(p) for p in pids), 10.0), [p for p in pids if alive(p)]
 
 
 @pytest.mark.parametrize("fork", ["0", "1"])
