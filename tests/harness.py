@@ -13,7 +13,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
@@ -32,6 +32,16 @@ TRANSPORTS = ("shm", "tcp")
 # --------------------------------------------------------------------------------------------
 # environment
 # --------------------------------------------------------------------------------------------
+
+
+def eventually(cond: Callable[[], bool], timeout: float = 10.0, poll: float = 0.01) -> bool:
+    """Whether ``cond()`` came true within ``timeout`` seconds, asked every ``poll`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
 
 
 def sizes() -> List[int]:

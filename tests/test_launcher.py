@@ -13,10 +13,11 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
 
+from harness import eventually
 from pycoll.launcher import launch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,10 +56,8 @@ def alive(pid: int) -> bool:
 
 
 def wait_for_files(paths: list[Path], limit: float = 30.0) -> None:
-    deadline = time.monotonic() + limit
-    while not all(p.exists() and p.stat().st_size for p in paths):  # written, not just created
-        assert time.monotonic() < deadline, f"never appeared: {[str(p) for p in paths if not p.exists()]}"
-        time.sleep(0.05)
+    written = lambda: all(p.exists() and p.stat().st_size for p in paths)  # noqa: E731 - not just created
+    assert eventually(written, limit, poll=0.05), f"never appeared: {[str(p) for p in paths if not p.exists()]}"
 
 
 def read_pids(tmp_path: Path) -> list[int]:
@@ -247,16 +246,6 @@ def _sleepers(tmp_path: Path, fork: str) -> Iterator[tuple[subprocess.Popen, lis
                 os.kill(pid, signal.SIGKILL)
 
 
-def _until(check: Callable[[], bool], seconds: float) -> bool:
-    """Whether ``check()`` came true within ``seconds``."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("fork", ["0", "1"])
 def test_a_hangup_stops_every_rank(tmp_path, fork):
@@ -276,9 +265,10 @@ def test_ctrl_z_stops_every_rank_and_fg_resumes_them(tmp_path, fork):
     # sends them on
     with _sleepers(tmp_path, fork) as (proc, pids):
         proc.send_signal(signal.SIGTSTP)
-        assert _until(lambda: all(process_state(p) == "T" for p in pids), 10.0), [process_state(p) for p in pids]
+        states = lambda: [process_state(p) for p in pids]  # noqa: E731
+        assert eventually(lambda: all(x == "T" for x in states()), 10.0, poll=0.05), states()
         proc.send_signal(signal.SIGCONT)
-        assert _until(lambda: all(process_state(p) in ("S", "R") for p in pids), 10.0), [process_state(p) for p in pids]
+        assert eventually(lambda: all(x in ("S", "R") for x in states()), 10.0, poll=0.05), states()
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
 
@@ -290,7 +280,7 @@ def test_ranks_die_with_a_killed_launcher(tmp_path, fork):
     with _sleepers(tmp_path, fork) as (proc, pids):
         proc.kill()
         proc.wait(timeout=30)
-        assert _until(lambda: not any(alive(p) for p in pids), 10.0), [p for p in pids if alive(p)]
+        assert eventually(lambda: not any(alive(p) for p in pids), 10.0, poll=0.05), [p for p in pids if alive(p)]
 
 
 @pytest.mark.parametrize("fork", ["0", "1"])

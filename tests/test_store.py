@@ -7,7 +7,6 @@ import logging
 import socket
 import struct
 import threading
-import time
 
 import pytest
 
@@ -17,6 +16,8 @@ from pycoll.bootstrap.store_client import TCPStore
 from pycoll.bootstrap.store_server import TCPStoreServer
 from pycoll.bootstrap.torch_store import TorchStore
 from pycoll.errors import InvalidArgumentError, PeerFailureError, ProtocolError, TimeoutError
+
+from harness import eventually
 
 TOKEN = "test-token"
 
@@ -37,14 +38,6 @@ def client(srv: TCPStoreServer, timeout: float = 10.0) -> TCPStore:
     return TCPStore(host, port, connect_timeout=timeout, token=srv.token)
 
 
-def _eventually(cond, timeout: float = 10.0) -> bool:
-    """Poll ``cond`` until it holds or ``timeout`` s pass (the server logs from its own threads)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def free_port() -> int:
@@ -314,7 +307,7 @@ def test_wrong_token_is_refused_and_logged(caplog):
         with TCPStore(host, port, connect_timeout=10, token=TOKEN) as st:  # the job goes on
             st.set("k", b"v")
             assert st.get("k", 1.0) == b"v"
-        assert _eventually(lambda: srv.refused == 1) and srv.is_serving()
+        assert eventually(lambda: srv.refused == 1) and srv.is_serving()
     assert any("127.0.0.1" in r.getMessage() and "handshake" in r.getMessage() for r in caplog.records)
 
 

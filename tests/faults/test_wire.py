@@ -26,6 +26,8 @@ from pycoll.transport import tcp
 from pycoll.transport.base import PeerInfo
 from pycoll.transport.tcp import TcpChannel, TcpTransport
 
+from harness import eventually  # noqa: E402  (tests/ is on the path: conftest)
+
 pytestmark = pytest.mark.timeout(60)
 
 TOKEN = "wire-test-token"
@@ -51,13 +53,6 @@ def clean_knobs(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-def eventually(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def drain(sock: socket.socket, timeout: float = 5.0) -> bytes:
