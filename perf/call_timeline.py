@@ -12,6 +12,7 @@ import argparse
 import time
 
 import numpy as np
+from small_call_loops import call_table  # perf/, first on the path of `python perf/call_timeline.py`
 
 
 def _switches() -> tuple[int, int]:
@@ -22,7 +23,7 @@ def _switches() -> tuple[int, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--call", default="reduce", choices=("reduce", "allreduce", "bcast"))
+    ap.add_argument("--call", default="reduce", help="one of perf/small_call_loops.py's calls")
     ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
@@ -32,13 +33,7 @@ def main() -> None:
     else:
         from pycoll import MPI
     comm = MPI.COMM_WORLD
-    n = max(args.bytes // 4, 1)
-    a, b = np.ones(n, np.float32), np.empty(n, np.float32)
-    call = {
-        "reduce": lambda: comm.Reduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM, root=0),
-        "allreduce": lambda: comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT]),
-        "bcast": lambda: comm.Bcast([a, MPI.FLOAT], root=0),
-    }[args.call]
+    call, nbytes = call_table(comm, MPI, args.bytes)[args.call]
     for _ in range(20):
         comm.Barrier()
         call()
@@ -58,7 +53,7 @@ def main() -> None:
         return
     t = np.array([m for m, _ in every]) * 1e6  # [rank, iteration, (left the barrier, left the call)]
     t -= t[:, :, 0].min(axis=0)[None, :, None]  # from the first rank out of each iteration's barrier
-    print(f"{'mpi4py' if args.mpi4py else 'pycoll'} {args.call} {n * 4} B, {comm.Get_size()} ranks, {args.iters} "
+    print(f"{'mpi4py' if args.mpi4py else 'pycoll'} {args.call} {nbytes} B, {comm.Get_size()} ranks, {args.iters} "
           "iterations; µs from the first rank out of the barrier (medians)")
     for r, (_, (vol, invol, cpu)) in enumerate(every):
         print(f"  rank {r}: left the barrier {np.median(t[r, :, 0]):6.1f}  left the call {np.median(t[r, :, 1]):6.1f}"

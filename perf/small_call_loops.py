@@ -15,6 +15,28 @@ import time
 import numpy as np
 
 
+def call_table(comm, MPI, nbytes: int) -> dict:
+    """The small calls by name, each as (function, its size in bytes), on float32 buffer specs of ``nbytes`` as
+    `pycoll perf` sizes them: the whole vector (reduce, allreduce, bcast), a rank's whole input (reduce_scatter,
+    alltoall), the whole output (allgather), rounded down to whole blocks of at least one element."""
+    p = comm.Get_size()
+    n = max(nbytes // 4, 1)
+    a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+    whole = max(n // p, 1) * p  # p blocks of at least one element
+    x, y = np.ones(whole, np.float32), np.empty(whole, np.float32)
+    block = whole // p
+    F = MPI.FLOAT
+    return {
+        "reduce": (lambda: comm.Reduce([a, F], [b, F], op=MPI.SUM, root=0), 4 * n),
+        "allreduce": (lambda: comm.Allreduce([a, F], [b, F]), 4 * n),
+        "bcast": (lambda: comm.Bcast([a, F], root=0), 4 * n),
+        "barrier": (comm.Barrier, 4 * n),
+        "reduce_scatter": (lambda: comm.Reduce_scatter_block([x, F], [y[:block], F], op=MPI.SUM), 4 * whole),
+        "alltoall": (lambda: comm.Alltoall([x, F], [y, F]), 4 * whole),
+        "allgather": (lambda: comm.Allgather([x[:block], F], [y, F]), 4 * whole),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier",
@@ -29,22 +51,10 @@ def main() -> None:
     else:
         from pycoll import MPI
     comm = MPI.COMM_WORLD
-    p = comm.Get_size()
-    n = max(args.bytes // 4 // p, 1) * p  # sizes as the sweep's: a rank's whole input (alltoall, reduce_scatter)
-    a, b = np.ones(n, np.float32), np.empty(n, np.float32)
-    block = b[: n // p]  # reduce_scatter's output, allgather's input
-    calls = {
-        "reduce": lambda: comm.Reduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM, root=0),
-        "allreduce": lambda: comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT]),
-        "bcast": lambda: comm.Bcast([a, MPI.FLOAT], root=0),
-        "barrier": comm.Barrier,
-        "reduce_scatter": lambda: comm.Reduce_scatter_block([a, MPI.FLOAT], [block, MPI.FLOAT], op=MPI.SUM),
-        "alltoall": lambda: comm.Alltoall([a, MPI.FLOAT], [b, MPI.FLOAT]),
-        "allgather": lambda: comm.Allgather([a[: n // p], MPI.FLOAT], [b, MPI.FLOAT]),
-    }
+    calls = call_table(comm, MPI, args.bytes)
     rows = []
     for name in args.calls.split(","):
-        fn = calls[name]
+        fn, nbytes = calls[name]
         for mode in ("from a barrier", "back to back"):
             for _ in range(5):
                 fn()
@@ -63,7 +73,7 @@ def main() -> None:
                     times.append(time.perf_counter() - t0)
                 mine = statistics.median(times) * 1e6
             every = comm.allgather(mine)
-            rows.append({"call": name, "mode": mode, "bytes": n * 4, "ranks": comm.Get_size(), "slowest_us": max(every),
+            rows.append({"call": name, "mode": mode, "bytes": nbytes, "ranks": comm.Get_size(), "slowest_us": max(every),
                          "rank_us": every, "impl": "mpi4py" if args.mpi4py else "pycoll"})
     if comm.Get_rank() == 0:
         for r in rows:
