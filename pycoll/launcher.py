@@ -15,10 +15,10 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from pycoll import forked_ranks
-from pycoll.launched_ranks import Job
 from pycoll.bootstrap.store import FAILED_KEY, new_token
 from pycoll.bootstrap.store_server import TCPStoreServer
 from pycoll.config import float_param, str_param
+from pycoll.launched_ranks import Job
 
 LAUNCH_GRACE = float_param(
     "PYCOLL_LAUNCH_GRACE",
