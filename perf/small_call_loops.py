@@ -45,6 +45,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
     ap.add_argument("--json", help="append the rows to this file (rank 0)")
+    ap.add_argument("--each", action="store_true",
+                    help="also time every call back to back on its own: the slowest rank's time of each call, in the "
+                         "JSON row as each_us (the mean stays the loop's)")
     args = ap.parse_args()
     if args.mpi4py:
         from mpi4py import MPI
@@ -59,11 +62,18 @@ def main() -> None:
             for _ in range(5):
                 fn()
             comm.Barrier()
+            each = None
             if mode == "back to back":
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
+                stamps = [0.0] * (args.iters + 1)
+                t0 = stamps[0] = time.perf_counter()
+                for i in range(args.iters):
                     fn()
+                    if args.each:
+                        stamps[i + 1] = time.perf_counter()
                 mine = (time.perf_counter() - t0) / args.iters * 1e6
+                if args.each:
+                    own = [(b - a) * 1e6 for a, b in zip(stamps, stamps[1:])]
+                    each = [max(c) for c in zip(*comm.allgather(own))]
             else:
                 times = []
                 for _ in range(args.iters):
@@ -75,10 +85,14 @@ def main() -> None:
             every = comm.allgather(mine)
             rows.append({"call": name, "mode": mode, "bytes": nbytes, "ranks": comm.Get_size(), "slowest_us": max(every),
                          "rank_us": every, "impl": "mpi4py" if args.mpi4py else "pycoll"})
+            if each is not None:
+                rows[-1]["each_us"] = each
     if comm.Get_rank() == 0:
         for r in rows:
             print(f"{r['call']:14s} {r['mode']:14s} slowest {r['slowest_us']:7.1f} µs  ranks "
                   + " ".join(f"{x:6.1f}" for x in r["rank_us"]))
+            if "each_us" in r:
+                print("  each call, slowest rank (µs): " + " ".join(f"{x:.0f}" for x in r["each_us"]))
         if args.json:
             with open(args.json, "a") as f:
                 for r in rows:

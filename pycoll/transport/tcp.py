@@ -23,6 +23,7 @@ from ..bootstrap.store import NONCE_BYTES, PROOF_BYTES, ascii_host, auth_proof
 from ..config import size_param, str_param
 from ..errors import PeerFailureError, PycollError, TimeoutError
 from .base import Barrier, Channel, PeerInfo, Transport
+from .tcp_options import tune
 
 try:  # optional (setup.py): without it the engine moves each frame between hosts in Python
     _tcpframe: Any = importlib.import_module(__name__.rpartition(".")[0] + "._tcpframe")
@@ -37,7 +38,6 @@ SOCKET_ADDR = str_param(
     "IP address the TCP transport listens on; default: the address of PYCOLL_SOCKET_IFNAME, else the local "
     "address this rank used to reach the bootstrap store.",
 )
-SOCKET_BUFFER = size_param("PYCOLL_SOCKET_BUFFER", 4 << 20, "SO_SNDBUF/SO_RCVBUF of each TCP connection (the kernel may cap it).")
 MAX_MESSAGE = size_param(
     "PYCOLL_MAX_MESSAGE",
     0,
@@ -85,28 +85,6 @@ def _job_key(job_id: str, token: Union[str, bytes, None]) -> bytes:
         token = job_token(job_id)
     raw = token.encode() if isinstance(token, str) else bytes(token)
     return raw + b"\0" + job_id.encode()
-
-
-# A host that vanishes without closing its sockets (power loss, a cut link) is noticed by the kernel:
-# keepalive probes after 3 s idle, 3 more 1 s apart; unacknowledged data for 6 s ends the connection.
-_KEEPALIVE = (("TCP_KEEPIDLE", 3), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 6000))
-
-
-def _tune(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    size = SOCKET_BUFFER.get()
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, size)
-        except OSError:
-            pass
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in _KEEPALIVE:
-            if hasattr(socket, name):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    except OSError:  # liveness then rests on the connection state alone
-        pass
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -309,10 +287,10 @@ class TcpTransport(Transport):
             if higher:
                 assert self._listener is not None
                 for rank, sock in self._accept_all(me.rank, higher, key, deadline, timeout):
-                    _tune(sock)
+                    tune(sock)
                     channels[rank] = TcpChannel(rank, sock)
             for rank, sock in dials.result():
-                _tune(sock)
+                tune(sock)
                 channels[rank] = TcpChannel(rank, sock)
         except BaseException:
             dials.abandon()

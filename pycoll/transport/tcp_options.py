@@ -1,0 +1,66 @@
+"""The socket options of the TCP transport's connections: no delay, congestion control, buffer sizes, keepalive."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Optional
+
+from ..config import size_param, str_param
+
+log = logging.getLogger("pycoll")
+
+SOCKET_BUFFER = size_param("PYCOLL_SOCKET_BUFFER", 4 << 20, "SO_SNDBUF/SO_RCVBUF of each TCP connection (the kernel may cap it).")
+CONGESTION = str_param(
+    "PYCOLL_TCP_CONGESTION", "cubic,reno",
+    "Congestion control of each TCP connection: the first of these (comma-separated) that the kernel lets the "
+    "socket use; system: the system's (net.ipv4.tcp_congestion_control). BBR, this VM's default, sizes its window "
+    "from the path's least round trip (microseconds between namespace hosts); with ranks busy on every core, "
+    "senders then waited 8-32 ms for ACKs (docs/performance.md).")
+_congestion_ok: dict[str, bool] = {}  # algorithm -> whether this process may use it (learnt on the first socket)
+
+
+# A host that vanishes without closing its sockets (power loss, a cut link) is noticed by the kernel:
+# keepalive probes after 3 s idle, 3 more 1 s apart; unacknowledged data for 6 s ends the connection.
+_KEEPALIVE = (("TCP_KEEPIDLE", 3), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 6000))
+
+
+def set_congestion(sock: socket.socket) -> Optional[str]:
+    """Give ``sock`` the first congestion control of PYCOLL_TCP_CONGESTION that the kernel allows (an unprivileged
+    process may pick only those in net.ipv4.tcp_allowed_congestion_control); the one set, or None (the system's)."""
+    option = getattr(socket, "TCP_CONGESTION", None)
+    if option is None:
+        return None
+    for name in (n.strip() for n in CONGESTION.get().split(",")):
+        if name == "system":
+            return None
+        if not name or _congestion_ok.get(name) is False:
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, name.encode())
+        except OSError as exc:  # not built into this kernel (ENOENT) or not allowed to this process (EPERM)
+            log.debug("TCP congestion control %r unavailable here: %s", name, exc.strerror)
+            _congestion_ok[name] = False
+            continue
+        _congestion_ok[name] = True
+        return name
+    return None
+
+
+def tune(sock: socket.socket) -> None:
+    """A connection's options, on both ends once it is up: no delay, its congestion control, buffers, keepalive."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    set_congestion(sock)
+    size = SOCKET_BUFFER.get()
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in _KEEPALIVE:
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    except OSError:  # liveness then rests on the connection state alone
+        pass
