@@ -1,5 +1,6 @@
-"""The TCP connections' congestion control: the first of PYCOLL_TCP_CONGESTION that the kernel lets a socket use,
-the system's where it says ``system``, on loopback sockets and on a job's own connections."""
+"""The TCP connections' congestion control as PYCOLL_TCP_CONGESTION says: by default cubic (else reno) in place of
+BBR and the host's choice otherwise, the host's with ``system``, else the first of its names the kernel lets the
+socket use; on loopback sockets and on a job's own connections."""
 
 from __future__ import annotations
 
@@ -45,15 +46,27 @@ def _fresh_knowledge(monkeypatch):
     monkeypatch.setattr(tcp_options, "_congestion_ok", {})
 
 
-def test_the_default_is_the_first_of_cubic_and_reno_the_kernel_allows(connected, monkeypatch) -> None:
+def test_by_default_bbr_gives_way_to_cubic_or_reno(connected, monkeypatch) -> None:
     monkeypatch.delenv("PYCOLL_TCP_CONGESTION", raising=False)
+    if not _usable("bbr"):
+        pytest.skip("this kernel lets this process use no BBR")
     want = next((n for n in ("cubic", "reno") if _usable(n)), None)
     if want is None:
         pytest.skip("this kernel lets this process use neither cubic nor reno")
     for sock in connected:
-        before = _algorithm(sock)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
         assert tcp_options.set_congestion(sock) == want
-        assert _algorithm(sock) == want, f"was {before}"
+        assert _algorithm(sock) == want
+
+
+def test_by_default_another_choice_of_the_host_stays(connected, monkeypatch) -> None:
+    monkeypatch.delenv("PYCOLL_TCP_CONGESTION", raising=False)
+    if not _usable("reno"):
+        pytest.skip("reno is not usable here")
+    client, _ = connected
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+    assert tcp_options.set_congestion(client) is None
+    assert _algorithm(client) == "reno"
 
 
 def test_system_leaves_the_systems_choice(connected, monkeypatch) -> None:
@@ -87,7 +100,7 @@ _RANK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("setting", ["reno", "system"])
+@pytest.mark.parametrize("setting", ["reno", "system", "auto"])
 def test_a_jobs_connections_take_the_setting(tmp_path: Path, setting: str) -> None:
     if setting == "reno" and not _usable("reno"):
         pytest.skip("reno is not usable here")
@@ -98,7 +111,10 @@ def test_a_jobs_connections_take_the_setting(tmp_path: Path, setting: str) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
         system = f.read().strip()
-    want = "reno" if setting == "reno" else system
+    if setting == "auto" and system.startswith("bbr"):
+        want = next((n for n in ("cubic", "reno") if _usable(n)), system)
+    else:
+        want = "reno" if setting == "reno" else system
     for rank in range(3):
         got = json.loads((tmp_path / f"cc{rank}.json").read_text())
         assert sorted(map(int, got)) == [p for p in range(3) if p != rank], got  # a TCP connection to each peer

@@ -12,11 +12,12 @@ log = logging.getLogger("pycoll")
 
 SOCKET_BUFFER = size_param("PYCOLL_SOCKET_BUFFER", 4 << 20, "SO_SNDBUF/SO_RCVBUF of each TCP connection (the kernel may cap it).")
 CONGESTION = str_param(
-    "PYCOLL_TCP_CONGESTION", "cubic,reno",
-    "Congestion control of each TCP connection: the first of these (comma-separated) that the kernel lets the "
-    "socket use; system: the system's (net.ipv4.tcp_congestion_control). BBR, this VM's default, sizes its window "
-    "from the path's least round trip (microseconds between namespace hosts); with ranks busy on every core, "
-    "senders then waited 8-32 ms for ACKs (docs/performance.md).")
+    "PYCOLL_TCP_CONGESTION", "auto",
+    "Congestion control of each TCP connection: auto, cubic (else reno) where the host's default is BBR, else the "
+    "host's; system, the host's (net.ipv4.tcp_congestion_control); or names, comma-separated, the first the kernel "
+    "lets the socket use. BBR sizes its window from the path's least round trip (microseconds between namespace "
+    "hosts); with ranks busy on every core, senders then waited 8-32 ms for ACKs (docs/performance.md).")
+_BBR_INSTEAD = ("cubic", "reno")  # what auto puts in BBR's place
 _congestion_ok: dict[str, bool] = {}  # algorithm -> whether this process may use it (learnt on the first socket)
 
 
@@ -25,15 +26,25 @@ _congestion_ok: dict[str, bool] = {}  # algorithm -> whether this process may us
 _KEEPALIVE = (("TCP_KEEPIDLE", 3), ("TCP_KEEPINTVL", 1), ("TCP_KEEPCNT", 3), ("TCP_USER_TIMEOUT", 6000))
 
 
+def _algorithm(sock: socket.socket, option: int) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, option, 16).split(b"\0", 1)[0].decode(errors="replace")
+
+
 def set_congestion(sock: socket.socket) -> Optional[str]:
-    """Give ``sock`` the first congestion control of PYCOLL_TCP_CONGESTION that the kernel allows (an unprivileged
-    process may pick only those in net.ipv4.tcp_allowed_congestion_control); the one set, or None (the system's)."""
+    """Give ``sock`` the congestion control PYCOLL_TCP_CONGESTION asks for, the first of its names that the kernel
+    allows (an unprivileged process may pick only those in net.ipv4.tcp_allowed_congestion_control); the one set,
+    or None where the socket keeps the host's."""
     option = getattr(socket, "TCP_CONGESTION", None)
-    if option is None:
+    setting = CONGESTION.get().strip()
+    if option is None or setting == "system":
         return None
-    for name in (n.strip() for n in CONGESTION.get().split(",")):
-        if name == "system":
+    if setting == "auto":
+        if not _algorithm(sock, option).startswith("bbr"):
             return None
+        names: tuple[str, ...] = _BBR_INSTEAD
+    else:
+        names = tuple(n.strip() for n in setting.split(","))
+    for name in names:
         if not name or _congestion_ok.get(name) is False:
             continue
         try:
