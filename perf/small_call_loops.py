@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -45,6 +46,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
     ap.add_argument("--json", help="append the rows to this file (rank 0)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="also each rank's CPU time per call back to back (user and system ms, getrusage), in the JSON "
+                         "row as cpu_ms")
     ap.add_argument("--each", action="store_true",
                     help="also time every call back to back on its own: the slowest rank's time of each call, in the "
                          "JSON row as each_us (the mean stays the loop's)")
@@ -62,15 +66,20 @@ def main() -> None:
             for _ in range(5):
                 fn()
             comm.Barrier()
-            each = None
+            each = cpu = None
             if mode == "back to back":
                 stamps = [0.0] * (args.iters + 1)
+                used = resource.getrusage(resource.RUSAGE_SELF)
                 t0 = stamps[0] = time.perf_counter()
                 for i in range(args.iters):
                     fn()
                     if args.each:
                         stamps[i + 1] = time.perf_counter()
                 mine = (time.perf_counter() - t0) / args.iters * 1e6
+                if args.cpu:
+                    now = resource.getrusage(resource.RUSAGE_SELF)
+                    cpu = comm.allgather([round((now.ru_utime - used.ru_utime) / args.iters * 1e3, 3),
+                                          round((now.ru_stime - used.ru_stime) / args.iters * 1e3, 3)])
                 if args.each:
                     own = [(b - a) * 1e6 for a, b in zip(stamps, stamps[1:])]
                     each = [max(c) for c in zip(*comm.allgather(own))]
@@ -87,10 +96,14 @@ def main() -> None:
                          "rank_us": every, "impl": "mpi4py" if args.mpi4py else "pycoll"})
             if each is not None:
                 rows[-1]["each_us"] = each
+            if cpu is not None:
+                rows[-1]["cpu_ms"] = cpu
     if comm.Get_rank() == 0:
         for r in rows:
             print(f"{r['call']:14s} {r['mode']:14s} slowest {r['slowest_us']:7.1f} µs  ranks "
                   + " ".join(f"{x:6.1f}" for x in r["rank_us"]))
+            if "cpu_ms" in r:
+                print("  CPU ms a call, user/system by rank: " + " ".join(f"{u:.2f}/{k:.2f}" for u, k in r["cpu_ms"]))
             if "each_us" in r:
                 print("  each call, slowest rank (µs): " + " ".join(f"{x:.0f}" for x in r["each_us"]))
         if args.json:
