@@ -1,6 +1,6 @@
-"""The TCP connections' congestion control as PYCOLL_TCP_CONGESTION says: by default cubic (else reno) in place of
-BBR and the host's choice otherwise, the host's with ``system``, else the first of its names the kernel lets the
-socket use; on loopback sockets and on a job's own connections."""
+"""The TCP connections' congestion control as PYCOLL_TCP_CONGESTION says: the host's by default (``system``), with
+``auto`` cubic (else reno) in place of BBR and the host's choice otherwise, else the first of its names the kernel
+lets the socket use; on loopback sockets and on a job's own connections."""
 
 from __future__ import annotations
 
@@ -46,8 +46,8 @@ def _fresh_knowledge(monkeypatch):
     monkeypatch.setattr(tcp_options, "_congestion_ok", {})
 
 
-def test_by_default_bbr_gives_way_to_cubic_or_reno(connected, monkeypatch) -> None:
-    monkeypatch.delenv("PYCOLL_TCP_CONGESTION", raising=False)
+def test_auto_has_bbr_give_way_to_cubic_or_reno(connected, monkeypatch) -> None:
+    monkeypatch.setenv("PYCOLL_TCP_CONGESTION", "auto")
     if not _usable("bbr"):
         pytest.skip("this kernel lets this process use no BBR")
     want = next((n for n in ("cubic", "reno") if _usable(n)), None)
@@ -59,8 +59,8 @@ def test_by_default_bbr_gives_way_to_cubic_or_reno(connected, monkeypatch) -> No
         assert _algorithm(sock) == want
 
 
-def test_by_default_another_choice_of_the_host_stays(connected, monkeypatch) -> None:
-    monkeypatch.delenv("PYCOLL_TCP_CONGESTION", raising=False)
+def test_under_auto_another_choice_of_the_host_stays(connected, monkeypatch) -> None:
+    monkeypatch.setenv("PYCOLL_TCP_CONGESTION", "auto")
     if not _usable("reno"):
         pytest.skip("reno is not usable here")
     client, _ = connected
@@ -69,8 +69,12 @@ def test_by_default_another_choice_of_the_host_stays(connected, monkeypatch) -> 
     assert _algorithm(client) == "reno"
 
 
-def test_system_leaves_the_systems_choice(connected, monkeypatch) -> None:
-    monkeypatch.setenv("PYCOLL_TCP_CONGESTION", "system")
+@pytest.mark.parametrize("setting", ["system", None])  # None: the default
+def test_system_leaves_the_systems_choice(connected, monkeypatch, setting) -> None:
+    if setting is None:
+        monkeypatch.delenv("PYCOLL_TCP_CONGESTION", raising=False)
+    else:
+        monkeypatch.setenv("PYCOLL_TCP_CONGESTION", setting)
     client, _ = connected
     before = _algorithm(client)
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
