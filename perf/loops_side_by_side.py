@@ -10,6 +10,8 @@ import argparse
 import collections
 import json
 
+from multihost_table import human  # perf/, first on the path of `python perf/loops_side_by_side.py`
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -26,9 +28,8 @@ def main() -> None:
     print("| call, size | mode | " + " | ".join(f"{label} ms" for label, _ in columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for call, nbytes, mode in keys:
-        size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
         row = [", ".join(f"{v:.2f}" for v in cells[(call, nbytes, mode, label)]) or "-" for label, _ in columns]
-        print(f"| {call} {size} | {mode} | " + " | ".join(row) + " |")
+        print(f"| {call} {human(nbytes)} | {mode} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

@@ -38,8 +38,6 @@ def client(srv: TCPStoreServer, timeout: float = 10.0) -> TCPStore:
     return TCPStore(host, port, connect_timeout=timeout, token=srv.token)
 
 
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -31,6 +31,11 @@ def _usable(name: str) -> bool:
         return _algorithm(s) == name
 
 
+def _system() -> str:
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        return f.read().strip()
+
+
 @pytest.fixture
 def connected():
     with socket.create_server(("127.0.0.1", 0)) as server:
@@ -77,8 +82,7 @@ def test_system_leaves_the_systems_choice(connected, monkeypatch, setting) -> No
         monkeypatch.setenv("PYCOLL_TCP_CONGESTION", setting)
     client, _ = connected
     before = _algorithm(client)
-    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-        assert before == f.read().strip()
+    assert before == _system()
     assert tcp_options.set_congestion(client) is None
     assert _algorithm(client) == before
 
@@ -113,8 +117,7 @@ def test_a_jobs_connections_take_the_setting(tmp_path: Path, setting: str) -> No
     proc = run_script(3, script, [str(tmp_path)], env={"PYCOLL_SHM_DISABLE": "1", "PYCOLL_TCP_CONGESTION": setting},
                       timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-        system = f.read().strip()
+    system = _system()
     if setting == "auto" and system.startswith("bbr"):
         want = next((n for n in ("cubic", "reno") if _usable(n)), system)
     else:

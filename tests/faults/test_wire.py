@@ -53,8 +53,6 @@ def clean_knobs(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
-
-
 def drain(sock: socket.socket, timeout: float = 5.0) -> bytes:
     """Everything the other side sends until it closes (bounded)."""
     sock.settimeout(timeout)
