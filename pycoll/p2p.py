@@ -118,6 +118,8 @@ class Engine(EagerPaths, CompiledLanes, Progress, FailureHandling, Waiting):
         # Peers on other hosts: small point-to-point messages go straight through their sockets (one call each way)
         self._tcp_socks = {p: ch.sock for p, ch in channels.items() if ch.kind == "tcp" and TCP_EAGER.get()}
         self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
+        # exchange_frames' frames (counts): moved whole in C, and moved in part there and finished by the engine
+        self.frames_exchanged = self.frames_handed_on = 0
         # of those, the peers whose frames move in C (TcpChannel.swap_frame): one call into C per small call
         self._swap_peers = {p for p in self._tcp_socks if getattr(channels[p], "can_swap", False) and TCP_FRAME_C.get()}
         # where a small frame to a socket is put together (header, payload, padding) for its one send

@@ -75,7 +75,8 @@ TCP_FRAME_C = bool_param(
     "PYCOLL_TCP_FRAME_C", True,
     "Set to 0 to move those frames in the engine's Python calls; by default, where pycoll/transport/_tcpframe.c was "
     "compiled at install, a small call's frame out and frame in move in one call into C (one sendmsg each way, the "
-    "wait polling the socket).",
+    "wait polling the socket), and a blocking Alltoall's larger blocks to and from every peer on another host "
+    "move together in one such call.",
 )
 TCP_EAGER_WAIT_MS = float_param(
     "PYCOLL_TCP_EAGER_WAIT_MS", 2.0,

@@ -412,3 +412,26 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
     # go through the engine's send queue instead: 12 of them
     sends = res.records("topology.paired_calls", "socket sends")
     assert sum(sends.values()) == 2 * (5 * 4 * 4 + 3) + 2 * 4 * 4 - 12, sends
+
+
+@pytest.mark.timeout(300)
+def test_alltoall_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
+    """Alltoall(v) blocks past the small-frame size on 2 hosts of 2 and on hosts of 2, 1 and 2 ranks: every case
+    matches NumPy, the frames to and from the other hosts move in one call into C (``Engine.exchange_frames``),
+    and where C's waits are cut to nothing and the sockets' buffers to 64 KiB, frames that C moved in part are
+    finished by the engine, still matching NumPy."""
+    from pycoll.transport import tcp
+
+    if tcp.exchange is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
+    res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=2, n=4, out_dir=str(tmp_path / "a"),
+                                     job_timeout=240)
+    res.assert_ok()
+    moved = res.records("movement.alltoall_large_blocks", "frames exchanged")
+    assert len(moved) == 4 and all(k > 0 for k in moved.values()), moved
+    cut = {"PYCOLL_TCP_EAGER_WAIT_MS": "0", "PYCOLL_YIELD_US": "0", "PYCOLL_SPIN_US": "0", "PYCOLL_SOCKET_BUFFER": "64K"}
+    res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=3, n=5, ranks_per_host=[2, 1, 2],
+                                     env=cut, out_dir=str(tmp_path / "b"), job_timeout=240)
+    res.assert_ok()
+    handed_on = res.records("movement.alltoall_large_blocks", "frames handed on")
+    assert len(handed_on) == 5 and sum(handed_on.values()) > 0, handed_on

@@ -144,3 +144,99 @@ def test_a_frame_behind_the_staging_areas_end_is_compacted_to_fit(pair) -> None:
             assert time.monotonic() < deadline
         sender.join()
         assert got == (ch.TAKEN, room, 200 + k) and into.tobytes() == big
+
+
+def _exchange(moves, spin_ns=0, yield_ns=0, wait_ns=0):
+    """``tcp.exchange`` over (channel, head_out, out, head_in, into), the channels' staging bounds settled after."""
+    states = tcp.exchange([ch.flow(ho, o, hi, i) for ch, ho, o, hi, i in moves], spin_ns, yield_ns, wait_ns)
+    for (ch, *_), (_, _, _, start, end, _) in zip(moves, states):
+        ch.settle(start, end)
+    return [state[:3] for state in states]
+
+
+def test_an_exchange_moves_every_peers_frames_at_once_straight_into_place() -> None:
+    """Three sockets: each one's outgoing frame leaves whole (the peer reads it byte for byte) and each incoming
+    frame, sent in pieces by a thread while the exchange waits, lands in its buffer, padding consumed, the
+    frame behind it left staged."""
+    pairs = [socket.socketpair() for _ in range(3)]
+    chans = [tcp.TcpChannel(i, a) for i, (a, _) in enumerate(pairs)]
+    sizes = [0, 17_001, 300_000]
+    outs = [np.arange(n, dtype=np.uint8) * 3 for n in sizes]
+    frames_in = [_frame(5, 2, bytes(np.arange(n, dtype=np.uint8) * 7 + 1)) for n in sizes]
+    intos = [np.zeros(n, np.uint8) for n in sizes]
+    got_out: list = [b""] * 3
+
+    def peer(i: int) -> None:
+        b = pairs[i][1]
+        b.setblocking(True)
+        whole = frames_in[i] + _frame(5, 3, b"behind")
+        for k in range(0, len(whole), 40_000):
+            b.sendall(whole[k : k + 40_000])
+            time.sleep(0.002)
+        want = HEADER_SIZE + len(outs[i]) + (-len(outs[i]) % ALIGN)
+        while len(got_out[i]) < want:
+            got_out[i] += b.recv(1 << 20)
+
+    threads = [threading.Thread(target=peer, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    heads = [HEADER.pack(5, 2, n, P2P_META, 0, 0, 0) for n in sizes]
+    states = _exchange([(chans[i], heads[i], outs[i], heads[i], intos[i]) for i in range(3)], wait_ns=10**9)
+    for t in threads:
+        t.join()
+    for i, n in enumerate(sizes):
+        total = HEADER_SIZE + n + (-n % ALIGN)
+        assert states[i] == (total, total, tcp._tcpframe.TAKEN)
+        assert intos[i].tobytes() == bytes(np.arange(n, dtype=np.uint8) * 7 + 1)
+        assert got_out[i] == _frame(5, 2, outs[i].tobytes())
+        box = np.zeros(16, np.uint8)
+        assert chans[i].take_message(5, 3, False, P2P_META, box, 10**8) == (tcp._tcpframe.TAKEN, 6, 3)
+    for ch, (_, b) in zip(chans, pairs):
+        ch.close()
+        b.close()
+
+
+def test_an_exchange_leaves_another_frame_the_end_of_a_stream_and_a_late_peer_to_the_engine(pair) -> None:
+    """A socket whose next frame is another one (OTHER), whose stream ended (ENDED) or whose frame is not in when
+    the waits run out (NOT_YET): nothing of the frame is consumed, and the frame behind stays staged whole."""
+    ch, peer = pair
+    head = HEADER.pack(5, 2, 8, P2P_META, 0, 0, 0)
+    into = np.zeros(8, np.uint8)
+    assert _exchange([(ch, None, None, head, into)]) == [(-1, 0, tcp._tcpframe.NOT_YET)]
+    other = _frame(5, 9, b"12345678")
+    peer.sendall(other)
+    assert _exchange([(ch, None, None, head, into)], wait_ns=10**8) == [(-1, 0, tcp._tcpframe.OTHER)]
+    assert ch.peek().tobytes() == other and not into.any()
+    a, b = socket.socketpair()
+    ended = tcp.TcpChannel(2, a)
+    b.close()
+    assert _exchange([(ended, None, None, head, into)], wait_ns=10**8) == [(-1, 0, tcp._tcpframe.ENDED)]
+    ended.close()
+
+
+def test_an_exchange_that_runs_out_of_waiting_reports_the_bytes_moved_of_each_frame(pair) -> None:
+    """The socket takes only part of a large frame and only part of the incoming one is in: the exchange returns
+    after its waits with both counts, exact: the peer holds that prefix of the frame sent, and the payload read so
+    far is in place (the engine finishes both from there: ``Engine.exchange_frames``)."""
+    ch, peer = pair
+    ch.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    n = 3 << 20
+    out = (np.arange(n) % 251).astype(np.uint8)
+    payload_in = bytes((np.arange(n) % 241).astype(np.uint8))
+    peer.sendall(_frame(5, 2, payload_in)[: HEADER_SIZE + 1000])
+    head = HEADER.pack(5, 2, n, P2P_META, 0, 0, 0)
+    into = np.zeros(n, np.uint8)
+    t0 = time.monotonic()
+    sent, got, status = _exchange([(ch, head, out, head, into)], wait_ns=20 * 10**6)[0]
+    assert time.monotonic() - t0 >= 0.02  # it waited its 20 ms since the last byte moved, in poll
+    assert 0 < sent < HEADER_SIZE + n and got == HEADER_SIZE + 1000 and status == tcp._tcpframe.NOT_YET
+    assert into[:1000].tobytes() == payload_in[:1000] and not into[1000:].any()
+    peer.setblocking(False)
+    seen = bytearray()
+    while True:
+        try:
+            chunk = peer.recv(1 << 20)
+        except BlockingIOError:
+            break
+        seen.extend(chunk)
+    assert bytes(seen) == _frame(5, 2, out.tobytes())[:sent]

@@ -256,6 +256,35 @@ class Steps:
             return None
         return self.recv(peer, arr)
 
+    def exchange_now(self, moves: Sequence[tuple[int, Optional[np.ndarray], Optional[np.ndarray]]]) -> list[Request]:
+        """``send`` and ``recv`` of several (peer, outgoing, incoming) at once (either array None: nothing that
+        way), the requests still to wait on. The call's frames to and from peers on other hosts move together in
+        one call into C where the call may (``Engine.exchange_frames``); the other peers' sends are posted first,
+        their receives last, and whatever did not start so goes through the engine."""
+        engine, world = self.engine, self._world
+        reqs: list[Request] = []
+        direct, later = [], []
+        for peer, out, into in moves:
+            flat_out, flat_in = _flat(out), _flat(into)
+            if (self.now and engine.swaps_with(world[peer]) and (out is None or flat_out is not None)
+                    and (into is None or flat_in is not None)):
+                direct.append((peer, out, into, flat_out, flat_in))
+            else:
+                if out is not None:
+                    reqs.append(self.send(peer, out))
+                if into is not None:
+                    later.append((peer, into))
+        if direct:
+            moved = engine.exchange_frames([(world[d[0]], d[3], d[4]) for d in direct], self._ctx, self._tag,
+                                           self._sig, self._owner)
+            for (peer, out, into, _, _), (sent, got) in zip(direct, moved):
+                if out is not None and sent is not True:
+                    reqs.append(sent if sent is not None else self.send(peer, out))
+                if into is not None and got is not True:
+                    reqs.append(got if got is not None else self.recv(peer, into))
+        reqs += [self.recv(peer, into) for peer, into in later]
+        return reqs
+
     def recv_reduce_now(self, peer: int, local: np.ndarray, out: np.ndarray, op: Op) -> Optional[Request]:
         """``recv_reduce``, taken straight from the socket where the call may: None once ``out`` is written."""
         if self.now and type(out) is np.ndarray and out.flags.c_contiguous:
@@ -302,6 +331,13 @@ def _incoming_left(ufunc: Any) -> Callable[..., Any]:
         return ufunc(incoming, local, out=out)
 
     return fold
+
+
+def _flat(arr: Optional[np.ndarray]) -> Any:
+    """``arr`` as flat bytes for a frame, or None (None, or not one contiguous NumPy array: the engine's path)."""
+    if arr is None or type(arr) is not np.ndarray or not arr.flags.c_contiguous:
+        return None
+    return arr.reshape(-1).view(np.uint8)
 
 
 def unfinished(*reqs: Optional[Request]) -> tuple[Request, ...]:

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..p2p_protocol import SMALL_BYTES
 from .base import Call, Schedule, Steps, unfinished
 from .registry import register
 
@@ -88,7 +89,9 @@ def alltoall_pairwise(st: Steps, call: Call) -> Schedule:
     out = [call.recv[d : d + c] for c, d in zip(call.counts, call.displs)]
     inp = [source[d : d + c] for c, d in zip(call.send_counts, call.send_displs)]
     reqs: list = []
-    if st.now:  # every send straight through the sockets where it can go so, then the receives in turn
+    if st.now and max(call.send_counts) * call.dtype.itemsize > SMALL_BYTES:  # every peer's frames at once, in C
+        reqs += st.exchange_now([((r + s) % p, inp[(r + s) % p], out[(r + s) % p]) for s in range(1, p)])
+    elif st.now:  # every send straight through the sockets where it can go so, then the receives in turn
         reqs += unfinished(*(st.send_now((r + s) % p, inp[(r + s) % p]) for s in range(1, p)))
         reqs += unfinished(*(st.recv_now((r - s) % p, out[(r - s) % p]) for s in range(1, p)))
     else:

@@ -2,7 +2,9 @@
  * engine's eager frames): the outgoing frame (header, zero padding to HEADER_SIZE, payload, zero padding to ALIGN)
  * leaves in one sendmsg; the incoming one is read into the channel's staging area, matched against the header the
  * caller expects, byte for byte (or, for a point-to-point receive, by its context and tag), and copied out whole,
- * polling the socket for a bounded spin while it is not in.
+ * polling the socket for a bounded spin while it is not in. ``exchange`` moves one larger frame each way with each
+ * of several sockets at once (a direct collective's blocks to other hosts), the incoming ones read straight into
+ * place.
  *
  * The Python path (pycoll.p2p_eager) does the same in several calls and is what runs without this module; this
  * one only moves bytes: the engine's checks, its lock and what happens to a frame that could not move stay there.
@@ -283,12 +285,276 @@ done:
     return result;
 }
 
+/* One large frame each way with each of several peers at once (pycoll.p2p_eager.exchange_frames: a direct
+ * collective's blocks, as an Alltoall's): every outgoing frame leaves by sendmsg as its socket takes it, and every
+ * incoming one, matched against the header its caller expects, is read straight into its destination (no staging
+ * copy), all in one loop that polls the sockets together. */
+struct flow {
+    int fd;
+    char *stage;
+    Py_ssize_t cap, start, end;
+    const char *head_out, *head_in;
+    Py_ssize_t out_hlen, in_hlen;
+    char *out, *into;
+    Py_ssize_t out_len, into_len;
+    Py_ssize_t sent, got;  /* bytes of the outgoing frame sent, of the incoming frame consumed */
+    int status;            /* the incoming frame's: TAKEN, NOT_YET, OTHER, ENDED, NOTHING_ASKED */
+    int send_errno;
+};
+
+/* the outgoing frame's bytes from ``f->sent`` as an iovec (header, its padding, payload, its padding): how many */
+static int rest_of_frame(const struct flow *f, struct iovec *iov)
+{
+    const char *parts[4] = {f->head_out, zeros, f->out, zeros};
+    Py_ssize_t sizes[4] = {f->out_hlen, HEADER_SIZE - f->out_hlen, f->out_len, padded(f->out_len) - f->out_len};
+    Py_ssize_t skip = f->sent;
+    int k = 0;
+    for (int i = 0; i < 4; i++) {
+        if (skip >= sizes[i]) {
+            skip -= sizes[i];
+            continue;
+        }
+        iov[k].iov_base = (void *)(parts[i] + skip);
+        iov[k].iov_len = (size_t)(sizes[i] - skip);
+        skip = 0;
+        k++;
+    }
+    return k;
+}
+
+/* one read of up to ``want`` bytes into dst without blocking: 1 if bytes came (added to *count), 0 to read again
+ * (interrupted), -1 if none is in, or the stream ended (the flow's status is then ENDED) */
+static int read_into(struct flow *f, char *dst, Py_ssize_t want, Py_ssize_t *count)
+{
+    ssize_t n = recv(f->fd, dst, (size_t)want, MSG_DONTWAIT);
+    if (n > 0) {
+        *count += n;
+        return 1;
+    }
+    if (n < 0 && errno == EINTR)
+        return 0;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
+        f->status = ENDED;
+    return -1;
+}
+
+/* move what the socket allows of one flow, without blocking: 1 if any byte moved */
+static int move_flow(struct flow *f)
+{
+    int moved = 0;
+    Py_ssize_t out_total = HEADER_SIZE + padded(f->out_len);
+    if (f->head_out != NULL && f->sent < out_total && !f->send_errno) {
+        struct iovec iov[4];
+        struct msghdr msg = {0};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = (size_t)rest_of_frame(f, iov);
+        ssize_t n;
+        do
+            n = sendmsg(f->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        while (n < 0 && errno == EINTR);
+        if (n > 0) {
+            f->sent += n;
+            moved = 1;
+        } else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+            f->send_errno = errno;
+        }
+    }
+    Py_ssize_t in_total = HEADER_SIZE + padded(f->into_len);
+    while (f->status == NOT_YET) {
+        if (f->got == in_total) {
+            f->status = TAKEN;
+            break;
+        }
+        Py_ssize_t staged = f->end - f->start;
+        if (f->got == 0) {  /* the header: staged until whole and matched, then consumed */
+            if (staged >= HEADER_SIZE) {
+                if (memcmp(f->stage + f->start, f->head_in, (size_t)f->in_hlen)) {
+                    f->status = OTHER;
+                    break;
+                }
+                f->start += HEADER_SIZE;
+                f->got = HEADER_SIZE;
+                moved = 1;
+                continue;
+            }
+            if (f->start + HEADER_SIZE > f->cap) {
+                memmove(f->stage, f->stage + f->start, (size_t)staged);
+                f->start = 0;
+                f->end = staged;
+            }
+            int r = read_into(f, f->stage + f->end, HEADER_SIZE - staged, &f->end);
+            moved |= r > 0;
+            if (r >= 0)
+                continue;
+            break;  /* not in yet, or ENDED with nothing of this frame consumed: the engine's path names it */
+        }
+        Py_ssize_t at = f->got - HEADER_SIZE, want = in_total - f->got;
+        char sink[ALIGN];
+        char *dst = at < f->into_len ? f->into + at : sink;
+        if (at < f->into_len)
+            want = f->into_len - at;
+        if (staged) {  /* bytes read before, behind the header */
+            Py_ssize_t k = staged < want ? staged : want;
+            if (dst != sink)
+                memcpy(dst, f->stage + f->start, (size_t)k);
+            f->start += k;
+            if (f->start == f->end)
+                f->start = f->end = 0;
+            f->got += k;
+            moved = 1;
+            continue;
+        }
+        int r = read_into(f, dst, want, &f->got);
+        moved |= r > 0;
+        if (r >= 0)
+            continue;
+        break;  /* not in yet, or ENDED inside the frame: the caller hands the rest to the engine, which names it */
+    }
+    return moved;
+}
+
+static int flow_busy(const struct flow *f)
+{
+    return f->status == NOT_YET ||
+           (f->head_out != NULL && !f->send_errno && f->sent < HEADER_SIZE + padded(f->out_len));
+}
+
+/* the flows until none is busy or none moved for spin_ns of polling, yield_ns of polling between sched_yields and
+ * wait_ns of waiting in poll(2) */
+static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns)
+{
+    struct pollfd fds[64];
+    int64_t idle_since = 0;
+    for (;;) {
+        int moved = 0, busy = 0, nfds = 0;
+        for (int i = 0; i < k; i++) {
+            moved |= move_flow(&flows[i]);
+            if (flow_busy(&flows[i])) {
+                busy = 1;
+                short ev = flows[i].status == NOT_YET ? POLLIN : 0;
+                if (flows[i].head_out != NULL && flows[i].sent < HEADER_SIZE + padded(flows[i].out_len))
+                    ev |= POLLOUT;
+                fds[nfds].fd = flows[i].fd;
+                fds[nfds].events = ev;
+                fds[nfds].revents = 0;
+                nfds++;
+            }
+        }
+        if (!busy)
+            return;
+        int64_t now = now_ns();
+        if (moved || !idle_since) {
+            idle_since = now;
+            continue;
+        }
+        int64_t idle = now - idle_since;
+        if (idle < spin_ns) {
+            poll(fds, (nfds_t)nfds, 0);
+            continue;
+        }
+        if (idle < spin_ns + yield_ns) {
+            sched_yield();
+            continue;
+        }
+        int64_t left = spin_ns + yield_ns + wait_ns - idle;
+        if (left <= 0)
+            return;
+        int ms = (int)((left + 999999) / 1000000);
+        poll(fds, (nfds_t)nfds, ms > 5 ? 5 : ms);
+    }
+}
+
+/* exchange(flows, spin_ns, yield_ns, wait_ns) -> list of (sent, got, status, start, end, send_errno)
+ * flows: a sequence of (fd, stage, start, end, head_out, out, head_in, into), head_out/out or head_in/into None for
+ * no frame that way; sent: bytes the socket took of the outgoing frame (-1: none), got: bytes of the incoming frame
+ * consumed (0: none, the frame untouched; its whole size once status is TAKEN) */
+static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "exchange takes 4 arguments");
+        return NULL;
+    }
+    long long spin_ns = PyLong_AsLongLong(args[1]), yield_ns = PyLong_AsLongLong(args[2]);
+    long long wait_ns = PyLong_AsLongLong(args[3]);
+    PyObject *seq = PySequence_Fast(args[0], "exchange: flows must be a sequence");
+    if (seq == NULL || PyErr_Occurred()) {
+        Py_XDECREF(seq);
+        return NULL;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    if (k > 64) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "exchange: at most 64 flows");
+        return NULL;
+    }
+    struct flow flows[64];
+    Py_buffer bufs[64][3];
+    memset(bufs, 0, sizeof(bufs));
+    PyObject *result = NULL;
+    for (Py_ssize_t ready = 0; ready < k; ready++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(seq, ready);
+        struct flow *f = &flows[ready];
+        memset(f, 0, sizeof(*f));
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 8) {
+            PyErr_SetString(PyExc_TypeError, "exchange: each flow is (fd, stage, start, end, head_out, out, head_in, into)");
+            goto done;
+        }
+        PyObject *const *a = &PyTuple_GET_ITEM(t, 0);
+        if (channel_of(a, 8, 8, "exchange", &f->fd, &bufs[ready][0], &f->start, &f->end) < 0)
+            goto done;
+        f->stage = bufs[ready][0].buf;
+        f->cap = bufs[ready][0].len;
+        f->sent = -1;
+        f->status = NOTHING_ASKED;
+        if (a[4] != Py_None) {
+            if (header_of(a[4], &f->head_out, &f->out_hlen) < 0 || PyObject_GetBuffer(a[5], &bufs[ready][1], PyBUF_SIMPLE) < 0)
+                goto done;
+            f->out = bufs[ready][1].buf;
+            f->out_len = bufs[ready][1].len;
+            f->sent = 0;
+        }
+        if (a[6] != Py_None) {
+            if (header_of(a[6], &f->head_in, &f->in_hlen) < 0 || PyObject_GetBuffer(a[7], &bufs[ready][2], PyBUF_WRITABLE) < 0)
+                goto done;
+            f->into = bufs[ready][2].buf;
+            f->into_len = bufs[ready][2].len;
+            f->status = NOT_YET;
+        }
+        if (f->cap < HEADER_SIZE) {
+            PyErr_Format(PyExc_ValueError, "exchange: a staging area of %zd bytes cannot hold a header", f->cap);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns);
+    Py_END_ALLOW_THREADS
+    result = PyList_New(k);
+    for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
+        struct flow *f = &flows[i];
+        PyObject *item = Py_BuildValue("nninni", f->sent, f->got, f->status, f->start, f->end, f->send_errno);
+        if (item == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, item);
+    }
+done:
+    for (Py_ssize_t i = 0; i < k; i++)  /* zeroed where never taken */
+        for (int j = 0; j < 3; j++)
+            if (bufs[i][j].obj)
+                PyBuffer_Release(&bufs[i][j]);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"swap", (PyCFunction)(void (*)(void))swap, METH_FASTCALL,
      "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns]) -> (sent, status, start, end)"},
     {"take_message", (PyCFunction)(void (*)(void))take_message, METH_FASTCALL,
      "take_message(fd, stage, start, end, ctx, tag, any_tag, meta, into, spin_ns) -> "
      "(status, nbytes, tag, start, end)"},
+    {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
+     "exchange(flows, spin_ns, yield_ns, wait_ns) -> [(sent, got, status, start, end, send_errno), ...]"},
     {NULL, NULL, 0, NULL},
 };
 

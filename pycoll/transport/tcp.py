@@ -111,6 +111,10 @@ class _Pending:
         self.buf = bytearray()
 
 
+# exchange(flows, spin_ns, yield_ns, wait_ns): several sockets' frames at once (``TcpChannel.flow``); None unbuilt
+exchange = _tcpframe.exchange if _tcpframe is not None else None
+
+
 class TcpChannel(Channel):
     """A connected non-blocking socket with a small staging area for zero-copy-style peeks."""
 
@@ -156,6 +160,15 @@ class TcpChannel(Channel):
         status, nbytes, got_tag, self._start, self._end = _tcpframe.take_message(
             self.sock.fileno(), self._stage, self._start, self._end, ctx, tag, any_tag, meta, into, spin_ns)
         return status, nbytes, got_tag
+
+    def flow(self, head_out: Optional[bytes], out: Any, head_in: Optional[bytes], into: Any) -> tuple:
+        """This socket's part of an ``exchange`` (several sockets' frames moved together, in C): its outgoing frame
+        (header ``head_out``, payload ``out``) and the incoming one whose header is exactly ``head_in``, read into
+        ``into``; either None. ``settle`` takes back the staging bounds that the exchange left."""
+        return (self._fd, self._stage, self._start, self._end, head_out, out, head_in, into)
+
+    def settle(self, start: int, end: int) -> None:
+        self._start, self._end = start, end
 
     def send_some(self, data: memoryview) -> int:
         return self.send_gathered((data,))
