@@ -120,6 +120,7 @@ class Engine(EagerPaths, CompiledLanes, Progress, FailureHandling, Waiting):
         self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
         # exchange_frames' frames (counts): moved whole in C, and moved in part there and finished by the engine
         self.frames_exchanged = self.frames_handed_on = 0
+        self.exchanges_unwaited = 0  # exchanges that moved only what was ready: this rank owed its peers bytes
         # of those, the peers whose frames move in C (TcpChannel.swap_frame): one call into C per small call
         self._swap_peers = {p for p in self._tcp_socks if getattr(channels[p], "can_swap", False) and TCP_FRAME_C.get()}
         # where a small frame to a socket is put together (header, payload, padding) for its one send

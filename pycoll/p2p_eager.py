@@ -125,20 +125,29 @@ class EagerPaths:
             return results
         try:
             flows, parts = [], []
+            left_out = False  # a send that the engine makes after this
             for i, (peer, out, into) in enumerate(moves):
                 ch: Any = self.channels.get(peer)
                 if peer not in self._swap_peers or ch.ended or peer in self._dead:
+                    left_out = left_out or out is not None
                     continue
                 head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None
                 head_in = frame_head(ctx, tag, into.nbytes, sig) if into is not None and self._can_take(peer, True) else None
+                left_out = left_out or (out is not None and head_out is None)
                 if head_out is None and head_in is None:
                     continue
                 flows.append(ch.flow(head_out, out if head_out else None, head_in, into if head_in else None))
                 parts.append((i, peer, ch, head_out, out, head_in, into))
             if not flows:
                 return results
-            states = _tcp.exchange(flows, int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
-                                   int(TCP_EAGER_WAIT_MS.get() * 1e6))
+            # C waits for frames only where nothing this rank owes could be what a peer waits for before it sends
+            # them: no bytes of another call queued, no send of this one left out, no other call in progress
+            owed = (left_out or self._posted or len(self._schedules) > 1
+                    or any(req.ctx != ctx or req.tag != tag for q in self._sendq.values() for req in q))
+            self.exchanges_unwaited += bool(owed)
+            budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
+                                               int(TCP_EAGER_WAIT_MS.get() * 1e6))
+            states = _tcp.exchange(flows, *budgets)
             for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
                 ch.settle(start, end)
                 sending = receiving = None

@@ -352,6 +352,20 @@ def case_alltoall_large_blocks(ctx):
         recv = sentinel(dt, sum(rcounts))
         comm.Alltoallv(ctx.vspec(bufs[r].copy(), scounts, sdispls), ctx.vspec(recv, rcounts, rdispls))
         ctx.check(f"Alltoallv dtype={dt.name} counts={scounts}", recv, want)
+    # rank 0 still owes the last rank most of a 16 MiB message (an Isend not yet read) as the Alltoall starts
+    big = ctx.data(np.dtype(np.uint8), 16 << 20, 0, "owed")
+    unwaited = engine.exchanges_unwaited if engine is not None else 0
+    req = comm.Isend(big, dest=n - 1, tag=77) if r == 0 and n > 1 else None
+    sends = [ctx.data(np.dtype(np.float32), 25_001 * n, q, "after") for q in range(n)]
+    _alltoall_checked(ctx, sends, np.concatenate([sends[q][r * 25_001:(r + 1) * 25_001] for q in range(n)]),
+                      "Alltoall count=25001 while rank 0 owes a message")
+    if req is not None:
+        req.Wait()
+    if r == n - 1 and n > 1:
+        got = np.zeros(16 << 20, np.uint8)
+        comm.Recv(got, source=0, tag=77)
+        ctx.check("the message owed through the Alltoall", got, big)
     if engine is not None:
         ctx.record("frames exchanged", engine.frames_exchanged - before[0])
         ctx.record("frames handed on", engine.frames_handed_on - before[1])
+        ctx.record("exchanges unwaited", engine.exchanges_unwaited - unwaited)
