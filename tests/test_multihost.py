@@ -415,20 +415,22 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
 
 
 @pytest.mark.timeout(300)
-def test_alltoall_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
-    """Alltoall(v) blocks past the small-frame size on 2 hosts of 2 and on hosts of 2, 1 and 2 ranks: every case
-    matches NumPy, the frames to and from the other hosts move in one call into C (``Engine.exchange_frames``),
+def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
+    """Alltoall(v) blocks past the small-frame size on 2 hosts of 2 and on hosts of 2, 1 and 2 ranks, and the
+    single-chunk frames of a two-rank step (Allreduce, Reduce_scatter_block, Allgather): every case matches NumPy,
+    the frames to and from the other hosts move in one call into C (``Engine.exchange_frames``),
     and where C's waits are cut to nothing and the sockets' buffers to 64 KiB, frames that C moved in part are
     finished by the engine, still matching NumPy."""
     from pycoll.transport import tcp
 
     if tcp.exchange is None:
         pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
-    res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=2, n=4, out_dir=str(tmp_path / "a"),
-                                     job_timeout=240)
+    res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks", "reduce.blocks_past_small_frames"], hosts=2, n=4,
+                                     out_dir=str(tmp_path / "a"), job_timeout=240)
     res.assert_ok()
-    moved = res.records("movement.alltoall_large_blocks", "frames exchanged")
-    assert len(moved) == 4 and all(k > 0 for k in moved.values()), moved
+    for case in ("movement.alltoall_large_blocks", "reduce.blocks_past_small_frames"):
+        moved = res.records(case, "frames exchanged")
+        assert len(moved) == 4 and all(k > 0 for k in moved.values()), (case, moved)
     # rank 0, owing another host a message as an Alltoall starts, does not wait in C (its peer may need those bytes
     # first); it moves what is ready and leaves the rest to the engine
     assert res.records("movement.alltoall_large_blocks", "exchanges unwaited")[0] >= 1
@@ -438,3 +440,9 @@ def test_alltoall_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> No
     res.assert_ok()
     handed_on = res.records("movement.alltoall_large_blocks", "frames handed on")
     assert len(handed_on) == 5 and sum(handed_on.values()) > 0, handed_on
+    # one rank on each of two hosts: the rings' and the recursive doubling's single step is one swap in C
+    res = harness.run_cases_on_hosts(["reduce.blocks_past_small_frames"], hosts=2, n=2, out_dir=str(tmp_path / "c"),
+                                     job_timeout=240)
+    res.assert_ok()
+    moved = res.records("reduce.blocks_past_small_frames", "frames exchanged")
+    assert len(moved) == 2 and all(k > 0 for k in moved.values()), moved

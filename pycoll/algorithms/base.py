@@ -15,7 +15,7 @@ from ..config import size_param
 from ..memory import MemoryBackend
 from ..ops import Op
 from ..p2p import Engine
-from ..p2p_protocol import Owner, Request, Sig
+from ..p2p_protocol import SMALL_BYTES, Owner, Request, Sig
 
 CHUNK_SIZE = size_param(
     "PYCOLL_CHUNK_SIZE", 512 << 10, "Bytes per pipelined chunk: algorithms cut each block into chunks of at most this size."
@@ -296,6 +296,33 @@ class Steps:
             finally:
                 self.mem.release(incoming)
         return self.recv_reduce(peer, local, out, op)
+
+    def swap_now(self, peer: int, out: Optional[np.ndarray], into: Optional[np.ndarray], local: Optional[np.ndarray] = None,
+                 op: Optional[Op] = None) -> Schedule:
+        """One frame each way with ``peer`` (either array None: nothing that way), waited for; given ``local`` and
+        ``op``, ``into = op(local, incoming)``. Where a frame passes the small-frame size and the peer is on another
+        host, both move together in C (``exchange_now``), the incoming one read whole (into scratch where it is
+        reduced once after); else as ``send_now`` and ``recv_now`` (or ``recv_reduce_now``)."""
+        big = max(a.nbytes if a is not None else 0 for a in (out, into)) > SMALL_BYTES
+        if (self.now and big and self.engine.swaps_with(self._world[peer])
+                and (into is None or _flat(into) is not None) and (out is None or _flat(out) is not None)):
+            incoming = self.mem.scratch(into.size, into.dtype) if into is not None and op is not None else into
+            try:
+                pending = self.exchange_now([(peer, out, incoming)])
+                if pending:
+                    yield tuple(pending)
+                if incoming is not into:
+                    assert op is not None and into is not None
+                    op.ufunc(local, incoming.reshape(into.shape), out=into)
+            finally:
+                if incoming is not into:
+                    self.mem.release(incoming)
+            return
+        pending = unfinished(self.send_now(peer, out)) if out is not None else ()
+        if into is not None:
+            pending += unfinished(self.recv_now(peer, into) if op is None else self.recv_reduce_now(peer, local, into, op))
+        if pending:
+            yield pending
 
     def send(self, peer: int, arr: np.ndarray, sig: Optional[Sig] = None) -> Request:
         """Send ``arr`` to ``peer``; the request completes once the bytes are out of ``arr``."""

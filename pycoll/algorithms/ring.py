@@ -54,6 +54,9 @@ def reduce_scatter_ring(
     def target(s: int) -> list[np.ndarray]:
         return final if s == p - 2 else partial((r - s - 2) % p)
 
+    if st.now and k == 1 and p == 2:  # one step: a swap
+        yield from st.swap_now(right, inputs[(r - 1) % p][0], final[0], inputs[r][0], op)
+        return
     if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
         later = unfinished(st.send_now(right, inputs[(r - 1) % p][0]))
         for s in range(p - 1):
@@ -93,6 +96,11 @@ def allgather_ring(st: Steps, blocks: list[list[np.ndarray]], mine: list[np.ndar
         left, right = (r - 1) % p, (r + 1) % p
         k = len(mine)
         if st.now and k == 1:  # one message per step: straight through the sockets where it can go so
+            if p == 2:  # one step: a swap
+                yield from st.swap_now(right, mine[0], blocks[(r - 1) % p][0])
+                for dst, src in zip(blocks[r], mine):
+                    st.mem.copy(dst, src)
+                return
             later = unfinished(st.send_now(right, mine[0]))
             for s in range(p - 1):
                 got = unfinished(st.recv_now(left, blocks[(r - s - 1) % p][0]))

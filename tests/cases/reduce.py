@@ -199,3 +199,42 @@ def case_multidim(ctx):
     recv = np.zeros((6, 10), np.float32)
     comm.Allreduce(inputs[ctx.rank], recv, op=ctx.MPI.SUM)
     ctx.check("Allreduce 2-D", recv, expected)
+
+
+@case
+def case_blocks_past_small_frames(ctx):
+    """Allreduce, Reduce_scatter_block and Allgather whose blocks pass the small-frame size (16 KiB) but fit one
+    chunk (float32 and int32, odd counts, SUM and MAX, in and out of place): each matches NumPy. Between two hosts
+    their frames swap in C (``Steps.swap_now``); the count of frames moved so is recorded."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    engine = getattr(comm, "_engine", None)
+    before = engine.frames_exchanged if engine is not None else 0
+    for op, dt in (("SUM", np.dtype(np.float32)), ("MAX", np.dtype(np.int32))):
+        rtol, atol = tolerance(op, dt)
+        for block in (4_099, 50_001):
+            inputs = [ctx.data(dt, block * n, q, op=op) for q in range(n)]
+            total = reduce_ref(op, inputs, dt)
+            lab = f"op={op} dtype={dt.name} block={block}"
+            out = sentinel(dt, block * n)
+            comm.Allreduce(inputs[r], out, op=ctx.op(op))
+            ctx.check("Allreduce " + lab, out, total, rtol, atol)
+            buf = inputs[r].copy()
+            comm.Allreduce(MPI.IN_PLACE, buf, op=ctx.op(op))
+            ctx.check("Allreduce in-place " + lab, buf, total, rtol, atol)
+            mine = sentinel(dt, block)
+            comm.Reduce_scatter_block(inputs[r], mine, op=ctx.op(op))
+            ctx.check("Reduce_scatter_block " + lab, mine, total[r * block:(r + 1) * block], rtol, atol)
+            buf = inputs[r].copy()
+            comm.Reduce_scatter_block(MPI.IN_PLACE, buf, op=ctx.op(op))
+            ctx.check("Reduce_scatter_block in-place " + lab, buf[:block], total[r * block:(r + 1) * block], rtol, atol)
+            parts = [ctx.data(dt, block, q, "ag") for q in range(n)]
+            out = sentinel(dt, block * n)
+            comm.Allgather(parts[r], out)
+            ctx.check("Allgather " + lab, out, np.concatenate(parts))
+            out = sentinel(dt, block * n)
+            out[r * block:(r + 1) * block] = parts[r]
+            comm.Allgather(MPI.IN_PLACE, out)
+            ctx.check("Allgather in-place " + lab, out, np.concatenate(parts))
+    if engine is not None:
+        ctx.record("frames exchanged", engine.frames_exchanged - before)
