@@ -25,7 +25,7 @@ from .algorithms import arena_jit
 from .algorithms.registry import REDUCTIONS, last_choice, parse_override
 from .algorithms import cost as cost_model
 from .buffers import IN_PLACE
-from .composed import HostComposition
+from .composed import SMP_BYTES, HostComposition
 from .datatypes import Datatype
 from .errors import InvalidArgumentError
 from .inline_runners import INLINE
@@ -209,7 +209,7 @@ class _Rebind:
 class Plan:
     """A checked call shape: its call template and signature, how to rebind its views, and its algorithm choice."""
 
-    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline", "fast")
+    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline", "fast", "flat_for")
 
     def __init__(self, label: str, call: Call, sig: Sig, send: Any, recv: Any) -> None:
         self.label = label
@@ -221,6 +221,7 @@ class Plan:
         self.inline: Any = None  # the algorithm's inline runner on the arena (see ``Runner``), or False: none
         # the runner's whole call for these arguments (``Runner.fast_path``): False where it has none, None untried
         self.fast: Any = None
+        self.flat_for: tuple = ()  # the choice key (with PYCOLL_SMP_BYTES) under which it was found not composed
 
     def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
         """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""
@@ -291,10 +292,14 @@ class Executor:
                             plan.fast = runner.fast_path(self, plan)
                         return
                     call = plan.make_call(*views)
-                    if self.composed is not None and self._compose(label, call):
-                        if not fast:  # None, or False where an earlier call of the plan ran another way
-                            plan.fast = self.composed.plan_closure(label, plan, call, self._ran_composed)
-                        return
+                    if self.composed is not None:
+                        flat_key = (self.choice_key(), SMP_BYTES.get())
+                        if plan.flat_for != flat_key:
+                            if self._compose(label, call):
+                                if not fast:  # None, or False where an earlier call of the plan ran another way
+                                    plan.fast = self.composed.plan_closure(label, plan, call, self._ran_composed)
+                                return
+                            plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
         call, sig, stage = self._resolve(label, build, args, stream)

@@ -132,7 +132,10 @@ class EagerPaths:
                     left_out = left_out or out is not None
                     continue
                 head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None
-                head_in = frame_head(ctx, tag, into.nbytes, sig) if into is not None and self._can_take(peer, True) else None
+                head_in = None
+                if into is not None and self._can_take(peer, True):
+                    head_in = head_out if out is not None and out.nbytes == into.nbytes and head_out else \
+                        frame_head(ctx, tag, into.nbytes, sig)
                 left_out = left_out or (out is not None and head_out is None)
                 if head_out is None and head_in is None:
                     continue
