@@ -440,9 +440,10 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     res.assert_ok()
     handed_on = res.records("movement.alltoall_large_blocks", "frames handed on")
     assert len(handed_on) == 5 and sum(handed_on.values()) > 0, handed_on
-    # one rank on each of two hosts: the rings' and the recursive doubling's single step is one swap in C
-    res = harness.run_cases_on_hosts(["reduce.blocks_past_small_frames"], hosts=2, n=2, out_dir=str(tmp_path / "c"),
-                                     job_timeout=240)
+    # one rank on each of two hosts: the rings' and the recursive doubling's single step is one swap in C (the
+    # 2**20-element cases, of several chunks, keep the engine's pipeline beside them)
+    res = harness.run_cases_on_hosts(["reduce.blocks_past_small_frames", "large.allreduce", "large.reduce_family",
+                                      "large.movement"], hosts=2, n=2, out_dir=str(tmp_path / "c"), job_timeout=240)
     res.assert_ok()
     moved = res.records("reduce.blocks_past_small_frames", "frames exchanged")
     assert len(moved) == 2 and all(k > 0 for k in moved.values()), moved

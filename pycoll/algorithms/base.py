@@ -297,6 +297,10 @@ class Steps:
                 self.mem.release(incoming)
         return self.recv_reduce(peer, local, out, op)
 
+    def direct(self, peer: int) -> bool:
+        """Whether this call's frames with ``peer`` (on another host) may move in C (``swap_now``, ``exchange_now``)."""
+        return self.now and self.engine.swaps_with(self._world[peer])
+
     def swap_now(self, peer: int, out: Optional[np.ndarray], into: Optional[np.ndarray], local: Optional[np.ndarray] = None,
                  op: Optional[Op] = None) -> Schedule:
         """One frame each way with ``peer`` (either array None: nothing that way), waited for; given ``local`` and
@@ -304,7 +308,7 @@ class Steps:
         host, both move together in C (``exchange_now``), the incoming one read whole (into scratch where it is
         reduced once after); else as ``send_now`` and ``recv_now`` (or ``recv_reduce_now``)."""
         big = max(a.nbytes if a is not None else 0 for a in (out, into)) > SMALL_BYTES
-        if (self.now and big and self.engine.swaps_with(self._world[peer])
+        if (big and self.direct(peer)
                 and (into is None or _flat(into) is not None) and (out is None or _flat(out) is not None)):
             incoming = self.mem.scratch(into.size, into.dtype) if into is not None and op is not None else into
             try:
