@@ -128,7 +128,7 @@ class EagerPaths:
             left_out = False  # a send that the engine makes after this
             for i, (peer, out, into) in enumerate(moves):
                 ch: Any = self.channels.get(peer)
-                if peer not in self._swap_peers or ch.ended or peer in self._dead:
+                if peer not in self._swap_peers or ch.ended or peer in self._dead or len(flows) == _tcp.EXCHANGE_FLOWS:
                     left_out = left_out or out is not None
                     continue
                 head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None

@@ -331,3 +331,69 @@ def test_a_messenger_whose_stream_ends_after_its_report_is_not_named_on_another_
     assert isinstance(named, PeerLostError) and list(named.peers) == [0] and named.op == "Allreduce #3", named
     other = dup.error(PeerFailureError, "connection to rank 1 failed", [1])  # not a messenger: kept
     assert eng.witnessed(other, dup) is other
+
+
+def test_an_exchange_in_c_hands_a_frame_cut_short_to_the_engine_which_reports_the_end() -> None:
+    """A collective's frame whose stream ends inside it, read in part by ``exchange_frames`` in C: the engine takes
+    the receive over from where C stopped and fails it with the peer's end, instead of waiting."""
+    import socket
+
+    from pycoll.p2p_protocol import HEADER_SIZE, frame_head
+    from pycoll.transport import tcp
+
+    if tcp.exchange is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled")
+    a, b = socket.socketpair()
+    mine = Engine(0, {1: tcp.TcpChannel(1, a)})
+    try:
+        head = frame_head(3, 5, 4096, Sig())
+        b.sendall(head.ljust(HEADER_SIZE, b"\0") + b"\1" * 1000)
+        b.close()
+        dst = np.zeros(4096, np.uint8)
+        [(sent, got)] = mine.exchange_frames([(1, None, dst)], 3, 5, Sig(), owner("Alltoall"))
+        assert sent is None and got is not None and got is not True  # moved in part: the engine's request
+        assert dst[:1000].all() and not dst[1000:].any() and mine.frames_handed_on == 1
+        mine.wait_requests([got], 5.0, owner("Alltoall"))
+        assert isinstance(got.error, PeerFailureError), got.error
+    finally:
+        mine.close()
+
+
+def test_an_exchange_takes_at_most_its_flows_and_leaves_the_other_peers_untouched(monkeypatch) -> None:
+    """More peers than one call into C takes (``EXCHANGE_FLOWS``, here 1): the first peer's frames move whole,
+    the second's are left to the caller (None both ways), nothing of its stream read; and C itself refuses more
+    flows than it holds, naming the limit."""
+    import socket
+
+    from pycoll.p2p_protocol import ALIGN, HEADER_SIZE, frame_head
+    from pycoll.transport import tcp
+
+    if tcp.exchange is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled")
+    with pytest.raises(ValueError, match=f"at most {tcp.EXCHANGE_FLOWS} flows"):
+        tcp.exchange([()] * (tcp.EXCHANGE_FLOWS + 1), 0, 0, 0)
+    monkeypatch.setattr(tcp, "EXCHANGE_FLOWS", 1)
+    (a1, b1), (a2, b2) = socket.socketpair(), socket.socketpair()
+    mine = Engine(0, {1: tcp.TcpChannel(1, a1), 2: tcp.TcpChannel(2, a2)})
+    try:
+        n = 20_000
+        head = frame_head(3, 5, n, Sig())
+        frame_in = head.ljust(HEADER_SIZE, b"\0") + bytes(range(200)) * (n // 200) + bytes(-n % ALIGN)
+        b1.sendall(frame_in)
+        b2.sendall(frame_in)
+        outs = [np.full(n, k, np.uint8) for k in (1, 2)]
+        intos = [np.zeros(n, np.uint8) for _ in range(2)]
+        moved = mine.exchange_frames([(1, outs[0], intos[0]), (2, outs[1], intos[1])], 3, 5, Sig(), owner("Alltoall"))
+        assert moved == [(True, True), (None, None)], moved
+        assert intos[0].tobytes() == frame_in[HEADER_SIZE : HEADER_SIZE + n] and not intos[1].any()
+        b1.settimeout(5.0)
+        got = b""
+        while len(got) < len(frame_in):
+            got += b1.recv(1 << 16)
+        assert got == head.ljust(HEADER_SIZE, b"\0") + outs[0].tobytes() + bytes(-n % ALIGN)
+        ch2 = mine.channels[2]
+        assert ch2._start == ch2._end == 0 and a2.recv(len(frame_in), socket.MSG_PEEK) == frame_in  # all still there
+    finally:
+        mine.close()
+        b1.close()
+        b2.close()

@@ -285,6 +285,9 @@ done:
     return result;
 }
 
+/* the most sockets one exchange takes (the caller leaves the rest to the engine) */
+#define EXCHANGE_FLOWS 64
+
 /* One large frame each way with each of several peers at once (pycoll.p2p_eager.exchange_frames: a direct
  * collective's blocks, as an Alltoall's): every outgoing frame leaves by sendmsg as its socket takes it, and every
  * incoming one, matched against the header its caller expects, is read straight into its destination (no staging
@@ -423,7 +426,7 @@ static int flow_busy(const struct flow *f)
  * wait_ns of waiting in poll(2) */
 static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns)
 {
-    struct pollfd fds[64];
+    struct pollfd fds[EXCHANGE_FLOWS];
     int64_t idle_since = 0;
     for (;;) {
         int moved = 0, busy = 0, nfds = 0;
@@ -483,13 +486,13 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
         return NULL;
     }
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
-    if (k > 64) {
+    if (k > EXCHANGE_FLOWS) {
         Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "exchange: at most 64 flows");
+        PyErr_Format(PyExc_ValueError, "exchange: at most %d flows", EXCHANGE_FLOWS);
         return NULL;
     }
-    struct flow flows[64];
-    Py_buffer bufs[64][3];
+    struct flow flows[EXCHANGE_FLOWS];
+    Py_buffer bufs[EXCHANGE_FLOWS][3];
     memset(bufs, 0, sizeof(bufs));
     PyObject *result = NULL;
     for (Py_ssize_t ready = 0; ready < k; ready++) {
@@ -568,7 +571,8 @@ PyMODINIT_FUNC PyInit__tcpframe(void)
     if (PyModule_AddIntConstant(m, "TAKEN", TAKEN) < 0 || PyModule_AddIntConstant(m, "NOT_YET", NOT_YET) < 0 ||
         PyModule_AddIntConstant(m, "OTHER", OTHER) < 0 || PyModule_AddIntConstant(m, "ENDED", ENDED) < 0 ||
         PyModule_AddIntConstant(m, "NOTHING_ASKED", NOTHING_ASKED) < 0 ||
-        PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0 || PyModule_AddIntConstant(m, "ALIGN", ALIGN) < 0) {
+        PyModule_AddIntConstant(m, "HEADER_SIZE", HEADER_SIZE) < 0 ||
+        PyModule_AddIntConstant(m, "EXCHANGE_FLOWS", EXCHANGE_FLOWS) < 0 || PyModule_AddIntConstant(m, "ALIGN", ALIGN) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -113,6 +113,7 @@ class _Pending:
 
 # exchange(flows, spin_ns, yield_ns, wait_ns): several sockets' frames at once (``TcpChannel.flow``); None unbuilt
 exchange = _tcpframe.exchange if _tcpframe is not None else None
+EXCHANGE_FLOWS = _tcpframe.EXCHANGE_FLOWS if _tcpframe is not None else 0  # the most sockets one exchange takes
 
 
 class TcpChannel(Channel):
