@@ -1,7 +1,8 @@
-"""When each rank leaves a Barrier and finishes the small Reduce after it, on the host's shared monotonic clock
-(namespace hosts share one machine's clock): the ranks' skew out of the Barrier and the Reduce's critical path.
+"""When each rank leaves a Barrier and finishes the small call after it (a Reduce by default), on the host's shared
+monotonic clock (namespace hosts share one machine's clock): the ranks' skew out of the Barrier and the call's
+critical path.
 
-    pycoll run -n 4 --hosts 2 -- python perf/barrier_exit_skew.py [--bytes 8] [--iters 400]
+    pycoll run -n 4 --hosts 2 -- python perf/barrier_exit_skew.py [--call reduce] [--bytes 8] [--iters 400]
     python -m pycoll.perf.mpi_hosts -n 4 --hosts 2 -- python perf/barrier_exit_skew.py --mpi4py
 """
 
@@ -12,10 +13,13 @@ import time
 
 import numpy as np
 
+from small_call_loops import call_table  # perf/, first on the path of `python perf/barrier_exit_skew.py`
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bytes", type=int, default=8, help="the Reduce's size (float32 elements)")
+    ap.add_argument("--call", default="reduce", help="one of perf/small_call_loops.py's calls")
+    ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
     args = ap.parse_args()
@@ -25,14 +29,14 @@ def main() -> None:
         from pycoll import MPI
     comm = MPI.COMM_WORLD
     p, iters = comm.Get_size(), args.iters
-    a, b = np.ones(max(args.bytes // 4, 1), np.float32), np.empty(max(args.bytes // 4, 1), np.float32)
+    call, _ = call_table(comm, MPI, args.bytes)[args.call]
     exits, done = np.zeros(iters), np.zeros(iters)
     for _ in range(50):
         comm.Barrier()
     for i in range(iters):
         comm.Barrier()
         exits[i] = time.monotonic()
-        comm.Reduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM, root=0)
+        call()
         done[i] = time.monotonic()
     all_exits, all_done = np.zeros((p, iters)), np.zeros((p, iters))
     comm.Gather(exits, all_exits, root=0)
@@ -44,8 +48,8 @@ def main() -> None:
             return [round(float(np.median(x[r])) * 1e6, 1) for r in range(p)]
 
         print("Barrier exit after the first rank's, median µs by rank:", medians(all_exits - first))
-        print("Reduce done after the first Barrier exit, median µs by rank:", medians(all_done - first))
-        print("Reduce call, median µs by rank:", medians(all_done - all_exits))
+        print(f"{args.call} done after the first Barrier exit, median µs by rank:", medians(all_done - first))
+        print(f"{args.call} call, median µs by rank:", medians(all_done - all_exits))
 
 
 if __name__ == "__main__":

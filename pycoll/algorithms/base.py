@@ -266,8 +266,7 @@ class Steps:
         direct, later = [], []
         for peer, out, into in moves:
             flat_out, flat_in = _flat(out), _flat(into)
-            if (self.now and engine.swaps_with(world[peer]) and (out is None or flat_out is not None)
-                    and (into is None or flat_in is not None)):
+            if self.direct(peer) and (out is None or flat_out is not None) and (into is None or flat_in is not None):
                 direct.append((peer, out, into, flat_out, flat_in))
             else:
                 if out is not None:
@@ -308,8 +307,7 @@ class Steps:
         host, both move together in C (``exchange_now``), the incoming one read whole (into scratch where it is
         reduced once after); else as ``send_now`` and ``recv_now`` (or ``recv_reduce_now``)."""
         big = max(a.nbytes if a is not None else 0 for a in (out, into)) > SMALL_BYTES
-        if (big and self.direct(peer)
-                and (into is None or _flat(into) is not None) and (out is None or _flat(out) is not None)):
+        if big and self.direct(peer):  # an array that is not flat bytes goes through the engine there
             incoming = self.mem.scratch(into.size, into.dtype) if into is not None and op is not None else into
             try:
                 pending = self.exchange_now([(peer, out, incoming)])

@@ -341,12 +341,17 @@ static int read_into(struct flow *f, char *dst, Py_ssize_t want, Py_ssize_t *cou
     return -1;
 }
 
+/* whether the flow's outgoing frame still has bytes to send (and its socket has not failed) */
+static int sending(const struct flow *f)
+{
+    return f->head_out != NULL && !f->send_errno && f->sent < HEADER_SIZE + padded(f->out_len);
+}
+
 /* move what the socket allows of one flow, without blocking: 1 if any byte moved */
 static int move_flow(struct flow *f)
 {
     int moved = 0;
-    Py_ssize_t out_total = HEADER_SIZE + padded(f->out_len);
-    if (f->head_out != NULL && f->sent < out_total && !f->send_errno) {
+    if (sending(f)) {
         struct iovec iov[4];
         struct msghdr msg = {0};
         msg.msg_iov = iov;
@@ -416,12 +421,6 @@ static int move_flow(struct flow *f)
     return moved;
 }
 
-static int flow_busy(const struct flow *f)
-{
-    return f->status == NOT_YET ||
-           (f->head_out != NULL && !f->send_errno && f->sent < HEADER_SIZE + padded(f->out_len));
-}
-
 /* the flows until none is busy or none moved for spin_ns of polling, yield_ns of polling between sched_yields and
  * wait_ns of waiting in poll(2) */
 static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns)
@@ -432,11 +431,9 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
         int moved = 0, busy = 0, nfds = 0;
         for (int i = 0; i < k; i++) {
             moved |= move_flow(&flows[i]);
-            if (flow_busy(&flows[i])) {
+            short ev = (short)((flows[i].status == NOT_YET ? POLLIN : 0) | (sending(&flows[i]) ? POLLOUT : 0));
+            if (ev) {
                 busy = 1;
-                short ev = flows[i].status == NOT_YET ? POLLIN : 0;
-                if (flows[i].head_out != NULL && flows[i].sent < HEADER_SIZE + padded(flows[i].out_len))
-                    ev |= POLLOUT;
                 fds[nfds].fd = flows[i].fd;
                 fds[nfds].events = ev;
                 fds[nfds].revents = 0;
