@@ -23,7 +23,7 @@ the fewest bytes on the links, below the other such algorithms and within PYCOLL
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -185,6 +185,8 @@ class HostComposition:
         va, vc, vr, vs = (env.get(k) for k in keys)
         mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
         views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
+        member = self._member_part(call)
+        host = self.host_comm
 
         def fast(args: tuple) -> bool:
             if env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or c._reproducible is not mine:
@@ -193,11 +195,34 @@ class HostComposition:
             if bound is None:
                 return False  # the buffers overlap: the checks name it
             live(label, numbered=True)
-            run(make_call(*bound))
+            if member is not None:
+                host.timeout = c.timeout
+                member(*bound)
+            else:
+                run(make_call(*bound))
             ran(coll, nbytes)
             return True
 
         return fast
+
+    def _member_part(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
+        """A host's other ranks' whole part of a composed call as a function of its (send, recv) views, where it is
+        calls on the host's communicator alone (a Barrier, Bcast, Reduce or Allreduce): the same steps that
+        ``run`` takes for them, without a call object or the dispatch (their part is on the critical path of a
+        host whose ranks share a core). None for a leader, or for the other collectives."""
+        if self.leader or self.host_comm is None:
+            return None
+        coll, op, root = call.coll, call.op, call.root
+        if coll == "barrier":
+            return lambda send, recv: self._member_barrier()
+        if coll == "reduce":
+            return lambda send, recv: self._member_reduce(send, recv, op, root)
+        if coll == "broadcast":
+            return lambda send, recv: self._member_bcast(recv, root)
+        if coll == "allreduce":
+            in_place = call.in_place
+            return lambda send, recv: self._member_allreduce(recv if in_place else send, recv, op)
+        return None
 
     def _comms(self) -> None:
         if self.host_comm is None:  # every rank makes them in the same call, from the layout alone (no messages)
@@ -235,54 +260,65 @@ class HostComposition:
         # one-sided steps inside a host: the others' arrivals gathered to the leader (they post and go on), the
         # leaders' barrier, then the leader's release (it posts and goes on); two full host barriers made every
         # rank wait for every other twice
+        if self.leaders is None:
+            self._member_barrier()
+            return
         token = self._token
-        if self.leaders is not None:
-            self.host_comm.Gather(IN_PLACE, token, 0)
-            self.leaders.Barrier()
-        else:
-            self.host_comm.Gather(token[:1], None, 0)
+        self.host_comm.Gather(IN_PLACE, token, 0)
+        self.leaders.Barrier()
         self.host_comm.Bcast(token[:1], 0)
+
+    def _member_barrier(self) -> None:
+        token = self._token[:1]
+        self.host_comm.Gather(token, None, 0)
+        self.host_comm.Bcast(token, 0)
 
     def _allreduce(self, call: Call) -> None:
         assert call.recv is not None and call.op is not None
         out = call.recv
-        if self.leader:  # the host's partial result stays out of the user's buffer until the network step is done
-            partial = out.copy() if call.in_place else np.empty_like(out)
-            self.host_comm.Reduce(IN_PLACE if call.in_place else call.send, partial, call.op, 0)
-            self.leaders.Allreduce(IN_PLACE, partial, call.op)
-            out[...] = partial
-        else:
-            self.host_comm.Reduce(out if call.in_place else call.send, None, call.op, 0)
+        if not self.leader:
+            self._member_allreduce(out if call.in_place else call.send, out, call.op)
+            return
+        # the host's partial result stays out of the user's buffer until the network step is done
+        partial = out.copy() if call.in_place else np.empty_like(out)
+        self.host_comm.Reduce(IN_PLACE if call.in_place else call.send, partial, call.op, 0)
+        self.leaders.Allreduce(IN_PLACE, partial, call.op)
+        out[...] = partial
+        self._host_bcast(out, 0, out.nbytes)
+
+    def _member_allreduce(self, send: Any, out: Any, op: Any) -> None:
+        self.host_comm.Reduce(send, None, op, 0)
         self._host_bcast(out, 0, out.nbytes)
 
     def _broadcast(self, call: Call) -> None:
         buf, root = call.recv, call.root
         assert buf is not None
+        if not self.leader:
+            self._member_bcast(buf, root)
+            return
         root_host = self.comm._layout.host_of[root]
         if self.host == root_host:
-            if self.leader and self.comm._rank == root:  # the other hosts' longer way first
+            if self.comm._rank == root:  # the other hosts' longer way first
                 self.leaders.Bcast(buf, self.leader_rank[root_host])
                 self.host_comm.Bcast(buf, 0)
                 return
             self._host_bcast(buf, self.groups[root_host].index(root), buf.nbytes)
-            if self.leader:
-                self.leaders.Bcast(buf, self.leader_rank[root_host])
+            self.leaders.Bcast(buf, self.leader_rank[root_host])
         else:
-            if self.leader:
-                self.leaders.Bcast(buf, self.leader_rank[root_host])
+            self.leaders.Bcast(buf, self.leader_rank[root_host])
             self._host_bcast(buf, 0, buf.nbytes)
+
+    def _member_bcast(self, buf: Any, root: int) -> None:
+        """A host's other rank: the host's Bcast, from the root where it is on this host, else from the leader."""
+        group = self.groups[self.host]
+        self._host_bcast(buf, group.index(root) if root in group else 0, buf.nbytes)
 
     def _reduce(self, call: Call) -> None:
         assert call.send is not None and call.op is not None
         root, op = call.root, call.op
         root_host = self.comm._layout.host_of[root]
         if not self.leader:
-            self.host_comm.Reduce(call.send, None, op, 0)
-            if self.comm._rank == root:  # the root's host leader hands it the result
-                assert call.recv is not None
-                result = np.empty_like(call.recv)
-                self.host_comm.Recv(result, 0, _RESULT_TAG)
-                call.recv[...] = result
+            self._member_reduce(call.send, call.recv, op, root)
             return
         partial = np.empty_like(call.send)  # the user's buffer is written once the whole call has succeeded
         self.host_comm.Reduce(call.send, partial, op, 0)
@@ -295,6 +331,13 @@ class HostComposition:
                 self.host_comm.Send(partial, self.groups[root_host].index(root), _RESULT_TAG)
         else:
             self.leaders.Reduce(partial, None, op, self.leader_rank[root_host])
+
+    def _member_reduce(self, send: Any, recv: Any, op: Any, root: int) -> None:
+        self.host_comm.Reduce(send, None, op, 0)
+        if self.comm._rank == root:  # the root's host leader hands it the result
+            result = np.empty_like(recv)
+            self.host_comm.Recv(result, 0, _RESULT_TAG)
+            recv[...] = result
 
     def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
         """This host's contiguous run of ``block``-element blocks in ``arr`` (the layout is ``even``)."""

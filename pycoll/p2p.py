@@ -12,6 +12,7 @@ import numpy as np
 from .errors import PeerFailureError, PycollError, RemoteError
 from .p2p_compiled import CompiledLanes
 from .p2p_eager import EagerPaths
+from .p2p_frames import FramePaths
 from .p2p_failures import FailureHandling
 from .p2p_progress import Progress
 from .p2p_protocol import (
@@ -49,7 +50,7 @@ from .p2p_waiting import Waiting
 from .transport.base import Channel
 
 
-class Engine(EagerPaths, CompiledLanes, Progress, FailureHandling, Waiting):
+class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, Waiting):
     """Owns the channels of one process and moves every pending message forward."""
 
     def __init__(self, rank: int, channels: dict[int, Channel]) -> None:

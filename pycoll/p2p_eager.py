@@ -26,14 +26,11 @@ from .p2p_protocol import (
     TCP_EAGER_WAIT_MS,
     YIELD_US,
     SendRequest,
-    Owner,
-    RecvRequest,
     Sig,
     frame_head,
     head_ctx,
     head_tag,
 )
-from .transport import tcp as _tcp
 from .transport.base import Channel
 
 
@@ -78,125 +75,6 @@ class EagerPaths:
         finally:
             self.lock.release()
         return got is not None
-
-    def swap_frames_now(self, peer: int, head_out: Optional[bytes], out: Optional[np.ndarray],
-                        head_in: Optional[bytes], into: Optional[np.ndarray], limit: int = SMALL_BYTES
-                        ) -> tuple[bool, bool]:
-        """``send_frame_now`` of ``out`` and ``recv_frame_now`` into ``into`` (either None: no frame that way) in
-        one call into C where the socket's channel has it (``TcpChannel.swap_frame``): whether each moved. A frame
-        that did not is the caller's to move through the engine, as with the two calls."""
-        ch: Any = self.channels.get(peer)
-        if (peer not in self._swap_peers or ch.ended
-                or (out is not None and (out.nbytes > limit or self._sendq[peer] or peer in self._dead))
-                or (into is not None and (HEADER_SIZE + into.nbytes + ALIGN > ch.staging_bytes
-                                          or not self._can_take(peer, True)))
-                or not self.lock.acquire(blocking=False)):
-            sent = out is None or self.send_frame_now(peer, head_out, out, limit)  # type: ignore[arg-type]
-            return sent, into is None or self.recv_frame_now(peer, head_in, into)  # type: ignore[arg-type]
-        yield_us = YIELD_US.get() if into is not None else 0.0
-        try:  # the whole wait short of sleeping, in C: the spin, then the yields
-            count, status = ch.swap_frame(head_out, out, head_in, into,
-                                          int(self._spin_us() * 1e3) if into is not None else 0, int(yield_us * 1e3))
-        finally:
-            self.lock.release()
-        sent = out is None or (count >= 0 and self._sent_eager_tcp(peer, head_out, out, count))  # type: ignore
-        if into is None:
-            return sent, True
-        if status == ch.TAKEN:
-            self._took_from_socket(peer, head_ctx(head_in), head_tag(head_in))  # type: ignore[arg-type]
-            return sent, True
-        if status == ch.NOT_YET:  # the rest of the wait (sleeping, or yielding where the frame left in part) in Python
-            yielded = count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN) if out is not None else True
-            return sent, self.recv_frame_now(peer, head_in, into, spun=True, yielded=yielded)  # type: ignore
-        return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
-
-    def swaps_with(self, peer: int) -> bool:
-        """Whether frames to and from ``peer`` (on another host) can move in C (``exchange_frames``)."""
-        return peer in self._swap_peers
-
-    def exchange_frames(self, moves: list, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
-        """A collective's frames to and from several peers on other hosts, moved together in one call into C
-        (``_tcpframe.exchange``): ``moves`` holds (peer, out, into), flat bytes or None. For each, (send, receive):
-        True where it moved whole, the engine's request where it moved in part (the engine finishes it), None where
-        it did not start (the caller sends or receives through the engine). Every socket is polled with the others:
-        the spin and yields of a wait, then up to PYCOLL_TCP_EAGER_WAIT_MS in the kernel since the last byte moved."""
-        results: list = [(None, None)] * len(moves)
-        if _tcp.exchange is None or not self._swap_peers or not self.lock.acquire(blocking=False):
-            return results
-        try:
-            flows, parts = [], []
-            left_out = False  # a send that the engine makes after this
-            for i, (peer, out, into) in enumerate(moves):
-                ch: Any = self.channels.get(peer)
-                if peer not in self._swap_peers or ch.ended or peer in self._dead or len(flows) == _tcp.EXCHANGE_FLOWS:
-                    left_out = left_out or out is not None
-                    continue
-                head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None
-                head_in = None
-                if into is not None and self._can_take(peer, True):
-                    head_in = head_out if out is not None and out.nbytes == into.nbytes and head_out else \
-                        frame_head(ctx, tag, into.nbytes, sig)
-                left_out = left_out or (out is not None and head_out is None)
-                if head_out is None and head_in is None:
-                    continue
-                flows.append(ch.flow(head_out, out if head_out else None, head_in, into if head_in else None))
-                parts.append((i, peer, ch, head_out, out, head_in, into))
-            if not flows:
-                return results
-            # C waits for frames only where nothing this rank owes could be what a peer waits for before it sends
-            # them: no bytes of another call queued, no send of this one left out, no other call in progress
-            owed = (left_out or self._posted or len(self._schedules) > 1
-                    or any(req.ctx != ctx or req.tag != tag for q in self._sendq.values() for req in q))
-            self.exchanges_unwaited += bool(owed)
-            budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
-                                               int(TCP_EAGER_WAIT_MS.get() * 1e6))
-            states = _tcp.exchange(flows, *budgets)
-            for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
-                ch.settle(start, end)
-                sending = receiving = None
-                if head_out is not None:
-                    sending = True if sent == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN) else \
-                        self._queue_rest(peer, head_out, out, sent, owner)
-                if head_in is not None and got:
-                    receiving = True if status == ch.TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
-                    self._took_from_socket(peer, ctx, tag)
-                for moved in (sending, receiving):
-                    if moved is True:
-                        self.frames_exchanged += 1
-                    elif moved is not None:
-                        self.frames_handed_on += 1
-                results[i] = (sending, receiving)
-        finally:
-            self.lock.release()
-        return results
-
-    def _queue_rest(self, peer: int, head: bytes, payload: np.ndarray, sent: int, owner: Owner) -> SendRequest:
-        """The part of a frame that the socket did not take, queued (not copied) as the engine's send: the caller
-        waits on it before its buffer is reused; a failed socket fails it there."""
-        nbytes = payload.nbytes
-        segs = [memoryview(head.ljust(HEADER_SIZE, b"\0")), memoryview(payload).cast("B")]
-        if nbytes % ALIGN:
-            segs.append(memoryview(ZEROS[: -nbytes % ALIGN]))
-        req = SendRequest(owner, peer, head_ctx(head), head_tag(head), segs)
-        while sent >= len(segs[req.index]):  # past the segments that went whole
-            sent -= len(segs[req.index])
-            req.index += 1
-        req.offset = sent
-        self._sendq[peer].append(req)
-        return req
-
-    def _resume_frame(self, peer: int, head: bytes, into: np.ndarray, got: int, sig: Sig, owner: Owner) -> RecvRequest:
-        """A frame of which ``got`` bytes (its whole header, some payload) were read: the engine's parser for that
-        stream resumes inside it, into a receive that is already matched."""
-        ctx, tag, nbytes = head_ctx(head), head_tag(head), into.nbytes
-        req = RecvRequest(owner, peer, ctx, tag, sig, into)
-        req.source, req.recv_tag, req.nbytes = peer, tag, nbytes
-        st = self._inbound[peer]
-        body = got - HEADER_SIZE
-        st.ctx, st.tag, st.nbytes, st.sig = ctx, tag, nbytes, sig
-        st.got, st.pad = min(body, nbytes), -nbytes % ALIGN - max(0, body - nbytes)
-        st.have, st.target = HEADER_SIZE, req
-        return req
 
     def send_eager(self, peer: int, payload: np.ndarray, ctx: int, tag: int) -> bool:
         """Write a small point-to-point message of flat bytes straight into ``peer``'s ring; False (nothing sent)
@@ -425,3 +303,4 @@ class EagerPaths:
         st = self._inbound.get(peer)
         return ((peer in self._has_input or peer in self._tcp_socks) and peer not in self._dead and not st.have  # type: ignore[union-attr]
                 and st.target is None)  # type: ignore[union-attr]
+

@@ -49,19 +49,30 @@ class _Pair:
         self.ctx = c._ctx | 1
         # one message each way, taken whole from the socket: within a chunk and the receiver's staging area
         self.limit = min(max(CHUNK_SIZE.get(), 64), self.engine.frame_room(self.world_peer))
+        self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0
+        self.swap = self._swapper()
 
-    def swap(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
-        """Send ``out`` to the peer and receive ``into`` from it (flat bytes; None: no message that way), as the
-        call numbered ``seq``; ``into`` is written only once its message is whole."""
-        ctx, tag, sig = self.ctx, seq * LANES, self.sig
-        head = frame_head(ctx, tag, out.nbytes, sig) if out is not None else None
-        head_in = None
-        if into is not None:
-            same = head is not None and into.nbytes == out.nbytes  # type: ignore[union-attr]
-            head_in = head if same else frame_head(ctx, tag, into.nbytes, sig)
-        sent, got = self.engine.swap_frames_now(self.world_peer, head, out, head_in, into, self.limit)
-        if not (sent and got):
-            self._through_engine(seq, None if sent else out, None if got else into)
+    def head(self, nbytes: int) -> bytes:
+        """The header of this plan's frames of ``nbytes`` with tag 0 (each call puts its own tag in, in C)."""
+        head = self._heads.get(nbytes)
+        if head is None:
+            head = self._heads[nbytes] = frame_head(self.ctx, 0, nbytes, self.sig)
+        return head
+
+    def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
+        """``swap(seq, out, into)``: send ``out`` to the peer and receive ``into`` from it (contiguous arrays; None:
+        no message that way), as the call numbered ``seq``; ``into`` is written only once its message is whole."""
+        heads, head, ctx, limit, through = self._heads, self.head, self.ctx, self.limit, self._through_engine
+        frames = self.engine.frame_swapper(self.world_peer)
+
+        def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+            head_out = None if out is None else heads.get(out.nbytes) or head(out.nbytes)
+            head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
+            sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
+            if not (sent and got):
+                through(seq, None if sent else _bytes(out), None if got else _bytes(into))  # type: ignore[arg-type]
+
+        return swap
 
     def _through_engine(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
         """The messages that could not move at once, posted to the engine and waited for as a schedule's are; a
@@ -146,19 +157,32 @@ def _largest_message(t: Any, me: int, peer: int) -> Optional[int]:
     return None
 
 
+class _Scratch:
+    """A plan's incoming vector, kept between its calls (one shape and dtype per plan, but sized on first use)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self) -> None:
+        self.array = _EMPTY
+
+    def like(self, a: np.ndarray) -> np.ndarray:
+        have = self.array
+        if have.size != a.size or have.dtype != a.dtype:
+            have = self.array = np.empty(a.size, a.dtype)
+        return have
+
+
 def _bytes(a: np.ndarray) -> np.ndarray:
     return a.view(_U8) if a.ndim == 1 else a.reshape(-1).view(_U8)
 
 
 @_form("allreduce", "doubling")
 def _allreduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
-    ufunc, scratch = t.op.ufunc, {}
+    ufunc, scratch = t.op.ufunc, _Scratch()
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
-        incoming = scratch.get(recv.size)
-        if incoming is None or incoming.dtype != recv.dtype:
-            incoming = scratch[recv.size] = np.empty(recv.size, recv.dtype)
-        pair.swap(seq, _bytes(send), _bytes(incoming))
+        incoming = scratch.like(recv)
+        pair.swap(seq, send, incoming)
         ufunc(send, incoming, out=recv)  # as the algorithm's round: own values on the left
 
     return body
@@ -170,9 +194,9 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: Any, recv: np.ndarray) -> None:
         if at_root:
-            pair.swap(seq, _bytes(recv), None)
+            pair.swap(seq, recv, None)
         else:
-            pair.swap(seq, None, _bytes(recv))
+            pair.swap(seq, None, recv)
 
     return body
 
@@ -181,13 +205,15 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     at_root, ufunc = pair.me == t.root, t.op.ufunc
 
+    scratch = _Scratch()
+
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
         if not at_root:
-            pair.swap(seq, _bytes(send), None)
+            pair.swap(seq, send, None)
             return
         assert recv is not None
-        incoming = np.empty(send.size, send.dtype)
-        pair.swap(seq, None, _bytes(incoming))
+        incoming = scratch.like(send)
+        pair.swap(seq, None, incoming)
         ufunc(send, incoming, out=recv)  # the root's own values on the left, as the chain's last link
 
     return body
@@ -206,7 +232,7 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
         block = recv[mine]
         if not t.in_place and send is not None:
             block[...] = send
-        pair.swap(seq, _bytes(block), _bytes(recv[theirs]))
+        pair.swap(seq, block, recv[theirs])
 
     return body
 
@@ -220,8 +246,8 @@ def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
         source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
-        pair.swap(seq, _bytes(source[send_displs[peer]: send_displs[peer] + send_counts[peer]]),
-                  _bytes(recv[displs[peer]: displs[peer] + counts[peer]]))
+        pair.swap(seq, source[send_displs[peer]: send_displs[peer] + send_counts[peer]],
+                  recv[displs[peer]: displs[peer] + counts[peer]])
         recv[displs[me]: displs[me] + counts[me]] = source[send_displs[me]: send_displs[me] + send_counts[me]]
 
     return body
@@ -235,12 +261,15 @@ def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     starts = offsets(list(counts))  # the blocks' places, fixed for the plan: no per-call list of views
     mine, theirs, n = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]), counts[me]
+    incoming, in_place = np.empty(n, t.dtype), t.in_place
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
-        incoming = np.empty(n, send.dtype)
-        pair.swap(seq, _bytes(send[theirs]), _bytes(incoming))
-        ufunc(send[mine], incoming, out=incoming)  # in place, the result's place overlaps the inputs: kept apart
-        recv[:n] = incoming
+        pair.swap(seq, send[theirs], incoming)
+        if in_place:  # the result's place overlaps the inputs: kept apart
+            ufunc(send[mine], incoming, out=incoming)
+            recv[:n] = incoming
+        else:
+            ufunc(send[mine], incoming, out=recv[:n])
 
     return body
 

@@ -397,3 +397,64 @@ def test_an_exchange_takes_at_most_its_flows_and_leaves_the_other_peers_untouche
         mine.close()
         b1.close()
         b2.close()
+
+
+def test_a_plans_frame_swapper_tags_each_call_and_leaves_what_it_cannot_take(monkeypatch) -> None:
+    """``frame_swapper`` (the two-rank small calls' path, ``pycoll.paired``): headers made once with tag 0 carry
+    each call's tag both ways; a frame of another call stays staged; with a receive posted the frame is left to
+    the engine; a frame that comes after C's spin and yields is taken by the Python wait with the call's tag."""
+    import socket
+    import threading
+
+    from pycoll.p2p_protocol import frame_head
+    from pycoll.transport import tcp
+
+    if tcp._tcpframe is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled")
+    monkeypatch.setenv("PYCOLL_SPIN_US", "0")
+    monkeypatch.setenv("PYCOLL_YIELD_US", "0")
+    monkeypatch.setenv("PYCOLL_TCP_EAGER_WAIT_MS", "5000")
+    a, b = socket.socketpair()
+    mine, theirs = Engine(0, {1: tcp.TcpChannel(1, a)}), Engine(1, {0: tcp.TcpChannel(0, b)})
+    try:
+        head = frame_head(3, 0, 8, Sig(kind=2))
+        swap, answer = mine.frame_swapper(1), theirs.frame_swapper(0)
+        sent_back = np.array([3.0, 4.0], np.float32)
+        assert answer(3, 24, head, sent_back, None, None, 64) == (True, True)
+        into = np.zeros(2, np.float32)
+        assert swap(3, 24, head, np.array([1.0, 2.0], np.float32), head, into, 64) == (True, True)
+        assert into.tolist() == [3.0, 4.0] and mine._seen[1] == (3, 24)
+        assert (mine.tcp_eager_sends, mine.tcp_eager_recvs) == (1, 1)
+        got = np.zeros(2, np.float32)
+        assert answer(3, 0, None, None, head, got, 64) == (True, False)  # tag 24 is next, not 0: left staged
+        assert answer(3, 24, None, None, head, got, 64) == (True, True) and got.tolist() == [1.0, 2.0]
+
+        answer(3, 25, head, sent_back, None, None, 64)
+        req = mine.irecv(1, np.zeros(64, np.uint8), 9, 9, Sig(), owner())  # a receive that may match first
+        assert swap(3, 25, None, None, head, into, 64) == (True, False)
+        mine._posted.remove(req)
+        assert swap(3, 25, None, None, head, into, 64) == (True, True)
+
+        late = threading.Timer(0.05, answer, (3, 26, head, np.array([5.0, 6.0], np.float32), None, None, 64))
+        late.start()
+        assert swap(3, 26, None, None, head, into, 64) == (True, True)  # C gave up at once; Python waited
+        late.join()
+        assert into.tolist() == [5.0, 6.0] and mine._seen[1] == (3, 26)
+
+        # a frame the socket takes in part: its rest queues, with the call's tag in its header
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        big = np.arange(1 << 16, dtype=np.uint8)
+        big_head = frame_head(3, 0, big.nbytes, Sig(kind=2))
+        assert swap(3, 27, big_head, big, None, None, big.nbytes) == (True, True)
+        assert mine._sendq[1] and mine.tcp_eager_queued == 1
+        whole = np.zeros(big.nbytes, np.uint8)
+        taken = theirs.irecv(0, whole, 3, 27, Sig(kind=2), owner())
+        for _ in range(100_000):
+            if not mine._sendq[1] and taken.done:
+                break
+            mine.progress()
+            theirs.progress()
+        assert taken.done and taken.error is None and (whole == big).all()
+    finally:
+        mine.close()
+        theirs.close()

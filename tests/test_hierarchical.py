@@ -62,7 +62,7 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
     n = sum(per_host)
     cases = ["reduce.allreduce", "movement.barrier", "movement.bcast", "reduce.reduce", "reduce.reduce_every_root",
              "movement.allgather", "movement.allgatherv", "reduce.reduce_scatter_block", "reduce.reduce_scatter",
-             "movement.alltoall", "topology.host_composition",
+             "movement.alltoall", "topology.host_composition", "topology.composed_repeats",
              "errors.mismatch_barrier_vs_bcast"]
     res = harness.run_cases_on_hosts(cases, hosts=len(per_host), n=n, ranks_per_host=per_host, out_dir=str(tmp_path),
                                      job_timeout=240)
@@ -80,6 +80,8 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
     repeated = res.records("topology.host_composition", "repeated composed")
     assert all(runs == [True, True, True, False, False, True, True] for runs in repeated.values()), repeated
     assert set(res.records("topology.host_composition", "plan closure").values()) == {True}
+    closures = res.records("topology.composed_repeats", "closures")
+    assert all(set(c.values()) == {True} for c in closures.values()), closures
     for call in ("bcast", "reduce"):
         assert set(res.records("topology.host_composition", f"{call} by").values()) == {"composed"}, call
     # Allgather only where every host holds as many ranks, numbered host by host

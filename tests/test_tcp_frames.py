@@ -62,6 +62,24 @@ def test_a_frame_is_taken_whole_however_its_bytes_arrive(pair, nbytes: int) -> N
     assert box[:4].tobytes() == b"next" and ch._start == ch._end == 0
 
 
+def test_a_tag_given_to_the_swap_goes_into_both_headers(pair) -> None:
+    """A plan's headers are made once with tag 0; each call's tag replaces that field, in the frame sent and in the
+    frame expected; the arrays may be of any dtype, taken as their bytes."""
+    ch, peer = pair
+    template = HEADER.pack(9, 0, 8, P2P_META, 0, 0, 0)
+    out, into = np.array([1.5, -2.0], np.float32), np.zeros(2, np.float32)
+    peer.sendall(_frame(9, 40, np.array([7.0, 8.0], np.float32).tobytes()))  # the call tagged 40, not 41
+    assert ch.swap_frame(None, None, template, into, 0, 0, 41)[1] == ch.OTHER and not into.any()
+    sent, status = ch.swap_frame(template, out, template, into, 0, 0, 40)
+    assert (sent, status) == (HEADER_SIZE + ALIGN, ch.TAKEN) and into.tolist() == [7.0, 8.0]
+    assert peer.recv(4096) == _frame(9, 40, out.tobytes())
+    assert template == HEADER.pack(9, 0, 8, P2P_META, 0, 0, 0)  # the caller's header is left as it was
+    with pytest.raises(ValueError, match="at least 16 bytes"):
+        ch.swap_frame(template[:12], out, None, None, 0, 0, 40)
+    with pytest.raises(TypeError, match="9 to 11 arguments"):
+        tcp._tcpframe.swap(ch._fd, ch._stage, 0, 0, None, None, None, None)
+
+
 def test_a_frame_that_comes_while_the_swap_yields_the_core_is_taken(pair) -> None:
     """Past its spin, the swap polls the socket between sched_yields for up to ``yield_ns``, in C: a frame that
     comes meanwhile is taken there, and the frame sent went out whole first."""

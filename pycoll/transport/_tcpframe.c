@@ -188,24 +188,49 @@ static int channel_of(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, 
     return 0;
 }
 
-/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns]) -> (sent, status, start, end)
+/* the header ``head`` (hlen bytes) with its tag field replaced by ``tag``, in ``copy`` (HEADER_SIZE bytes) */
+static const char *tagged(const char *head, Py_ssize_t hlen, int64_t tag, char *copy)
+{
+    if (hlen < 16) {
+        PyErr_Format(PyExc_ValueError, "a frame header to tag has at least 16 bytes, not %zd", hlen);
+        return NULL;
+    }
+    memcpy(copy, head, (size_t)hlen);
+    memcpy(copy + 8, &tag, 8);
+    return copy;
+}
+
+/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end)
  * sent: bytes the socket took of the outgoing frame (-1: none to send; below -1: minus the errno of a failed send);
  * status: TAKEN, NOT_YET (nothing consumed after spin_ns of polling, then yield_ns of polling between sched_yields,
- * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None) */
+ * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None). ``tag``, unless None,
+ * replaces the tag field of both headers (a plan's headers made once, each call its own tag); out and into are
+ * any contiguous buffers, taken as their bytes */
 static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     int fd;
     Py_buffer stage = {0}, out = {0}, into = {0};
     Py_ssize_t start, end;
-    int sending = nargs > 6 && args[4] != Py_None, receiving = nargs > 6 && args[6] != Py_None;
+    if (nargs < 9 || nargs > 11) {
+        PyErr_Format(PyExc_TypeError, "swap takes 9 to 11 arguments, not %zd", nargs);
+        return NULL;
+    }
+    int sending = args[4] != Py_None, receiving = args[6] != Py_None;
     const char *head_out = NULL, *head_in = NULL;
+    char out_copy[HEADER_SIZE], in_copy[HEADER_SIZE];
     Py_ssize_t out_hlen = 0, in_hlen = 0;
-    long long spin_ns = nargs > 8 ? PyLong_AsLongLong(args[8]) : 0;
+    long long spin_ns = PyLong_AsLongLong(args[8]);
     long long yield_ns = nargs > 9 ? PyLong_AsLongLong(args[9]) : 0;
+    int retag = nargs > 10 && args[10] != Py_None;
+    int64_t tag = retag ? (int64_t)PyLong_AsLongLong(args[10]) : 0;
     if ((PyErr_Occurred()) || (sending && header_of(args[4], &head_out, &out_hlen) < 0) ||
-        (receiving && header_of(args[6], &head_in, &in_hlen) < 0) ||
-        channel_of(args, nargs, nargs == 10 ? 10 : 9, "swap", &fd, &stage, &start, &end) < 0)
+        (receiving && header_of(args[6], &head_in, &in_hlen) < 0))
+        return NULL;
+    if (retag && ((sending && !(head_out = tagged(head_out, out_hlen, tag, out_copy))) ||
+                  (receiving && !(head_in = tagged(head_in, in_hlen, tag, in_copy)))))
+        return NULL;
+    if (channel_of(args, nargs, nargs, "swap", &fd, &stage, &start, &end) < 0)
         return NULL;
     PyObject *result = NULL;
     if (sending && PyObject_GetBuffer(args[5], &out, PyBUF_SIMPLE) < 0)
@@ -288,7 +313,7 @@ done:
 /* the most sockets one exchange takes (the caller leaves the rest to the engine) */
 #define EXCHANGE_FLOWS 64
 
-/* One large frame each way with each of several peers at once (pycoll.p2p_eager.exchange_frames: a direct
+/* One large frame each way with each of several peers at once (pycoll.p2p_frames.exchange_frames: a direct
  * collective's blocks, as an Alltoall's): every outgoing frame leaves by sendmsg as its socket takes it, and every
  * incoming one, matched against the header its caller expects, is read straight into its destination (no staging
  * copy), all in one loop that polls the sockets together. */
@@ -549,7 +574,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"swap", (PyCFunction)(void (*)(void))swap, METH_FASTCALL,
-     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns]) -> (sent, status, start, end)"},
+     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end)"},
     {"take_message", (PyCFunction)(void (*)(void))take_message, METH_FASTCALL,
      "take_message(fd, stage, start, end, ctx, tag, any_tag, meta, into, spin_ns) -> "
      "(status, nbytes, tag, start, end)"},

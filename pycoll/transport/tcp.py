@@ -142,15 +142,17 @@ class TcpChannel(Channel):
     TAKEN, NOT_YET, OTHER = (_tcpframe.TAKEN, _tcpframe.NOT_YET, _tcpframe.OTHER) if _tcpframe else (0, 1, 2)
 
     def swap_frame(self, head_out: Optional[bytes], out: Any, head_in: Optional[bytes], into: Any,
-                   spin_ns: int, yield_ns: int = 0) -> tuple[int, int]:
+                   spin_ns: int, yield_ns: int = 0, tag: Optional[int] = None) -> tuple[int, int]:
         """One frame out (header ``head_out``, payload ``out``: flat bytes) in one ``sendmsg``, and the frame whose
         header is exactly ``head_in`` into ``into`` (flat bytes), polling the socket for up to ``spin_ns``, then,
         where the outgoing frame left whole, for up to ``yield_ns`` between ``sched_yield``s; either frame may be
         None. Returns (bytes the socket took of the outgoing frame, -1 for none, below -1 for a failed send; what
         became of the incoming one: TAKEN, NOT_YET with nothing consumed, OTHER where another frame is next,
-        anything else where the stream ended). The caller holds the engine's lock; in C, without the GIL."""
+        anything else where the stream ended). ``tag``, where given, replaces the tag field of both headers; ``out``
+        and ``into`` may be any contiguous arrays, taken as their bytes. The caller holds the engine's lock; in C,
+        without the GIL."""
         sent, status, self._start, self._end = _tcpframe.swap(
-            self.sock.fileno(), self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns, yield_ns)
+            self._fd, self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns, yield_ns, tag)
         return sent, status
 
     def take_message(self, ctx: int, tag: int, any_tag: bool, meta: int, into: Any,

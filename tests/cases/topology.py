@@ -48,6 +48,40 @@ def chosen_algorithms(ctx):
 
 
 @case
+def composed_repeats(ctx):
+    """Composed Barrier, Bcast and Reduce from every root and Allreduce in and out of place, each plan called three
+    times with fresh arrays and buffer specs: from its second call a plan runs from its closure, where a host's
+    other ranks call their host's communicator straight away (``HostComposition._member_part``); every result is
+    checked, and whether the plans made closures is recorded."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll internals")
+    comm, p, me, MPI = ctx.comm.Dup(), ctx.size, ctx.rank, ctx.MPI  # its plans are this case's alone
+    for repeat in range(3):
+        comm.Barrier()
+        for root in range(p):
+            buf = np.arange(7, dtype=np.int32) * (root + 2) if me == root else np.full(7, -1, np.int32)
+            comm.Bcast([buf, MPI.INT], root=root)
+            ctx.check(f"bcast from {root}, call {repeat}", buf, np.arange(7, dtype=np.int32) * (root + 2))
+            out = np.full(5, -1.0)
+            comm.Reduce([np.arange(5.0) * (me + 1), MPI.DOUBLE], [out, MPI.DOUBLE] if me == root else None,
+                        op=MPI.SUM, root=root)
+            want = np.arange(5.0) * p * (p + 1) / 2 if me == root else np.full(5, -1.0)
+            ctx.check(f"reduce to {root}, call {repeat}", out, want)
+        out = np.full(3, -1.0)
+        comm.Allreduce([np.full(3, me + 1.0), MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
+        ctx.check(f"allreduce, call {repeat}", out, np.full(3, float(p)))
+        inout = np.full(4, me + 1, np.int64)
+        comm.Allreduce(MPI.IN_PLACE, [inout, MPI.INT64_T])
+        ctx.check(f"allreduce in place, call {repeat}", inout, np.full(4, p * (p + 1) // 2, np.int64))
+    closures = {label: all(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
+                for label in ("Barrier", "Bcast", "Reduce", "Allreduce")}
+    ctx.record("closures", closures)
+    composed = comm._x.composed
+    ctx.record("leader", composed is not None and composed.leader)
+    comm.Free()
+
+
+@case
 def host_composition(ctx):
     """Small Allreduce and Barrier on a communicator across hosts: run on a host and a leaders' communicator
     (pycoll.composed) when some host holds several ranks; record whether they were made and their sizes."""

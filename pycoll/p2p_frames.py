@@ -1,0 +1,190 @@
+"""The engine's collective frames to peers on other hosts moved in C (``transport/_tcpframe.c``): a two-rank call's
+frame each way in one call (``frame_swapper``, for ``pycoll.paired``), and a direct collective's large frames to
+several hosts at once (``exchange_frames``). What C could not finish is handed to the engine's queues and parser."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from .p2p_protocol import (
+    ALIGN,
+    HEADER_SIZE,
+    TCP_EAGER_WAIT_MS,
+    U8,
+    YIELD_US,
+    ZEROS,
+    Owner,
+    RecvRequest,
+    SendRequest,
+    Sig,
+    frame_head,
+    head_ctx,
+    head_tag,
+)
+from .transport import tcp as _tcp
+
+_TAG = struct.Struct("<q")  # a frame header's tag field, at offset 8
+
+
+class FramePaths:
+    """Collective frames through C over the sockets to other hosts (mixed into ``p2p.Engine``; it uses the eager
+    paths of ``p2p_eager.EagerPaths`` where C cannot take a frame)."""
+
+    def frame_swapper(self, peer: int) -> Callable[..., tuple[bool, bool]]:
+        """``swap(ctx, tag, head_out, out, head_in, into, limit)``: ``send_frame_now`` of ``out`` and
+        ``recv_frame_now`` into ``into`` (contiguous arrays of up to ``limit`` bytes, at most ``frame_room``; either
+        None: no frame that way) in one call into C where the socket's channel has it (``TcpChannel.swap_frame``),
+        returning whether each moved. The headers are a plan's, made once with the call's context ``ctx`` and tag 0
+        (``frame_head``); the call's ``tag`` goes into both in C. A frame that did not move is the caller's to move
+        through the engine, as with the two calls. Made once per plan (``pycoll.paired``): a small call's whole
+        Python share of its socket is this function, over the engine's state held here."""
+        in_python = self._swap_in_python
+        if peer not in self._swap_peers:
+            return lambda ctx, tag, head_out, out, head_in, into, limit: in_python(peer, tag, head_out, out, head_in,
+                                                                                  into, limit)
+        ch: Any = self.channels[peer]
+        sendq, dead, posted, unexpected, aborts = self._sendq[peer], self._dead, self._posted, self._unexpected, self._abort_requests
+        inbound, seen, acquire, release = self._inbound[peer], self._seen, self.lock.acquire, self.lock.release
+        swap_frame, spin_us, yield_us, taken, not_yet = ch.swap_frame, self._spin_us, YIELD_US.get, ch.TAKEN, ch.NOT_YET
+        engine = self
+
+        def swap(ctx: int, tag: int, head_out: Optional[bytes], out: Optional[np.ndarray], head_in: Optional[bytes],
+                 into: Optional[np.ndarray], limit: int) -> tuple[bool, bool]:
+            # a receive taken here keeps MPI's matching order only with nothing else that could match (_can_take)
+            if (ch.ended or sendq or peer in dead or (out is not None and out.nbytes > limit)
+                    or (into is not None and (into.nbytes > limit or posted or unexpected or aborts or inbound.have
+                                              or inbound.target is not None))
+                    or not acquire(False)):
+                return in_python(peer, tag, head_out, out, head_in, into, limit)
+            try:  # the whole wait short of sleeping, in C: the spin, then the yields
+                if into is None:
+                    count, status = swap_frame(head_out, out, None, None, 0, 0, tag)
+                else:
+                    count, status = swap_frame(head_out, out, head_in, into, int(spin_us() * 1e3),
+                                               int(yield_us() * 1e3), tag)
+            finally:
+                release()
+            whole = out is None or count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN)
+            if whole:
+                sent = True
+                engine.tcp_eager_sends += out is not None
+            else:  # in part (the rest queues), or not at all (the engine's path finds the failure)
+                sent = count >= 0 and engine._sent_eager_tcp(peer, _tagged(head_out, tag), _flat_bytes(out), count)  # type: ignore[arg-type]
+            if into is None:
+                return sent, True
+            if status == taken:
+                seen[peer] = (ctx, tag)
+                engine.tcp_eager_recvs += 1
+                return sent, True
+            if status == not_yet:  # the rest of the wait (sleeping, or yielding where the frame left in part) in Python
+                return sent, engine.recv_frame_now(peer, _tagged(head_in, tag), _flat_bytes(into), spun=True,
+                                                   yielded=whole)
+            return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
+
+        return swap
+
+    def _swap_in_python(self, peer: int, tag: int, head_out: Optional[bytes], out: Optional[np.ndarray],
+                        head_in: Optional[bytes], into: Optional[np.ndarray], limit: int) -> tuple[bool, bool]:
+        """``frame_swapper``'s swap where C cannot take the frames: the two eager calls."""
+        sent = out is None or self.send_frame_now(peer, _tagged(head_out, tag), _flat_bytes(out), limit)
+        return sent, into is None or self.recv_frame_now(peer, _tagged(head_in, tag), _flat_bytes(into))
+
+    def swaps_with(self, peer: int) -> bool:
+        """Whether frames to and from ``peer`` (on another host) can move in C (``exchange_frames``)."""
+        return peer in self._swap_peers
+
+    def exchange_frames(self, moves: list, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
+        """A collective's frames to and from several peers on other hosts, moved together in one call into C
+        (``_tcpframe.exchange``): ``moves`` holds (peer, out, into), flat bytes or None. For each, (send, receive):
+        True where it moved whole, the engine's request where it moved in part (the engine finishes it), None where
+        it did not start (the caller sends or receives through the engine). Every socket is polled with the others:
+        the spin and yields of a wait, then up to PYCOLL_TCP_EAGER_WAIT_MS in the kernel since the last byte moved."""
+        results: list = [(None, None)] * len(moves)
+        if _tcp.exchange is None or not self._swap_peers or not self.lock.acquire(blocking=False):
+            return results
+        try:
+            flows, parts = [], []
+            left_out = False  # a send that the engine makes after this
+            for i, (peer, out, into) in enumerate(moves):
+                ch: Any = self.channels.get(peer)
+                if peer not in self._swap_peers or ch.ended or peer in self._dead or len(flows) == _tcp.EXCHANGE_FLOWS:
+                    left_out = left_out or out is not None
+                    continue
+                head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None
+                head_in = None
+                if into is not None and self._can_take(peer, True):
+                    head_in = head_out if out is not None and out.nbytes == into.nbytes and head_out else \
+                        frame_head(ctx, tag, into.nbytes, sig)
+                left_out = left_out or (out is not None and head_out is None)
+                if head_out is None and head_in is None:
+                    continue
+                flows.append(ch.flow(head_out, out if head_out else None, head_in, into if head_in else None))
+                parts.append((i, peer, ch, head_out, out, head_in, into))
+            if not flows:
+                return results
+            # C waits for frames only where nothing this rank owes could be what a peer waits for before it sends
+            # them: no bytes of another call queued, no send of this one left out, no other call in progress
+            owed = (left_out or self._posted or len(self._schedules) > 1
+                    or any(req.ctx != ctx or req.tag != tag for q in self._sendq.values() for req in q))
+            self.exchanges_unwaited += bool(owed)
+            budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
+                                               int(TCP_EAGER_WAIT_MS.get() * 1e6))
+            states = _tcp.exchange(flows, *budgets)
+            for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
+                ch.settle(start, end)
+                sending = receiving = None
+                if head_out is not None:
+                    sending = True if sent == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN) else \
+                        self._queue_rest(peer, head_out, out, sent, owner)
+                if head_in is not None and got:
+                    receiving = True if status == ch.TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
+                    self._took_from_socket(peer, ctx, tag)
+                for moved in (sending, receiving):
+                    if moved is True:
+                        self.frames_exchanged += 1
+                    elif moved is not None:
+                        self.frames_handed_on += 1
+                results[i] = (sending, receiving)
+        finally:
+            self.lock.release()
+        return results
+
+    def _queue_rest(self, peer: int, head: bytes, payload: np.ndarray, sent: int, owner: Owner) -> SendRequest:
+        """The part of a frame that the socket did not take, queued (not copied) as the engine's send: the caller
+        waits on it before its buffer is reused; a failed socket fails it there."""
+        nbytes = payload.nbytes
+        segs = [memoryview(head.ljust(HEADER_SIZE, b"\0")), memoryview(payload).cast("B")]
+        if nbytes % ALIGN:
+            segs.append(memoryview(ZEROS[: -nbytes % ALIGN]))
+        req = SendRequest(owner, peer, head_ctx(head), head_tag(head), segs)
+        while sent >= len(segs[req.index]):  # past the segments that went whole
+            sent -= len(segs[req.index])
+            req.index += 1
+        req.offset = sent
+        self._sendq[peer].append(req)
+        return req
+
+    def _resume_frame(self, peer: int, head: bytes, into: np.ndarray, got: int, sig: Sig, owner: Owner) -> RecvRequest:
+        """A frame of which ``got`` bytes (its whole header, some payload) were read: the engine's parser for that
+        stream resumes inside it, into a receive that is already matched."""
+        ctx, tag, nbytes = head_ctx(head), head_tag(head), into.nbytes
+        req = RecvRequest(owner, peer, ctx, tag, sig, into)
+        req.source, req.recv_tag, req.nbytes = peer, tag, nbytes
+        st = self._inbound[peer]
+        body = got - HEADER_SIZE
+        st.ctx, st.tag, st.nbytes, st.sig = ctx, tag, nbytes, sig
+        st.got, st.pad = min(body, nbytes), -nbytes % ALIGN - max(0, body - nbytes)
+        st.have, st.target = HEADER_SIZE, req
+        return req
+
+
+def _tagged(head: Any, tag: int) -> bytes:
+    """A header made with tag 0 (``frame_head``), with ``tag`` in its place."""
+    return head[:8] + _TAG.pack(tag) + head[16:]
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    return a if a.dtype is U8 and a.ndim == 1 else a.reshape(-1).view(np.uint8)
