@@ -185,8 +185,7 @@ class HostComposition:
         va, vc, vr, vs = (env.get(k) for k in keys)
         mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
         views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
-        member = self._member_part(call)
-        host = self.host_comm
+        part, host, leaders = self._part(call), self.host_comm, self.leaders
 
         def fast(args: tuple) -> bool:
             if env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or c._reproducible is not mine:
@@ -195,9 +194,11 @@ class HostComposition:
             if bound is None:
                 return False  # the buffers overlap: the checks name it
             live(label, numbered=True)
-            if member is not None:
+            if part is not None:
                 host.timeout = c.timeout
-                member(*bound)
+                if leaders is not None:
+                    leaders.timeout = c.timeout
+                part(*bound)
             else:
                 run(make_call(*bound))
             ran(coll, nbytes)
@@ -205,23 +206,26 @@ class HostComposition:
 
         return fast
 
-    def _member_part(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
-        """A host's other ranks' whole part of a composed call as a function of its (send, recv) views, where it is
-        calls on the host's communicator alone (a Barrier, Bcast, Reduce or Allreduce): the same steps that
-        ``run`` takes for them, without a call object or the dispatch (their part is on the critical path of a
-        host whose ranks share a core). None for a leader, or for the other collectives."""
-        if self.leader or self.host_comm is None:
+    def _part(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
+        """This rank's whole part of a composed Barrier, Bcast, Reduce or Allreduce as a function of its (send,
+        recv) views: the steps ``run`` takes, chosen once for the rank's role (a host's leader, or another rank of
+        it) and the call's op and root, without a call object or the dispatch (the small calls' critical path runs
+        through both roles on a host whose ranks share a core). None for the other collectives."""
+        if self.host_comm is None:
             return None
-        coll, op, root = call.coll, call.op, call.root
+        coll, op, root, in_place, lead = call.coll, call.op, call.root, call.in_place, self.leader
         if coll == "barrier":
-            return lambda send, recv: self._member_barrier()
+            barrier = self._leader_barrier if lead else self._member_barrier
+            return lambda send, recv: barrier()
         if coll == "reduce":
-            return lambda send, recv: self._member_reduce(send, recv, op, root)
+            reduce = self._leader_reduce if lead else self._member_reduce
+            return lambda send, recv: reduce(send, recv, op, root)
         if coll == "broadcast":
-            return lambda send, recv: self._member_bcast(recv, root)
+            bcast = self._leader_bcast if lead else self._member_bcast
+            return lambda send, recv: bcast(recv, root)
         if coll == "allreduce":
-            in_place = call.in_place
-            return lambda send, recv: self._member_allreduce(recv if in_place else send, recv, op)
+            allreduce = self._leader_allreduce if lead else self._member_allreduce
+            return lambda send, recv: allreduce(send, recv, op, in_place)
         return None
 
     def _comms(self) -> None:
@@ -257,12 +261,12 @@ class HostComposition:
 
     # ---- the compositions ---------------------------------------------------------------------
     def _barrier(self, call: Call) -> None:
+        (self._leader_barrier if self.leader else self._member_barrier)()
+
+    def _leader_barrier(self) -> None:
         # one-sided steps inside a host: the others' arrivals gathered to the leader (they post and go on), the
         # leaders' barrier, then the leader's release (it posts and goes on); two full host barriers made every
         # rank wait for every other twice
-        if self.leaders is None:
-            self._member_barrier()
-            return
         token = self._token
         self.host_comm.Gather(IN_PLACE, token, 0)
         self.leaders.Barrier()
@@ -275,27 +279,26 @@ class HostComposition:
 
     def _allreduce(self, call: Call) -> None:
         assert call.recv is not None and call.op is not None
-        out = call.recv
-        if not self.leader:
-            self._member_allreduce(out if call.in_place else call.send, out, call.op)
-            return
+        step = self._leader_allreduce if self.leader else self._member_allreduce
+        step(call.send, call.recv, call.op, call.in_place)
+
+    def _leader_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
         # the host's partial result stays out of the user's buffer until the network step is done
-        partial = out.copy() if call.in_place else np.empty_like(out)
-        self.host_comm.Reduce(IN_PLACE if call.in_place else call.send, partial, call.op, 0)
-        self.leaders.Allreduce(IN_PLACE, partial, call.op)
+        partial = out.copy() if in_place else np.empty_like(out)
+        self.host_comm.Reduce(IN_PLACE if in_place else send, partial, op, 0)
+        self.leaders.Allreduce(IN_PLACE, partial, op)
         out[...] = partial
         self._host_bcast(out, 0, out.nbytes)
 
-    def _member_allreduce(self, send: Any, out: Any, op: Any) -> None:
-        self.host_comm.Reduce(send, None, op, 0)
+    def _member_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
+        self.host_comm.Reduce(out if in_place else send, None, op, 0)
         self._host_bcast(out, 0, out.nbytes)
 
     def _broadcast(self, call: Call) -> None:
-        buf, root = call.recv, call.root
-        assert buf is not None
-        if not self.leader:
-            self._member_bcast(buf, root)
-            return
+        assert call.recv is not None
+        (self._leader_bcast if self.leader else self._member_bcast)(call.recv, call.root)
+
+    def _leader_bcast(self, buf: Any, root: int) -> None:
         root_host = self.comm._layout.host_of[root]
         if self.host == root_host:
             if self.comm._rank == root:  # the other hosts' longer way first
@@ -315,18 +318,16 @@ class HostComposition:
 
     def _reduce(self, call: Call) -> None:
         assert call.send is not None and call.op is not None
-        root, op = call.root, call.op
+        (self._leader_reduce if self.leader else self._member_reduce)(call.send, call.recv, call.op, call.root)
+
+    def _leader_reduce(self, send: Any, recv: Any, op: Any, root: int) -> None:
         root_host = self.comm._layout.host_of[root]
-        if not self.leader:
-            self._member_reduce(call.send, call.recv, op, root)
-            return
-        partial = np.empty_like(call.send)  # the user's buffer is written once the whole call has succeeded
-        self.host_comm.Reduce(call.send, partial, op, 0)
+        partial = np.empty_like(send)  # the user's buffer is written once the whole call has succeeded
+        self.host_comm.Reduce(send, partial, op, 0)
         if self.host == root_host:
             self.leaders.Reduce(IN_PLACE, partial, op, self.leader_rank[root_host])
             if self.comm._rank == root:
-                assert call.recv is not None
-                call.recv[...] = partial
+                recv[...] = partial
             else:
                 self.host_comm.Send(partial, self.groups[root_host].index(root), _RESULT_TAG)
         else:
