@@ -203,9 +203,7 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
 @_form("reduce", "chain")
 def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
-    at_root, ufunc = pair.me == t.root, t.op.ufunc
-
-    scratch = _Scratch()
+    at_root, ufunc, scratch = pair.me == t.root, t.op.ufunc, _Scratch()
 
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
         if not at_root:
