@@ -258,3 +258,28 @@ def test_an_exchange_that_runs_out_of_waiting_reports_the_bytes_moved_of_each_fr
             break
         seen.extend(chunk)
     assert bytes(seen) == _frame(5, 2, out.tobytes())[:sent]
+
+
+def test_a_closed_channel_sends_nothing_to_a_socket_that_took_its_number(pair) -> None:
+    """The swap and an exchange ask the socket for its descriptor on every call: once the channel is closed, a new
+    socket may get the same number, and a late call fails with EBADF instead of writing into it."""
+    import errno
+
+    ch, _ = pair
+    old = ch.sock.fileno()
+    ch.close()
+    a, b = socket.socketpair()
+    try:
+        head = HEADER.pack(9, 4, 3, P2P_META, 0, 0, 0)
+        sent, _ = ch.swap_frame(head, np.frombuffer(b"xyz", np.uint8), None, None, 0)
+        assert sent == -1 - errno.EBADF, (sent, old, a.fileno(), b.fileno())
+        assert ch.flow(head, None, None, None)[0] == -1
+        b.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            b.recv(64)  # nothing arrived on the sockets made after the close
+        a.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            a.recv(64)
+    finally:
+        a.close()
+        b.close()

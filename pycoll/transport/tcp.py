@@ -152,7 +152,7 @@ class TcpChannel(Channel):
         and ``into`` may be any contiguous arrays, taken as their bytes. The caller holds the engine's lock; in C,
         without the GIL."""
         sent, status, self._start, self._end = _tcpframe.swap(
-            self._fd, self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns, yield_ns, tag)
+            self.sock.fileno(), self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns, yield_ns, tag)
         return sent, status
 
     def take_message(self, ctx: int, tag: int, any_tag: bool, meta: int, into: Any,
@@ -168,7 +168,7 @@ class TcpChannel(Channel):
         """This socket's part of an ``exchange`` (several sockets' frames moved together, in C): its outgoing frame
         (header ``head_out``, payload ``out``) and the incoming one whose header is exactly ``head_in``, read into
         ``into``; either None. ``settle`` takes back the staging bounds that the exchange left."""
-        return (self._fd, self._stage, self._start, self._end, head_out, out, head_in, into)
+        return (self.sock.fileno(), self._stage, self._start, self._end, head_out, out, head_in, into)
 
     def settle(self, start: int, end: int) -> None:
         self._start, self._end = start, end
