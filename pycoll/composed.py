@@ -208,9 +208,10 @@ class HostComposition:
 
     def _part(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
         """This rank's whole part of a composed Barrier, Bcast, Reduce or Allreduce as a function of its (send,
-        recv) views: the steps ``run`` takes, chosen once for the rank's role (a host's leader, or another rank of
-        it) and the call's op and root, without a call object or the dispatch (the small calls' critical path runs
-        through both roles on a host whose ranks share a core). None for the other collectives."""
+        recv) views, chosen for the rank's role (a host's leader, or another rank of it) and the call's op and
+        root: ``run`` calls it, and a plan's closure binds it once (no call object or dispatch per call: the small
+        calls' critical path runs through both roles on a host whose ranks share a core). None for the other
+        collectives, which ``run`` dispatches by name."""
         if self.host_comm is None:
             return None
         coll, op, root, in_place, lead = call.coll, call.op, call.root, call.in_place, self.leader
@@ -240,7 +241,11 @@ class HostComposition:
         self.host_comm.timeout = self.comm.timeout  # the parent's, as the user may have changed it
         if self.leaders is not None:
             self.leaders.timeout = self.comm.timeout
-        getattr(self, "_" + call.coll)(call)
+        part = self._part(call)
+        if part is not None:
+            part(call.send, call.recv)
+        else:
+            getattr(self, "_" + call.coll)(call)
 
     def free(self) -> None:
         """Release the two communicators (with their arena), as the parent is freed."""
@@ -260,9 +265,6 @@ class HostComposition:
             self.host_comm.Bcast(buf, root)
 
     # ---- the compositions ---------------------------------------------------------------------
-    def _barrier(self, call: Call) -> None:
-        (self._leader_barrier if self.leader else self._member_barrier)()
-
     def _leader_barrier(self) -> None:
         # one-sided steps inside a host: the others' arrivals gathered to the leader (they post and go on), the
         # leaders' barrier, then the leader's release (it posts and goes on); two full host barriers made every
@@ -277,11 +279,6 @@ class HostComposition:
         self.host_comm.Gather(token, None, 0)
         self.host_comm.Bcast(token, 0)
 
-    def _allreduce(self, call: Call) -> None:
-        assert call.recv is not None and call.op is not None
-        step = self._leader_allreduce if self.leader else self._member_allreduce
-        step(call.send, call.recv, call.op, call.in_place)
-
     def _leader_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
         # the host's partial result stays out of the user's buffer until the network step is done
         partial = out.copy() if in_place else np.empty_like(out)
@@ -293,10 +290,6 @@ class HostComposition:
     def _member_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
         self.host_comm.Reduce(out if in_place else send, None, op, 0)
         self._host_bcast(out, 0, out.nbytes)
-
-    def _broadcast(self, call: Call) -> None:
-        assert call.recv is not None
-        (self._leader_bcast if self.leader else self._member_bcast)(call.recv, call.root)
 
     def _leader_bcast(self, buf: Any, root: int) -> None:
         root_host = self.comm._layout.host_of[root]
@@ -315,10 +308,6 @@ class HostComposition:
         """A host's other rank: the host's Bcast, from the root where it is on this host, else from the leader."""
         group = self.groups[self.host]
         self._host_bcast(buf, group.index(root) if root in group else 0, buf.nbytes)
-
-    def _reduce(self, call: Call) -> None:
-        assert call.send is not None and call.op is not None
-        (self._leader_reduce if self.leader else self._member_reduce)(call.send, call.recv, call.op, call.root)
 
     def _leader_reduce(self, send: Any, recv: Any, op: Any, root: int) -> None:
         root_host = self.comm._layout.host_of[root]
