@@ -14,7 +14,7 @@ import time
 from small_call_loops import call_table  # perf/, first on the path of `python perf/paired_python_share.py`
 
 from pycoll import MPI
-from pycoll.p2p_protocol import ALIGN, HEADER_SIZE
+from pycoll.p2p_protocol import frame_bytes
 from pycoll.transport import tcp
 
 
@@ -33,7 +33,7 @@ def _timed_swaps(spent: list) -> None:
 
 def _stub(self, head_out, out, head_in, into, spin_ns, yield_ns=0, tag=None):
     """A swap that says both frames moved and moves nothing."""
-    sent = -1 if out is None else HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN)
+    sent = -1 if out is None else frame_bytes(out.nbytes)
     return sent, self.TAKEN if into is not None else -1
 
 

@@ -27,9 +27,11 @@ from .p2p_protocol import (
     YIELD_US,
     SendRequest,
     Sig,
+    frame_bytes,
     frame_head,
     head_ctx,
     head_tag,
+    payload_bytes,
 )
 from .transport.base import Channel
 
@@ -100,7 +102,7 @@ class EagerPaths:
             if tail < 0:
                 return False
         return put(HEADER.pack_into, (ctx, tag, nbytes, P2P_META, 0, 0, 0), payload, HEADER_SIZE,
-                   HEADER_SIZE + nbytes + (-nbytes % ALIGN))
+                   frame_bytes(nbytes))
 
     def _send_eager_tcp(self, peer: int, sock: Any, payload: np.ndarray, head: bytes) -> bool:
         """A message to a peer on another host in one system call, header (``head``, packed) and payload together:
@@ -125,8 +127,7 @@ class EagerPaths:
             if nbytes <= SMALL_BYTES:
                 frame[: len(head)] = head  # the header's tail, up to HEADER_SIZE, stays zero
                 if nbytes:
-                    self._frame_bytes[HEADER_SIZE : HEADER_SIZE + nbytes] = (
-                        payload if payload.dtype is U8 else payload.reshape(-1).view(np.uint8))
+                    self._frame_bytes[HEADER_SIZE : HEADER_SIZE + nbytes] = payload_bytes(payload)
                     if pad:
                         frame[HEADER_SIZE + nbytes : total] = ZEROS[:pad]
                 sent = sock.send(frame[:total])
@@ -169,7 +170,7 @@ class EagerPaths:
         spin_until = deadline = 0.0
         if head is not None:
             nbytes = dst.nbytes
-            want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            want = frame_bytes(nbytes)
             if want > ch.staging_bytes:
                 return None  # it cannot be shown whole: the engine's path
             got_tag = head_tag(head)
@@ -200,7 +201,7 @@ class EagerPaths:
                             return None  # another call's message or a control frame: the engine's path
                     else:
                         got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
-                        want = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+                        want = frame_bytes(nbytes)
                         if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root
                                 or count or vhash or nbytes > dst.nbytes or want > ch.staging_bytes):
                             return None
@@ -282,7 +283,7 @@ class EagerPaths:
             if len(view) < HEADER_SIZE:
                 return None
             got_ctx, got_tag, nbytes, meta, root, count, vhash = HEADER.unpack_from(view)
-            total = HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+            total = frame_bytes(nbytes)
             if (got_ctx != ctx or (got_tag != tag and tag != ANY_TAG) or meta != P2P_META or root or count or vhash
                     or nbytes > dst.nbytes or len(view) < total):
                 return None  # another call's message, a rendezvous, a bad fit or a split frame: the engine's path

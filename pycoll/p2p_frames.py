@@ -13,16 +13,17 @@ from .p2p_protocol import (
     ALIGN,
     HEADER_SIZE,
     TCP_EAGER_WAIT_MS,
-    U8,
     YIELD_US,
     ZEROS,
     Owner,
     RecvRequest,
     SendRequest,
     Sig,
+    frame_bytes,
     frame_head,
     head_ctx,
     head_tag,
+    payload_bytes,
 )
 from .transport import tcp as _tcp
 
@@ -67,12 +68,12 @@ class FramePaths:
                                                int(yield_us() * 1e3), tag)
             finally:
                 release()
-            whole = out is None or count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN)
+            whole = out is None or count == frame_bytes(out.nbytes)
             if whole:
                 sent = True
                 engine.tcp_eager_sends += out is not None
             else:  # in part (the rest queues), or not at all (the engine's path finds the failure)
-                sent = count >= 0 and engine._sent_eager_tcp(peer, _tagged(head_out, tag), _flat_bytes(out), count)  # type: ignore[arg-type]
+                sent = count >= 0 and engine._sent_eager_tcp(peer, _tagged(head_out, tag), payload_bytes(out), count)  # type: ignore[arg-type]
             if into is None:
                 return sent, True
             if status == taken:
@@ -80,7 +81,7 @@ class FramePaths:
                 engine.tcp_eager_recvs += 1
                 return sent, True
             if status == not_yet:  # the rest of the wait (sleeping, or yielding where the frame left in part) in Python
-                return sent, engine.recv_frame_now(peer, _tagged(head_in, tag), _flat_bytes(into), spun=True,
+                return sent, engine.recv_frame_now(peer, _tagged(head_in, tag), payload_bytes(into), spun=True,
                                                    yielded=whole)
             return sent, False  # another frame is next, or the stream ended: the engine's path takes or names it
 
@@ -89,8 +90,8 @@ class FramePaths:
     def _swap_in_python(self, peer: int, tag: int, head_out: Optional[bytes], out: Optional[np.ndarray],
                         head_in: Optional[bytes], into: Optional[np.ndarray], limit: int) -> tuple[bool, bool]:
         """``frame_swapper``'s swap where C cannot take the frames: the two eager calls."""
-        sent = out is None or self.send_frame_now(peer, _tagged(head_out, tag), _flat_bytes(out), limit)
-        return sent, into is None or self.recv_frame_now(peer, _tagged(head_in, tag), _flat_bytes(into))
+        sent = out is None or self.send_frame_now(peer, _tagged(head_out, tag), payload_bytes(out), limit)
+        return sent, into is None or self.recv_frame_now(peer, _tagged(head_in, tag), payload_bytes(into))
 
     def swaps_with(self, peer: int) -> bool:
         """Whether frames to and from ``peer`` (on another host) can move in C (``exchange_frames``)."""
@@ -137,7 +138,7 @@ class FramePaths:
                 ch.settle(start, end)
                 sending = receiving = None
                 if head_out is not None:
-                    sending = True if sent == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN) else \
+                    sending = True if sent == frame_bytes(out.nbytes) else \
                         self._queue_rest(peer, head_out, out, sent, owner)
                 if head_in is not None and got:
                     receiving = True if status == ch.TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
@@ -185,6 +186,3 @@ def _tagged(head: Any, tag: int) -> bytes:
     """A header made with tag 0 (``frame_head``), with ``tag`` in its place."""
     return head[:8] + _TAG.pack(tag) + head[16:]
 
-
-def _flat_bytes(a: np.ndarray) -> np.ndarray:
-    return a if a.dtype is U8 and a.ndim == 1 else a.reshape(-1).view(np.uint8)

@@ -123,6 +123,16 @@ def meta_of(sig: Sig) -> int:
     return sig.kind | (sig.dtype << 8) | (sig.op << 16) | (MAGIC << 24)
 
 
+def frame_bytes(nbytes: int) -> int:
+    """A frame's size on the wire for a payload of ``nbytes``: its header, the payload, zeros to ALIGN."""
+    return HEADER_SIZE + nbytes + (-nbytes % ALIGN)
+
+
+def payload_bytes(a: np.ndarray) -> np.ndarray:
+    """A contiguous array's bytes, as the flat uint8 view a frame's payload is read from or written to."""
+    return a if a.dtype is U8 and a.ndim == 1 else a.reshape(-1).view(U8)
+
+
 def frame_head(ctx: int, tag: int, nbytes: int, sig: Sig) -> bytes:
     """The packed header of a collective's frame (its first ``HEADER.size`` bytes; zeros pad it to HEADER_SIZE):
     both what a sender writes and, byte for byte, what its receiver expects."""

@@ -18,12 +18,11 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
 from .errors import PycollError
-from .p2p_protocol import frame_head
+from .p2p_protocol import frame_head, payload_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor, Plan
 
-_U8 = np.uint8
 _EMPTY = np.zeros(0, np.uint8)
 
 # (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
@@ -70,7 +69,7 @@ class _Pair:
             head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
             if not (sent and got):
-                through(seq, None if sent else _bytes(out), None if got else _bytes(into))  # type: ignore[arg-type]
+                through(seq, None if sent else payload_bytes(out), None if got else payload_bytes(into))  # type: ignore[arg-type]
 
         return swap
 
@@ -170,10 +169,6 @@ class _Scratch:
         if have.size != a.size or have.dtype != a.dtype:
             have = self.array = np.empty(a.size, a.dtype)
         return have
-
-
-def _bytes(a: np.ndarray) -> np.ndarray:
-    return a.view(_U8) if a.ndim == 1 else a.reshape(-1).view(_U8)
 
 
 @_form("allreduce", "doubling")

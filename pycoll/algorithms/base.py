@@ -15,7 +15,7 @@ from ..config import size_param
 from ..memory import MemoryBackend
 from ..ops import Op
 from ..p2p import Engine
-from ..p2p_protocol import SMALL_BYTES, Owner, Request, Sig
+from ..p2p_protocol import SMALL_BYTES, Owner, Request, Sig, payload_bytes
 
 CHUNK_SIZE = size_param(
     "PYCOLL_CHUNK_SIZE", 512 << 10, "Bytes per pipelined chunk: algorithms cut each block into chunks of at most this size."
@@ -366,7 +366,7 @@ def _flat(arr: Optional[np.ndarray]) -> Any:
     """``arr`` as flat bytes for a frame, or None (None, or not one contiguous NumPy array: the engine's path)."""
     if arr is None or type(arr) is not np.ndarray or not arr.flags.c_contiguous:
         return None
-    return arr.reshape(-1).view(np.uint8)
+    return payload_bytes(arr)
 
 
 def unfinished(*reqs: Optional[Request]) -> tuple[Request, ...]:
