@@ -41,23 +41,22 @@ class FramePaths:
         returning whether each moved. The headers are a plan's, made once with the call's context ``ctx`` and tag 0
         (``frame_head``); the call's ``tag`` goes into both in C. A frame that did not move is the caller's to move
         through the engine, as with the two calls. Made once per plan (``pycoll.paired``): a small call's whole
-        Python share of its socket is this function, over the engine's state held here."""
+        Python share of its socket is this function, over the parts of the engine's state bound here."""
         in_python = self._swap_in_python
         if peer not in self._swap_peers:
             return lambda ctx, tag, head_out, out, head_in, into, limit: in_python(peer, tag, head_out, out, head_in,
                                                                                   into, limit)
         ch: Any = self.channels[peer]
-        sendq, dead, posted, unexpected, aborts = self._sendq[peer], self._dead, self._posted, self._unexpected, self._abort_requests
-        inbound, seen, acquire, release = self._inbound[peer], self._seen, self.lock.acquire, self.lock.release
+        sendq, dead, can_take, seen = self._sendq[peer], self._dead, self._can_take, self._seen
+        acquire, release = self.lock.acquire, self.lock.release
         swap_frame, spin_us, yield_us, taken, not_yet = ch.swap_frame, self._spin_us, YIELD_US.get, ch.TAKEN, ch.NOT_YET
         engine = self
 
         def swap(ctx: int, tag: int, head_out: Optional[bytes], out: Optional[np.ndarray], head_in: Optional[bytes],
                  into: Optional[np.ndarray], limit: int) -> tuple[bool, bool]:
-            # a receive taken here keeps MPI's matching order only with nothing else that could match (_can_take)
+            # a receive taken here keeps MPI's matching order only with nothing else that could match
             if (ch.ended or sendq or peer in dead or (out is not None and out.nbytes > limit)
-                    or (into is not None and (into.nbytes > limit or posted or unexpected or aborts or inbound.have
-                                              or inbound.target is not None))
+                    or (into is not None and (into.nbytes > limit or not can_take(peer, True)))
                     or not acquire(False)):
                 return in_python(peer, tag, head_out, out, head_in, into, limit)
             try:  # the whole wait short of sleeping, in C: the spin, then the yields
