@@ -23,6 +23,7 @@ the fewest bytes on the links, below the other such algorithms and within PYCOLL
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -124,6 +125,8 @@ class HostComposition:
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
+        # the host's ranks take turns on shared cores: a rank whose post its leader waits for hands the core over
+        self.shares_cores = bool(comm._engine.oversubscribed)
         self._priced: dict[tuple, bool] = {}  # (collective, bytes, op's kind, tolerance) -> composed when larger
         self._priced_by: Any = None  # the model those answers came from (compared by identity)
 
@@ -328,6 +331,14 @@ class HostComposition:
             result = np.empty_like(recv)
             self.host_comm.Recv(result, 0, _RESULT_TAG)
             recv[...] = result
+        elif self.shares_cores:
+            # this rank's part is done; where its leader has entered the call, it waits for the vector just posted,
+            # perhaps on this very core: hand the core over now rather than at this rank's next wait (8 B at 2 ranks
+            # per host on 2 hosts: from a barrier 34-44 -> 28-29 us, back to back 16-19 -> 21-22; MPICH 16 and 11)
+            state = self.host_comm._arena
+            arena = state.arena if state is not None else None
+            if arena is not None and arena.has_posted(0, arena.ops):
+                os.sched_yield()
 
     def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
         """This host's contiguous run of ``block``-element blocks in ``arr`` (the layout is ``even``)."""

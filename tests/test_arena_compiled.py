@@ -138,6 +138,21 @@ def test_barrier_kernel_and_doorbell() -> None:
 
 
 @need_numba
+def test_has_posted_reads_a_peers_post_for_that_call_only(tmp_path) -> None:
+    """Rank 1 sees rank 0 as entered call 5 once rank 0 posted it, not for call 1 (same ring line, DEPTH earlier) or 6."""
+    path = str(tmp_path / "posts")
+    arenas = [A.HostArena(path, 0, 2, 4096, create=True), A.HostArena(path, 1, 2, 4096, create=False)]
+    try:
+        assert not arenas[1].has_posted(0, 5)
+        arenas[0].post(1, (1, 0, 2, 3))
+        assert arenas[1].has_posted(0, 1) and not arenas[1].has_posted(0, 1 + A.DEPTH)
+        arenas[0].post(5, (1, 0, 2, 3))
+        assert arenas[1].has_posted(0, 5) and not arenas[1].has_posted(0, 6) and not arenas[1].has_posted(1, 5)
+    finally:
+        for a in reversed(arenas):
+            a.close()
+
+
 def test_a_sleeping_rank_is_woken_by_a_peers_post(tmp_path) -> None:
     """The doorbell's word is bumped only for a sleeper: rank 1 raises its flag (with a barrier) and sleeps until
     rank 0 posted its Barrier; rank 0's kernel sees the flag, rings and asks for the wake, which ends the sleep long

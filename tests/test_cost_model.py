@@ -471,7 +471,7 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
 
     monkeypatch.setenv("PYCOLL_LINK_TOLERANCE", tolerance)
     lay = Layout((0, 0, 1, 1))
-    choice = composed.HostComposition(SimpleNamespace(_layout=lay, _rank=1))
+    choice = composed.HostComposition(SimpleNamespace(_layout=lay, _rank=1, _engine=SimpleNamespace(oversubscribed=False)))
     seen = set()
     for model in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118)):
         cost.use(model)

@@ -176,6 +176,40 @@ def test_sleeping_waits_drop_yields_and_retries_inside_only() -> None:
     assert (x.gate.yields, x.retry_s) == (200, 1e-3)
 
 
+@pytest.mark.parametrize("shares_cores", [False, True])
+@pytest.mark.parametrize("leader_in", [False, True])
+@pytest.mark.parametrize("root", [0, 1, 2])
+def test_a_composed_reduces_other_rank_hands_its_core_over_once_posted(monkeypatch, shares_cores, leader_in, root) -> None:
+    """A host's other rank (parent rank 1 here) posts its vector to its leader; where the host's ranks share cores and
+    the leader has entered the call (it waits for that post) it then yields, unless it is the root, which waits for
+    the result anyway."""
+    from types import SimpleNamespace
+
+    from pycoll import composed, ops
+
+    seen: list = []
+    monkeypatch.setattr(composed.os, "sched_yield", lambda: seen.append("yield"))
+    opno = 7
+    arena = SimpleNamespace(ops=opno, has_posted=lambda rank, op: (seen.append(("asked", rank, op)), leader_in)[1])
+    host_comm = SimpleNamespace(Reduce=lambda send, recv, op, root: seen.append(("reduce", recv, root)),
+                                Recv=lambda buf, source, tag: seen.append(("recv", source)),
+                                _arena=SimpleNamespace(arena=arena))
+    hc = object.__new__(composed.HostComposition)
+    hc.host_comm, hc.comm, hc.shares_cores = host_comm, SimpleNamespace(_rank=1), shares_cores
+    a = np.ones(2, np.float32)
+    hc._member_reduce(a, a.copy(), ops.SUM, root)
+    if root == 1:
+        assert seen == [("reduce", None, 0), ("recv", 0)]
+    elif not shares_cores:
+        assert seen == [("reduce", None, 0)]
+    else:
+        assert seen == [("reduce", None, 0), ("asked", 0, opno)] + (["yield"] if leader_in else [])
+    host_comm._arena = None  # a host communicator without an arena: nothing to ask
+    seen.clear()
+    hc._member_reduce(a, a.copy(), ops.SUM, 0)
+    assert seen == [("reduce", None, 0)]
+
+
 @pytest.mark.parametrize("leader", [False, True])
 @pytest.mark.parametrize("nbytes", [64 << 10, 1 << 20, 8 << 20, 16 << 20])
 def test_a_composed_calls_other_ranks_wait_asleep_through_a_long_leaders_step(leader, nbytes) -> None:

@@ -9,6 +9,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -478,6 +479,66 @@ def test_interleaved_variants_alternate_per_iteration(monkeypatch: pytest.Monkey
     assert timed == [a, r, t, r, t, a, t, a, r, a, r, t]  # each iteration starts one variant later
     assert __import__("os").environ["PYCOLL_ALGO"] == ""  # restored after every call
     assert all(row["iters"] == 4 and row["time_us"] >= 0 for row in rows)
+
+
+def test_min_time_sets_how_many_iterations_a_point_gets() -> None:
+    spec = {"iters": 20, "min_time": 0.02, "max_iters": 1000}
+    assert worker.timed_iterations(spec, 10e-6) == 1000  # 2000 calls would fill 20 ms: capped
+    assert worker.timed_iterations(spec, 100e-6) == 200
+    assert worker.timed_iterations(spec, 1e-3) == 20  # 20 calls already take 20 ms: -n
+    assert worker.timed_iterations(spec, 0.5) == 20
+    assert worker.timed_iterations(dict(spec, min_time=0.0), 10e-6) == 20  # --min-time 0: exactly -n
+    assert worker.timed_iterations(spec, 0.0) == 20  # no warm-up to time
+    assert worker.timed_iterations(dict(spec, max_iters=5), 10e-6) == 20  # never below -n
+    assert worker.timed_iterations({"iters": 7}, 1e-6) == 7  # a spec from before the option
+
+
+class _SlowBackend(_FakeBackend):
+    """A rank whose calls take ``call_s`` and whose peers (``others``) ask for their own iteration counts."""
+
+    def __init__(self, call_s: float, others: int = 0) -> None:
+        super().__init__()
+        self.call_s, self.others = call_s, others
+        self.asked: list[int] = []
+
+    def most(self, value: int) -> int:
+        self.asked.append(value)
+        return max(value, self.others)
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> backends.Prepared:
+        def run() -> None:
+            time.sleep(self.call_s)
+            self.calls.append("")
+        return run, (lambda: None)
+
+
+def test_min_time_runs_small_points_longer_with_the_count_every_rank_agrees_on() -> None:
+    spec = {"np_dtype": "float32", "dtype": "float", "itemsize": 4, "op": "sum", "root": 0, "warmup": 3, "iters": 2,
+            "check": False, "label": "fake", "algo": None, "min_time": 0.03, "max_iters": 200}
+    b = _SlowBackend(0.002)
+    row, = worker.measure(b, spec, "allreduce", 1024, False)
+    assert 2 < row["iters"] <= 15, row  # 30 ms of 2 ms calls (a slower sleep asks for fewer)
+    assert b.asked == [row["iters"]] and len(b.calls) == 3 + row["iters"]
+    b = _SlowBackend(0.002, others=40)  # another rank's warm-up was faster: every rank runs its count
+    row, = worker.measure(b, spec, "allreduce", 1024, False)
+    assert row["iters"] == 40 and len(b.calls) == 3 + 40
+    b = _SlowBackend(0.002)
+    row, = worker.measure(b, dict(spec, min_time=0.0), "allreduce", 1024, False)
+    assert row["iters"] == 2 and len(b.calls) == 3 + 2
+
+
+def test_min_time_options() -> None:
+    o = options.parse_args([])
+    assert (o.min_time, o.max_iters) == (0.02, 1000)
+    o = options.parse_args(["--min-time", "0.5", "--max-iters", "50", "-n", "3"])
+    assert (o.min_time, o.max_iters, o.iters) == (0.5, 50, 3)
+    assert "--min-time 0.5 --max-iters 50" in dataclasses.replace(o, argv=[]).command()
+    spec = sweep.worker_spec(o, "pycoll")
+    assert (spec["min_time"], spec["max_iters"], spec["iters"]) == (0.5, 50, 3)
+    for bad in (["--min-time", "-1"], ["--min-time", "nan"], ["--min-time", "inf"], ["--min-time", "x"],
+                ["--max-iters", "0"]):
+        with pytest.raises(SystemExit):
+            options.parse_args(bad)
 
 
 @pytest.mark.timeout(120)

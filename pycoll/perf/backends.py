@@ -53,6 +53,10 @@ class Backend:
 
     def gather(self, obj: Any) -> list[Any]: ...
 
+    def most(self, value: int) -> int:
+        """The largest of every rank's ``value``, on every rank."""
+        return value
+
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared: ...
 
     def close(self) -> None: ...
@@ -79,6 +83,9 @@ class _MpiStyle(Backend):
 
     def gather(self, obj: Any) -> list[Any]:
         return self.comm.gather(obj, root=0) or []
+
+    def most(self, value: int) -> int:
+        return int(self.comm.allreduce(value, op=self.MPI.MAX))
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:
         MPI, comm, n, rank, A = self.MPI, self.comm, self.size, self.rank, self.arrays
@@ -272,6 +279,9 @@ class _Torch(Backend):
         out: list[Any] = [None] * self.size
         self.dist.all_gather_object(out, obj)
         return out
+
+    def most(self, value: int) -> int:
+        return max(self.gather(value))
 
     def close(self) -> None:
         self.dist.destroy_process_group()

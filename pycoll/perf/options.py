@@ -37,6 +37,8 @@ class PerfOptions:
     stepfactor: int = 2
     iters: int = 20
     warmup: int = 5
+    min_time: float = 0.02  # small points run more iterations, until about this many seconds of timed calls
+    max_iters: int = 1000  # ... but no more iterations than this
     check: int = 1
     dtype: str = "float"
     op: str = "sum"
@@ -84,7 +86,8 @@ class PerfOptions:
             return " ".join(["pycoll", "perf", *self.argv])
         flags = [f"--np {','.join(map(str, self.nps))}", f"--peers {','.join(self.peers)}",
                  f"-C {','.join(self.collectives)}", f"-b {self.minbytes} -e {self.maxbytes} -f {self.stepfactor}",
-                 f"-n {self.iters} -w {self.warmup} -c {self.check} -d {self.dtype} -o {self.op}",
+                 f"-n {self.iters} -w {self.warmup} --min-time {self.min_time:g} --max-iters {self.max_iters}",
+                 f"-c {self.check} -d {self.dtype} -o {self.op}",
                  f"--inplace {self.inplace} -r {self.root}"]
         if self.hosts:
             flags.append(f"--hosts {self.hosts}" + (f" --link-rate {self.link_rate}" if self.link_rate else ""))
@@ -150,6 +153,16 @@ def _positive(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
+    return value
+
+
 def _dtype(text: str) -> str:
     name = DTYPE_ALIASES.get(text, text)
     if name not in DTYPES:
@@ -208,6 +221,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--stepfactor", type=_positive(2), default=2, metavar="F", help="size multiplier (default 2)")
     p.add_argument("-n", "--iters", type=_positive(1), default=20, help="timed iterations per size (default 20)")
     p.add_argument("-w", "--warmup_iters", dest="warmup", type=_positive(0), default=5, help="warm-up iterations (default 5)")
+    p.add_argument("--min-time", dest="min_time", type=_seconds, default=0.02, metavar="S",
+                   help="run a point more than -n times where its calls (timed in the warm-up) would take less than S "
+                        "seconds in all, as OSU runs small messages more often: steadier medians (default 0.02; 0: "
+                        "exactly -n)")
+    p.add_argument("--max-iters", dest="max_iters", type=_positive(1), default=1000, metavar="N",
+                   help="the most timed iterations --min-time may give a point (default 1000)")
     p.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results against NumPy (default 1)")
     p.add_argument("-d", "--datatype", dest="dtype", type=_dtype, default="float", help="nccl-tests type name (default float)")
     p.add_argument("-o", "--op", choices=OPS, default="sum", help="reduction op (default sum)")

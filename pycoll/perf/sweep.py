@@ -91,7 +91,8 @@ def worker_spec(opts: PerfOptions, peer: str, job: Optional[Job] = None, nccl_vi
     return {"peer": peer, "label": job.label, "algo": job.algo, "hosts": opts.hosts or 1, "link_rate": opts.link_rate,
             "device": opts.device, "nccl_via": nccl_via if peer == "nccl" else None,
             "collectives": job.collectives, "sizes": opts.sizes(), "modes": opts.modes(),
-            "iters": opts.iters, "warmup": opts.warmup, "check": opts.check, "dtype": opts.dtype,
+            "iters": opts.iters, "warmup": opts.warmup,
+            "min_time": opts.min_time, "max_iters": opts.max_iters, "check": opts.check, "dtype": opts.dtype,
             "np_dtype": opts.np_dtype, "itemsize": opts.itemsize, "op": opts.op, "root": opts.root,
             "buffers": opts.buffers,
             "variants": [{"label": v.label, "algo": v.algo, "env": v.env, "collectives": v.collectives}

@@ -82,6 +82,16 @@ def predicted_us(b: Backend, coll: str, name: Optional[str], root: int = 0) -> O
         return None
 
 
+def timed_iterations(spec: dict[str, Any], call_s: float) -> int:
+    """How many timed iterations a point gets: -n (``iters``), or more where calls of ``call_s`` seconds (the
+    warm-up's median, every variant's together) would fill less than --min-time, up to --max-iters (the OSU
+    benchmarks likewise run small messages many more times than large ones, so that their medians hold still)."""
+    n, least, most = spec["iters"], spec.get("min_time", 0.0), spec.get("max_iters", 0)
+    if least <= 0 or call_s <= 0 or most <= n:
+        return n
+    return max(n, min(most, math.ceil(least / call_s)))
+
+
 def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: bool,
             variants: Optional[list[dict[str, Any]]] = None) -> list[dict[str, Any]]:
     """Rows of one point: warm-up, timed loop (barrier before each iteration), optional check.
@@ -96,17 +106,24 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     timed_here = coll not in metrics.P2P or b.rank == 0  # p2p: rank 0's clock; the others report 0
     runs = variants or [{}]
     prepared = []
+    warm: list[float] = []  # each variant's median warm-up call (s)
     for v in runs:
         with environ(v.get("env", {})):
             run, _ = b.prepare(coll, inplace, count, dtype, op, root)
+            took = []
             for _ in range(spec["warmup"]):
+                t0 = time.perf_counter()
                 run()
+                b.sync()
+                took.append(time.perf_counter() - t0)
         prepared.append(run)
+        warm.append(sorted(took)[len(took) // 2] if took else 0.0)
     b.sync()
+    iters = b.most(timed_iterations(spec, sum(warm)))  # the same count on every rank
     times: list[list[float]] = [[] for _ in runs]
     used: list[Optional[str]] = [None] * len(runs)
     predicted: list[Optional[float]] = [None] * len(runs)
-    for i in range(spec["iters"]):
+    for i in range(iters):
         for k in range(len(runs)):
             j = (i + k) % len(runs)
             with environ(runs[j].get("env", {})):
@@ -120,7 +137,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 elapsed = (time.perf_counter() - t0) * 1e6
                 times[j].append(elapsed / per_call if timed_here else 0.0)
                 used[j] = algorithm_used(b.name, coll, getattr(b, "comm", None))
-                if i == spec["iters"] - 1:  # the last call of each variant: the model's work stays out of the timed loop
+                if i == iters - 1:  # the last call of each variant: the model's work stays out of the timed loop
                     predicted[j] = predicted_us(b, coll, used[j], root)
     wrong = [0] * len(runs)
     if spec["check"]:
@@ -131,7 +148,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                 b.sync()
             wrong[j] = check_result(result(), coll, b.rank, n, count, op, root, dtype)
     hosts = (spec.get("hosts") or 1) > 1
-    link = [_link_bytes(b, prepared[j], min(spec["iters"], LINK_CALLS)) if hosts else None for j in range(len(runs))]
+    link = [_link_bytes(b, prepared[j], min(iters, LINK_CALLS)) if hosts else None for j in range(len(runs))]
     gathered = b.gather((times, wrong, used, link, predicted))
     if b.rank != 0:
         return []
@@ -148,7 +165,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
             "root": root if coll in metrics.ROOTED else -1, "inplace": inplace, "buffers": b.buffers,
             "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(nbytes, t), 4),
             "busbw_GBps": round(metrics.busbw(coll, n, nbytes, t), 4),
-            "wrong": int(sum(g[1][j] for g in gathered)), "iters": spec["iters"], "warmup": spec["warmup"],
+            "wrong": int(sum(g[1][j] for g in gathered)), "iters": iters, "warmup": spec["warmup"],
         })
         if hosts:
             rows[-1].update(_link_row([g[3][j] for g in gathered], coll, nbytes, root, per_call))

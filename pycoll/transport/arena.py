@@ -291,6 +291,10 @@ class HostArena:
         w, base = self.words, self.line(rank, op)
         return int(w[base + SEND]), int(w[base + RECV]), int(w[base + NBYTES])
 
+    def has_posted(self, rank: int, op: int) -> bool:
+        """Whether ``rank`` has posted for call ``op`` (it has entered that call)."""
+        return self.words[self.line(rank, op) + POST] == op
+
     def waiting_for(self, what: str, op: int, ranks: Iterable[int]) -> list[int]:
         """The ranks among ``ranks`` not yet at ``what`` for ``op``: post and ready match exactly, counters reach it."""
         w = self.words
