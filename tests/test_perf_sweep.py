@@ -423,9 +423,10 @@ def test_rounds_flag_and_median_merge() -> None:
     assert opts.rounds == 3 and "--rounds 3" in dataclasses.replace(opts, argv=[]).command()
     base = {"peer": "pycoll", "algo": "auto", "collective": "allreduce", "nranks": 4, "bytes": 1 << 20,
             "inplace": False, "wrong": 0}
-    rounds = [[dict(base, time_us=t)] for t in (300.0, 100.0, 200.0)]
+    rounds = [[dict(base, time_us=t, iters=n)] for t, n in ((300.0, 20), (100.0, 900), (200.0, 400))]
     (merged,) = sweep.merge_rounds(rounds)
     assert merged["time_us"] == 200.0 and merged["rounds"] == 3 and merged["round_times_us"] == [100.0, 200.0, 300.0]
+    assert merged["round_iters"] == [900, 400, 20]  # each round's count of timed calls, in the times' order
     assert merged["algbw_GBps"] == pytest.approx((1 << 20) / 200e-6 / 1e9, rel=1e-3)
     assert merged["busbw_GBps"] == pytest.approx(merged["algbw_GBps"] * 2 * 3 / 4, rel=1e-3)
     assert sweep.merge_rounds([[dict(base, time_us=5.0, round=0)]]) == [dict(base, time_us=5.0)]

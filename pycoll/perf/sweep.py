@@ -176,8 +176,9 @@ PER_ROUND = ("round", "limit_copy_GBps", "limit_reduce_GBps")
 def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One record per point: the median time over the rounds that measured it, bandwidths recomputed from it.
 
-    ``round_times_us`` lists every round's time, fastest first, and ``round_limits`` the host memory's
-    [copy, reduce] GB/s measured before each of those rounds' jobs, in the same order."""
+    ``round_times_us`` lists every round's time, fastest first, ``round_iters`` how many timed calls each of those
+    rounds ran (``--min-time`` decides it per round), and ``round_limits`` the host memory's [copy, reduce] GB/s
+    measured before each of those rounds' jobs, in the same order."""
     if len(per_round) == 1:
         return [{k: v for k, v in r.items() if k != "round"} for r in per_round[0]]
     points: dict[tuple, list[dict[str, Any]]] = {}
@@ -194,7 +195,8 @@ def merge_rounds(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
         merged = {k: v for k, v in first.items() if k not in PER_ROUND} | {
             "time_us": round(t, 3), "algbw_GBps": round(metrics.algbw(first["bytes"], t), 4),
             "busbw_GBps": round(metrics.busbw(first["collective"], first["nranks"], first["bytes"], t), 4),
-            "wrong": sum(r["wrong"] for r in recs), "rounds": len(recs), "round_times_us": times}
+            "wrong": sum(r["wrong"] for r in recs), "rounds": len(recs), "round_times_us": times,
+            "round_iters": [r.get("iters") for r in recs]}
         if all("limit_copy_GBps" in r for r in recs):
             merged["round_limits"] = [[r["limit_copy_GBps"], r["limit_reduce_GBps"]] for r in recs]
         out.append(merged)
