@@ -164,18 +164,20 @@ def test_a_frame_behind_the_staging_areas_end_is_compacted_to_fit(pair) -> None:
         assert got == (ch.TAKEN, room, 200 + k) and into.tobytes() == big
 
 
-def _exchange(moves, spin_ns=0, yield_ns=0, wait_ns=0):
+def _exchange(moves, spin_ns=0, yield_ns=0, wait_ns=0, slice_bytes=0):
     """``tcp.exchange`` over (channel, head_out, out, head_in, into), the channels' staging bounds settled after."""
-    states = tcp.exchange([ch.flow(ho, o, hi, i) for ch, ho, o, hi, i in moves], spin_ns, yield_ns, wait_ns)
+    states = tcp.exchange([ch.flow(ho, o, hi, i) for ch, ho, o, hi, i in moves], spin_ns, yield_ns, wait_ns,
+                          slice_bytes)
     for (ch, *_), (_, _, _, start, end, _) in zip(moves, states):
         ch.settle(start, end)
     return [state[:3] for state in states]
 
 
-def test_an_exchange_moves_every_peers_frames_at_once_straight_into_place() -> None:
-    """Three sockets: each one's outgoing frame leaves whole (the peer reads it byte for byte) and each incoming
-    frame, sent in pieces by a thread while the exchange waits, lands in its buffer, padding consumed, the
-    frame behind it left staged."""
+@pytest.mark.parametrize("slice_bytes", [0, 1000, 61440])
+def test_an_exchange_moves_every_peers_frames_at_once_straight_into_place(slice_bytes: int) -> None:
+    """Three sockets: each one's outgoing frame leaves whole (the peer reads it byte for byte), in writes of at most
+    ``slice_bytes`` where given, and each incoming frame, sent in pieces by a thread while the exchange waits, lands
+    in its buffer, padding consumed, the frame behind it left staged."""
     pairs = [socket.socketpair() for _ in range(3)]
     chans = [tcp.TcpChannel(i, a) for i, (a, _) in enumerate(pairs)]
     sizes = [0, 17_001, 300_000]
@@ -199,7 +201,8 @@ def test_an_exchange_moves_every_peers_frames_at_once_straight_into_place() -> N
     for t in threads:
         t.start()
     heads = [HEADER.pack(5, 2, n, P2P_META, 0, 0, 0) for n in sizes]
-    states = _exchange([(chans[i], heads[i], outs[i], heads[i], intos[i]) for i in range(3)], wait_ns=10**9)
+    states = _exchange([(chans[i], heads[i], outs[i], heads[i], intos[i]) for i in range(3)], wait_ns=10**9,
+                       slice_bytes=slice_bytes)
     for t in threads:
         t.join()
     for i, n in enumerate(sizes):
@@ -212,6 +215,28 @@ def test_an_exchange_moves_every_peers_frames_at_once_straight_into_place() -> N
     for ch, (_, b) in zip(chans, pairs):
         ch.close()
         b.close()
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 40, 100, 4096])
+def test_an_exchanges_writes_each_carry_at_most_the_slice(slice_bytes: int) -> None:
+    """Over a packet socket (each sendmsg arrives as one record), a frame whose header, payload and padding the
+    slices cut anywhere: every write but the last carries exactly ``slice_bytes``, and the records make the frame."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ch = tcp.TcpChannel(1, a)
+    out = (np.arange(5003) % 253).astype(np.uint8)
+    head = HEADER.pack(5, 2, out.nbytes, P2P_META, 0, 0, 0)
+    frame = _frame(5, 2, out.tobytes())
+    records: list = []
+    reader = threading.Thread(target=lambda: records.extend(iter(lambda: b.recv(1 << 16), b"")))
+    reader.start()
+    assert _exchange([(ch, head, out, None, None)], wait_ns=10**9, slice_bytes=slice_bytes) == \
+        [(len(frame), 0, tcp._tcpframe.NOTHING_ASKED)]
+    ch.close()
+    reader.join(10)
+    b.close()
+    assert b"".join(records) == frame
+    assert all(len(r) == slice_bytes for r in records[:-1]) and 0 < len(records[-1]) <= slice_bytes
+    assert len(records) == -(-len(frame) // slice_bytes)
 
 
 def test_an_exchange_leaves_another_frame_the_end_of_a_stream_and_a_late_peer_to_the_engine(pair) -> None:

@@ -330,20 +330,23 @@ struct flow {
     int send_errno;
 };
 
-/* the outgoing frame's bytes from ``f->sent`` as an iovec (header, its padding, payload, its padding): how many */
-static int rest_of_frame(const struct flow *f, struct iovec *iov)
+/* the outgoing frame's bytes from ``f->sent`` as an iovec (header, its padding, payload, its padding), at most
+ * ``most`` bytes of them (0: all): how many entries */
+static int rest_of_frame(const struct flow *f, struct iovec *iov, Py_ssize_t most)
 {
     const char *parts[4] = {f->head_out, zeros, f->out, zeros};
     Py_ssize_t sizes[4] = {f->out_hlen, HEADER_SIZE - f->out_hlen, f->out_len, padded(f->out_len) - f->out_len};
-    Py_ssize_t skip = f->sent;
+    Py_ssize_t skip = f->sent, left = most > 0 ? most : PY_SSIZE_T_MAX;
     int k = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4 && left > 0; i++) {
         if (skip >= sizes[i]) {
             skip -= sizes[i];
             continue;
         }
+        Py_ssize_t len = sizes[i] - skip < left ? sizes[i] - skip : left;
         iov[k].iov_base = (void *)(parts[i] + skip);
-        iov[k].iov_len = (size_t)(sizes[i] - skip);
+        iov[k].iov_len = (size_t)len;
+        left -= len;
         skip = 0;
         k++;
     }
@@ -372,15 +375,17 @@ static int sending(const struct flow *f)
     return f->head_out != NULL && !f->send_errno && f->sent < HEADER_SIZE + padded(f->out_len);
 }
 
-/* move what the socket allows of one flow, without blocking: 1 if any byte moved */
-static int move_flow(struct flow *f)
+/* move what the socket allows of one flow, without blocking: 1 if any byte moved. One sendmsg writes at most
+ * ``slice`` bytes (0: no limit) before the socket is read: each write then fits one segmentation-offload packet,
+ * and the peer's bytes are read between writes (pycoll.transport.tcp.PUSH_SLICE) */
+static int move_flow(struct flow *f, Py_ssize_t slice)
 {
     int moved = 0;
     if (sending(f)) {
         struct iovec iov[4];
         struct msghdr msg = {0};
         msg.msg_iov = iov;
-        msg.msg_iovlen = (size_t)rest_of_frame(f, iov);
+        msg.msg_iovlen = (size_t)rest_of_frame(f, iov, slice);
         ssize_t n;
         do
             n = sendmsg(f->fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -448,14 +453,14 @@ static int move_flow(struct flow *f)
 
 /* the flows until none is busy or none moved for spin_ns of polling, yield_ns of polling between sched_yields and
  * wait_ns of waiting in poll(2) */
-static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns)
+static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns, Py_ssize_t slice)
 {
     struct pollfd fds[EXCHANGE_FLOWS];
     int64_t idle_since = 0;
     for (;;) {
         int moved = 0, busy = 0, nfds = 0;
         for (int i = 0; i < k; i++) {
-            moved |= move_flow(&flows[i]);
+            moved |= move_flow(&flows[i], slice);
             short ev = (short)((flows[i].status == NOT_YET ? POLLIN : 0) | (sending(&flows[i]) ? POLLOUT : 0));
             if (ev) {
                 busy = 1;
@@ -489,19 +494,21 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
     }
 }
 
-/* exchange(flows, spin_ns, yield_ns, wait_ns) -> list of (sent, got, status, start, end, send_errno)
+/* exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> list of (sent, got, status, start, end, send_errno)
+ * slice: the most bytes one sendmsg writes (0 or absent: no limit);
  * flows: a sequence of (fd, stage, start, end, head_out, out, head_in, into), head_out/out or head_in/into None for
  * no frame that way; sent: bytes the socket took of the outgoing frame (-1: none), got: bytes of the incoming frame
  * consumed (0: none, the frame untouched; its whole size once status is TAKEN) */
 static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "exchange takes 4 arguments");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "exchange takes 4 or 5 arguments");
         return NULL;
     }
     long long spin_ns = PyLong_AsLongLong(args[1]), yield_ns = PyLong_AsLongLong(args[2]);
     long long wait_ns = PyLong_AsLongLong(args[3]);
+    Py_ssize_t slice = nargs == 5 ? PyLong_AsSsize_t(args[4]) : 0;
     PyObject *seq = PySequence_Fast(args[0], "exchange: flows must be a sequence");
     if (seq == NULL || PyErr_Occurred()) {
         Py_XDECREF(seq);
@@ -552,7 +559,7 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns);
+    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice);
     Py_END_ALLOW_THREADS
     result = PyList_New(k);
     for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
@@ -579,7 +586,7 @@ static PyMethodDef methods[] = {
      "take_message(fd, stage, start, end, ctx, tag, any_tag, meta, into, spin_ns) -> "
      "(status, nbytes, tag, start, end)"},
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
-     "exchange(flows, spin_ns, yield_ns, wait_ns) -> [(sent, got, status, start, end, send_errno), ...]"},
+     "exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> [(sent, got, status, start, end, send_errno), ...]"},
     {NULL, NULL, 0, NULL},
 };
 
