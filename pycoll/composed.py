@@ -349,11 +349,9 @@ class HostComposition:
         recv, block, me = call.recv, call.counts[0], self.comm._rank
         assert recv is not None
         mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
-        if self.leader:
-            gathered = np.empty(len(recv), recv.dtype)  # the user's buffer is written once all of it is here
-            self.host_comm.Gather(mine, self._host_region(gathered, block), 0)
-            self.leaders.Allgather(IN_PLACE, gathered)
-            recv[...] = gathered
+        if self.leader:  # straight into the output, as the flat algorithms write it (the input stays as it was)
+            self.host_comm.Gather(IN_PLACE if call.in_place else mine, self._host_region(recv, block), 0)
+            self.leaders.Allgather(IN_PLACE, recv)
         else:
             self.host_comm.Gather(mine, None, 0)
         self._host_bcast(recv, 0, call.size_bytes - call.size_bytes // len(self.groups))  # the other hosts' blocks
