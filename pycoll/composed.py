@@ -283,11 +283,14 @@ class HostComposition:
         self.host_comm.Bcast(token, 0)
 
     def _leader_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
-        # the host's partial result stays out of the user's buffer until the network step is done
-        partial = out.copy() if in_place else np.empty_like(out)
-        self.host_comm.Reduce(IN_PLACE if in_place else send, partial, op, 0)
-        self.leaders.Allreduce(IN_PLACE, partial, op)
-        out[...] = partial
+        if in_place:  # the input stays in the user's buffer until the network step is done
+            partial = out.copy()
+            self.host_comm.Reduce(IN_PLACE, partial, op, 0)
+            self.leaders.Allreduce(IN_PLACE, partial, op)
+            out[...] = partial
+        else:  # straight into the output, as the flat algorithms write it
+            self.host_comm.Reduce(send, out, op, 0)
+            self.leaders.Allreduce(IN_PLACE, out, op)
         self._host_bcast(out, 0, out.nbytes)
 
     def _member_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
