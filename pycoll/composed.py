@@ -15,10 +15,11 @@ carries one message per host per step (between two hosts, one frame each way: ``
 inside a host cost a shared-memory meeting instead of a trip through the point-to-point engine.
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
-the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather
-or Bcast is composed where the cost model prices its three steps one after another (each the cheapest algorithm for
-its communicator: ``predict``) below every algorithm for the whole communicator, or, since a composition puts only
-the fewest bytes on the links, below the other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
+the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather,
+Bcast or Reduce_scatter_block (this one while its vector fits the host arena's slot) is composed where the cost model
+prices its three steps one after another (each the cheapest algorithm for its communicator: ``predict``) below every
+algorithm for the whole communicator, or, since a composition puts only the fewest bytes on the links, below the
+other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
 """
 
 from __future__ import annotations
@@ -35,26 +36,29 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, LINK_MINIMAL, REPRODUCIBLE, link_tolerance, preferred, ranked_cached
 from .buffers import IN_PLACE
 from .config import _ENV_BYTES, size_param
+from .transport.arena import slot_bytes_for
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
     "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
-    "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather or "
-    "Bcast where the cost model prices that composition below the flat algorithms. 0: never.")
+    "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather, "
+    "Bcast or Reduce_scatter_block (while its vector fits a host arena's slot) where the cost model prices that "
+    "composition below the flat algorithms. 0: never.")
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
 _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
-# leaders, its share of the call's bytes: the whole call, or one host's part of it). Not Reduce_scatter_block: its
-# whole-vector Reduce in the host ran 1.2-1.5x the hierarchical one's time at 1-4 MiB, which the model does not see.
+# leaders, its share of the call's bytes: the whole call, or one host's part of it). Reduce_scatter_block only while
+# the whole vector fits the host arena's slot (``_fits_slot``).
 _WHOLE, _HOST_PART = "whole", "host part"
 _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "allreduce": (("reduce", True, _WHOLE), ("allreduce", False, _WHOLE), ("broadcast", True, _WHOLE)),
     "allgather": (("gather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _WHOLE)),
     "broadcast": (("broadcast", True, _WHOLE), ("broadcast", False, _WHOLE), ("broadcast", True, _WHOLE)),
+    "reduce_scatter": (("reduce", True, _WHOLE), ("reduce_scatter", False, _WHOLE), ("scatter", True, _HOST_PART)),
 }
 
 
@@ -155,7 +159,7 @@ class HostComposition:
         """Whether the composed call is the choice: priced below every algorithm for the whole communicator, or the
         cheapest of those that put the fewest bytes on the links (with the hierarchical one or the chain) and within
         PYCOLL_LINK_TOLERANCE of the cheapest (``registry.preferred``)."""
-        if call.coll not in _PRICED:
+        if call.coll not in _PRICED or (call.coll == "reduce_scatter" and not self._fits_slot(call.size_bytes)):
             return False
         model = cost_model.current()
         if self._priced_by is not model:
@@ -173,6 +177,14 @@ class HostComposition:
             lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links
             known = self._priced[key] = preferred(priced, lean, tolerance)[1] == "composed"
         return known
+
+    def _fits_slot(self, nbytes: int) -> bool:
+        """Whether a vector of ``nbytes`` fits one slot of the largest host's arena, where the host's Reduce of it
+        takes the compiled slots path. Beyond, the composed Reduce_scatter_block's whole-vector Reduce in the host
+        goes through the staged path: at 4 ranks on 2 namespace hosts (each host's ranks on one core) it took 1.3x
+        the hierarchical algorithm's time at 2 and 4 MiB (1.1-1.2x with the vector cut to fit), where within a slot
+        it took 0.55-0.7x at 512 KiB and 1 MiB, which the model does not tell apart."""
+        return nbytes <= slot_bytes_for(max(len(g) for g in self.groups))
 
     def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
         """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within

@@ -461,24 +461,32 @@ def test_a_segmented_hierarchical_call_is_priced_as_a_pipeline(monkeypatch: pyte
 
 @pytest.mark.parametrize("tolerance", ["0.1", "0"])
 def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper(tolerance, monkeypatch) -> None:
-    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks runs composed exactly where
-    the host and leaders' steps are priced below every algorithm for the whole communicator, or below the
-    link-minimal ones and within PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and
-    the tolerance; Reduce_scatter_block and Alltoall stay with the algorithms."""
+    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks, and a Reduce_scatter_block
+    whose vector fits the host arena's slot (1 MiB here), runs composed exactly where the host and leaders' steps are
+    priced below every algorithm for the whole communicator, or below the link-minimal ones and within
+    PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and the tolerance; a larger
+    Reduce_scatter_block and every Alltoall stay with the algorithms."""
     from types import SimpleNamespace
 
     from pycoll import composed
 
     monkeypatch.setenv("PYCOLL_LINK_TOLERANCE", tolerance)
+    monkeypatch.setattr(composed, "slot_bytes_for", lambda size: 1 << 20)
     lay = Layout((0, 0, 1, 1))
     choice = composed.HostComposition(SimpleNamespace(_layout=lay, _rank=1, _engine=SimpleNamespace(oversubscribed=False)))
-    seen = set()
-    for model in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118)):
+    seen, scattered = set(), set()
+    for model in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118), CostModel()):
         cost.use(model)
         for nbytes in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
             a = np.empty(nbytes // 4, np.float32)
+            counts = [len(a) // 4] * 4
+            scatter = Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts)
             calls = [Call("allreduce", F32, a, a.copy(), ops.SUM), Call("broadcast", F32, recv=a),
                      Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4)]
+            if nbytes <= 1 << 20:
+                calls.append(scatter)
+            else:
+                assert not choice.takes(scatter)
             for call in calls:
                 mine = composed.predict(model, call.coll, nbytes, lay, call.op)
                 flat = [(t, a.name) for t, a in ranked(call, lay, model)]
@@ -489,10 +497,11 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
                                              and flat[0][1] not in LINK_MINIMAL[call.coll])
                 assert choice.takes(call) == want, (call.coll, nbytes, model.net_GBps)
                 seen.add(want)
-            counts = [len(a) // 4] * 4
-            assert not choice.takes(Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts))
+                if call is scatter:
+                    scattered.add(want)
             assert not choice.takes(Call("alltoall", F32, a, a.copy(), counts=counts))
     assert seen == {True, False}  # both answers occur over these sizes and models
+    assert True in scattered  # a Reduce_scatter_block within the slot is composed under some model
 
 
 def test_ranks_short_of_cores_pay_a_hand_over_per_message_across_hosts_too() -> None:
