@@ -179,16 +179,22 @@ def test_a_sweep_across_hosts_names_each_calls_algorithm_and_its_prediction(tmp_
     if netns.unavailable() is not None:
         pytest.skip(f"virtual hosts unavailable: {netns.unavailable()}")
     out = tmp_path / "hosts.json"
-    argv = ["--np", "4", "--hosts", "2", "--peers", "pycoll", "-C", "allreduce,alltoall,reduce_scatter", "-b", "1M", "-e", "1M",
-            "-n", "2", "-w", "1", "--no-progress", "--json", str(out)]
+    argv = ["--np", "4", "--hosts", "2", "--peers", "pycoll", "-C", "allreduce,alltoall,reduce_scatter", "-b", "1M", "-e", "2M",
+            "-f", "2", "-n", "2", "-w", "1", "--no-progress", "--json", str(out)]
     proc = subprocess.run([sys.executable, "-m", "pycoll", "perf", *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=110)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    by_coll = {r["collective"]: r for r in json.loads(out.read_text())["records"] if r["peer"] == "pycoll"}
-    assert by_coll["allreduce"]["algo_used"] == "composed"  # priced below the flat algorithms (pycoll.composed)
-    assert by_coll["reduce_scatter"]["algo_used"] == "hierarchical"
-    assert by_coll["alltoall"]["algo_used"] == "pairwise"
-    assert all(r.get("predicted_us", 0) > 0 for r in by_coll.values())
+    by_call = {(r["collective"], r["bytes"]): r for r in json.loads(out.read_text())["records"] if r["peer"] == "pycoll"}
+    mib = 1 << 20
+    assert by_call[("allreduce", mib)]["algo_used"] == "composed"  # priced below the flat algorithms (pycoll.composed)
+    # composed while the vector fits the host arena's slot (1 MiB where ranks share cores), hierarchical beyond
+    from pycoll.transport.arena import slot_bytes_for
+
+    fits = mib <= slot_bytes_for(2)
+    assert by_call[("reduce_scatter", mib)]["algo_used"] == ("composed" if fits else "hierarchical")
+    assert by_call[("reduce_scatter", 2 * mib)]["algo_used"] == "hierarchical"
+    assert by_call[("alltoall", mib)]["algo_used"] == "pairwise"
+    assert all(r.get("predicted_us", 0) > 0 for r in by_call.values())
 
 
 def _algo_rec(peer: str, algo: str, nbytes: int, t: float, hosts: int = 2, used: Any = None) -> dict[str, Any]:
