@@ -36,7 +36,7 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, LINK_MINIMAL, REPRODUCIBLE, link_tolerance, preferred, ranked_cached
 from .buffers import IN_PLACE
 from .config import _ENV_BYTES, size_param
-from .transport.arena import slot_bytes_for
+from .transport.arena import shared_core_slot_bytes
 
 SMP_BYTES = size_param(
     "PYCOLL_SMP_BYTES", 64 << 10,
@@ -179,12 +179,13 @@ class HostComposition:
         return known
 
     def _fits_slot(self, nbytes: int) -> bool:
-        """Whether a vector of ``nbytes`` fits one slot of the largest host's arena, where the host's Reduce of it
-        takes the compiled slots path. Beyond, the composed Reduce_scatter_block's whole-vector Reduce in the host
-        goes through the staged path: at 4 ranks on 2 namespace hosts (each host's ranks on one core) it took 1.3x
-        the hierarchical algorithm's time at 2 and 4 MiB (1.1-1.2x with the vector cut to fit), where within a slot
-        it took 0.55-0.7x at 512 KiB and 1 MiB, which the model does not tell apart."""
-        return nbytes <= slot_bytes_for(max(len(g) for g in self.groups))
+        """Whether a vector of ``nbytes`` fits one slot of the largest host's arena where its ranks share cores
+        (``shared_core_slot_bytes``: from the layout alone, so every rank answers alike whatever its machine), where
+        the host's Reduce of it takes the compiled slots path. Beyond, the composed Reduce_scatter_block's
+        whole-vector Reduce in the host goes through the staged path: at 4 ranks on 2 namespace hosts (each host's
+        ranks on one core) it took 1.3x the hierarchical algorithm's time at 2 and 4 MiB (1.1-1.2x with the vector cut
+        to fit), where within a slot it took 0.55-0.7x at 512 KiB and 1 MiB, which the model does not tell apart."""
+        return nbytes <= shared_core_slot_bytes(max(len(g) for g in self.groups))
 
     def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
         """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within

@@ -471,7 +471,7 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
     from pycoll import composed
 
     monkeypatch.setenv("PYCOLL_LINK_TOLERANCE", tolerance)
-    monkeypatch.setattr(composed, "slot_bytes_for", lambda size: 1 << 20)
+    assert composed.shared_core_slot_bytes(2) == 1 << 20  # the guard's bound at two ranks a host, on any machine
     lay = Layout((0, 0, 1, 1))
     choice = composed.HostComposition(SimpleNamespace(_layout=lay, _rank=1, _engine=SimpleNamespace(oversubscribed=False)))
     seen, scattered = set(), set()

@@ -53,10 +53,17 @@ KIND, ROOT, COUNT, VHASH, SEND, RECV, NBYTES, SEQ = range(8)
 
 def slot_bytes_for(size: int) -> int:
     """The arena slot of a ``size``-rank communicator on one host: PYCOLL_ARENA_SLOT if set, else 64 KiB, or where the
-    machine's ranks outnumber its cores (pycoll.machine), up to OVERSUBSCRIBED_SLOT (4 MiB over the ranks). The same on
-    every rank of the host."""
+    machine's ranks outnumber its cores (pycoll.machine), ``shared_core_slot_bytes``. The same on every rank of the
+    host."""
     if ARENA_SLOT.is_set() or not oversubscribed(size):
         return ARENA_SLOT.get()
+    return shared_core_slot_bytes(size)
+
+
+def shared_core_slot_bytes(size: int) -> int:
+    """The arena slot of a ``size``-rank communicator on a host whose ranks outnumber its cores: up to
+    OVERSUBSCRIBED_SLOT (4 MiB over the ranks), at least PYCOLL_ARENA_SLOT. It depends on ``size`` alone, so ranks on
+    other machines compute the same."""
     return max(ARENA_SLOT.get(), min(OVERSUBSCRIBED_SLOT, (4 << 20) // max(size, 1)))
 
 
