@@ -296,14 +296,13 @@ class HostComposition:
         self.host_comm.Bcast(token, 0)
 
     def _leader_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
-        if in_place:  # the input stays in the user's buffer until the network step is done
-            partial = out.copy()
-            self.host_comm.Reduce(IN_PLACE, partial, op, 0)
-            self.leaders.Allreduce(IN_PLACE, partial, op)
+        # in place, the input stays in the user's buffer until the network step is done; out of place, the steps
+        # write straight into the output, as the flat algorithms do
+        partial = out.copy() if in_place else out
+        self.host_comm.Reduce(IN_PLACE if in_place else send, partial, op, 0)
+        self.leaders.Allreduce(IN_PLACE, partial, op)
+        if partial is not out:
             out[...] = partial
-        else:  # straight into the output, as the flat algorithms write it
-            self.host_comm.Reduce(send, out, op, 0)
-            self.leaders.Allreduce(IN_PLACE, out, op)
         self._host_bcast(out, 0, out.nbytes)
 
     def _member_allreduce(self, send: Any, out: Any, op: Any, in_place: bool) -> None:
