@@ -3,15 +3,14 @@ each call's median from a Barrier, the slowest rank's, per write size (its media
 
     pycoll run -n 2 --hosts 2 -- python perf/push_slice_ab.py --bytes 1M --slices 0,61440,131072
 
-The write size is switched between calls on every rank alike (the environment word the C exchange reads per call,
-and each channel's copy that the engine's progress reads), so every size sees the same connections and phases.
+The write size is switched between calls on every rank alike (each channel's ``push_slice``, which the engine's
+progress and the C exchange read), so every size sees the same connections and phases.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -51,7 +50,6 @@ def calls(comm, nbytes: int) -> dict:
 
 
 def use_slice(comm, nbytes: int) -> None:
-    os.environ["PYCOLL_TCP_PUSH_SLICE"] = str(nbytes)
     for ch in comm._engine.channels.values():
         if hasattr(ch, "push_slice"):
             ch.push_slice = nbytes

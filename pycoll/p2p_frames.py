@@ -132,7 +132,7 @@ class FramePaths:
             self.exchanges_unwaited += bool(owed)
             budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
                                                int(TCP_EAGER_WAIT_MS.get() * 1e6))
-            states = _tcp.exchange(flows, *budgets, _tcp.PUSH_SLICE.get())
+            states = _tcp.exchange(flows, *budgets, min(part[2].push_slice for part in parts))  # as the engine writes
             for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
                 ch.settle(start, end)
                 sending = receiving = None

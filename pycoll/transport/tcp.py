@@ -132,7 +132,7 @@ class TcpChannel(Channel):
         self._start = 0
         self._end = 0
         self._fd = sock.fileno()
-        self.push_slice = PUSH_SLICE.get()  # read by the engine's push (p2p_progress)
+        self.push_slice = PUSH_SLICE.get()  # read by the engine's push (p2p_progress) and the C exchange (p2p_frames)
         self._ended: Optional[PeerFailureError] = None  # how the stream ended, while staged bytes precede the end
 
     def _failed(self, exc: BaseException) -> PeerFailureError:
