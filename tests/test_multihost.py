@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -177,6 +178,27 @@ def test_link_rate_shapes_both_directions() -> None:
         elapsed = time.monotonic() - t0
         listener.close()
         assert got.get("got") == 2 << 20 and elapsed > 0.1, elapsed
+
+
+def test_the_token_bucket_holds_a_millisecond_within_a_frame_and_two_offload_packets() -> None:
+    """A shaped link bursts no further above its rate than a NIC would: 1 ms of traffic, but never below one frame
+    nor above 128 KiB, so a 1 MiB call at 10 Gbit/s cannot cross at the unshaped speed."""
+    assert netns.tbf_settings(1_000_000_000)[0] == 125_000
+    assert netns.tbf_settings(100_000_000)[0] == 32 << 10
+    assert netns.tbf_settings(10_000_000_000)[0] == 128 << 10
+    assert netns.tbf_settings(100_000_000_000)[0] == 128 << 10
+
+
+@pytest.mark.timeout(60)
+def test_a_fast_links_qdisc_carries_the_capped_bucket() -> None:
+    reason = netns.unavailable(need_tc=True)
+    if reason:
+        pytest.skip(reason)
+    with netns.VirtualHosts(2, rate="10gbit") as vh:
+        for side in (False, True):
+            q = vh.qdiscs(0, switch_side=side)
+            burst = re.search(r"burst (\d+)b", q)  # tc keeps the bucket in its clock's ticks: 131072 reads back as 130000
+            assert "rate 10Gbit" in q and burst and abs(int(burst.group(1)) - (128 << 10)) < 4096, q
 
 
 @pytest.mark.timeout(120)

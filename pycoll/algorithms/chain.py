@@ -18,7 +18,7 @@ from .ring import on_ring
     "Pipelined chain from the root: each rank forwards chunk k while chunk k+1 arrives.",
     steps="p-1 + chunks",
     bytes="n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 2 + m.messages(n), n) if lay.size > 1 else 0.0,
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 2 + m.messages(n), n, depth=lay.size - 1) if lay.size > 1 else 0.0,
 )
 def broadcast_chain(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
@@ -55,7 +55,7 @@ def broadcast_chain(st: Steps, call: Call) -> Schedule:
     "Pipelined chain towards the root: each rank reduces chunk k into its running sum and passes it on.",
     steps="p-1 + chunks",
     bytes="n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 2 + m.messages(n), n, reduced=n) if lay.size > 1 else 0.0,
+    cost=lambda m, n, lay: m.ring(lay, lay.size - 2 + m.messages(n), n, reduced=n, depth=lay.size - 1) if lay.size > 1 else 0.0,
 )
 def reduce_chain(st: Steps, call: Call) -> Schedule:
     assert call.send is not None and call.op is not None

@@ -44,8 +44,9 @@ BUILTIN = "builtin"
 # every rank's bytes to its host's link, and `pycoll tune` then fitted the network constants to that count.
 # Version 3 bounds cma by the rank's own copies or the host's memory (``host_memory_GBps``); a file from before
 # keeps its other constants, and its cma terms are the built-in ones at its memory speed. Version 4 charges the
-# hand-overs of ranks that outnumber their host's cores across hosts too, as on one host (``handovers``).
-FORMULA = 4
+# hand-overs of ranks that outnumber their host's cores across hosts too, as on one host (``handovers``). Version 5
+# lets the cores' work hide behind the link across hosts, and pipelines pay the latency of their hops only (``phase``).
+FORMULA = 5
 log = logging.getLogger("pycoll")
 
 
@@ -228,7 +229,7 @@ class CostModel:
 
     def phase(self, lay: Layout, steps: float, nbytes: float, *, reduced: float = 0.0, flows: float = 1.0,
               messages: Optional[float] = None, wire: Optional[float] = None, local: float = 0.0,
-              footprint: float = 0.0) -> float:
+              footprint: float = 0.0, depth: Optional[float] = None) -> float:
         """Seconds for ``steps`` dependent message steps moving ``nbytes`` per rank over the layout's slowest link.
 
         ``flows`` ranks of one host share the host's network link at once; ``reduced`` bytes are
@@ -241,6 +242,11 @@ class CostModel:
         outnumber its cores, every message is a dependent wait on a peer that may be descheduled, on any link.
         On one host, an algorithm that gives ``footprint`` (the bytes the host's ranks touch in a call) moves and
         reduces its bytes through the shared-memory transport faster while they stay in cache (``memory_s``).
+
+        Across hosts the link and the ranks' cores work at once: while one message crosses, the cores post the next
+        and reduce the last, so the link's time and the CPU's overlap but for one message of each step. Only the
+        dependent steps pay the link's latency: ``depth`` of them where a pipeline counts a step per chunk in
+        ``steps`` (a chain: p - 1 hops). On one host moving bytes is itself the cores' work, so the terms add up.
         """
         lat, bw = self.link(lay)
         over = self.over(lay)
@@ -255,7 +261,10 @@ class CostModel:
                 moved += local / (self.shm_GBps * 1e9)
             if self.fused:
                 return cpu * over + max(moved, red * over)
-            return (cpu + red) * over + moved + self.handovers(lay, msgs)
+            hops = steps if depth is None else depth
+            work = (msgs * self.msg_us * 1e-6 + red) * over
+            unhidden = min(moved, work) * min(1.0, hops / max(msgs, 1))  # each step's first message waits for the other
+            return hops * lat * over + max(moved, work) + unhidden + self.handovers(lay, msgs)
         if self.fused:
             return (cpu + max(nbytes / bw, red)) * over
         if footprint:
@@ -263,7 +272,8 @@ class CostModel:
             return (cpu + red + self.memory_s(nbytes, bw / 1e9, footprint)) * over + self.handovers(lay, msgs)
         return (cpu + red + nbytes / bw) * over + self.handovers(lay, msgs)
 
-    def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0, footprint: float = 0.0) -> float:
+    def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0, footprint: float = 0.0,
+             depth: Optional[float] = None) -> float:
         """A ring in the layout's ring order: each host's link carries one flow per place the ring leaves the host."""
         order = lay.order
         p = len(order)
@@ -272,7 +282,7 @@ class CostModel:
             a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
             if a != b:
                 leaving[a] += 1
-        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), footprint=footprint)
+        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), footprint=footprint, depth=depth)
 
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""

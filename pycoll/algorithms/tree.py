@@ -132,7 +132,8 @@ def _tree_cost(m: CostModel, n: float, lay: Layout) -> float:
     k = m.messages(n / 2)
     # up and down each tree: depth steps plus one per further chunk; a rank sends about 2n in all
     wire = _double_tree_wire(lay) * n if lay.hosts > 1 else None
-    return m.phase(lay, 2 * (depth + k - 1), 2 * n, reduced=n, flows=m.flows(lay), messages=6 * k, wire=wire)
+    return m.phase(lay, 2 * (depth + k - 1), 2 * n, reduced=n, flows=m.flows(lay), messages=6 * k, wire=wire,
+                   depth=2 * depth)
 
 
 @functools.lru_cache(maxsize=32)
@@ -197,7 +198,7 @@ def allreduce_tree(st: Steps, call: Call) -> Schedule:
     steps="log2 p + chunks",
     bytes="2 n at interior ranks",
     cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, 2 * n, flows=m.flows(lay),
-                                   messages=2 * m.messages(n),
+                                   messages=2 * m.messages(n), depth=log2ceil(lay.size + 1),
                                    wire=_rooted_tree_wire(lay, True) * n if lay.hosts > 1 else None) if lay.size > 1 else 0.0,
 )
 def broadcast_tree(st: Steps, call: Call) -> Schedule:
@@ -214,7 +215,7 @@ def broadcast_tree(st: Steps, call: Call) -> Schedule:
     steps="log2 p + chunks",
     bytes="n",
     cost=lambda m, n, lay: m.phase(lay, log2ceil(lay.size + 1) + m.messages(n) - 1, n, reduced=2 * n,
-                                   flows=m.flows(lay), messages=2 * m.messages(n),
+                                   flows=m.flows(lay), messages=2 * m.messages(n), depth=log2ceil(lay.size + 1),
                                    wire=_rooted_tree_wire(lay, False) * n if lay.hosts > 1 else None) if lay.size > 1 else 0.0,
 )
 def reduce_tree(st: Steps, call: Call) -> Schedule:
