@@ -244,14 +244,22 @@ def test_staged_pipes_are_cheaper_per_byte_while_the_hosts_calls_fit_in_cache() 
 
 
 def test_ranks_that_outnumber_cores_pay_a_hand_over_per_dependent_wait() -> None:
-    m = CostModel(cores=2, cache_bytes=-1, handover_us=200.0)
+    m = CostModel(cores=2, cache_bytes=-1, handover_us=200.0, arena_handover_us=30.0)
     two, four = Layout.flat(2), Layout.flat(4)
     assert m.handovers(two, 10) == 0.0 and m.handovers(four, 10) == pytest.approx(2e-3)
-    for coll, algo in (("allreduce", "staged"), ("allreduce", "cma"), ("allreduce", "oneshot"), ("allreduce", "ring")):
+    assert m.arena_handovers(two, 10) == 0.0 and m.arena_handovers(four, 10) == pytest.approx(3e-4)
+    # the engine's waits and the pipelined arena paths pay handover_us; the one-meeting arena kernels, which yield
+    # the core to the peer they wait for, arena_handover_us
+    for coll, algo, term in (("allreduce", "staged", "handover_us"), ("allreduce", "ring", "handover_us"),
+                             ("allreduce", "cma", "arena_handover_us"), ("allreduce", "oneshot", "arena_handover_us"),
+                             ("broadcast", "slots", "arena_handover_us")):
         fn = ALGORITHMS[coll][algo].cost
-        without = fn(dataclasses.replace(m, handover_us=0.0), 1 << 20, four)
-        assert fn(m, 1 << 20, four) > without, algo
-        assert fn(m, 1 << 20, two) == fn(dataclasses.replace(m, handover_us=0.0), 1 << 20, two), algo
+        n = 1 << 20 if algo != "slots" else 1 << 10
+        without = fn(dataclasses.replace(m, **{term: 0.0}), n, four)
+        assert fn(m, n, four) > without, algo
+        other = "arena_handover_us" if term == "handover_us" else "handover_us"
+        assert fn(m, n, four) == fn(dataclasses.replace(m, **{other: 0.0}), n, four), algo
+        assert fn(m, n, two) == fn(dataclasses.replace(m, **{term: 0.0}), n, two), algo
     # the staged pipe waits per chunk step and phase, cma only at its meetings: on 4 ranks over 2 cores large
     # allreduces go to cma (measured in issue 8: 35 against 67 ms at 64 MiB), on 2 ranks to staged
     big = _allreduce(64 << 20)

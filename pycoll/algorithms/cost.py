@@ -98,6 +98,12 @@ class CostModel:
     # Ranks that outnumber cores: a wait on a flag or message of a descheduled peer costs a hand-over through
     # the scheduler (a sleep, a wake-up, a turn on the core); see ``handovers``.
     handover_us: float = 150.0
+    # ... and a meeting of the compiled one-meeting arena kernels (slots, oneshot, cma), which yield the core to the
+    # peer they wait for: 2 ranks bound to one core, 8 B-4 KiB back to back, a slots Bcast or Reduce took 31-34 us
+    # where two arena meetings account for 12 (oneshot Allreduce 25-26 us). The pipelined arena paths (staged, the
+    # chunked Bcast) hand chunks back and forth and keep ``handover_us``: 64 MiB on 4 ranks over 2 cores, staged
+    # took 67 ms against cma's 35.
+    arena_handover_us: float = 20.0
     # Per-algorithm scale factors fitted by `pycoll tune`: ("allreduce:ring@shm", latency x, bandwidth x).
     corrections: tuple[tuple[str, float, float], ...] = ()
     # Measured / predicted time at the sizes `pycoll tune` timed, per algorithm and exact layout (see ``residual``):
@@ -212,6 +218,10 @@ class CostModel:
         """Seconds that ``waits`` dependent waits on peers cost when a host has more ranks than cores: the peer a
         rank waits for is often descheduled, and each such wait is a trip through the scheduler."""
         return waits * self.handover_us * 1e-6 if self.over(lay) > 1 else 0.0
+
+    def arena_handovers(self, lay: Layout, waits: float) -> float:
+        """``handovers`` for the meetings of the one-meeting arena kernels, which yield the core to the peer they wait for."""
+        return waits * self.arena_handover_us * 1e-6 if self.over(lay) > 1 else 0.0
 
     def staging_s(self, nbytes: float) -> float:
         """Seconds a device call spends staged through pinned host memory: its input copied out, its result back."""

@@ -65,7 +65,7 @@ def _oneshot_cost(m: CostModel, n: float, lay: Layout) -> float:
     p = lay.size
     footprint = 3 * p * n  # input, result and slot of every rank
     work = m.arena_sync_us * 1e-6 + m.copy_s(n, footprint) + m.reduce_s((p - 1) * n, footprint)
-    return work * m.over(lay) + m.handovers(lay, 1)
+    return work * m.over(lay) + m.arena_handovers(lay, 1)
 
 
 def cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float = 0.0, copied: float = 0.0,
@@ -92,7 +92,7 @@ def cma_cost(m: CostModel, n: float, lay: Layout, syncs: int, *, pulled: float =
            + local / (m.copy_GBps * 1e9) * own_copy)
     # in copies: a pulled byte is read once (half a copy), then reduced (a read and a write); the rest are copies
     host = readers * (1.5 * pulled * pull + copied * copy + local * own_copy) / (m.host_memory_GBps * 1e9)
-    return fixed * m.over(lay) + max(own * m.over(lay), host) + m.handovers(lay, syncs)  # chunk copies wait on no one
+    return fixed * m.over(lay) + max(own * m.over(lay), host) + m.arena_handovers(lay, syncs)  # chunk copies wait on no one
 
 
 # ---- algorithms ----------------------------------------------------------------------------------

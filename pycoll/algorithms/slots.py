@@ -54,7 +54,7 @@ def _refuse(call: Call, lay: Layout) -> Optional[str]:
 def _cost(m: CostModel, n: float, lay: Layout) -> float:
     p = lay.size
     footprint = 3 * p * n
-    return (m.arena_sync_us * 1e-6 + 2 * m.copy_s(n, footprint)) * m.over(lay) + m.handovers(lay, 1)
+    return (m.arena_sync_us * 1e-6 + 2 * m.copy_s(n, footprint)) * m.over(lay) + m.arena_handovers(lay, 1)
 
 
 class Program:
