@@ -253,10 +253,13 @@ class CostModel:
         On one host, an algorithm that gives ``footprint`` (the bytes the host's ranks touch in a call) moves and
         reduces its bytes through the shared-memory transport faster while they stay in cache (``memory_s``).
 
-        Across hosts the link and the ranks' cores work at once: while one message crosses, the cores post the next
-        and reduce the last, so the link's time and the CPU's overlap but for one message of each step. Only the
-        dependent steps pay the link's latency: ``depth`` of them where a pipeline counts a step per chunk in
-        ``steps`` (a chain: p - 1 hops). On one host moving bytes is itself the cores' work, so the terms add up.
+        Across hosts the link and the ranks' cores work at once: while one message crosses, the cores post the next,
+        so the link's time and the CPU's overlap but for one message of each step. A pipeline (``depth`` given: the
+        dependent hops, where ``steps`` counts a step per chunk, as a chain's p - 1) also folds chunk k while chunk
+        k + 1 arrives, and pays the link's latency per hop only; the other algorithms exchange a step's whole frames
+        and fold them after (2 ranks at 10 Gbit/s, 16 MiB: recursive doubling 16.7-17.4 ms, the link's 14.2 and the
+        fold's 2.8; the chain Reduce 14.2, as its Bcast). On one host moving bytes is itself the cores' work, so the
+        terms add up.
         """
         lat, bw = self.link(lay)
         over = self.over(lay)
@@ -272,9 +275,11 @@ class CostModel:
             if self.fused:
                 return cpu * over + max(moved, red * over)
             hops = steps if depth is None else depth
-            work = (msgs * self.msg_us * 1e-6 + red) * over
+            # a pipeline folds chunk k while chunk k+1 arrives; a step that exchanges whole frames folds them after
+            hidden_red, after = (red * over, 0.0) if depth is not None else (0.0, red * over)
+            work = msgs * self.msg_us * 1e-6 * over + hidden_red
             unhidden = min(moved, work) * min(1.0, hops / max(msgs, 1))  # each step's first message waits for the other
-            return hops * lat * over + max(moved, work) + unhidden + self.handovers(lay, msgs)
+            return hops * lat * over + max(moved, work) + unhidden + after + self.handovers(lay, msgs)
         if self.fused:
             return (cpu + max(nbytes / bw, red)) * over
         if footprint:
