@@ -60,7 +60,10 @@ class CostModel:
 
     shm_latency_us: float = 60.0
     shm_GBps: float = 3.0
-    net_latency_us: float = 120.0
+    # A dependent step between hosts: `pycoll tune --links-only` measured 6.3-6.5 us one way between two namespace
+    # hosts (9.8 on 2026-11-28), and a 2-rank 8 B Allreduce across them takes 8-9 us. It was 120 while every step
+    # went through the Python engine.
+    net_latency_us: float = 10.0
     net_GBps: float = 1.0
     reduce_GBps: float = 6.0
     msg_us: float = 25.0
