@@ -1,7 +1,9 @@
 """Side-by-side tables of `pycoll perf --hosts` sweeps: pycoll against MPICH and gloo per call, size and placement,
 with the bytes each put on the links over the fewest the call needs, and issue 29's targets checked; with
 ``--stability A.json B.json``, how far each point of one job moved in another; with ``--by-call``, one line per file:
-each call's geometric mean time over the file's sizes and placements, for pycoll and MPICH, and the targets met."""
+each call's geometric mean time over the file's sizes and placements, for pycoll and MPICH, and the targets met; with
+``--predictions``, pycoll's predicted time (``predicted_us``) against its measured time at every point from 1 MiB,
+and how many fall within 25 % of it (issue 29's target for the cost model)."""
 
 from __future__ import annotations
 
@@ -113,13 +115,37 @@ def by_call(path: Path) -> str:
     return f"{path.name}: {met}/{checked} targets met; pycoll/MPICH µs (geometric means): " + ", ".join(parts)
 
 
+def predictions(paths: list[Path], within: float = 1.25) -> tuple[str, int, int]:
+    """A table of each pycoll record from 1 MiB that carries a prediction: measured, predicted and their ratio;
+    with the count within ``within`` x either way."""
+    lines = ["| file | call | ranks | size | algorithm | measured µs | predicted µs | predicted / measured |",
+             "|---|---|---:|---:|---|---:|---:|---:|"]
+    good = total = 0
+    for path in paths:
+        for r in json.loads(path.read_text())["records"]:
+            if r.get("peer") != "pycoll" or not r.get("predicted_us") or r["bytes"] < MIB:
+                continue
+            ratio = r["predicted_us"] / r["time_us"]
+            ok = 1 / within <= ratio <= within
+            good, total = good + ok, total + 1
+            lines.append(f"| {path.name} | {r['collective']} | {r['nranks']} | {human(r['bytes'])} | {r['algo_used']} "
+                         f"| {r['time_us']:.0f} | {r['predicted_us']:.0f} | {ratio:.2f}{'' if ok else ' (off)'} |")
+    lines.append(f"\n{good} of {total} predictions within {round((within - 1) * 100)} % of the measured time.")
+    return "\n".join(lines), good, total
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON files written by pycoll perf --hosts ... --json")
     p.add_argument("--stability", action="store_true",
                    help="compare two jobs of the same sweep point by point (two files) instead of tabulating")
     p.add_argument("--by-call", action="store_true", help="one summary line per file instead of its table")
+    p.add_argument("--predictions", action="store_true",
+                   help="pycoll's predicted against measured time from 1 MiB, and how many within 25 %%")
     ns = p.parse_args(argv)
+    if ns.predictions:
+        print(predictions(ns.files)[0])
+        return 0
     if ns.by_call:
         for f in ns.files:
             print(by_call(f))

@@ -620,6 +620,14 @@ def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) 
     text, ok, n = table.stability(one, two)
     assert (ok, n) == (2, 3) and "| pycoll | 3 | 2 | allreduce 2 ranks 8 B | 2.50 |" in text
     assert "| mpi | 3 | 3 |" in text
+    # the cost model's predictions from 1 MiB: 1 MiB predicted 1.2x (within 25 %), 4 MiB 0.7x (off); smaller sizes
+    # and records without a prediction are left out
+    recs = [{"peer": "pycoll", "collective": "reduce", "nranks": 4, "bytes": b, "algo_used": "chain", "time_us": t,
+             "predicted_us": p} for b, t, p in ((8, 10.0, 40.0), (1 << 20, 100.0, 120.0), (4 << 20, 400.0, 280.0))]
+    recs.append(dict(recs[1], peer="mpi", predicted_us=None))
+    (tmp_path / "pred.json").write_text(json.dumps({"records": recs}))
+    text, good, total = table.predictions([tmp_path / "pred.json"])
+    assert (good, total) == (1, 2) and "| pred.json | reduce | 4 | 4 MiB | chain | 400 | 280 | 0.70 (off) |" in text
 
 
 def test_reproducible_mode_runs_as_its_own_pycoll_job_or_interleaved() -> None:
