@@ -217,14 +217,15 @@ class CostModel:
         hit = self.cached(footprint)
         return nbytes / (GBps * 1e9) * (1.0 - hit + hit / self.cache_speedup)
 
-    def handovers(self, lay: Layout, waits: float) -> float:
+    def handovers(self, lay: Layout, waits: float, each_us: Optional[float] = None) -> float:
         """Seconds that ``waits`` dependent waits on peers cost when a host has more ranks than cores: the peer a
-        rank waits for is often descheduled, and each such wait is a trip through the scheduler."""
-        return waits * self.handover_us * 1e-6 if self.over(lay) > 1 else 0.0
+        rank waits for is often descheduled, and each such wait is a trip through the scheduler (``each_us``, by
+        default ``handover_us``)."""
+        return waits * (self.handover_us if each_us is None else each_us) * 1e-6 if self.over(lay) > 1 else 0.0
 
     def arena_handovers(self, lay: Layout, waits: float) -> float:
         """``handovers`` for the meetings of the one-meeting arena kernels, which yield the core to the peer they wait for."""
-        return waits * self.arena_handover_us * 1e-6 if self.over(lay) > 1 else 0.0
+        return self.handovers(lay, waits, self.arena_handover_us)
 
     def staging_s(self, nbytes: float) -> float:
         """Seconds a device call spends staged through pinned host memory: its input copied out, its result back."""
