@@ -630,6 +630,22 @@ def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) 
     assert (good, total) == (1, 2) and "| pred.json | reduce | 4 | 4 MiB | chain | 400 | 280 | 0.70 (off) |" in text
 
 
+def test_slow_windows_finds_runs_of_slow_calls_on_the_loops_clock() -> None:
+    spec = importlib.util.spec_from_file_location("slow_windows", ROOT / "perf" / "slow_windows.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    # 1000 calls of 100 µs (0.1 s), then 20 of 1000 µs (20 ms), 1000 more of 100 µs, 3 lone slow calls 10 ms apart,
+    # and 100 calls of 100 µs after them
+    calls = [100.0] * 1000 + [1000.0] * 20 + [100.0] * 1000 + ([1000.0] + [100.0] * 100) * 3
+    found = mod.windows(calls, factor=2.5, gap_s=0.05, least=10)
+    assert len(found) == 1
+    start, length, count = found[0]
+    assert count == 20 and abs(start - 0.1) < 1e-9 and abs(length - 0.02) < 1e-9
+    joined = mod.windows(calls, factor=2.5, gap_s=0.05, least=3)  # the lone ones, 11 ms apart, join into one run
+    assert [k for _, _, k in joined] == [20, 3]
+    assert mod.windows(calls, factor=2.5, gap_s=0.005, least=2) == [found[0]]  # 5 ms apart: not joined
+
+
 def test_reproducible_mode_runs_as_its_own_pycoll_job_or_interleaved() -> None:
     o = options.parse_args(["--np", "2", "-C", "allreduce,allgather", "--reproducible"])
     jobs = sweep.plan_jobs(o, ["pycoll", "mpi"])
