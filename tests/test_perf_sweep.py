@@ -199,16 +199,17 @@ def _algo_rec(peer: str, algo: str, nbytes: int, t: float, hosts: int = 2, used:
             "collective": "allreduce", "nranks": 4, "bytes": nbytes, "inplace": False, "time_us": t, "wrong": 0}
 
 
-def _load_algo_selection() -> Any:
-    spec = importlib.util.spec_from_file_location("algo_selection", ROOT / "perf" / "algo_selection.py")
+def _perf_script(name: str) -> Any:
+    """perf/NAME.py loaded as module NAME (registered, as its dataclasses need)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "perf" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["algo_selection"] = mod
-    spec.loader.exec_module(mod)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
     return mod
 
 
 def test_algo_selection_checker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    sel = _load_algo_selection()
+    sel = _perf_script("algo_selection")
     mib = 1 << 20
     recs = [
         _algo_rec("pycoll", "auto", 1024, 100.0), _algo_rec("pycoll[ring]", "ring", 1024, 95.0),
@@ -599,9 +600,7 @@ def test_link_row_counts_each_host_once() -> None:
 
 
 def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("multihost_table", ROOT / "perf" / "multihost_table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)  # type: ignore[union-attr]
+    table = _perf_script("multihost_table")
 
     def job(path: Path, pycoll_us: dict[int, float]) -> Path:
         recs = []
@@ -631,10 +630,8 @@ def test_multihost_table_targets_and_stability_between_two_jobs(tmp_path: Path) 
 
 
 def test_slow_windows_finds_runs_of_slow_calls_on_the_loops_clock() -> None:
-    spec = importlib.util.spec_from_file_location("slow_windows", ROOT / "perf" / "slow_windows.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    # 1000 calls of 100 µs (0.1 s), then 20 of 1000 µs (20 ms), 1000 more of 100 µs, 3 lone slow calls 10 ms apart,
+    mod = _perf_script("slow_windows")
+    # 1000 calls of 100 µs (0.1 s), then 20 of 1000 µs (20 ms), 1000 more of 100 µs, 3 lone slow calls 11 ms apart,
     # and 100 calls of 100 µs after them
     calls = [100.0] * 1000 + [1000.0] * 20 + [100.0] * 1000 + ([1000.0] + [100.0] * 100) * 3
     found = mod.windows(calls, factor=2.5, gap_s=0.05, least=10)
