@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from . import arrays, derived_buffers, paired, solo
+from . import arrays, derived_buffers, exchanged, paired, solo
 from .algorithms.base import Call, Steps
 from .algorithms.check import CHECK_CALLS, verify_call
 from .algorithms.registry import ALGO, select
@@ -427,7 +427,8 @@ class Executor:
         if plan is not None and plan.fast is None and c._size == 1:
             plan.fast = solo.fast_path(self, plan)  # alone: a local copy at most
         if plan is not None and plan.fast is None and plan.inline is False and self.engine.direct_peers:
-            plan.fast = paired.fast_path(self, plan, algo)  # a two-rank call across hosts: straight through the socket
+            # a two-rank call across hosts: straight through the socket; an Alltoall's blocks: in one call into C
+            plan.fast = paired.fast_path(self, plan, algo) or exchanged.fast_path(self, plan, algo)
         gen = algo.run(steps, call)
         if CHECK_CALLS.get() and c._size > 1:
             gen = self._checked(steps, sig, gen)

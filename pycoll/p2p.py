@@ -34,6 +34,7 @@ from .p2p_protocol import (
     P2P_CMA_BYTES,
     P2P_SIG,
     TCP_EAGER,
+    EXCHANGE_RINGS,
     TCP_FRAME_C,
     Inbound,
     Unexpected,
@@ -121,9 +122,13 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
         # exchange_frames' frames (counts): moved whole in C, and moved in part there and finished by the engine
         self.frames_exchanged = self.frames_handed_on = 0
+        self.ring_frames_exchanged = self.ring_frames_handed_on = 0  # of each, those of this host's peers (rings)
         self.exchanges_unwaited = 0  # exchanges that moved only what was ready: this rank owed its peers bytes
         # of those, the peers whose frames move in C (TcpChannel.swap_frame): one call into C per small call
         self._swap_peers = {p for p in self._tcp_socks if getattr(channels[p], "can_swap", False) and TCP_FRAME_C.get()}
+        # peers on this host whose frames join such a call through their rings (``exchange_frames``)
+        self._ring_peers = {p for p in self._shm_peers if hasattr(channels[p], "flow")} if self._swap_peers and \
+            EXCHANGE_RINGS.get() else set()
         # where a small frame to a socket is put together (header, payload, padding) for its one send
         self._frame = memoryview(bytearray(HEADER_SIZE + SMALL_BYTES + ALIGN))
         self._frame_bytes = np.frombuffer(self._frame, np.uint8)

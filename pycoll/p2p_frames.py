@@ -28,6 +28,7 @@ from .p2p_protocol import (
 from .transport import tcp as _tcp
 
 _TAG = struct.Struct("<q")  # a frame header's tag field, at offset 8
+_TAKEN = _tcp.TcpChannel.TAKEN  # an exchanged frame that came in whole (from a socket or a ring alike)
 
 
 class FramePaths:
@@ -96,9 +97,15 @@ class FramePaths:
         """Whether frames to and from ``peer`` (on another host) can move in C (``exchange_frames``)."""
         return peer in self._swap_peers
 
+    def exchanges_with(self, peer: int) -> bool:
+        """Whether ``peer``'s frames can join an exchange in C that a peer on another host takes part in: that peer's,
+        or one of this host's through its rings (PYCOLL_EXCHANGE_RINGS)."""
+        return peer in self._swap_peers or peer in self._ring_peers
+
     def exchange_frames(self, moves: list, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
         """A collective's frames to and from several peers on other hosts, moved together in one call into C
-        (``_tcpframe.exchange``): ``moves`` holds (peer, out, into), flat bytes or None. For each, (send, receive):
+        (``_tcpframe.exchange``), with those of this host's peers through their rings (PYCOLL_EXCHANGE_RINGS) where
+        a socket takes part: ``moves`` holds (peer, out, into), flat bytes or None. For each, (send, receive):
         True where it moved whole, the engine's request where it moved in part (the engine finishes it), None where
         it did not start (the caller sends or receives through the engine). Every socket is polled with the others:
         the spin and yields of a wait, then up to PYCOLL_TCP_EAGER_WAIT_MS in the kernel since the last byte moved."""
@@ -108,9 +115,12 @@ class FramePaths:
         try:
             flows, parts = [], []
             left_out = False  # a send that the engine makes after this
+            slices = []  # the sockets' push slices
             for i, (peer, out, into) in enumerate(moves):
                 ch: Any = self.channels.get(peer)
-                if peer not in self._swap_peers or ch.ended or peer in self._dead or len(flows) == _tcp.EXCHANGE_FLOWS:
+                socket = peer in self._swap_peers
+                if (not socket and peer not in self._ring_peers) or ch.ended or peer in self._dead \
+                        or peer in self._closed or len(flows) == _tcp.EXCHANGE_FLOWS:
                     left_out = left_out or out is not None
                     continue
                 head_out = frame_head(ctx, tag, out.nbytes, sig) if out is not None and not self._sendq[peer] else None
@@ -123,7 +133,9 @@ class FramePaths:
                     continue
                 flows.append(ch.flow(head_out, out if head_out else None, head_in, into if head_in else None))
                 parts.append((i, peer, ch, head_out, out, head_in, into))
-            if not flows:
+                if socket:
+                    slices.append(ch.push_slice)
+            if not slices:  # rings alone: the engine's path, which sleeps on their doorbell
                 return results
             # C waits for frames only where nothing this rank owes could be what a peer waits for before it sends
             # them: no bytes of another call queued, no send of this one left out, no other call in progress
@@ -132,7 +144,7 @@ class FramePaths:
             self.exchanges_unwaited += bool(owed)
             budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
                                                int(TCP_EAGER_WAIT_MS.get() * 1e6))
-            states = _tcp.exchange(flows, *budgets, min(part[2].push_slice for part in parts))  # as the engine writes
+            states = _tcp.exchange(flows, *budgets, min(slices))  # as the engine writes
             for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
                 ch.settle(start, end)
                 sending = receiving = None
@@ -140,13 +152,18 @@ class FramePaths:
                     sending = True if sent == frame_bytes(out.nbytes) else \
                         self._queue_rest(peer, head_out, out, sent, owner)
                 if head_in is not None and got:
-                    receiving = True if status == ch.TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
-                    self._took_from_socket(peer, ctx, tag)
+                    receiving = True if status == _TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
+                    if peer in self._swap_peers:
+                        self._took_from_socket(peer, ctx, tag)
+                    else:
+                        self._seen[peer] = (ctx, tag)
                 for moved in (sending, receiving):
                     if moved is True:
                         self.frames_exchanged += 1
+                        self.ring_frames_exchanged += peer in self._ring_peers
                     elif moved is not None:
                         self.frames_handed_on += 1
+                        self.ring_frames_handed_on += peer in self._ring_peers
                 results[i] = (sending, receiving)
         finally:
             self.lock.release()

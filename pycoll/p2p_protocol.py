@@ -78,6 +78,12 @@ TCP_FRAME_C = bool_param(
     "wait polling the socket), and a blocking Alltoall's larger blocks to and from every peer on another host "
     "move together in one such call.",
 )
+EXCHANGE_RINGS = bool_param(
+    "PYCOLL_EXCHANGE_RINGS", True,
+    "Set to 0 to leave a blocking Alltoall's blocks to and from the peers on this host to the progress engine; by "
+    "default, where the blocks to other hosts move in one call into C (PYCOLL_TCP_FRAME_C), those of this host "
+    "join that call through the shared-memory rings, so that one loop in C serves every peer.",
+)
 TCP_EAGER_WAIT_MS = float_param(
     "PYCOLL_TCP_EAGER_WAIT_MS", 2.0,
     "Milliseconds a receive from a peer on another host waits in the kernel on that one socket (after its spin "

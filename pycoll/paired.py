@@ -84,14 +84,20 @@ class _Pair:
             reqs.append(engine.isend(self.world_peer, out, self.ctx, tag, self.sig, owner))
         if into is not None:
             reqs.append(engine.irecv(self.world_peer, into, self.ctx, tag, self.sig, owner))
-        try:
-            engine.wait_requests(reqs, c.timeout, owner)
-            failed = next((q.error for q in reqs if q.error is not None), None)
-            if failed is not None:  # a request fails (a mismatch, a dead peer) without raising
-                raise engine.witnessed(failed, owner)
-        except PycollError as err:
-            engine.abort(owner, err)
-            raise
+        wait_through_engine(engine, c.timeout, reqs, owner)
+
+
+def wait_through_engine(engine: Any, timeout: float, reqs: list, owner: Any) -> None:
+    """A fast path's messages that could not move at once, waited for through the engine as a schedule's are; a
+    failure is reported to the peers (as the executor does for a failed schedule) and raised."""
+    try:
+        engine.wait_requests(reqs, timeout, owner)
+        failed = next((q.error for q in reqs if q.error is not None), None)
+        if failed is not None:  # a request fails (a mismatch, a dead peer) without raising
+            raise engine.witnessed(failed, owner)
+    except PycollError as err:
+        engine.abort(owner, err)
+        raise
 
 
 def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
@@ -109,14 +115,8 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         return False
     pair = _Pair(x, plan)
     body = make(pair, t)
-    if body is None:
-        return False
-    env, model = _ENV_BYTES, cost_model.current()
-    if env is None:
-        return False
-    ka, kc, kr = ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key
-    va, vc, vr, mine = env.get(ka), env.get(kc), env.get(kr), c._reproducible
-    if vc:
+    holds = choice_holds(c)
+    if body is None or holds is None:
         return False
     limit, views = pair.limit, plan.views
     largest = _largest_message(t, pair.me, pair.peer)
@@ -125,12 +125,9 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     sendq, dead = engine._sendq[peer], engine._dead
 
     def fast(args: tuple) -> bool:
-        if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or c._reproducible is not mine
-                or cost_model._current is not model):
-            return False
-        bound = views(args)
+        bound = views(args) if holds() else None
         if bound is None:
-            return False  # the buffers overlap: the checks name it
+            return False  # something it relies on changed, or the buffers overlap (the checks name it)
         send, recv = bound
         if largest is None and ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)):
             return False
@@ -142,6 +139,23 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         return True
 
     return fast
+
+
+def choice_holds(c: Any, *knobs: Any) -> Optional[Callable[[], bool]]:
+    """For a fast path made now on ``c``: a check that the algorithm choice it was made for still holds (the
+    environment's PYCOLL_ALGO, PYCOLL_CHECK_CALLS, PYCOLL_REPRODUCIBLE and ``knobs`` as they are now, the
+    communicator's reproducible mode, the cost model). None where no fast path may be made: the environment cannot be
+    watched, or every call is checked."""
+    env = _ENV_BYTES
+    if env is None or CHECK_CALLS.get():
+        return None
+    keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, *(k.env_key for k in knobs))
+    values, mine, model = tuple(env.get(k) for k in keys), c._reproducible, cost_model.current()
+
+    def holds() -> bool:
+        return c._reproducible is mine and cost_model._current is model and tuple(env.get(k) for k in keys) == values
+
+    return holds
 
 
 def _largest_message(t: Any, me: int, peer: int) -> Optional[int]:

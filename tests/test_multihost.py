@@ -437,12 +437,41 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
 
 
 @pytest.mark.timeout(300)
+def test_an_alltoall_run_as_one_exchange_fails_as_its_schedule_would(tmp_path: Path) -> None:
+    """4 ranks on 2 hosts, an Alltoall of 64 KiB blocks whose shape every rank knows, so that it runs as one
+    exchange in C (pycoll.exchanged): a rank that calls it with a block one element longer makes every rank raise
+    a mismatch that names the two calls (the inputs intact), and a rank that never calls makes the others time out
+    after comm.timeout, one of them naming it."""
+    from pycoll.transport import tcp
+
+    if tcp.exchange is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
+    results = {}
+    for case in ("errors.mismatch_alltoall_warm", "errors.timeout_alltoall_warm"):  # a job each: the first breaks it
+        res = results[case] = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path / case),
+                                                         job_timeout=120)
+        res.assert_ok()
+        assert set(res.records(case, "fast Alltoall").values()) == {True}, case
+    outcomes = results["errors.mismatch_alltoall_warm"].records("errors.mismatch_alltoall_warm", "outcome")
+    assert len(outcomes) == 4, outcomes
+    for o in outcomes.values():  # MismatchError here, PeerMismatchError where a peer found it
+        assert o["class"].endswith("MismatchError") and o["op"] == "Alltoall #3", outcomes
+        assert "count=8193" in o["cause"] and "count=8192" in o["cause"], outcomes
+    outcomes = results["errors.timeout_alltoall_warm"].records("errors.timeout_alltoall_warm", "outcome")
+    assert outcomes[3] == {"class": "absent"}
+    waited = [o for r, o in outcomes.items() if r != 3]
+    assert all(o["op"] == "Alltoall #3" and o["class"] in ("TimeoutError", "RemoteError") for o in waited), outcomes
+    assert any(o["class"] == "TimeoutError" and o["peers"] == [3] for o in waited), outcomes
+
+
+@pytest.mark.timeout(300)
 def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     """Alltoall(v) blocks past the small-frame size on 2 hosts of 2 and on hosts of 2, 1 and 2 ranks, and the
     single-chunk frames of a two-rank step (Allreduce, Reduce_scatter_block, Allgather): every case matches NumPy,
-    the frames to and from the other hosts move in one call into C (``Engine.exchange_frames``),
-    and where C's waits are cut to nothing and the sockets' buffers to 64 KiB, frames that C moved in part are
-    finished by the engine, still matching NumPy."""
+    the frames to and from the other hosts move in one call into C (``Engine.exchange_frames``), the host peer's
+    through its rings in the same call (unless PYCOLL_EXCHANGE_RINGS=0),
+    and where C's waits are cut to nothing and the sockets' buffers and the rings to 64 KiB, frames that C moved in
+    part are finished by the engine, still matching NumPy."""
     from pycoll.transport import tcp
 
     if tcp.exchange is None:
@@ -454,15 +483,30 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     for case in ("movement.alltoall_large_blocks", "reduce.blocks_past_small_frames"):
         moved = res.records(case, "frames exchanged")
         assert len(moved) == 4 and all(k > 0 for k in moved.values()), (case, moved)
+    # the host peer's blocks join that call through the rings (PYCOLL_EXCHANGE_RINGS), and stay with the engine
+    # where it is off
+    rings = res.records("movement.alltoall_large_blocks", "ring frames exchanged")
+    assert len(rings) == 4 and all(k > 0 for k in rings.values()), rings
+    # from a shape's second call, the Alltoall is that exchange alone (pycoll.exchanged)
+    assert set(res.records("movement.alltoall_large_blocks", "fast Alltoall").values()) == {True}
+    res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=2, n=4,
+                                     env={"PYCOLL_SMP_BYTES": "0", "PYCOLL_EXCHANGE_RINGS": "0"},
+                                     out_dir=str(tmp_path / "rings-off"), job_timeout=240)
+    res.assert_ok()
+    assert set(res.records("movement.alltoall_large_blocks", "ring frames exchanged").values()) == {0}
+    assert set(res.records("movement.alltoall_large_blocks", "fast Alltoall").values()) == {False}  # the schedule's
     # rank 0, owing another host a message as an Alltoall starts, does not wait in C (its peer may need those bytes
     # first); it moves what is ready and leaves the rest to the engine
     assert res.records("movement.alltoall_large_blocks", "exchanges unwaited")[0] >= 1
-    cut = {"PYCOLL_TCP_EAGER_WAIT_MS": "0", "PYCOLL_YIELD_US": "0", "PYCOLL_SPIN_US": "0", "PYCOLL_SOCKET_BUFFER": "64K"}
+    cut = {"PYCOLL_TCP_EAGER_WAIT_MS": "0", "PYCOLL_YIELD_US": "0", "PYCOLL_SPIN_US": "0", "PYCOLL_SOCKET_BUFFER": "64K",
+           "PYCOLL_SHM_BUFFER": "64K"}
     res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=3, n=5, ranks_per_host=[2, 1, 2],
                                      env=cut, out_dir=str(tmp_path / "b"), job_timeout=240)
     res.assert_ok()
     handed_on = res.records("movement.alltoall_large_blocks", "frames handed on")
     assert len(handed_on) == 5 and sum(handed_on.values()) > 0, handed_on
+    rings = res.records("movement.alltoall_large_blocks", "ring frames handed on")  # blocks past a ring's 64 KiB
+    assert all(rings[r] > 0 for r in (0, 1, 3, 4)) and rings[2] == 0, rings  # rank 2 is alone on its host
     # one rank on each of two hosts: the rings' and the recursive doubling's single step is one swap in C (the
     # 2**20-element cases, of several chunks, keep the engine's pipeline beside them)
     res = harness.run_cases_on_hosts(["reduce.blocks_past_small_frames", "large.allreduce", "large.reduce_family",

@@ -1,5 +1,6 @@
 """The C frame swap between hosts (pycoll/transport/_tcpframe.c) on a socket pair: the frame it sends byte for byte,
-a frame taken whole however it arrives, the frames it must leave to the engine, and the Python path it stands for."""
+a frame taken whole however it arrives, the frames it must leave to the engine, and the Python path it stands for;
+and an exchange's shared-memory flows, on rings laid out in this process's memory."""
 
 from __future__ import annotations
 
@@ -308,3 +309,96 @@ def test_a_closed_channel_sends_nothing_to_a_socket_that_took_its_number(pair) -
     finally:
         a.close()
         b.close()
+
+
+class _Rings:
+    """A shared-memory flow's two rings and the peer's doorbell in this process's memory, laid out as
+    ``ShmChannel.lane_addresses`` gives them (a header's byte 0: the writer's count, byte 64: the reader's); the
+    test plays the peer by hand."""
+
+    def __init__(self, cap: int, start: int = 0) -> None:
+        self.cap = cap
+        self.out, self.inn = np.zeros(cap, np.uint8), np.zeros(cap, np.uint8)
+        self.out_hdr, self.in_hdr = np.zeros(16, np.int64), np.zeros(16, np.int64)
+        self.out_hdr[[0, 8]] = start  # both rings begin at ``start`` bytes into their streams
+        self.in_hdr[[0, 8]] = start
+        self.bell = np.zeros(2, np.int64)  # the flag word, then the futex word
+
+    def flow(self, head_out, out, head_in, into) -> tuple:
+        lane = (self.out.ctypes.data, self.cap, self.out_hdr.ctypes.data, self.inn.ctypes.data, self.cap,
+                self.in_hdr.ctypes.data, self.bell.ctypes.data)
+        return (-1, lane, 0, 0, head_out, out, head_in, into)
+
+    def settle(self, start: int, end: int) -> None:
+        pass
+
+    def publish(self, data: bytes) -> None:
+        """The peer writes ``data`` into our inbound ring at its tail and publishes it."""
+        tail = int(self.in_hdr[0])
+        for k, byte_at in enumerate(range(tail, tail + len(data))):
+            self.inn[byte_at % self.cap] = data[k]
+        self.in_hdr[0] = tail + len(data)
+
+    def written(self) -> bytes:
+        """What we published into the peer's ring past its reader's count (the peer has not read it)."""
+        head, tail = int(self.out_hdr[8]), int(self.out_hdr[0])
+        return bytes(self.out[[i % self.cap for i in range(head, tail)]])
+
+
+def test_an_exchange_moves_a_rings_frames_beside_a_sockets_wrapping_at_the_rings_end(pair) -> None:
+    """A ring flow (a peer on this host) beside a socket's: the outgoing frame is written into the peer's ring from
+    its tail, wrapping at the ring's end, and published; the incoming one, published by a thread in pieces while the
+    exchange yields, lands in place with its padding consumed and the frame behind it left in the ring; the peer's
+    doorbell is rung where it sleeps."""
+    ch, peer = pair
+    rings = _Rings(4096, start=3 * 4096 - 128)  # 128 bytes before the end: both frames wrap
+    rings.bell[0] = 1  # the peer sleeps on its doorbell
+    out = (np.arange(1001) % 251).astype(np.uint8)
+    payload_in = bytes((np.arange(1500) % 239).astype(np.uint8))
+    head_out = HEADER.pack(5, 2, out.nbytes, P2P_META, 0, 0, 0)
+    head_in = HEADER.pack(5, 2, len(payload_in), P2P_META, 0, 0, 0)
+    into = np.zeros(len(payload_in), np.uint8)
+    incoming = _frame(5, 2, payload_in) + _frame(5, 3, b"behind")
+
+    def publish_in_pieces() -> None:
+        for k in range(0, len(incoming), 500):
+            rings.publish(incoming[k : k + 500])
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=publish_in_pieces)
+    thread.start()
+    peer.sendall(_frame(5, 2, b"sock"))
+    sock_into = np.zeros(4, np.uint8)
+    states = _exchange([(ch, None, None, HEADER.pack(5, 2, 4, P2P_META, 0, 0, 0), sock_into),
+                        (rings, head_out, out, head_in, into)], yield_ns=10**9)
+    thread.join()
+    total_out, total_in = HEADER_SIZE + 1024, HEADER_SIZE + 1536
+    assert states == [(-1, HEADER_SIZE + 64, tcp._tcpframe.TAKEN), (total_out, total_in, tcp._tcpframe.TAKEN)]
+    assert sock_into.tobytes() == b"sock"
+    assert rings.written() == _frame(5, 2, out.tobytes())
+    assert into.tobytes() == payload_in
+    assert int(rings.in_hdr[8]) == 3 * 4096 - 128 + total_in  # consumed up to the frame behind
+    assert int(rings.in_hdr[0]) - int(rings.in_hdr[8]) == len(_frame(5, 3, b"behind"))
+    assert rings.bell[1] & 0xFFFFFFFF > 0  # the futex word was bumped for the sleeping peer
+
+
+def test_a_ring_without_room_or_with_another_frame_next_is_left_to_the_engine_exactly() -> None:
+    """A ring with room for part of the outgoing frame: the exchange writes that part, and returns after its spin and
+    yields with the count exact (the engine writes the rest); a ring whose next frame is another call's: OTHER,
+    nothing of it consumed; no frame in at all: NOT_YET once the yields run out, without sleeping in the kernel."""
+    rings = _Rings(4096)
+    rings.out_hdr[0] = 4096 - 1024  # the peer has not read 3 KiB of earlier frames: 1 KiB of room
+    out = np.full(3000, 9, np.uint8)
+    head = HEADER.pack(5, 2, out.nbytes, P2P_META, 0, 0, 0)
+    rings.publish(_frame(5, 7, b"another call"))
+    into = np.zeros(8, np.uint8)
+    t0 = time.monotonic()
+    states = _exchange([(rings, head, out, HEADER.pack(5, 2, 8, P2P_META, 0, 0, 0), into)], yield_ns=2 * 10**7,
+                       wait_ns=10**9)
+    assert time.monotonic() - t0 < 0.5  # a ring has nothing to sleep on: the wait is the engine's
+    assert states == [(1024, 0, tcp._tcpframe.OTHER)]
+    assert int(rings.out_hdr[0]) == 4096 and bytes(rings.out[3072:]) == _frame(5, 2, out.tobytes())[:1024]
+    assert int(rings.in_hdr[8]) == 0 and not into.any()
+    empty = _Rings(4096)
+    assert _exchange([(empty, None, None, HEADER.pack(5, 2, 8, P2P_META, 0, 0, 0), into)], yield_ns=10**6,
+                     wait_ns=10**9) == [(-1, 0, tcp._tcpframe.NOT_YET)]

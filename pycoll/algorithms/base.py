@@ -259,14 +259,18 @@ class Steps:
     def exchange_now(self, moves: Sequence[tuple[int, Optional[np.ndarray], Optional[np.ndarray]]]) -> list[Request]:
         """``send`` and ``recv`` of several (peer, outgoing, incoming) at once (either array None: nothing that
         way), the requests still to wait on. The call's frames to and from peers on other hosts move together in
-        one call into C where the call may (``Engine.exchange_frames``); the other peers' sends are posted first,
-        their receives last, and whatever did not start so goes through the engine."""
+        one call into C where the call may (``Engine.exchange_frames``), with this host's peers' frames through
+        their rings; the other peers' sends are posted first, their receives last, and whatever did not start so
+        goes through the engine."""
         engine, world = self.engine, self._world
         reqs: list[Request] = []
         direct, later = [], []
+        # where a peer on another host takes part, this host's peers may join it through their rings
+        joins = engine.exchanges_with if any(self.direct(m[0]) for m in moves) else None
         for peer, out, into in moves:
             flat_out, flat_in = _flat(out), _flat(into)
-            if self.direct(peer) and (out is None or flat_out is not None) and (into is None or flat_in is not None):
+            if joins is not None and joins(world[peer]) and (out is None or flat_out is not None) \
+                    and (into is None or flat_in is not None):
                 direct.append((peer, out, into, flat_out, flat_in))
             else:
                 if out is not None:

@@ -4,7 +4,8 @@
  * caller expects, byte for byte (or, for a point-to-point receive, by its context and tag), and copied out whole,
  * polling the socket for a bounded spin while it is not in. ``exchange`` moves one larger frame each way with each
  * of several sockets at once (a direct collective's blocks to other hosts), the incoming ones read straight into
- * place.
+ * place; a peer of the same host joins it through its shared-memory rings (pycoll.transport.shm), so that one
+ * loop serves every peer of the call.
  *
  * The Python path (pycoll.p2p_eager) does the same in several calls and is what runs without this module; this
  * one only moves bytes: the engine's checks, its lock and what happens to a frame that could not move stay there.
@@ -17,8 +18,11 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
 
 #define HEADER_SIZE 64
 #define ALIGN 64
@@ -319,6 +323,9 @@ done:
  * copy), all in one loop that polls the sockets together. */
 struct flow {
     int fd;
+    int ring;              /* a shared-memory flow: the ring fields below, no socket */
+    char *out_ring, *in_ring;
+    int64_t out_cap, in_cap, *out_tail, *out_head, *in_tail, *in_head, bell;
     char *stage;
     Py_ssize_t cap, start, end;
     const char *head_out, *head_in;
@@ -367,6 +374,91 @@ static int read_into(struct flow *f, char *dst, Py_ssize_t want, Py_ssize_t *cou
     if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK))
         f->status = ENDED;
     return -1;
+}
+
+/* wake the peer of a shared-memory flow if it sleeps on its doorbell: the flag word at ``bell`` set, the futex
+ * word 8 bytes after it (pycoll.transport.shm.Doorbell) */
+static void ring_bell(int64_t bell)
+{
+    if (bell != 0 && __atomic_load_n((int64_t *)(intptr_t)bell, __ATOMIC_SEQ_CST) != 0) {
+        __atomic_fetch_add((int32_t *)(intptr_t)(bell + 8), 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, (void *)(intptr_t)(bell + 8), FUTEX_WAKE, 0x7FFFFFFF, NULL, NULL, 0);
+    }
+}
+
+/* n bytes between a ring of cap bytes (from stream position pos) and flat memory, wrapping at the ring's end */
+static void ring_copy(char *ring, int64_t cap, int64_t pos, char *flat, int64_t n, int into_ring)
+{
+    int64_t at = pos % cap, first = n < cap - at ? n : cap - at;
+    if (into_ring) {
+        memcpy(ring + at, flat, (size_t)first);
+        memcpy(ring, flat + first, (size_t)(n - first));
+    } else {
+        memcpy(flat, ring + at, (size_t)first);
+        memcpy(flat + first, ring, (size_t)(n - first));
+    }
+}
+
+static int sending(const struct flow *f);
+
+/* move what the rings allow of a shared-memory flow: the outgoing frame's bytes into the peer's ring as far as it
+ * has room, published by its tail; the incoming frame from ours once its header is the one wanted, its payload
+ * straight into place, consumed by our head. 1 if any byte moved (the peer's doorbell then rung) */
+static int move_ring(struct flow *f)
+{
+    int moved = 0;
+    if (sending(f)) {
+        int64_t tail = *f->out_tail;  /* only this process writes it */
+        int64_t room = f->out_cap - (tail - __atomic_load_n(f->out_head, __ATOMIC_ACQUIRE));
+        if (room > 0) {
+            struct iovec iov[4];
+            int k = rest_of_frame(f, iov, room);
+            for (int i = 0; i < k; i++) {
+                ring_copy(f->out_ring, f->out_cap, tail, iov[i].iov_base, (int64_t)iov[i].iov_len, 1);
+                tail += (int64_t)iov[i].iov_len;
+                f->sent += (Py_ssize_t)iov[i].iov_len;
+            }
+            __atomic_store_n(f->out_tail, tail, __ATOMIC_RELEASE);
+            moved = k > 0;
+        }
+    }
+    Py_ssize_t in_total = HEADER_SIZE + padded(f->into_len);
+    while (f->status == NOT_YET) {
+        if (f->got == in_total) {
+            f->status = TAKEN;
+            break;
+        }
+        int64_t head = *f->in_head, avail = __atomic_load_n(f->in_tail, __ATOMIC_ACQUIRE) - head;
+        if (f->got == 0) {  /* frames are 64-byte aligned in the stream: a header never wraps */
+            if (avail < HEADER_SIZE)
+                break;
+            if (memcmp(f->in_ring + head % f->in_cap, f->head_in, (size_t)f->in_hlen)) {
+                f->status = OTHER;
+                break;
+            }
+            __atomic_store_n(f->in_head, head + HEADER_SIZE, __ATOMIC_RELEASE);
+            f->got = HEADER_SIZE;
+            moved = 1;
+            continue;
+        }
+        if (avail == 0)
+            break;
+        Py_ssize_t at = f->got - HEADER_SIZE, want = in_total - f->got;
+        if (at < f->into_len) {
+            want = f->into_len - at;
+            if (want > avail)
+                want = (Py_ssize_t)avail;
+            ring_copy(f->in_ring, f->in_cap, head, f->into + at, want, 0);
+        } else if (want > avail) {  /* the padding */
+            want = (Py_ssize_t)avail;
+        }
+        __atomic_store_n(f->in_head, head + want, __ATOMIC_RELEASE);
+        f->got += want;
+        moved = 1;
+    }
+    if (moved)
+        ring_bell(f->bell);
+    return moved;
 }
 
 /* whether the flow's outgoing frame still has bytes to send (and its socket has not failed) */
@@ -459,7 +551,13 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
     int64_t idle_since = 0;
     for (;;) {
         int moved = 0, busy = 0, nfds = 0;
+        int rings_busy = 0;
         for (int i = 0; i < k; i++) {
+            if (flows[i].ring) {  /* no descriptor to poll */
+                moved |= move_ring(&flows[i]);
+                rings_busy |= flows[i].status == NOT_YET || sending(&flows[i]);
+                continue;
+            }
             moved |= move_flow(&flows[i], slice);
             short ev = (short)((flows[i].status == NOT_YET ? POLLIN : 0) | (sending(&flows[i]) ? POLLOUT : 0));
             if (ev) {
@@ -470,7 +568,7 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
                 nfds++;
             }
         }
-        if (!busy)
+        if (!busy && !rings_busy)
             return;
         int64_t now = now_ns();
         if (moved || !idle_since) {
@@ -487,17 +585,47 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
             continue;
         }
         int64_t left = spin_ns + yield_ns + wait_ns - idle;
-        if (left <= 0)
+        if (left <= 0 || rings_busy)  /* a ring has no descriptor to sleep on: the engine's wait (its doorbell) */
             return;
         int ms = (int)((left + 999999) / 1000000);
         poll(fds, (nfds_t)nfds, ms > 5 ? 5 : ms);
     }
 }
 
+/* a shared-memory flow's rings: args[1] is (out data, out capacity, out header, in data, in capacity, in header,
+ * the peer's doorbell flag or 0) as pycoll.transport.shm.ShmChannel.lane_addresses gives them; a ring's header
+ * holds the writer's count at byte 0 and the reader's at byte 64. -1 with an error set */
+static int ring_of(PyObject *const *args, struct flow *f)
+{
+    PyObject *lane = args[1];
+    if (PyTuple_GET_SIZE(lane) != 7) {
+        PyErr_SetString(PyExc_TypeError, "exchange: a ring flow's lane is (out, out_cap, out_hdr, in, in_cap, in_hdr, bell)");
+        return -1;
+    }
+    int64_t v[7];
+    for (int i = 0; i < 7; i++)
+        v[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(lane, i));
+    if (PyErr_Occurred())
+        return -1;
+    if (v[0] == 0 || v[2] == 0 || v[3] == 0 || v[5] == 0 || v[1] < HEADER_SIZE || v[4] < HEADER_SIZE
+            || v[1] % ALIGN || v[4] % ALIGN) {
+        PyErr_SetString(PyExc_ValueError, "exchange: a ring flow needs rings of whole 64-byte lines");
+        return -1;
+    }
+    f->fd = -1;
+    f->ring = 1;
+    f->out_ring = (char *)(intptr_t)v[0], f->out_cap = v[1];
+    f->out_tail = (int64_t *)(intptr_t)v[2], f->out_head = (int64_t *)(intptr_t)(v[2] + 64);
+    f->in_ring = (char *)(intptr_t)v[3], f->in_cap = v[4];
+    f->in_tail = (int64_t *)(intptr_t)v[5], f->in_head = (int64_t *)(intptr_t)(v[5] + 64);
+    f->bell = v[6];
+    return 0;
+}
+
 /* exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> list of (sent, got, status, start, end, send_errno)
  * slice: the most bytes one sendmsg writes (0 or absent: no limit);
  * flows: a sequence of (fd, stage, start, end, head_out, out, head_in, into), head_out/out or head_in/into None for
- * no frame that way; sent: bytes the socket took of the outgoing frame (-1: none), got: bytes of the incoming frame
+ * no frame that way; a shared-memory flow gives -1 and its rings (``ring_of``) for fd and stage; sent: bytes the socket took of the outgoing frame (-1: none), got: bytes of the incoming frame
  * consumed (0: none, the frame untouched; its whole size once status is TAKEN) */
 static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -533,10 +661,15 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
             goto done;
         }
         PyObject *const *a = &PyTuple_GET_ITEM(t, 0);
-        if (channel_of(a, 8, 8, "exchange", &f->fd, &bufs[ready][0], &f->start, &f->end) < 0)
-            goto done;
-        f->stage = bufs[ready][0].buf;
-        f->cap = bufs[ready][0].len;
+        if (PyTuple_Check(a[1])) {
+            if (ring_of(a, f) < 0)
+                goto done;
+        } else {
+            if (channel_of(a, 8, 8, "exchange", &f->fd, &bufs[ready][0], &f->start, &f->end) < 0)
+                goto done;
+            f->stage = bufs[ready][0].buf;
+            f->cap = bufs[ready][0].len;
+        }
         f->sent = -1;
         f->status = NOTHING_ASKED;
         if (a[4] != Py_None) {
@@ -553,7 +686,7 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
             f->into_len = bufs[ready][2].len;
             f->status = NOT_YET;
         }
-        if (f->cap < HEADER_SIZE) {
+        if (!f->ring && f->cap < HEADER_SIZE) {
             PyErr_Format(PyExc_ValueError, "exchange: a staging area of %zd bytes cannot hold a header", f->cap);
             goto done;
         }

@@ -127,6 +127,8 @@ class ShmChannel(Channel):
         self._heads = in_ring.head
         self._peer_head = out_ring.head[0]  # the peer's consumed count when last read (re-read only when short of room)
         self._closed = False
+        self._flow_lane: Optional[tuple] = None  # lane_addresses, for exchanges in C (``flow``)
+        self.push_slice = 0  # an exchange writes as much as the ring takes
 
     def send_some(self, data: memoryview) -> int:
         ring = self._out
@@ -210,6 +212,18 @@ class ShmChannel(Channel):
         bell = self._peer_bell
         out.append(bell.flag_address if bell is not None else 0)
         return tuple(out)  # type: ignore[return-value]
+
+    def flow(self, head_out: Optional[bytes], out: Any, head_in: Optional[bytes], into: Any) -> tuple:
+        """This channel's part of a C exchange beside sockets (``_tcpframe.exchange``; ``TcpChannel.flow``): its
+        outgoing frame written into the peer's ring as room allows, the incoming one whose header is exactly
+        ``head_in`` read out of ours straight into ``into``. The caller holds the engine's lock; the channel is open."""
+        lane = self._flow_lane
+        if lane is None:
+            lane = self._flow_lane = self.lane_addresses()
+        return (-1, lane, 0, 0, head_out, out, head_in, into)
+
+    def settle(self, start: int, end: int) -> None:
+        """After an exchange: the rings' counts moved in place, and nothing is staged here."""
 
     @property
     def tail(self) -> int:

@@ -227,6 +227,41 @@ def case_mismatch_collective_warm(ctx):
     _allreduce_vs_allgather(ctx)
 
 
+def _alltoall_blocks(ctx, count):
+    """An Alltoall of ``count`` float64 a block (past the small-frame size: across hosts, every block in one
+    exchange in C, pycoll.exchanged, once the shape is known), on fresh arrays: (the call, its buffers)."""
+    comm = ctx.comm
+    s, o = np.full(count * ctx.size, ctx.rank, np.float64), sentinel(np.float64, count * ctx.size)
+    return (lambda: comm.Alltoall(s, o)), [s, o]
+
+
+@case
+def case_mismatch_alltoall_warm(ctx):
+    """Every rank runs an Alltoall of 64 KiB blocks twice (its shape known), then the last rank calls it with one
+    element more a block: every rank raises, none hangs, the inputs intact."""
+    for _ in range(2):
+        call, (s, o) = _alltoall_blocks(ctx, 8192)
+        call()
+        ctx.check("warm Alltoall", o, np.repeat(np.arange(ctx.size, dtype=np.float64), 8192))
+    _record_fast_alltoall(ctx)
+    _mismatch(ctx, lambda r: _alltoall_blocks(ctx, 8193 if r == ctx.size - 1 else 8192))
+
+
+def _record_fast_alltoall(ctx):
+    """Whether this rank's Alltoall plan runs as one closure (pycoll.exchanged), for the test to check."""
+    plans = getattr(getattr(ctx.comm, "_x", None), "plans", {})
+    ctx.record("fast Alltoall", any(callable(p.fast) for (label, _), p in plans.items() if label == "Alltoall"))
+
+
+@case
+def case_timeout_alltoall_warm(ctx):
+    """comm.timeout = 2: as timeout_allreduce, for an Alltoall of 64 KiB blocks every rank ran twice."""
+    for _ in range(2):
+        _alltoall_blocks(ctx, 8192)[0]()
+    _record_fast_alltoall(ctx)
+    _timeout_case(ctx, lambda c: _alltoall_blocks(ctx, 8192)[0](), ctx.size - 1)
+
+
 @case
 def case_mismatch_count(ctx):
     comm, MPI = ctx.comm, ctx.MPI

@@ -324,13 +324,15 @@ def case_barrier(ctx):
 def case_alltoall_large_blocks(ctx):
     """Alltoall and Alltoallv with blocks past the small-frame size (odd byte counts, some blocks empty), in and out
     of place, once with rank 1 arriving late: each matches NumPy. Records how many frames moved together in C
-    (``Engine.exchange_frames``) and how many the engine finished after C had moved part of them."""
+    (``Engine.exchange_frames``), how many of those were a host peer's (through its rings), and how many the engine
+    finished after C had moved part of them."""
     import time
 
     comm, MPI = ctx.comm, ctx.MPI
     n, r = ctx.size, ctx.rank
     engine = getattr(comm, "_engine", None)
-    before = (engine.frames_exchanged, engine.frames_handed_on) if engine is not None else (0, 0)
+    before = (engine.frames_exchanged, engine.frames_handed_on, engine.ring_frames_exchanged,
+              engine.ring_frames_handed_on) if engine is not None else (0, 0, 0, 0)
     for dt, count in ((np.dtype(np.int8), 16 * 1024 + 3), (np.dtype(np.float32), 25_001), (np.dtype(np.float64), 300_001)):
         sends = [ctx.data(dt, count * n, q, "big") for q in range(n)]
         expected = np.concatenate([sends[q][r * count:(r + 1) * count] for q in range(n)])
@@ -368,4 +370,8 @@ def case_alltoall_large_blocks(ctx):
     if engine is not None:
         ctx.record("frames exchanged", engine.frames_exchanged - before[0])
         ctx.record("frames handed on", engine.frames_handed_on - before[1])
+        ctx.record("ring frames exchanged", engine.ring_frames_exchanged - before[2])
+        ctx.record("ring frames handed on", engine.ring_frames_handed_on - before[3])
+        plans = comm._x.plans.items()  # whether the Alltoall shapes run as one closure (pycoll.exchanged)
+        ctx.record("fast Alltoall", any(callable(p.fast) for (label, _), p in plans if label == "Alltoall"))
         ctx.record("exchanges unwaited", engine.exchanges_unwaited - unwaited)

@@ -1,0 +1,77 @@
+"""A blocking Alltoall across hosts whose blocks pass the small-frame size, as one function of its arguments (the
+executor's fast path there): every block to and from every peer in one call into C, the other hosts' through their
+sockets and this host's through their rings, without a schedule.
+
+It sends what the pairwise algorithm sends, with the same context, tag and signature, so a peer that runs the call
+through its schedule still matches it; whatever C leaves (a peer not there yet, a frame moved in part) is finished
+through the engine, as the schedule's own exchange does (``Steps.exchange_now``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .algorithms.base import LANES
+from .composed import SMP_BYTES
+from .memory import HOST
+from .p2p_protocol import SMALL_BYTES, payload_bytes
+from .paired import choice_holds, wait_through_engine
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .executor import Executor, Plan
+
+
+def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
+    """The plan's whole call (``Plan.fast``), or False where this path does not serve it: a pairwise Alltoall of
+    more than two ranks (two: ``pycoll.paired``) with peers on other hosts, out of place on host arrays, whose
+    every block passes the small-frame size and every peer of which can take part in the exchange in C. The function
+    returns False, having done nothing, where anything it relies on changed (the environment's algorithm choice,
+    checks or composition size, the cost model, a queued send, a broken communicator or a dead peer)."""
+    c, t, engine = x.comm, plan.template, x.engine
+    holds = choice_holds(c, SMP_BYTES)
+    if (t.coll != "alltoall" or algo.name != "pairwise" or c._size < 3 or t.in_place or t.stream is not None
+            or not t.counts or not t.send_counts or holds is None):
+        return False
+    me, size, world = c._rank, t.dtype.itemsize, c._world
+    peers = [(me + s) % c._size for s in range(1, c._size)]  # the order the algorithm posts them in
+    if (min(t.send_counts[q] for q in peers) * size <= SMALL_BYTES
+            or not all(engine.exchanges_with(world[q]) for q in peers)
+            or not any(engine.swaps_with(world[q]) for q in peers)):
+        return False
+    # each peer's block of the send and receive buffers, in bytes
+    places = [(world[q], t.send_displs[q] * size, (t.send_displs[q] + t.send_counts[q]) * size,
+               t.displs[q] * size, (t.displs[q] + t.counts[q]) * size) for q in peers]
+    own = (t.send_displs[me] * size, (t.send_displs[me] + t.send_counts[me]) * size,
+           t.displs[me] * size, (t.displs[me] + t.counts[me]) * size)
+    ctx, sig, label, views, copy = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy
+    exchange, sendq, dead = engine.exchange_frames, engine._sendq, engine._dead
+
+    def fast(args: tuple) -> bool:
+        bound = views(args) if holds() else None
+        if bound is None:
+            return False  # something it relies on changed, or the buffers overlap (the checks name it)
+        send, recv = bound
+        if (not send.flags.c_contiguous or not recv.flags.c_contiguous or c._freed or c._aborted is not None
+                or engine.broken_ctxs or dead or any(sendq.values())):
+            return False
+        sb, rb = payload_bytes(send), payload_bytes(recv)
+        seq = c._seq + 1
+        c._seq = seq
+        owner = c._owner(f"{label} #{seq}", ctx, seq)
+        owner.sig = sig
+        tag = seq * LANES
+        moves = [(w, sb[a:b], rb[d:e]) for w, a, b, d, e in places]
+        moved = exchange(moves, ctx, tag, sig, owner)
+        reqs = []
+        for (w, out, into), (sent, got) in zip(moves, moved):
+            if sent is not True:
+                reqs.append(sent if sent is not None else engine.isend(w, out, ctx, tag, sig, owner))
+            if got is not True:
+                reqs.append(got if got is not None else engine.irecv(w, into, ctx, tag, sig, owner))
+        a, b, d, e = own
+        copy(rb[d:e], sb[a:b])
+        if reqs:
+            wait_through_engine(engine, c.timeout, reqs, owner)
+        return True
+
+    return fast
