@@ -28,9 +28,11 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     returns False, having done nothing, where anything it relies on changed (the environment's algorithm choice,
     checks or composition size, the cost model, a queued send, a broken communicator or a dead peer)."""
     c, t, engine = x.comm, plan.template, x.engine
-    holds = choice_holds(c, SMP_BYTES)
     if (t.coll != "alltoall" or algo.name != "pairwise" or c._size < 3 or t.in_place or t.stream is not None
-            or not t.counts or not t.send_counts or holds is None):
+            or not t.counts or not t.send_counts):
+        return False
+    holds = choice_holds(c, SMP_BYTES)
+    if holds is None:
         return False
     me, size, world = c._rank, t.dtype.itemsize, c._world
     peers = [(me + s) % c._size for s in range(1, c._size)]  # the order the algorithm posts them in
@@ -44,7 +46,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     own = (t.send_displs[me] * size, (t.send_displs[me] + t.send_counts[me]) * size,
            t.displs[me] * size, (t.displs[me] + t.counts[me]) * size)
     ctx, sig, label, views, copy = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy
-    exchange, sendq, dead = engine.exchange_frames, engine._sendq, engine._dead
+    exchange, sendq, dead = engine.exchange_or_post, engine._sendq, engine._dead
 
     def fast(args: tuple) -> bool:
         bound = views(args) if holds() else None
@@ -60,14 +62,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         owner = c._owner(f"{label} #{seq}", ctx, seq)
         owner.sig = sig
         tag = seq * LANES
-        moves = [(w, sb[a:b], rb[d:e]) for w, a, b, d, e in places]
-        moved = exchange(moves, ctx, tag, sig, owner)
-        reqs = []
-        for (w, out, into), (sent, got) in zip(moves, moved):
-            if sent is not True:
-                reqs.append(sent if sent is not None else engine.isend(w, out, ctx, tag, sig, owner))
-            if got is not True:
-                reqs.append(got if got is not None else engine.irecv(w, into, ctx, tag, sig, owner))
+        reqs = exchange([(w, sb[a:b], rb[d:e]) for w, a, b, d, e in places], ctx, tag, sig, owner)
         a, b, d, e = own
         copy(rb[d:e], sb[a:b])
         if reqs:

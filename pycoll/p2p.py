@@ -127,8 +127,7 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         # of those, the peers whose frames move in C (TcpChannel.swap_frame): one call into C per small call
         self._swap_peers = {p for p in self._tcp_socks if getattr(channels[p], "can_swap", False) and TCP_FRAME_C.get()}
         # peers on this host whose frames join such a call through their rings (``exchange_frames``)
-        self._ring_peers = {p for p in self._shm_peers if hasattr(channels[p], "flow")} if self._swap_peers and \
-            EXCHANGE_RINGS.get() else set()
+        self._ring_peers = set(self._shm_peers) if self._swap_peers and EXCHANGE_RINGS.get() else set()
         # where a small frame to a socket is put together (header, payload, padding) for its one send
         self._frame = memoryview(bytearray(HEADER_SIZE + SMALL_BYTES + ALIGN))
         self._frame_bytes = np.frombuffer(self._frame, np.uint8)

@@ -132,7 +132,7 @@ class FramePaths:
                 if head_out is None and head_in is None:
                     continue
                 flows.append(ch.flow(head_out, out if head_out else None, head_in, into if head_in else None))
-                parts.append((i, peer, ch, head_out, out, head_in, into))
+                parts.append((i, peer, ch, socket, head_out, out, head_in, into))
                 if socket:
                     slices.append(ch.push_slice)
             if not slices:  # rings alone: the engine's path, which sleeps on their doorbell
@@ -145,7 +145,8 @@ class FramePaths:
             budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
                                                int(TCP_EAGER_WAIT_MS.get() * 1e6))
             states = _tcp.exchange(flows, *budgets, min(slices))  # as the engine writes
-            for (i, peer, ch, head_out, out, head_in, into), (sent, got, status, start, end, _) in zip(parts, states):
+            for part, (sent, got, status, start, end, _) in zip(parts, states):
+                i, peer, ch, socket, head_out, out, head_in, into = part
                 ch.settle(start, end)
                 sending = receiving = None
                 if head_out is not None:
@@ -153,21 +154,32 @@ class FramePaths:
                         self._queue_rest(peer, head_out, out, sent, owner)
                 if head_in is not None and got:
                     receiving = True if status == _TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
-                    if peer in self._swap_peers:
+                    if socket:
                         self._took_from_socket(peer, ctx, tag)
                     else:
                         self._seen[peer] = (ctx, tag)
                 for moved in (sending, receiving):
                     if moved is True:
                         self.frames_exchanged += 1
-                        self.ring_frames_exchanged += peer in self._ring_peers
+                        self.ring_frames_exchanged += not socket
                     elif moved is not None:
                         self.frames_handed_on += 1
-                        self.ring_frames_handed_on += peer in self._ring_peers
+                        self.ring_frames_handed_on += not socket
                 results[i] = (sending, receiving)
         finally:
             self.lock.release()
         return results
+
+    def exchange_or_post(self, moves: list, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
+        """``exchange_frames``, and every frame that did not start there posted to the engine: the requests still to
+        wait on (those C moved in part, and those posted)."""
+        reqs = []
+        for (peer, out, into), (sent, got) in zip(moves, self.exchange_frames(moves, ctx, tag, sig, owner)):
+            if out is not None and sent is not True:
+                reqs.append(sent if sent is not None else self.isend(peer, out, ctx, tag, sig, owner))
+            if into is not None and got is not True:
+                reqs.append(got if got is not None else self.irecv(peer, into, ctx, tag, sig, owner))
+        return reqs
 
     def _queue_rest(self, peer: int, head: bytes, payload: np.ndarray, sent: int, owner: Owner) -> SendRequest:
         """The part of a frame that the socket did not take, queued (not copied) as the engine's send: the caller

@@ -271,20 +271,14 @@ class Steps:
             flat_out, flat_in = _flat(out), _flat(into)
             if joins is not None and joins(world[peer]) and (out is None or flat_out is not None) \
                     and (into is None or flat_in is not None):
-                direct.append((peer, out, into, flat_out, flat_in))
+                direct.append((world[peer], flat_out, flat_in))
             else:
                 if out is not None:
                     reqs.append(self.send(peer, out))
                 if into is not None:
                     later.append((peer, into))
         if direct:
-            moved = engine.exchange_frames([(world[d[0]], d[3], d[4]) for d in direct], self._ctx, self._tag,
-                                           self._sig, self._owner)
-            for (peer, out, into, _, _), (sent, got) in zip(direct, moved):
-                if out is not None and sent is not True:
-                    reqs.append(sent if sent is not None else self.send(peer, out))
-                if into is not None and got is not True:
-                    reqs.append(got if got is not None else self.recv(peer, into))
+            reqs += engine.exchange_or_post(direct, self._ctx, self._tag, self._sig, self._owner)
         reqs += [self.recv(peer, into) for peer, into in later]
         return reqs
 

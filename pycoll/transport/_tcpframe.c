@@ -599,7 +599,8 @@ static int ring_of(PyObject *const *args, struct flow *f)
 {
     PyObject *lane = args[1];
     if (PyTuple_GET_SIZE(lane) != 7) {
-        PyErr_SetString(PyExc_TypeError, "exchange: a ring flow's lane is (out, out_cap, out_hdr, in, in_cap, in_hdr, bell)");
+        PyErr_SetString(PyExc_TypeError,
+                        "exchange: a ring flow's lane is (out, out_cap, out_hdr, in, in_cap, in_hdr, bell)");
         return -1;
     }
     int64_t v[7];
@@ -625,8 +626,9 @@ static int ring_of(PyObject *const *args, struct flow *f)
 /* exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> list of (sent, got, status, start, end, send_errno)
  * slice: the most bytes one sendmsg writes (0 or absent: no limit);
  * flows: a sequence of (fd, stage, start, end, head_out, out, head_in, into), head_out/out or head_in/into None for
- * no frame that way; a shared-memory flow gives -1 and its rings (``ring_of``) for fd and stage; sent: bytes the socket took of the outgoing frame (-1: none), got: bytes of the incoming frame
- * consumed (0: none, the frame untouched; its whole size once status is TAKEN) */
+ * no frame that way; a shared-memory flow gives -1 and its rings (``ring_of``) for fd and stage; sent: bytes the
+ * socket (or ring) took of the outgoing frame (-1: none), got: bytes of the incoming frame consumed (0: none, the
+ * frame untouched; its whole size once status is TAKEN) */
 static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;

@@ -128,7 +128,6 @@ class ShmChannel(Channel):
         self._peer_head = out_ring.head[0]  # the peer's consumed count when last read (re-read only when short of room)
         self._closed = False
         self._flow_lane: Optional[tuple] = None  # lane_addresses, for exchanges in C (``flow``)
-        self.push_slice = 0  # an exchange writes as much as the ring takes
 
     def send_some(self, data: memoryview) -> int:
         ring = self._out
