@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-COLLECTIVES = ("allreduce", "allgather", "bcast")
+COLLECTIVES = ("allreduce", "allgather", "bcast", "alltoall")
 
 PROGRAM = r"""
 import json, os, sys, time
@@ -41,6 +41,9 @@ for _ in range(calls):
     elif coll == "allgather":  # nbytes is the whole output (nccl-tests' size)
         a, b = np.ones(max(n // c.size, 1), np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
         call = lambda: c.Allgather([a, MPI.FLOAT], [b, MPI.FLOAT])
+    elif coll == "alltoall":  # nbytes is a rank's whole input (nccl-tests' size)
+        a, b = np.ones(max(n // c.size, 1) * c.size, np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
+        call = lambda: c.Alltoall([a, MPI.FLOAT], [b, MPI.FLOAT])
     else:
         b = np.ones(n, np.float32) if c.rank == 0 else np.empty(n, np.float32)
         call = lambda: c.Bcast([b, MPI.FLOAT], 0)
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--jobs", type=int, default=5)
     p.add_argument("--coll", choices=COLLECTIVES, default="allreduce")
-    p.add_argument("--bytes", type=int, default=8, help="bytes a call moves (Allgather: its whole output)")
+    p.add_argument("--bytes", type=int, default=8,
+                   help="bytes a call moves (Allgather: its whole output; Alltoall: a rank's whole input)")
     p.add_argument("--calls", type=int, default=300, help="calls a program makes (at least 2)")
     p.add_argument("--peers", default="pycoll", help="comma-separated: pycoll, mpi (MPICH through mpi4py)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a pycoll setting to compare with the default")
