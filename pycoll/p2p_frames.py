@@ -145,36 +145,113 @@ class FramePaths:
             budgets = (0, 0, 0) if owed else (int(self._spin_us() * 1e3), int(YIELD_US.get() * 1e3),
                                                int(TCP_EAGER_WAIT_MS.get() * 1e6))
             states = _tcp.exchange(flows, *budgets, min(slices))  # as the engine writes
-            for part, (sent, got, status, start, end, _) in zip(parts, states):
+            for part, state in zip(parts, states):
                 i, peer, ch, socket, head_out, out, head_in, into = part
-                ch.settle(start, end)
-                sending = receiving = None
-                if head_out is not None:
-                    sending = True if sent == frame_bytes(out.nbytes) else \
-                        self._queue_rest(peer, head_out, out, sent, owner)
-                if head_in is not None and got:
-                    receiving = True if status == _TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
-                    if socket:
-                        self._took_from_socket(peer, ctx, tag)
-                    else:
-                        self._seen[peer] = (ctx, tag)
-                for moved in (sending, receiving):
-                    if moved is True:
-                        self.frames_exchanged += 1
-                        self.ring_frames_exchanged += not socket
-                    elif moved is not None:
-                        self.frames_handed_on += 1
-                        self.ring_frames_handed_on += not socket
-                results[i] = (sending, receiving)
+                results[i] = self._settle_flow(peer, ch, socket, head_out, out, head_in, into, state, ctx, tag, sig,
+                                               owner)
         finally:
             self.lock.release()
         return results
 
+    def _settle_flow(self, peer: int, ch: Any, socket: bool, head_out: Optional[bytes], out: Any,
+                     head_in: Optional[bytes], into: Any, state: tuple, ctx: int, tag: int, sig: Sig,
+                     owner: Owner) -> tuple:
+        """One flow after ``_tcp.exchange`` (its ``state``; the headers as sent, tagged): the channel's staging bounds
+        taken back, and for each way True where the frame moved whole, the engine's request where it moved in part,
+        None where it did not start (or was not asked)."""
+        sent, got, status, start, end, _ = state
+        ch.settle(start, end)
+        sending = receiving = None
+        if head_out is not None:
+            sending = True if sent == frame_bytes(out.nbytes) else self._queue_rest(peer, head_out, out, sent, owner)
+        if head_in is not None and got:
+            receiving = True if status == _TAKEN else self._resume_frame(peer, head_in, into, got, sig, owner)
+            if socket:
+                self._took_from_socket(peer, ctx, tag)
+            else:
+                self._seen[peer] = (ctx, tag)
+        for moved in (sending, receiving):
+            if moved is True:
+                self.frames_exchanged += 1
+                self.ring_frames_exchanged += not socket
+            elif moved is not None:
+                self.frames_handed_on += 1
+                self.ring_frames_handed_on += not socket
+        return sending, receiving
+
+    def frame_exchanger(self, blocks: list, ctx: int, sig: Sig) -> Optional[Callable[..., Optional[list]]]:
+        """``exchange(tag, send, recv, make_owner)``: ``exchange_or_post`` of one frame each way with each peer of
+        ``blocks``, (peer, out_start, out_stop, in_start, in_stop) in bytes of a plan's send and receive buffers,
+        made once for a plan whose calls differ only in their tag and buffers (``pycoll.exchanged``), as
+        ``frame_swapper`` is for one peer: the whole exchange is one call into C (``exchange_blocks``), the headers
+        made here with tag 0 and the call's tag put in there. It returns the requests still to wait on (none where
+        every frame moved whole; ``make_owner()`` names them otherwise), or None, having done nothing, where the
+        engine's state asks for the general path (a queued send, a posted or unexpected receive, a frame in part, a
+        schedule running, a dead or closed peer, the lock held). None where it cannot serve these peers."""
+        peers = [block[0] for block in blocks]
+        if (_tcp.exchange_blocks is None or not 0 < len(peers) <= _tcp.EXCHANGE_FLOWS
+                or not any(p in self._swap_peers for p in peers) or not all(self.exchanges_with(p) for p in peers)):
+            return None
+        parts, heads, watched = [], [], []
+        for peer, out_start, out_stop, in_start, in_stop in blocks:
+            ch: Any = self.channels[peer]
+            head_out = frame_head(ctx, 0, out_stop - out_start, sig)
+            head_in = frame_head(ctx, 0, in_stop - in_start, sig)
+            parts.append(ch.block_part() + (head_out, out_start, out_stop, head_in, in_start, in_stop))
+            heads.append((head_out, head_in))
+            watched.append((ch, self._inbound[peer], self._sendq[peer]))
+        plan = tuple(parts)
+        sockets = [self.channels[p] for p in peers if p in self._swap_peers]
+        rings = len(peers) - len(sockets)
+        exchange_blocks, acquire, release, dead, closed, seen = _tcp.exchange_blocks, self.lock.acquire, \
+            self.lock.release, self._dead, self._closed, self._seen
+        spin_us, yield_us, wait_ms = self._spin_us, YIELD_US.get, TCP_EAGER_WAIT_MS.get
+        engine = self
+
+        def run(tag: int, send: np.ndarray, recv: np.ndarray, make_owner: Callable[[], Owner]) -> Optional[list]:
+            if (engine._posted or engine._unexpected or engine._abort_requests or engine._schedules or dead
+                    or closed):
+                return None
+            for ch, st, sendq in watched:
+                if sendq or st.have or st.target is not None or ch.ended:
+                    return None
+            if not acquire(False):
+                return None
+            try:
+                states = exchange_blocks(plan, send, recv, tag, int(spin_us() * 1e3), int(yield_us() * 1e3),
+                                         int(wait_ms() * 1e6), min(ch.push_slice for ch in sockets))
+                engine.block_exchanges += 1
+                if states is None:  # every frame moved whole both ways: the usual end
+                    for peer in peers:
+                        seen[peer] = (ctx, tag)
+                    engine.frames_exchanged += 2 * len(peers)
+                    engine.ring_frames_exchanged += 2 * rings
+                    engine.tcp_eager_recvs += len(sockets)
+                    return []
+                owner, sb, rb = make_owner(), payload_bytes(send), payload_bytes(recv)
+                ends = []
+                for (peer, a, b, d, e), (head_out, head_in), state in zip(blocks, heads, states):
+                    move = (peer, sb[a:b], rb[d:e])
+                    ends.append((move, self._settle_flow(peer, self.channels[peer], peer in self._swap_peers,
+                                                         _tagged(head_out, tag), move[1], _tagged(head_in, tag),
+                                                         move[2], state, ctx, tag, sig, owner)))
+            finally:
+                release()
+            return engine._post_unfinished(ends, ctx, tag, sig, owner)
+
+        return run
+
     def exchange_or_post(self, moves: list, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
         """``exchange_frames``, and every frame that did not start there posted to the engine: the requests still to
         wait on (those C moved in part, and those posted)."""
+        return self._post_unfinished(zip(moves, self.exchange_frames(moves, ctx, tag, sig, owner)), ctx, tag, sig,
+                                     owner)
+
+    def _post_unfinished(self, ends: Any, ctx: int, tag: int, sig: Sig, owner: Owner) -> list:
+        """After an exchange, ``ends`` holding ((peer, out, into), (sent, got)) as ``exchange_frames`` gives them:
+        every frame that did not start posted to the engine; the requests still to wait on."""
         reqs = []
-        for (peer, out, into), (sent, got) in zip(moves, self.exchange_frames(moves, ctx, tag, sig, owner)):
+        for (peer, out, into), (sent, got) in ends:
             if out is not None and sent is not True:
                 reqs.append(sent if sent is not None else self.isend(peer, out, ctx, tag, sig, owner))
             if into is not None and got is not True:

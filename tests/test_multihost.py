@@ -489,6 +489,9 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     assert len(rings) == 4 and all(k > 0 for k in rings.values()), rings
     # from a shape's second call, the Alltoall is that exchange alone (pycoll.exchanged)
     assert set(res.records("movement.alltoall_large_blocks", "fast Alltoall").values()) == {True}
+    # and that exchange is one call into C with the blocks and headers made once (Engine.frame_exchanger)
+    blocks = res.records("movement.alltoall_large_blocks", "block exchanges")
+    assert len(blocks) == 4 and all(k > 0 for k in blocks.values()), blocks
     res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=2, n=4,
                                      env={"PYCOLL_SMP_BYTES": "0", "PYCOLL_EXCHANGE_RINGS": "0"},
                                      out_dir=str(tmp_path / "rings-off"), job_timeout=240)
@@ -505,6 +508,7 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     res.assert_ok()
     handed_on = res.records("movement.alltoall_large_blocks", "frames handed on")
     assert len(handed_on) == 5 and sum(handed_on.values()) > 0, handed_on
+    assert all(k > 0 for k in res.records("movement.alltoall_large_blocks", "block exchanges").values())
     rings = res.records("movement.alltoall_large_blocks", "ring frames handed on")  # blocks past a ring's 64 KiB
     assert all(rings[r] > 0 for r in (0, 1, 3, 4)) and rings[2] == 0, rings  # rank 2 is alone on its host
     # one rank on each of two hosts: the rings' and the recursive doubling's single step is one swap in C (the

@@ -402,3 +402,93 @@ def test_a_ring_without_room_or_with_another_frame_next_is_left_to_the_engine_ex
     empty = _Rings(4096)
     assert _exchange([(empty, None, None, HEADER.pack(5, 2, 8, P2P_META, 0, 0, 0), into)], yield_ns=10**6,
                      wait_ns=10**9) == [(-1, 0, tcp._tcpframe.NOT_YET)]
+
+
+def _part(ch, head_out: bytes, out_at: tuple, head_in: bytes, in_at: tuple) -> tuple:
+    return ch.block_part() + (head_out, *out_at, head_in, *in_at)
+
+
+def test_a_plans_blocks_move_in_one_call_with_its_tag_and_the_staging_bounds_written_back() -> None:
+    """``exchange_blocks``: two sockets' and a ring's blocks of one send and one receive buffer, the headers made with
+    tag 0 and the call's tag put into them: every peer gets its block's frame under that tag, every incoming block
+    lands at its place, the rest of the receive buffer untouched, and the frame behind one socket's stays staged
+    (the channel's bounds written back), so the engine takes it next. None: every frame moved whole."""
+    pairs = [socket.socketpair() for _ in range(2)]
+    chans = [tcp.TcpChannel(i, a) for i, (a, _) in enumerate(pairs)]
+    rings = _Rings(1 << 16)
+    rings.block_part = lambda: (None, -1, rings.flow(None, None, None, None)[1])
+    send = np.arange(4 * 5000, dtype=np.float32)
+    recv = np.full(4 * 5000, -1, np.float32)
+    block = 5000 * 4  # bytes
+    peers_payload = [bytes((np.arange(5000, dtype=np.float32) + 1000 * (k + 1)).data) for k in range(3)]
+    got_out: list = [b""] * 2
+    rings.publish(_frame(5, 77, peers_payload[2]))
+
+    def peer(i: int) -> None:
+        b = pairs[i][1]
+        b.setblocking(True)
+        whole = _frame(5, 77, peers_payload[i]) + (_frame(5, 78, b"behind") if i == 1 else b"")
+        for k in range(0, len(whole), 7000):
+            b.sendall(whole[k : k + 7000])
+            time.sleep(0.001)
+        while len(got_out[i]) < HEADER_SIZE + block:
+            got_out[i] += b.recv(1 << 20)
+
+    threads = [threading.Thread(target=peer, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    head = HEADER.pack(5, 0, block, P2P_META, 0, 0, 0)  # tag 0: the call's goes in
+    parts = (_part(chans[0], head, (block, 2 * block), head, (block, 2 * block)),
+             _part(chans[1], head, (2 * block, 3 * block), head, (2 * block, 3 * block)),
+             _part(rings, head, (3 * block, 4 * block), head, (3 * block, 4 * block)))
+    assert tcp.exchange_blocks(parts, send, recv, 77, 0, 0, 10**9, 61440) is None
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert got_out[i] == _frame(5, 77, send.tobytes()[(i + 1) * block : (i + 2) * block])
+    assert rings.written() == _frame(5, 77, send.tobytes()[3 * block :])
+    assert recv.tobytes()[block:] == b"".join(peers_payload) and (recv[:5000] == -1).all()
+    box = np.zeros(16, np.uint8)
+    assert chans[1].take_message(5, 78, False, P2P_META, box, 10**8) == (tcp._tcpframe.TAKEN, 6, 78)
+    for ch, (_, b) in zip(chans, pairs):
+        ch.close()
+        b.close()
+
+
+def test_a_plans_exchange_reports_each_flow_where_one_is_left_to_the_engine(pair) -> None:
+    """A socket whose next frame is another call's (OTHER) beside a ring whose frame comes whole: the states of
+    both, the other call's frame left staged and nothing of it consumed."""
+    ch, peer = pair
+    rings = _Rings(1 << 14)
+    rings.block_part = lambda: (None, -1, rings.flow(None, None, None, None)[1])
+    send, recv = np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)
+    other = _frame(5, 9, b"12345678")
+    peer.sendall(other)
+    rings.publish(_frame(5, 3, bytes(range(100, 132))))
+    head = HEADER.pack(5, 0, 32, P2P_META, 0, 0, 0)
+    states = tcp.exchange_blocks((_part(ch, head, (0, 32), head, (0, 32)), _part(rings, head, (32, 64), head, (32, 64))),
+                                 send, recv, 3, 0, 0, 10**8, 0)
+    total = HEADER_SIZE + 64
+    assert [s[:3] for s in states] == [(total, 0, tcp._tcpframe.OTHER), (total, total, tcp._tcpframe.TAKEN)]
+    assert ch.peek().tobytes() == other and not recv[:32].any() and recv[32:].tobytes() == bytes(range(100, 132))
+
+
+def test_a_plans_exchange_refuses_blocks_outside_its_buffers_before_moving_anything(pair) -> None:
+    """A block past the end of the send or receive buffer, a read-only receive buffer or a malformed part: an error
+    naming it, and not a byte sent."""
+    ch, peer = pair
+    send, recv = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    head = HEADER.pack(5, 0, 32, P2P_META, 0, 0, 0)
+    with pytest.raises(ValueError, match="outside its buffer"):
+        tcp.exchange_blocks((_part(ch, head, (48, 80), head, (0, 32)),), send, recv, 1, 0, 0, 0, 0)
+    with pytest.raises(ValueError, match="outside its buffer"):
+        tcp.exchange_blocks((_part(ch, head, (0, 32), head, (40, 72)),), send, recv, 1, 0, 0, 0, 0)
+    readonly = np.zeros(64, np.uint8)
+    readonly.flags.writeable = False
+    with pytest.raises((ValueError, BufferError)):
+        tcp.exchange_blocks((_part(ch, head, (0, 32), head, (0, 32)),), send, readonly, 1, 0, 0, 0, 0)
+    with pytest.raises(TypeError, match="each part is"):
+        tcp.exchange_blocks((ch.block_part(),), send, recv, 1, 0, 0, 0, 0)
+    peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        peer.recv(1)

@@ -592,13 +592,12 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
     }
 }
 
-/* a shared-memory flow's rings: args[1] is (out data, out capacity, out header, in data, in capacity, in header,
+/* a shared-memory flow's rings: ``lane`` is (out data, out capacity, out header, in data, in capacity, in header,
  * the peer's doorbell flag or 0) as pycoll.transport.shm.ShmChannel.lane_addresses gives them; a ring's header
  * holds the writer's count at byte 0 and the reader's at byte 64. -1 with an error set */
-static int ring_of(PyObject *const *args, struct flow *f)
+static int ring_of(PyObject *lane, struct flow *f)
 {
-    PyObject *lane = args[1];
-    if (PyTuple_GET_SIZE(lane) != 7) {
+    if (!PyTuple_Check(lane) || PyTuple_GET_SIZE(lane) != 7) {
         PyErr_SetString(PyExc_TypeError,
                         "exchange: a ring flow's lane is (out, out_cap, out_hdr, in, in_cap, in_hdr, bell)");
         return -1;
@@ -621,6 +620,21 @@ static int ring_of(PyObject *const *args, struct flow *f)
     f->in_tail = (int64_t *)(intptr_t)v[5], f->in_head = (int64_t *)(intptr_t)(v[5] + 64);
     f->bell = v[6];
     return 0;
+}
+
+/* each flow's (sent, got, status, start, end, send_errno), as ``exchange`` returns them */
+static PyObject *flow_states(const struct flow *flows, Py_ssize_t k)
+{
+    PyObject *result = PyList_New(k);
+    for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
+        const struct flow *f = &flows[i];
+        PyObject *item = Py_BuildValue("nninni", f->sent, f->got, f->status, f->start, f->end, f->send_errno);
+        if (item == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, item);
+    }
+    return result;
 }
 
 /* exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> list of (sent, got, status, start, end, send_errno)
@@ -664,7 +678,7 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
         PyObject *const *a = &PyTuple_GET_ITEM(t, 0);
         if (PyTuple_Check(a[1])) {
-            if (ring_of(a, f) < 0)
+            if (ring_of(a[1], f) < 0)
                 goto done;
         } else {
             if (channel_of(a, 8, 8, "exchange", &f->fd, &bufs[ready][0], &f->start, &f->end) < 0)
@@ -696,21 +710,140 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
     Py_BEGIN_ALLOW_THREADS
     run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice);
     Py_END_ALLOW_THREADS
-    result = PyList_New(k);
-    for (Py_ssize_t i = 0; result != NULL && i < k; i++) {
-        struct flow *f = &flows[i];
-        PyObject *item = Py_BuildValue("nninni", f->sent, f->got, f->status, f->start, f->end, f->send_errno);
-        if (item == NULL)
-            Py_CLEAR(result);
-        else
-            PyList_SET_ITEM(result, i, item);
-    }
+    result = flow_states(flows, k);
 done:
     for (Py_ssize_t i = 0; i < k; i++)  /* zeroed where never taken */
         for (int j = 0; j < 3; j++)
             if (bufs[i][j].obj)
                 PyBuffer_Release(&bufs[i][j]);
     Py_DECREF(seq);
+    return result;
+}
+
+/* a socket channel's staging bounds, as TcpChannel keeps them (its ``_start`` and ``_end``) */
+static PyObject *START_NAME, *END_NAME;
+
+static int bounds_of(PyObject *channel, Py_ssize_t *start, Py_ssize_t *end)
+{
+    PyObject *a = PyObject_GetAttr(channel, START_NAME), *b = a ? PyObject_GetAttr(channel, END_NAME) : NULL;
+    if (b != NULL) {
+        *start = PyLong_AsSsize_t(a);
+        *end = PyLong_AsSsize_t(b);
+    }
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice) -> None or a list as ``exchange``'s:
+ * ``exchange`` for a plan made once (pycoll.p2p_frames.FramePaths.frame_exchanger): each part is (channel, fd,
+ * stage, head_out, out_start, out_stop, head_in, in_start, in_stop), its frames' payloads the bytes
+ * send[out_start:out_stop] and recv[in_start:in_stop], its headers made with tag 0 and given ``tag`` here; a socket's
+ * channel is the TcpChannel whose staging bounds (``_start``, ``_end``) are read and written back here, a ring's is
+ * None with its lane (``ring_of``) for stage. None where every frame moved whole both ways; otherwise each flow's
+ * (sent, got, status, start, end, send_errno), for the caller to hand what is left to the engine. */
+static PyObject *exchange_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "exchange_blocks takes 8 arguments");
+        return NULL;
+    }
+    PyObject *parts = args[0];
+    int64_t tag = (int64_t)PyLong_AsLongLong(args[3]);
+    long long spin_ns = PyLong_AsLongLong(args[4]), yield_ns = PyLong_AsLongLong(args[5]);
+    long long wait_ns = PyLong_AsLongLong(args[6]);
+    Py_ssize_t slice = PyLong_AsSsize_t(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (!PyTuple_Check(parts) || PyTuple_GET_SIZE(parts) > EXCHANGE_FLOWS) {
+        PyErr_Format(PyExc_ValueError, "exchange_blocks: parts is a tuple of at most %d flows", EXCHANGE_FLOWS);
+        return NULL;
+    }
+    Py_ssize_t k = PyTuple_GET_SIZE(parts);
+    struct flow flows[EXCHANGE_FLOWS];
+    char heads[EXCHANGE_FLOWS][2][HEADER_SIZE];
+    Py_buffer stages[EXCHANGE_FLOWS], send = {0}, recv = {0};
+    memset(stages, 0, sizeof(stages));
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(args[1], &send, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args[2], &recv, PyBUF_WRITABLE) < 0)
+        goto done;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *t = PyTuple_GET_ITEM(parts, i);
+        struct flow *f = &flows[i];
+        memset(f, 0, sizeof(*f));
+        if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 9) {
+            PyErr_SetString(PyExc_TypeError, "exchange_blocks: each part is (channel, fd, stage, head_out, "
+                                             "out_start, out_stop, head_in, in_start, in_stop)");
+            goto done;
+        }
+        PyObject *const *a = &PyTuple_GET_ITEM(t, 0);
+        Py_ssize_t os = PyLong_AsSsize_t(a[4]), oe = PyLong_AsSsize_t(a[5]);
+        Py_ssize_t is = PyLong_AsSsize_t(a[7]), ie = PyLong_AsSsize_t(a[8]);
+        if (PyErr_Occurred())
+            goto done;
+        if (os < 0 || oe < os || oe > send.len || is < 0 || ie < is || ie > recv.len) {
+            PyErr_SetString(PyExc_ValueError, "exchange_blocks: a block lies outside its buffer");
+            goto done;
+        }
+        if (a[0] == Py_None) {
+            if (ring_of(a[2], f) < 0)
+                goto done;
+        } else {
+            f->fd = (int)PyLong_AsLong(a[1]);
+            if (PyErr_Occurred() || bounds_of(a[0], &f->start, &f->end) < 0
+                    || PyObject_GetBuffer(a[2], &stages[i], PyBUF_WRITABLE) < 0)
+                goto done;
+            f->stage = stages[i].buf;
+            f->cap = stages[i].len;
+            if (f->start < 0 || f->end < f->start || f->end > f->cap || f->cap < HEADER_SIZE) {
+                PyErr_SetString(PyExc_ValueError, "exchange_blocks: a staging area's bounds do not fit it");
+                goto done;
+            }
+        }
+        if (header_of(a[3], &f->head_out, &f->out_hlen) < 0 || header_of(a[6], &f->head_in, &f->in_hlen) < 0
+                || !(f->head_out = tagged(f->head_out, f->out_hlen, tag, heads[i][0]))
+                || !(f->head_in = tagged(f->head_in, f->in_hlen, tag, heads[i][1])))
+            goto done;
+        f->out = (char *)send.buf + os;
+        f->out_len = oe - os;
+        f->into = (char *)recv.buf + is;
+        f->into_len = ie - is;
+        f->sent = 0;
+        f->status = NOT_YET;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice);
+    Py_END_ALLOW_THREADS
+    int whole = 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        struct flow *f = &flows[i];
+        if (!f->ring) {
+            PyObject *t = PyTuple_GET_ITEM(parts, i), *channel = PyTuple_GET_ITEM(t, 0);
+            PyObject *a = PyLong_FromSsize_t(f->start), *b = PyLong_FromSsize_t(f->end);
+            int bad = a == NULL || b == NULL || PyObject_SetAttr(channel, START_NAME, a) < 0
+                      || PyObject_SetAttr(channel, END_NAME, b) < 0;
+            Py_XDECREF(a);
+            Py_XDECREF(b);
+            if (bad)
+                goto done;
+        }
+        whole &= f->sent == HEADER_SIZE + padded(f->out_len) && f->status == TAKEN;
+    }
+    if (whole) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
+    result = flow_states(flows, k);
+done:
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (stages[i].obj)
+            PyBuffer_Release(&stages[i]);
+    if (send.obj)
+        PyBuffer_Release(&send);
+    if (recv.obj)
+        PyBuffer_Release(&recv);
     return result;
 }
 
@@ -722,6 +855,9 @@ static PyMethodDef methods[] = {
      "(status, nbytes, tag, start, end)"},
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
      "exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> [(sent, got, status, start, end, send_errno), ...]"},
+    {"exchange_blocks", (PyCFunction)(void (*)(void))exchange_blocks, METH_FASTCALL,
+     "exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice) -> None or "
+     "[(sent, got, status, start, end, send_errno), ...]"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -729,6 +865,10 @@ static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_tcpframe", NULL
 
 PyMODINIT_FUNC PyInit__tcpframe(void)
 {
+    START_NAME = PyUnicode_InternFromString("_start");
+    END_NAME = PyUnicode_InternFromString("_end");
+    if (START_NAME == NULL || END_NAME == NULL)
+        return NULL;
     PyObject *m = PyModule_Create(&module_def);
     if (m == NULL)
         return NULL;

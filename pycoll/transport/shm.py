@@ -216,13 +216,18 @@ class ShmChannel(Channel):
         """This channel's part of a C exchange beside sockets (``_tcpframe.exchange``; ``TcpChannel.flow``): its
         outgoing frame written into the peer's ring as room allows, the incoming one whose header is exactly
         ``head_in`` read out of ours straight into ``into``. The caller holds the engine's lock; the channel is open."""
-        lane = self._flow_lane
-        if lane is None:
-            lane = self._flow_lane = self.lane_addresses()
-        return (-1, lane, 0, 0, head_out, out, head_in, into)
+        return (-1, self.block_part()[2], 0, 0, head_out, out, head_in, into)
 
     def settle(self, start: int, end: int) -> None:
         """After an exchange: the rings' counts moved in place, and nothing is staged here."""
+
+    def block_part(self) -> tuple:
+        """This channel's fixed part of an ``exchange_blocks`` flow (``TcpChannel.block_part``): no channel or
+        descriptor, its rings as compiled code addresses them."""
+        lane = self._flow_lane
+        if lane is None:
+            lane = self._flow_lane = self.lane_addresses()
+        return (None, -1, lane)
 
     @property
     def tail(self) -> int:

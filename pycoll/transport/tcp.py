@@ -114,6 +114,8 @@ class _Pending:
 
 # exchange(flows, spin_ns, yield_ns, wait_ns): several sockets' frames at once (``TcpChannel.flow``); None unbuilt
 exchange = _tcpframe.exchange if _tcpframe is not None else None
+# exchange_blocks(parts, send, recv, tag, ...): the same for a plan's blocks of two buffers (``block_part``)
+exchange_blocks = _tcpframe.exchange_blocks if _tcpframe is not None else None
 EXCHANGE_FLOWS = _tcpframe.EXCHANGE_FLOWS if _tcpframe is not None else 0  # the most sockets one exchange takes
 
 
@@ -173,6 +175,11 @@ class TcpChannel(Channel):
 
     def settle(self, start: int, end: int) -> None:
         self._start, self._end = start, end
+
+    def block_part(self) -> tuple:
+        """This socket's fixed part of an ``exchange_blocks`` flow: (the channel, whose staging bounds ``_start`` and
+        ``_end`` C reads and writes back, its descriptor, its staging area)."""
+        return (self, self._fd, self._stage)
 
     def send_some(self, data: memoryview) -> int:
         return self.send_gathered((data,))

@@ -325,7 +325,7 @@ def case_alltoall_large_blocks(ctx):
     """Alltoall and Alltoallv with blocks past the small-frame size (odd byte counts, some blocks empty), in and out
     of place, once with rank 1 arriving late: each matches NumPy. Records how many frames moved together in C
     (``Engine.exchange_frames``), how many of those were a host peer's (through its rings), and how many the engine
-    finished after C had moved part of them."""
+    finished after C had moved part of them, and how many exchanges ran as a plan's blocks made once."""
     import time
 
     comm, MPI = ctx.comm, ctx.MPI
@@ -375,3 +375,4 @@ def case_alltoall_large_blocks(ctx):
         plans = comm._x.plans.items()  # whether the Alltoall shapes run as one closure (pycoll.exchanged)
         ctx.record("fast Alltoall", any(callable(p.fast) for (label, _), p in plans if label == "Alltoall"))
         ctx.record("exchanges unwaited", engine.exchanges_unwaited - unwaited)
+        ctx.record("block exchanges", engine.block_exchanges)  # of a plan's blocks, made once (frame_exchanger)
