@@ -97,6 +97,11 @@ class FramePaths:
         """Whether frames to and from ``peer`` (on another host) can move in C (``exchange_frames``)."""
         return peer in self._swap_peers
 
+    def exchanges_blocks_with(self, peer: int) -> bool:
+        """Whether a plan's frames to and from ``peer`` (on another host) can move in one call into C straight into
+        place, whatever their size (``frame_exchanger``)."""
+        return _tcp.exchange_blocks is not None and peer in self._swap_peers
+
     def exchanges_with(self, peer: int) -> bool:
         """Whether ``peer``'s frames can join an exchange in C that a peer on another host takes part in: that peer's,
         or one of this host's through its rings (PYCOLL_EXCHANGE_RINGS)."""

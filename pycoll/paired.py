@@ -47,8 +47,13 @@ class _Pair:
         self.world_peer = c._world[self.peer]
         self.ctx = c._ctx | 1
         # one message each way, taken whole from the socket: within a chunk and the receiver's staging area
-        self.limit = min(max(CHUNK_SIZE.get(), 64), self.engine.frame_room(self.world_peer))
+        chunk = max(CHUNK_SIZE.get(), 64)
+        self.limit = min(chunk, self.engine.frame_room(self.world_peer))
+        # the largest message a call sends as one (the algorithm's chunk): past ``limit``, one exchange in C straight
+        # into place (``Engine.frame_exchanger``) where it is built
+        self.most = chunk if self.engine.exchanges_blocks_with(self.world_peer) else self.limit
         self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0
+        self._exchangers: dict[tuple[int, int], Any] = {}  # (out bytes, into bytes) -> its exchanger, or None
         self.swap = self._swapper()
 
     def head(self, nbytes: int) -> bytes:
@@ -64,7 +69,12 @@ class _Pair:
         heads, head, ctx, limit, through = self._heads, self.head, self.ctx, self.limit, self._through_engine
         frames = self.engine.frame_swapper(self.world_peer)
 
+        large = self._swap_large
+
         def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+            if (out is not None and out.nbytes > limit) or (into is not None and into.nbytes > limit):
+                large(seq, out, into)
+                return
             head_out = None if out is None else heads.get(out.nbytes) or head(out.nbytes)
             head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
@@ -73,12 +83,37 @@ class _Pair:
 
         return swap
 
+    def _swap_large(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+        """``swap`` of a message past the socket's staging area (up to ``most``): both ways in one call into C that
+        reads the incoming frame straight into place (an exchanger made once per pair of sizes); a message one way
+        only, or an engine that is not quiet, through the engine's exchange. What C leaves, the engine finishes."""
+        engine, tag = self.engine, seq * LANES
+        reqs = None
+        if out is not None and into is not None:
+            key = (out.nbytes, into.nbytes)
+            if key not in self._exchangers:
+                self._exchangers[key] = engine.frame_exchanger([(self.world_peer, 0, key[0], 0, key[1])], self.ctx,
+                                                               self.sig)
+            run = self._exchangers[key]
+            if run is not None:
+                reqs = run(tag, out, into, lambda: self._owner(seq))
+        if reqs is None:
+            reqs = engine.exchange_or_post([(self.world_peer, None if out is None else payload_bytes(out),
+                                             None if into is None else payload_bytes(into))],
+                                           self.ctx, tag, self.sig, self._owner(seq))
+        if reqs:
+            wait_through_engine(engine, self.comm.timeout, reqs, reqs[0].owner)
+
+    def _owner(self, seq: int) -> Any:
+        owner = self.comm._owner(f"{self.label} #{seq}", self.ctx, seq)
+        owner.sig = self.sig
+        return owner
+
     def _through_engine(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
         """The messages that could not move at once, posted to the engine and waited for as a schedule's are; a
         failure is reported to the peer (as the executor does for a failed schedule) and raised."""
         c, engine, tag = self.comm, self.engine, seq * LANES
-        owner = c._owner(f"{self.label} #{seq}", self.ctx, seq)
-        owner.sig = self.sig
+        owner = self._owner(seq)
         reqs = []
         if out is not None:
             reqs.append(engine.isend(self.world_peer, out, self.ctx, tag, self.sig, owner))
@@ -118,7 +153,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     holds = choice_holds(c)
     if body is None or holds is None:
         return False
-    limit, views = pair.limit, plan.views
+    limit, views = pair.most, plan.views
     largest = _largest_message(t, pair.me, pair.peer)
     if largest is not None and largest > limit:
         return False

@@ -428,12 +428,46 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
         assert set(res.records("topology.paired_calls", f"fast {name}").values()) == {True}, name
     for name in ("Allgather", "Alltoall", "Reduce_scatter_block"):  # whole buffers larger than the staging area
         assert set(res.records("topology.paired_calls", f"fast {name} of fitting blocks").values()) == {True}, name
-        assert set(res.records("topology.paired_calls", f"fast {name} of larger blocks").values()) == {False}, name
+        # blocks past the staging area, within a chunk: one exchange in C; past the chunk: the schedule's
+        assert set(res.records("topology.paired_calls", f"fast {name} of larger blocks").values()) == {True}, name
+        assert set(res.records("topology.paired_calls", f"fast {name} of chunk-sized blocks").values()) == {False}, name
+    # the larger blocks' calls after each shape's first (3 calls, 1 scheduled): 2 exchanges x 3 collectives
+    assert set(res.records("topology.paired_calls", "block exchanges").values()) == {6}
     # 7 calls x 4 counts x 4 repeats and 3 Barriers, each one frame out of each rank (Bcast and Reduce: one rank's)
     # in one system call; but the first call of each shape is scheduled, and its frames over 16 KiB (count 5000)
     # go through the engine's send queue instead: 12 of them
     sends = res.records("topology.paired_calls", "socket sends")
     assert sum(sends.values()) == 2 * (5 * 4 * 4 + 3) + 2 * 4 * 4 - 12, sends
+
+
+@pytest.mark.timeout(300)
+def test_a_two_rank_call_of_large_blocks_in_one_exchange_fails_as_its_schedule_would(tmp_path: Path) -> None:
+    """2 ranks on 2 hosts, a Reduce_scatter_block of 320 KiB blocks (past the socket's staging area, within a chunk)
+    whose shape both know, so that it runs as one exchange in C (pycoll.paired, Engine.frame_exchanger): a rank
+    that calls it with a block one element longer makes both raise a mismatch naming the two calls (the inputs
+    intact), and a rank that never calls makes the other time out after comm.timeout, naming it."""
+    from pycoll.transport import tcp
+
+    if tcp.exchange_blocks is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
+    results = {}
+    for case in ("errors.mismatch_reduce_scatter_large_warm", "errors.timeout_reduce_scatter_large_warm"):
+        res = results[case] = harness.run_cases_on_hosts([case], hosts=2, n=2, out_dir=str(tmp_path / case),
+                                                         job_timeout=120)
+        res.assert_ok()
+        assert set(res.records(case, "fast Reduce_scatter_block").values()) == {True}, case
+        assert all(k >= 2 for k in res.records(case, "block exchanges").values()), case  # the warm calls
+    outcomes = results["errors.mismatch_reduce_scatter_large_warm"].records(
+        "errors.mismatch_reduce_scatter_large_warm", "outcome")
+    assert len(outcomes) == 2, outcomes
+    for o in outcomes.values():  # MismatchError here, PeerMismatchError where the peer found it
+        assert o["class"].endswith("MismatchError") and o["op"] == "Reduce_scatter_block #4", outcomes
+        assert "count=80002" in o["cause"] and "count=80000" in o["cause"], outcomes  # the whole inputs
+    outcomes = results["errors.timeout_reduce_scatter_large_warm"].records(
+        "errors.timeout_reduce_scatter_large_warm", "outcome")
+    assert outcomes[1] == {"class": "absent"}
+    assert outcomes[0]["class"] == "TimeoutError" and outcomes[0]["op"] == "Reduce_scatter_block #4", outcomes
+    assert outcomes[0]["peers"] == [1], outcomes
 
 
 @pytest.mark.timeout(300)

@@ -262,6 +262,46 @@ def case_timeout_alltoall_warm(ctx):
     _timeout_case(ctx, lambda c: _alltoall_blocks(ctx, 8192)[0](), ctx.size - 1)
 
 
+def _rsb_blocks(ctx, count):
+    """A Reduce_scatter_block of ``count`` float64 a block on fresh arrays: (the call, its buffers). At 40 000
+    (320 KiB, past a socket's staging area but within a chunk), two ranks across hosts run it, once its shape is
+    known, as one exchange in C (pycoll.paired through Engine.frame_exchanger)."""
+    comm = ctx.comm
+    s, o = np.full(count * ctx.size, ctx.rank + 1, np.float64), sentinel(np.float64, count)
+    return (lambda: comm.Reduce_scatter_block(s, o)), [s, o]
+
+
+def _record_block_exchanges(ctx):
+    """Whether this rank's Reduce_scatter_block runs as its plan's closure, and how many exchanges of a plan's
+    blocks its engine made (for the test to check)."""
+    plans = getattr(getattr(ctx.comm, "_x", None), "plans", {})
+    ctx.record("fast Reduce_scatter_block",
+               any(callable(p.fast) for (label, _), p in plans.items() if label == "Reduce_scatter_block"))
+    ctx.record("block exchanges", getattr(getattr(ctx.comm, "_engine", None), "block_exchanges", 0))
+
+
+@case
+def case_mismatch_reduce_scatter_large_warm(ctx):
+    """Every rank runs a Reduce_scatter_block of 320 KiB blocks three times (its shape known), then the last rank
+    calls it with one element more a block: every rank raises, none hangs, the inputs intact."""
+    for _ in range(3):
+        call, (s, o) = _rsb_blocks(ctx, 40_000)
+        call()
+        ctx.check("warm Reduce_scatter_block", o, np.full(40_000, ctx.size * (ctx.size + 1) / 2))
+    _record_block_exchanges(ctx)
+    _mismatch(ctx, lambda r: _rsb_blocks(ctx, 40_001 if r == ctx.size - 1 else 40_000))
+
+
+@case
+def case_timeout_reduce_scatter_large_warm(ctx):
+    """comm.timeout = 2: as timeout_allreduce, for a Reduce_scatter_block of 320 KiB blocks every rank ran three
+    times."""
+    for _ in range(3):
+        _rsb_blocks(ctx, 40_000)[0]()
+    _record_block_exchanges(ctx)
+    _timeout_case(ctx, lambda c: _rsb_blocks(ctx, 40_000)[0](), ctx.size - 1)
+
+
 @case
 def case_mismatch_count(ctx):
     comm, MPI = ctx.comm, ctx.MPI

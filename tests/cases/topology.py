@@ -201,13 +201,18 @@ def paired_calls(ctx):
         pending.Wait()
     comm.Barrier()
     # whole buffers past the socket's staging area whose blocks fit in it: still straight through, one frame each way;
-    # blocks past it too: through the engine
-    room = engine.frame_room(comm._world[peer])
+    # blocks past it but within the algorithms' chunk: one exchange in C straight into place (its count recorded);
+    # blocks past the chunk: the schedule, which cuts them
+    from pycoll.algorithms.base import CHUNK_SIZE
+
+    room, chunk = engine.frame_room(comm._world[peer]), CHUNK_SIZE.get()
+    exchanged = engine.block_exchanges
     for name in ("Allgather", "Alltoall", "Reduce_scatter_block"):
-        for k, direct in ((room // 8 * 3 // 4, True), (room // 8 + 64, False)):
+        for k, kind in ((room // 8 * 3 // 4, "fitting"), (room // 8 + 64, "larger"), (chunk // 8 + 64, "chunk-sized")):
             for i in range(3):
                 ctx.check(f"{name} {k} #{i}", calls[name](k, mine(me, k)), want[name](k))
             fast = [p.fast for (label, _), p in comm._x.plans.items()
                     if label == name and p.template.counts and p.template.counts[0] == k]
-            ctx.record(f"fast {name} of {'fitting' if direct else 'larger'} blocks", any(callable(f) for f in fast))
+            ctx.record(f"fast {name} of {kind} blocks", any(callable(f) for f in fast))
+    ctx.record("block exchanges", engine.block_exchanges - exchanged)
     comm.Barrier()
