@@ -15,10 +15,11 @@ from .ring import on_ring
 @register(
     "broadcast",
     "chain",
-    "Pipelined chain from the root: each rank forwards chunk k while chunk k+1 arrives.",
+    "Pipelined chain from the root: each rank forwards chunk k while chunk k+1 arrives (two ranks: one message).",
     steps="p-1 + chunks",
     bytes="n",
-    cost=lambda m, n, lay: m.ring(lay, lay.size - 2 + m.messages(n), n, depth=lay.size - 1) if lay.size > 1 else 0.0,
+    cost=lambda m, n, lay: (m.ring(lay, lay.size - 2 + m.messages(n), n, depth=lay.size - 1) if lay.size > 2
+                            else m.ring(lay, 1, n, depth=1, messages=1) if lay.size == 2 else 0.0),
 )
 def broadcast_chain(st: Steps, call: Call) -> Schedule:
     assert call.recv is not None
@@ -29,7 +30,8 @@ def broadcast_chain(st: Steps, call: Call) -> Schedule:
         return
     pos = (r - root) % p
     prev, nxt = (r - 1) % p, (r + 1) % p
-    pieces = split(call.recv, st.num_chunks(call.recv.nbytes))
+    # chunks pipeline the forwarding; with one hop there is none, and the buffer goes as one message
+    pieces = split(call.recv, st.num_chunks(call.recv.nbytes) if p > 2 else 1)
     if st.now and len(pieces) == 1:  # one message: straight through the sockets where it can go so
         got = st.recv_now(prev, pieces[0]) if pos else None
         if got is not None:

@@ -292,8 +292,9 @@ class CostModel:
         return (cpu + red + nbytes / bw) * over + self.handovers(lay, msgs)
 
     def ring(self, lay: Layout, steps: float, nbytes: float, reduced: float = 0.0, footprint: float = 0.0,
-             depth: Optional[float] = None) -> float:
-        """A ring in the layout's ring order: each host's link carries one flow per place the ring leaves the host."""
+             depth: Optional[float] = None, messages: Optional[float] = None) -> float:
+        """A ring in the layout's ring order: each host's link carries one flow per place the ring leaves the host
+        (``messages``: as ``phase``'s, the messages the bytes go in; default, one per chunk)."""
         order = lay.order
         p = len(order)
         leaving = [0] * max(lay.hosts, 1)
@@ -301,7 +302,8 @@ class CostModel:
             a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
             if a != b:
                 leaving[a] += 1
-        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), footprint=footprint, depth=depth)
+        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), messages=messages,
+                          footprint=footprint, depth=depth)
 
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""
