@@ -23,7 +23,8 @@ def _direct_cost(steps_of, blocks_off_host):
         if p == 1:
             return 0.0
         wire = blocks_off_host(lay) * n / p if lay.hosts > 1 else None
-        return m.phase(lay, steps_of(p), n * (p - 1) / p, wire=wire)
+        # the steps are posted at once: their messages cross together, one hop's latency for them all
+        return m.phase(lay, steps_of(p), n * (p - 1) / p, wire=wire, depth=1)
 
     return cost
 
