@@ -204,21 +204,20 @@ class FramePaths:
             head_in = frame_head(ctx, 0, in_stop - in_start, sig)
             parts.append(ch.block_part() + (head_out, out_start, out_stop, head_in, in_start, in_stop))
             heads.append((head_out, head_in))
-            watched.append((ch, self._inbound[peer], self._sendq[peer]))
+            watched.append((peer, ch, peer in self._swap_peers, self._sendq[peer]))
         plan = tuple(parts)
-        sockets = [self.channels[p] for p in peers if p in self._swap_peers]
+        sockets = [ch for _, ch, socket, _ in watched if socket]
         rings = len(peers) - len(sockets)
         exchange_blocks, acquire, release, dead, closed, seen = _tcp.exchange_blocks, self.lock.acquire, \
             self.lock.release, self._dead, self._closed, self._seen
-        spin_us, yield_us, wait_ms = self._spin_us, YIELD_US.get, TCP_EAGER_WAIT_MS.get
+        spin_us, yield_us, wait_ms, can_take = self._spin_us, YIELD_US.get, TCP_EAGER_WAIT_MS.get, self._can_take
         engine = self
 
         def run(tag: int, send: np.ndarray, recv: np.ndarray, make_owner: Callable[[], Owner]) -> Optional[list]:
-            if (engine._posted or engine._unexpected or engine._abort_requests or engine._schedules or dead
-                    or closed):
+            if dead or closed:
                 return None
-            for ch, st, sendq in watched:
-                if sendq or st.have or st.target is not None or ch.ended:
+            for peer, ch, _, sendq in watched:  # a receive taken here keeps MPI's matching order (no schedule runs)
+                if sendq or ch.ended or not can_take(peer):
                     return None
             if not acquire(False):
                 return None
@@ -235,11 +234,11 @@ class FramePaths:
                     return []
                 owner, sb, rb = make_owner(), payload_bytes(send), payload_bytes(recv)
                 ends = []
-                for (peer, a, b, d, e), (head_out, head_in), state in zip(blocks, heads, states):
+                for (peer, a, b, d, e), (_, ch, socket, _), (head_out, head_in), state in zip(blocks, watched, heads,
+                                                                                           states):
                     move = (peer, sb[a:b], rb[d:e])
-                    ends.append((move, self._settle_flow(peer, self.channels[peer], peer in self._swap_peers,
-                                                         _tagged(head_out, tag), move[1], _tagged(head_in, tag),
-                                                         move[2], state, ctx, tag, sig, owner)))
+                    ends.append((move, self._settle_flow(peer, ch, socket, _tagged(head_out, tag), move[1],
+                                                         _tagged(head_in, tag), move[2], state, ctx, tag, sig, owner)))
             finally:
                 release()
             return engine._post_unfinished(ends, ctx, tag, sig, owner)
