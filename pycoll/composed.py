@@ -14,10 +14,14 @@ them by destination rank. The network then
 carries one message per host per step (between two hosts, one frame each way: ``pycoll.paired``), and the steps
 inside a host cost a shared-memory meeting instead of a trip through the point-to-point engine.
 
+A larger Reduce_scatter_block goes by rails instead, so that no rank reduces or sends the whole host's vector alone:
+each host's run of blocks is reduce-scattered inside the host, then each rail (the ranks of one local index, one per
+host, a communicator of its own) reduce-scatters those partial sums across the hosts (``_rails_reduce_scatter``).
+
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
 the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather,
-Bcast or Reduce_scatter_block (this one while its vector fits the host arena's slot) is composed where the cost model
-prices its three steps one after another (each the cheapest algorithm for its communicator: ``predict``) below every
+Bcast or Reduce_scatter_block (this one while a host's run of blocks fits the host arena's slot) is composed where the
+cost model prices its steps one after another (each the cheapest algorithm for its communicator: ``predict``) below every
 algorithm for the whole communicator, or, since a composition puts only the fewest bytes on the links, below the
 other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
 """
@@ -33,7 +37,8 @@ from . import ops as _ops
 from .algorithms import cost as cost_model
 from .algorithms.base import Call, Layout, offsets
 from .algorithms.check import CHECK_CALLS
-from .algorithms.registry import ALGO, LINK_MINIMAL, REPRODUCIBLE, link_tolerance, preferred, ranked_cached
+from .algorithms.registry import (ALGO, LINK_MINIMAL, LINK_TOLERANCE, REPRODUCIBLE, link_tolerance, preferred, ranked,
+                                  ranked_cached)
 from .buffers import IN_PLACE
 from .config import _ENV_BYTES, size_param
 from .transport.arena import shared_core_slot_bytes
@@ -43,22 +48,24 @@ SMP_BYTES = size_param(
     "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
     "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather, "
-    "Bcast or Reduce_scatter_block (while its vector fits a host arena's slot) where the cost model prices that "
-    "composition below the flat algorithms. 0: never.")
+    "Bcast or Reduce_scatter_block (by rails, while a host's run of blocks fits a host arena's slot) where the cost "
+    "model prices that composition below the flat algorithms. 0: never.")
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
 _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
-# leaders, its share of the call's bytes: the whole call, or one host's part of it). Reduce_scatter_block only while
-# the whole vector fits the host arena's slot (``_fits_slot``).
-_WHOLE, _HOST_PART = "whole", "host part"
+# leaders (one rank per host, as a rail), its share of the call's bytes: the whole call, one host's part of it, that
+# part once for each host, or one rail's). Reduce_scatter_block only while one host's run of blocks fits the host
+# arena's slot (``_fits_slot``).
+_WHOLE, _HOST_PART, _EACH_HOST_PART, _RAIL_PART = "whole", "host part", "each host's part", "rail part"
 _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "allreduce": (("reduce", True, _WHOLE), ("allreduce", False, _WHOLE), ("broadcast", True, _WHOLE)),
     "allgather": (("gather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _WHOLE)),
     "broadcast": (("broadcast", True, _WHOLE), ("broadcast", False, _WHOLE), ("broadcast", True, _WHOLE)),
-    "reduce_scatter": (("reduce", True, _WHOLE), ("reduce_scatter", False, _WHOLE), ("scatter", True, _HOST_PART)),
+    # by rails (``_rails_reduce_scatter``): one host call per host's run of blocks, then the rail's (one rank per host)
+    "reduce_scatter": (("reduce_scatter", True, _EACH_HOST_PART), ("reduce_scatter", False, _RAIL_PART)),
 }
 
 
@@ -79,12 +86,13 @@ def _regular(call: Call) -> bool:
     return bool(call.counts)
 
 
-def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any) -> float:
-    """The model's time for the cheapest algorithm of ``coll`` on ``nbytes`` (the whole vector) over ``lay``."""
+def _cheapest(model: Any, coll: str, nbytes: int, lay: Layout, op: Any, shared: bool = True) -> float:
+    """The model's time for the cheapest algorithm of ``coll`` on ``nbytes`` (the whole vector) over ``lay``
+    (``shared``: through the selection's cache, which holds one model's answers; a derived model's are not kept)."""
     probe = Call(coll, np.dtype(np.uint8), op=op if coll in _REDUCING else None, total=nbytes,
                  counts=[nbytes // lay.size] * lay.size if coll in ("gather", "scatter", "allgather", "reduce_scatter")
                  else [])
-    options = ranked_cached(coll, nbytes, lay, model, probe)  # shared with select and the other compositions
+    options = ranked_cached(coll, nbytes, lay, model, probe) if shared else ranked(probe, lay, model)
     return options[0][0] if options else float("inf")
 
 
@@ -104,10 +112,16 @@ def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, roo
         steps = steps[1:]
     host, leaders = Layout.flat(max(lay.local_sizes)), Layout(tuple(range(lay.hosts)))
     op = op if op is not None else _ops.SUM
-    total = 0.0
+    total, rails = 0.0, max(lay.local_sizes)
     for step, on_host, share in steps:
-        size = nbytes if share == _WHOLE else nbytes // lay.hosts
-        total += _cheapest(model, step, size, host if on_host else leaders, op)
+        size = {_WHOLE: nbytes, _RAIL_PART: nbytes // rails}.get(share, nbytes // lay.hosts)
+        times = lay.hosts if share == _EACH_HOST_PART else 1
+        # every rail crosses the links at once: each has its share of a host's link
+        if share == _RAIL_PART:
+            time = _cheapest(model.sharing_links(rails), step, size, leaders, op, shared=False)
+        else:
+            time = _cheapest(model, step, size, host if on_host else leaders, op)
+        total += times * time
     return total
 
 
@@ -122,12 +136,16 @@ class HostComposition:
         self.leader = self.groups[self.host][0] == comm._rank
         self.host_comm: Any = None
         self.leaders: Any = None
+        self.column: Any = None  # the ranks of this rank's local index on every host (an even layout's rail)
         # the leaders' communicator: each host's first rank, in parent rank order; and each host's rank in it
         self.firsts = sorted(g[0] for g in self.groups)
         self.leader_rank = [self.firsts.index(g[0]) for g in self.groups]
         # every host the same number of ranks, numbered host by host: a host's blocks are one contiguous run
         size = len(self.groups[0])
         self.even = all(list(g) == list(range(g[0], g[0] + size)) for g in self.groups)
+        self._hosts_last_mine = [h for h in range(len(self.groups)) if h != self.host] + [self.host]
+        self._scratch_buf = np.zeros(0, np.uint8)  # reused between calls: fresh pages cost a fault each
+        self.by_rails = 0  # Reduce_scatter_block calls composed by rails (for tests and debugging)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
         # the host's ranks take turns on shared cores: a rank whose post its leader waits for hands the core over
         self.shares_cores = bool(comm._engine.oversubscribed)
@@ -159,7 +177,8 @@ class HostComposition:
         """Whether the composed call is the choice: priced below every algorithm for the whole communicator, or the
         cheapest of those that put the fewest bytes on the links (with the hierarchical one or the chain) and within
         PYCOLL_LINK_TOLERANCE of the cheapest (``registry.preferred``)."""
-        if call.coll not in _PRICED or (call.coll == "reduce_scatter" and not self._fits_slot(call.size_bytes)):
+        if call.coll not in _PRICED or (call.coll == "reduce_scatter"
+                                        and not self._fits_slot(call.size_bytes // len(self.groups))):
             return False
         model = cost_model.current()
         if self._priced_by is not model:
@@ -179,12 +198,12 @@ class HostComposition:
         return known
 
     def _fits_slot(self, nbytes: int) -> bool:
-        """Whether a vector of ``nbytes`` fits one slot of the largest host's arena where its ranks share cores
-        (``shared_core_slot_bytes``: from the layout alone, so every rank answers alike whatever its machine), where
-        the host's Reduce of it takes the compiled slots path. Beyond, the composed Reduce_scatter_block's
-        whole-vector Reduce in the host goes through the staged path: at 4 ranks on 2 namespace hosts (each host's
-        ranks on one core) it took 1.3x the hierarchical algorithm's time at 2 and 4 MiB (1.1-1.2x with the vector cut
-        to fit), where within a slot it took 0.55-0.7x at 512 KiB and 1 MiB, which the model does not tell apart."""
+        """Whether ``nbytes`` fit one slot of the largest host's arena where its ranks share cores
+        (``shared_core_slot_bytes``: from the layout alone, so every rank answers alike whatever its machine): a
+        composed Reduce_scatter_block's host steps, one host's run of blocks each, then take the compiled slots path.
+        Beyond, the staged path served the host's step (whole-vector Reduce, as composed before the rails) in 1.3x
+        the hierarchical algorithm's time at 2 and 4 MiB, 4 ranks on 2 namespace hosts; by rails within a slot the
+        composition took 0.7x its time at 2 MiB (1.12-1.15 ms against 1.63-1.66)."""
         return nbytes <= shared_core_slot_bytes(max(len(g) for g in self.groups))
 
     def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
@@ -192,19 +211,24 @@ class HostComposition:
         PYCOLL_SMP_BYTES: what decided to compose it (``takes``, a forced algorithm, the checks, reproducibility)
         depends on the plan's shape and on environment words the closure rechecks, so a call only rebinds its
         views and runs the composition, and ``ran(collective, bytes)`` records it; the closure declines (False,
-        nothing done) once any of them changed. Larger calls, priced by the cost model, keep the general path."""
+        nothing done) once any of them changed. A larger call, composed because the cost model priced it so, also
+        declines once the model in force or PYCOLL_LINK_TOLERANCE changed."""
         env, c = _ENV_BYTES, self.comm
-        if env is None or call.size_bytes > SMP_BYTES.get():
+        if env is None:
             return False
-        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key)
-        ka, kc, kr, ks = keys
-        va, vc, vr, vs = (env.get(k) for k in keys)
+        model = cost_model._current if call.size_bytes > SMP_BYTES.get() else None
+        if call.size_bytes > SMP_BYTES.get() and model is None:
+            return False
+        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key, LINK_TOLERANCE.env_key)
+        ka, kc, kr, ks, kt = keys
+        va, vc, vr, vs, vt = (env.get(k) for k in keys)
         mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
         views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
-        part, host, leaders = self._part(call), self.host_comm, self.leaders
+        part, host, leaders, column = self._part(call), self.host_comm, self.leaders, self.column
 
         def fast(args: tuple) -> bool:
-            if env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or c._reproducible is not mine:
+            if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or env.get(kt) != vt
+                    or c._reproducible is not mine or (model is not None and cost_model._current is not model)):
                 return False
             bound = views(args)
             if bound is None:
@@ -212,8 +236,9 @@ class HostComposition:
             live(label, numbered=True)
             if part is not None:
                 host.timeout = c.timeout
-                if leaders is not None:
-                    leaders.timeout = c.timeout
+                for sub in (leaders, column):
+                    if sub is not None:
+                        sub.timeout = c.timeout
                 part(*bound)
             else:
                 run(make_call(*bound))
@@ -243,6 +268,9 @@ class HostComposition:
         if coll == "allreduce":
             allreduce = self._leader_allreduce if lead else self._member_allreduce
             return lambda send, recv: allreduce(send, recv, op, in_place)
+        if coll == "reduce_scatter" and not in_place and call.size_bytes > SMP_BYTES.get():
+            rails, block = self._rails_reduce_scatter, call.counts[0]
+            return lambda send, recv: rails(send, recv, block, op, False)
         return None
 
     def _comms(self) -> None:
@@ -251,12 +279,20 @@ class HostComposition:
             self.host_comm = c._derived(self.groups[self.host], ("host", self.host), f"{c._name}.host")
             leaders = c._derived(self.firsts, ("leaders",), f"{c._name}.leaders")
             self.leaders = leaders if self.leader else None
+            if self.even:  # the other rails (the leaders' is the first)
+                me = self.groups[self.host].index(c._rank)
+                self.column = self.leaders
+                for j in range(1, len(self.groups[0])):
+                    rail = c._derived([g[j] for g in self.groups], ("column", j), f"{c._name}.column{j}")
+                    if j == me:
+                        self.column = rail
 
     def run(self, call: Call) -> None:
         self._comms()
         self.host_comm.timeout = self.comm.timeout  # the parent's, as the user may have changed it
-        if self.leaders is not None:
-            self.leaders.timeout = self.comm.timeout
+        for c in (self.leaders, self.column):
+            if c is not None:
+                c.timeout = self.comm.timeout
         part = self._part(call)
         if part is not None:
             part(call.send, call.recv)
@@ -265,10 +301,10 @@ class HostComposition:
 
     def free(self) -> None:
         """Release the two communicators (with their arena), as the parent is freed."""
-        for c in (self.host_comm, self.leaders):
+        for c in (self.host_comm, self.leaders, self.column if self.column is not self.leaders else None):
             if c is not None:
                 c.free()
-        self.host_comm = self.leaders = None
+        self.host_comm = self.leaders = self.column = None
 
     def _host_bcast(self, buf: Any, root: int, incoming: int) -> None:
         """The host's Bcast from local rank ``root``; the ranks other than the leader wait asleep where the leaders'
@@ -355,6 +391,14 @@ class HostComposition:
             if arena is not None and arena.has_posted(0, arena.ops):
                 os.sched_yield()
 
+    def _scratch(self, dtype: np.dtype, count: int) -> np.ndarray:
+        """``count`` elements of ``dtype`` from a buffer kept for the next call (fresh pages cost the first writer a
+        fault each: at 1 MiB that was about a tenth of a composed Reduce_scatter_block)."""
+        need = count * dtype.itemsize
+        if self._scratch_buf.nbytes < need:
+            self._scratch_buf = np.empty(need, np.uint8)
+        return self._scratch_buf[:need].view(dtype)
+
     def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
         """This host's contiguous run of ``block``-element blocks in ``arr`` (the layout is ``even``)."""
         group = self.groups[self.host]
@@ -373,6 +417,10 @@ class HostComposition:
 
     def _reduce_scatter(self, call: Call) -> None:
         assert call.send is not None and call.recv is not None and call.op is not None
+        if call.size_bytes > SMP_BYTES.get():
+            self._rails_reduce_scatter(call.send, call.recv, call.counts[0], call.op, call.in_place)
+            return
+        # small: one-sided steps for the host's other ranks (post, then wait once), through the leader
         block, op = call.counts[0], call.op
         out = np.empty(block, call.send.dtype)
         if self.leader:
@@ -385,6 +433,25 @@ class HostComposition:
             self.host_comm.Reduce(call.send, None, op, 0)
             self.host_comm.Scatter(None, out, 0)
         call.recv[:block] = out
+
+    def _rails_reduce_scatter(self, send: np.ndarray, recv: np.ndarray, block: int, op: Any, in_place: bool) -> None:
+        """Reduce_scatter_block by rails: every rank works. The host reduce-scatters each host's run of blocks (the
+        other hosts' first), which leaves each rank its host's sums of its rail's blocks (the blocks of its local
+        index on every host); the rail's ranks then reduce-scatter those, one block each over the network (between
+        two hosts, one frame each way: ``pycoll.paired``). The links carry the fewest bytes, as through the leaders,
+        and no rank reduces or sends the whole host's vector alone."""
+        self.by_rails += 1
+        hosts, region = len(self.groups), len(self.groups[0]) * block
+        scratch = self._scratch(send.dtype, (hosts + in_place) * block)
+        partial = scratch[:hosts * block]
+        host_rs = self.host_comm.Reduce_scatter_block
+        for h in self._hosts_last_mine:
+            host_rs(send[h * region:(h + 1) * region], partial[h * block:(h + 1) * block], op)
+        # in place, the input is in recv until the rail's step is done
+        out = scratch[hosts * block:] if in_place else recv[:block]
+        self.column.Reduce_scatter_block(partial, out, op)
+        if in_place:
+            recv[:block] = out
 
     def _alltoall(self, call: Call) -> None:
         assert call.send is not None and call.recv is not None

@@ -391,3 +391,62 @@ def test_cma_programs(tmp_path, coll: str, vector: bool, p: int) -> None:
                 assert np.array_equal(got, want[r]), f"{coll} p={p} count={count} in_place={in_place} rank {r}"
     for a in arenas:
         a.close()
+
+
+@need_numba
+@pytest.mark.parametrize("coll,ranks,me", [("reduce_scatter", 2, 0), ("reduce_scatter", 3, 1), ("reduce_scatter", 3, 2),
+                                           ("reduce", 3, 1)])
+def test_slots_kernel_leaves_the_range_no_peer_reads_out_of_its_slot(tmp_path, coll: str, ranks: int, me: int) -> None:
+    """A Reduce_scatter's own block and a Reduce root's vector are read by no peer: the compiled rank copies the rest
+    of its vector into its slot (the own range keeps what was there), folds its own row from its send buffer, and
+    meets peers that posted through the Python path. The Python twin of the fold (a call that left the kernel for
+    the schedule) reads that row from the send buffer too. In place the output may overlap the row: all is copied."""
+    from pycoll.algorithms import slots
+    from pycoll.algorithms.base import Call, offsets
+    from pycoll.p2p_protocol import Sig
+
+    dt, counts = np.dtype(np.int64), [5, 3, 4][:ranks]
+    n = sum(counts) if coll == "reduce_scatter" else 7
+    rows = np.random.default_rng(ranks + me).integers(-1000, 1000, (ranks, n)).astype(dt)
+
+    def call_of(r: int, in_place: bool = False) -> Call:
+        if coll == "reduce_scatter":
+            return Call(coll, dt, send=rows[r].copy(), recv=np.full(counts[r], -7, dt), op=ops.SUM, counts=counts,
+                        in_place=in_place)
+        return Call(coll, dt, send=rows[r].copy(), recv=np.full(n, -7, dt) if r == me else None, op=ops.SUM, root=me,
+                    in_place=in_place)
+
+    assert not slots.Program(call_of(me, in_place=True), ranks, me).own
+    path = str(tmp_path / "slots")
+    arenas = [A.HostArena(path, 0, ranks, 4096, create=True)]
+    arenas += [A.HostArena(path, r, ranks, 4096, create=False) for r in range(1, ranks)]
+    try:
+        sig, opno = Sig(kind=5, dtype=3, op=1, count=n), 1
+        words = arena_jit.sig_words(sig)
+        for r in range(ranks):
+            arenas[r].seq = 1
+            if r != me:  # a peer on the Python path
+                call = call_of(r)
+                prog = slots.Program(call, ranks, r)
+                slots._pack_py(arenas[r], opno, call, prog)
+                arenas[r].post(opno, words, nbytes=prog.nbytes)
+        mine, call = arenas[me], call_of(me)
+        prep = slots.Prepared(mine, call, sig, me, K)
+        assert prep.prog.own and prep.ok
+        lo, count = (offsets(counts)[me], counts[me]) if coll == "reduce_scatter" else (0, n)
+        slot = mine.slot(me, opno)[: n * dt.itemsize].view(dt)
+        slot[:] = -99
+        gate = arena_jit.Gate(0.01)
+        status = slots.run_kernel(K, prep, mine, opno, call.send, call.recv, gate)
+        assert status & 3 == arena_jit.DONE
+        expected = rows.sum(axis=0)[lo:lo + count]
+        assert call.recv.tolist() == expected.tolist()
+        kept = np.ones(n, bool)
+        kept[lo:lo + count] = False
+        assert (slot[~kept] == -99).all() and slot[kept].tolist() == rows[me][kept].tolist()
+        call.recv[:] = -7
+        slots._unpack_py(None, mine, opno, call, prep.prog)
+        assert call.recv.tolist() == expected.tolist()
+    finally:
+        for a in reversed(arenas):
+            a.close()

@@ -470,7 +470,7 @@ def test_a_segmented_hierarchical_call_is_priced_as_a_pipeline(monkeypatch: pyte
 @pytest.mark.parametrize("tolerance", ["0.1", "0"])
 def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper(tolerance, monkeypatch) -> None:
     """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks, and a Reduce_scatter_block
-    whose vector fits the host arena's slot (1 MiB here), runs composed exactly where the host and leaders' steps are
+    one host's run of whose blocks fits the host arena's slot (1 MiB here, so up to 2 MiB), runs composed exactly where the host and leaders' steps are
     priced below every algorithm for the whole communicator, or below the link-minimal ones and within
     PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and the tolerance; a larger
     Reduce_scatter_block and every Alltoall stay with the algorithms."""
@@ -485,13 +485,13 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
     seen, scattered = set(), set()
     for model in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118), CostModel()):
         cost.use(model)
-        for nbytes in (1 << 20, 4 << 20, 16 << 20, 64 << 20):
+        for nbytes in (1 << 20, 2 << 20, 4 << 20, 16 << 20, 64 << 20):
             a = np.empty(nbytes // 4, np.float32)
             counts = [len(a) // 4] * 4
             scatter = Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts)
             calls = [Call("allreduce", F32, a, a.copy(), ops.SUM), Call("broadcast", F32, recv=a),
                      Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4)]
-            if nbytes <= 1 << 20:
+            if nbytes <= 2 << 20:
                 calls.append(scatter)
             else:
                 assert not choice.takes(scatter)
@@ -525,6 +525,24 @@ def test_ranks_short_of_cores_pay_a_hand_over_per_message_across_hosts_too() -> 
         added = chain(m, n, two_each) - chain(dataclasses.replace(m, handover_us=0.0), n, two_each)
         assert added == pytest.approx(msgs * m.handover_us * 1e-6 if m is short else 0.0, abs=1e-9)
     assert chain(short, n, Layout((0, 1))) == chain(dataclasses.replace(short, handover_us=0.0), n, Layout((0, 1)))
+
+
+def test_a_reduce_scatter_composed_by_rails_prices_its_rails_sharing_the_link() -> None:
+    """By rails, a Reduce_scatter_block is one host step per host's run of blocks, then every rail's reduce-scatter
+    across the hosts at once, each with its share of the host's link: at 1 Gbit/s the links then carry (H-1)/H of
+    the vector each way, and the model charges that, not one rail's bytes alone."""
+    from pycoll import composed
+
+    lay, n = Layout((0, 0, 1, 1, 2, 2)), 3 << 20
+    for m in (CostModel(cores=1), dataclasses.replace(CostModel(cores=1), net_GBps=0.118)):
+        host = min(t for t, _ in ranked(Call("reduce_scatter", np.dtype(np.uint8), op=ops.SUM, counts=[n // 6] * 2,
+                                             total=n // 3), Layout.flat(2), m))
+        rail = min(t for t, _ in ranked(Call("reduce_scatter", np.dtype(np.uint8), op=ops.SUM, counts=[n // 6] * 3,
+                                             total=n // 2), Layout((0, 1, 2)), m.sharing_links(2)))
+        assert composed.predict(m, "reduce_scatter", n, lay, ops.SUM) == pytest.approx(3 * host + rail)
+    slow = dataclasses.replace(CostModel(cores=1), net_GBps=0.118)
+    link_bound = (2 / 3) * n / (slow.net_GBps * 1e9)  # what each host's link carries each way, at the link's rate
+    assert link_bound < composed.predict(slow, "reduce_scatter", n, lay, ops.SUM) < 1.25 * link_bound
 
 
 def test_a_composed_bcast_from_a_leader_overlaps_its_hosts_steps() -> None:

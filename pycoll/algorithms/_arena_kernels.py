@@ -561,8 +561,10 @@ def blocks(words, stages, send, recv, sd, rd, counts, me, bases, sig, opno, mode
 
 _NBYTES_WORD = _arena.NBYTES
 (M_ME, M_OPNO, M_NBYTES, M_POLLS, M_OP, M_LO, M_HI, M_SOFF, M_DOFF, M_N, M_SIZE, M_NHEAD, M_NPACK, M_NUNPACK, M_SEQ,
- M_VHASH, M_YIELDS, M_YIELD_FN) = range(18)
-M_BASES = 18  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
+ M_VHASH, M_YIELDS, M_YIELD_FN, M_OWN) = range(19)
+# M_OWN: 1 where no peer reads this rank's own fold range (a Reduce_scatter's block, a Reduce root's vector): the rank
+# copies the rest of its vector in and folds its own row from its send buffer
+M_BASES = 19  # then: bases[size], expect[size], reads[size], head[nhead], pack[npack][3], unpack[nunpack][4]
 _UNPOSTED = 16  # or'ed into WAITING: nothing was packed or posted (peers had not finished the call two back)
 
 
@@ -700,20 +702,45 @@ def slots_move(words, slots, send, recv, meta, sig, opno, seq, lag):
 
 
 @njit(cache=True, nogil=True)
-def slots_fold(slots, recv, meta):
-    """recv[d_off:+n] = op over ranks lo..hi-1 of their slots' elements [s_off, +n), in rank order."""
-    par, op = meta[M_OPNO] % _DEPTH, meta[M_OP]
+def _fold_row(out, row, op, first):
+    if first:
+        for i in range(len(out)):
+            out[i] = row[i]
+    else:
+        for i in range(len(out)):
+            out[i] = _combine(op, out[i], row[i])
+
+
+@njit(cache=True, nogil=True)
+def _fold_pair(out, a, b, op):
+    for i in range(len(out)):
+        out[i] = _combine(op, a[i], b[i])
+
+
+@njit(cache=True, nogil=True)
+def slots_fold(slots, send, recv, meta):
+    """recv[d_off:+n] = op over ranks lo..hi-1 of their slots' elements [s_off, +n), in rank order (this rank's own
+    row from ``send`` where ``M_OWN``)."""
+    par, op, me = meta[M_OPNO] % _DEPTH, meta[M_OP], meta[M_ME]
     lo, hi, s_off, d_off, n = meta[M_LO], meta[M_HI], meta[M_SOFF], meta[M_DOFF], meta[M_N]
     if hi <= lo:
         return
     out = recv[d_off:d_off + n]
-    first = slots[lo, par, s_off:s_off + n]
-    for i in range(n):
-        out[i] = first[i]
-    for q in range(lo + 1, hi):
-        row = slots[q, par, s_off:s_off + n]
-        for i in range(n):
-            out[i] = _combine(op, out[i], row[i])
+    own = meta[M_OWN] != 0
+    start = lo
+    if hi - lo >= 2:  # the first two rows in one pass
+        start = lo + 2
+        if own and me == lo:
+            _fold_pair(out, send[s_off:s_off + n], slots[lo + 1, par, s_off:s_off + n], op)
+        elif own and me == lo + 1:
+            _fold_pair(out, slots[lo, par, s_off:s_off + n], send[s_off:s_off + n], op)
+        else:
+            _fold_pair(out, slots[lo, par, s_off:s_off + n], slots[lo + 1, par, s_off:s_off + n], op)
+    for q in range(start, hi):
+        if own and q == me:
+            _fold_row(out, send[s_off:s_off + n], op, q == lo)
+        else:
+            _fold_row(out, slots[q, par, s_off:s_off + n], op, q == lo)
     if op == _AVG:
         for i in range(n):
             out[i] = _mean(out[i], hi - lo)
@@ -728,12 +755,17 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
     if lag and not _peers_done(words, meta, opno - _DEPTH):
         return _WAITING | _UNPOSTED
     mine = slots[meta[M_ME], meta[M_OPNO] % _DEPTH]
-    for i in range(len(send)):
+    skip_lo, skip_hi = len(send), len(send)
+    if meta[M_OWN]:  # the range only this rank reads stays out of its slot
+        skip_lo, skip_hi = meta[M_SOFF], meta[M_SOFF] + meta[M_N]
+    for i in range(skip_lo):
+        mine[i] = send[i]
+    for i in range(skip_hi, len(send)):
         mine[i] = send[i]
     status = _meet_slots(words, meta, sig)
     if status & 3 != _DONE:
         return status
-    slots_fold(slots, recv, meta)
+    slots_fold(slots, send, recv, meta)
     return _finish(words, meta[M_ME], meta[M_SIZE], meta[M_OPNO]) | (status & _WAKE)
 
 

@@ -188,6 +188,10 @@ class CostModel:
         return lat, max(total - lat, 0.0)
 
     # ---- building blocks the algorithms' cost functions use -------------------------------------
+    def sharing_links(self, flows: int) -> "CostModel":
+        """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link."""
+        return dataclasses.replace(self, net_GBps=self.net_GBps / max(flows, 1))
+
     def over(self, lay: Layout) -> float:
         """How much CPU-bound work stretches when a host runs more ranks than it has cores."""
         cores = self.cores or os.cpu_count() or 1

@@ -11,7 +11,6 @@ host h's j-th rank, and need the same number of ranks on every host.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -48,16 +47,11 @@ def _column(lay: Layout, j: int) -> list[int]:
     return [g[j] for g in lay.groups if j < len(g)]
 
 
-def _inter_model(m: CostModel, flows: int) -> CostModel:
-    """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link."""
-    return dataclasses.replace(m, net_GBps=m.net_GBps / max(flows, 1))
-
-
 def _inner_allreduce(m: CostModel, n: float, hosts: int, flows: int) -> tuple[float, str]:
     """Cheapest flat allreduce among ``hosts`` ranks (one per host) for ``n`` bytes."""
     lay = Layout(tuple(range(hosts)))
     probe = Call("allreduce", np.dtype(np.uint8), recv=np.empty(0, np.uint8))
-    options = [(a.predict(_inter_model(m, flows), n, lay), a.name) for a in ALGORITHMS["allreduce"].values()
+    options = [(a.predict(m.sharing_links(flows), n, lay), a.name) for a in ALGORITHMS["allreduce"].values()
                if a.name != "hierarchical" and a.refusal(probe, lay) is None]
     return min(options) if options else (0.0, "ring")
 
@@ -157,7 +151,7 @@ def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float
     piece = n / segments
     shm = m.ring(Layout.flat(local), local - 1, (local - 1) / local * piece,
                  reduced=((local - 1) / local * piece) if reduced else 0)
-    net_model = _inter_model(m, local)
+    net_model = m.sharing_links(local)
     chunk = piece / local
     net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
                          reduced=((hosts - 1) / hosts * chunk) if reduced else 0)

@@ -60,7 +60,8 @@ def _cost(m: CostModel, n: float, lay: Layout) -> float:
 class Program:
     """What one rank does in a ``slots`` call, in bytes (or elements, for the folds)."""
 
-    __slots__ = ("head", "pack", "nbytes", "expect", "unpack", "fold", "pack_from_recv", "typed", "reads", "one_sided")
+    __slots__ = ("head", "pack", "nbytes", "expect", "unpack", "fold", "pack_from_recv", "typed", "reads", "one_sided",
+                 "own")
 
     def __init__(self, call: Call, p: int, me: int) -> None:
         isz = call.dtype.itemsize
@@ -70,6 +71,7 @@ class Program:
         self.unpack = _EMPTY_I64
         self.expect = np.full(p, -1, np.int64)
         self.fold = (0, 0, 0, 0, 0)  # (lo, hi, slot offset, recv offset, count), in elements
+        self.own = False  # this rank's fold range stays out of its slot: it folds that row from its send buffer
         self.pack_from_recv = False
         self.typed = coll in _REDUCING
         nbytes = 0
@@ -138,6 +140,9 @@ class Program:
                 self.fold = (0, me + 1, 0, 0, n)
             elif coll == "exscan":
                 self.fold = (0, me, 0, 0, n)
+            # a Reduce root's vector and a Reduce_scatter's own block are read by no peer (in place, the output
+            # may overlap the row being folded)
+            self.own = coll in ("reduce", "reduce_scatter") and self.fold[1] > self.fold[0] and not call.in_place
         self.nbytes = nbytes  # the bytes this rank's contribution takes in its slot
         # the peers whose slots this rank reads: the only ones it waits for (a Bcast root, a Gather or Reduce leaf
         # and Scan's rank 0 wait for nobody), and whose calls and sizes it checks
@@ -158,7 +163,7 @@ def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, wor
     lo, hi, s_off, d_off, n = prog.fold
     vhash = np.array([words[3]], np.uint64).view(np.int64)[0]  # the unfolded word, its bits as an int64
     head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
-            prog.unpack.shape[0], 0, vhash, 0, 0]
+            prog.unpack.shape[0], 0, vhash, 0, 0, int(prog.own)]
     return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.reads, prog.head,
                            prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
 
@@ -227,8 +232,13 @@ _NO_BYTES = np.zeros(0, np.uint8)
 def _pack_py(arena: HostArena, op: int, call: Call, prog: Program) -> None:
     slot = arena.slot(arena.rank, op)
     if prog.typed:
-        n = call.send.nbytes
-        HOST.copy(slot[:n], _bytes(call.send))
+        src = _bytes(call.send)
+        if prog.own:  # as the kernel: the rest of the vector
+            isz, s_off, n = call.dtype.itemsize, prog.fold[2], prog.fold[4]
+            HOST.copy(slot[:s_off * isz], src[:s_off * isz])
+            HOST.copy(slot[(s_off + n) * isz:src.size], src[(s_off + n) * isz:])
+        else:
+            HOST.copy(slot[:src.size], src)
         return
     if prog.head.size:
         slot[: prog.head.size * 8] = prog.head.view(np.uint8)
@@ -249,7 +259,8 @@ def _unpack_py(st: Steps, arena: HostArena, op: int, call: Call, prog: Program) 
         if hi <= lo:
             return
         isz = call.dtype.itemsize
-        views = [arena.slot(q, op)[s_off * isz:(s_off + n) * isz].view(call.dtype) for q in range(lo, hi)]
+        views = [call.send[s_off:s_off + n] if prog.own and q == me else
+                 arena.slot(q, op)[s_off * isz:(s_off + n) * isz].view(call.dtype) for q in range(lo, hi)]
         ufunc, acc = call.op.ufunc, views[0]
         for v in views[1:]:  # a new result each step: NumPy's complex product differs in its last bits with out= aliased
             acc = ufunc(acc, v)

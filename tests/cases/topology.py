@@ -221,3 +221,49 @@ def paired_calls(ctx):
         ctx.check(f"Bcast {k} #{i}", calls["Bcast"](k, mine(me, k)), want["Bcast"](k))
     ctx.record("Bcast past the chunk: frames exchanged in C", engine.frames_exchanged - before)
     comm.Barrier()
+
+
+@case
+def reduce_scatter_by_rails(ctx):
+    """Reduce_scatter_block above PYCOLL_SMP_BYTES on hosts of equal size, where the cost model composes it: by rails
+    (each host's run of blocks reduce-scattered in the host, then each rail's ranks across the hosts). Ops x dtypes,
+    odd block counts, in place and out of place, each plan three times with fresh arrays and buffer specs (from the
+    second call, the plan's closure): every result matches NumPy and the input is left as it was; records the
+    algorithm of each call and how many calls went by rails."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll internals")
+    from pycoll.algorithms import last_choice
+
+    from . import reduce_ref, tolerance
+
+    comm, p, me, MPI = ctx.comm.Dup(), ctx.size, ctx.rank, ctx.MPI
+    named = {"float32": MPI.FLOAT, "int64": MPI.INT64_T, "float64": MPI.DOUBLE, "complex64": MPI.C_FLOAT_COMPLEX,
+             "int32": MPI.INT}
+    chosen = []
+    for op, dt, block in (("SUM", np.dtype(np.float32), 20011), ("MAX", np.dtype(np.int64), 16411),
+                          ("PROD", np.dtype(np.float64), 16411), ("SUM", np.dtype(np.complex64), 9001),
+                          ("BXOR", np.dtype(np.int32), 70001)):
+        if not ctx.supports(op, dt):
+            continue
+        for repeat in range(3):
+            inputs = [ctx.data(dt, p * block, q, op=op) for q in range(p)]
+            want = reduce_ref(op, inputs, dt)[me * block:(me + 1) * block]
+            rtol, atol = tolerance(op, dt)
+            lab = f"Reduce_scatter_block op={op} dtype={dt.name} block={block} call {repeat}"
+            mine = inputs[me].copy()
+            out = np.full(block, 7, dt)
+            comm.Reduce_scatter_block([mine, named[dt.name]], [out, named[dt.name]], op=ctx.op(op))
+            chosen.append(last_choice.algorithm)
+            ctx.record(f"{dt.name} {block}", last_choice.algorithm)
+            ctx.check(lab, out, want, rtol, atol)
+            ctx.check(lab + " (sendbuf unchanged)", mine, inputs[me])
+            if op == "SUM":
+                inout = inputs[me].copy()
+                comm.Reduce_scatter_block(MPI.IN_PLACE, inout, op=ctx.op(op))
+                chosen.append(last_choice.algorithm)
+                ctx.check(lab + " in place", inout[:block], want, rtol, atol)
+    ctx.record("chosen", sorted(set(chosen)))
+    composed = comm._x.composed
+    ctx.record("by rails", composed.by_rails if composed is not None else 0)
+    ctx.record("closure", any(plan.fast for (label, _), plan in comm._x.plans.items() if label == "Reduce_scatter_block"))
+    comm.Free()
