@@ -8,7 +8,8 @@ the leader's release broadcast (one-sided steps inside a host). Bcast: inside th
 leaders (a leader root sends to the other hosts first), then inside the other hosts. Reduce: reduce to each leader, reduce
 among the leaders to the root's, which hands the result to the root. Allgather and Reduce_scatter_block, where
 every host holds the same number of ranks, numbered host by host: gather to (reduce to) the leader, the
-collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader; Alltoall likewise
+collective among the leaders over whole hosts' blocks, broadcast (scatter) from the leader (a larger Allgather
+gathers the host's blocks to all its ranks first, and broadcasts only the other hosts' blocks); Alltoall likewise
 gathers every rank's blocks to its leader, exchanges them among the leaders by destination host and scatters
 them by destination rank. The network then
 carries one message per host per step (between two hosts, one frame each way: ``pycoll.paired``), and the steps
@@ -57,12 +58,14 @@ _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts 
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
 # leaders (one rank per host, as a rail), its share of the call's bytes: the whole call, one host's part of it, that
-# part once for each host, or one rail's). Reduce_scatter_block only while one host's run of blocks fits the host
+# part once for each host, the other hosts' parts, or one rail's). Reduce_scatter_block only while one host's run of blocks fits the host
 # arena's slot (``_fits_slot``).
 _WHOLE, _HOST_PART, _EACH_HOST_PART, _RAIL_PART = "whole", "host part", "each host's part", "rail part"
+_OTHER_HOSTS = "the other hosts' parts"
 _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
     "allreduce": (("reduce", True, _WHOLE), ("allreduce", False, _WHOLE), ("broadcast", True, _WHOLE)),
-    "allgather": (("gather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _WHOLE)),
+    # the host's blocks to all its ranks, the leaders' over whole hosts' runs, the other hosts' runs in the host
+    "allgather": (("allgather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _OTHER_HOSTS)),
     "broadcast": (("broadcast", True, _WHOLE), ("broadcast", False, _WHOLE), ("broadcast", True, _WHOLE)),
     # by rails (``_rails_reduce_scatter``): one host call per host's run of blocks, then the rail's (one rank per host)
     "reduce_scatter": (("reduce_scatter", True, _EACH_HOST_PART), ("reduce_scatter", False, _RAIL_PART)),
@@ -114,7 +117,8 @@ def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, roo
     op = op if op is not None else _ops.SUM
     total, rails = 0.0, max(lay.local_sizes)
     for step, on_host, share in steps:
-        size = {_WHOLE: nbytes, _RAIL_PART: nbytes // rails}.get(share, nbytes // lay.hosts)
+        size = {_WHOLE: nbytes, _RAIL_PART: nbytes // rails,
+                _OTHER_HOSTS: nbytes - nbytes // lay.hosts}.get(share, nbytes // lay.hosts)
         times = lay.hosts if share == _EACH_HOST_PART else 1
         # every rail crosses the links at once: each has its share of a host's link
         if share == _RAIL_PART:
@@ -271,6 +275,9 @@ class HostComposition:
         if coll == "reduce_scatter" and not in_place and call.size_bytes > SMP_BYTES.get():
             rails, block = self._rails_reduce_scatter, call.counts[0]
             return lambda send, recv: rails(send, recv, block, op, False)
+        if coll == "allgather" and not in_place and call.size_bytes > SMP_BYTES.get():
+            gather, block = self._host_first_allgather, call.counts[0]
+            return lambda send, recv: gather(send, recv, block, False)
         return None
 
     def _comms(self) -> None:
@@ -408,12 +415,30 @@ class HostComposition:
         recv, block, me = call.recv, call.counts[0], self.comm._rank
         assert recv is not None
         mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
+        if call.size_bytes > SMP_BYTES.get():
+            self._host_first_allgather(mine, recv, block, call.in_place)
+            return
         if self.leader:  # straight into the output, as the flat algorithms write it (the input stays as it was)
             self.host_comm.Gather(IN_PLACE if call.in_place else mine, self._host_region(recv, block), 0)
             self.leaders.Allgather(IN_PLACE, recv)
         else:
             self.host_comm.Gather(mine, None, 0)
         self._host_bcast(recv, 0, call.size_bytes - call.size_bytes // len(self.groups))  # the other hosts' blocks
+
+    def _host_first_allgather(self, mine: np.ndarray, recv: np.ndarray, block: int, in_place: bool) -> None:
+        """A larger Allgather: the host's blocks to all of its ranks first (an Allgather in the host, where every
+        rank sends and reads alike), then the leaders' over whole hosts' runs, then only the other hosts' runs
+        broadcast in the host. Through a Gather to the leader, its host-mates waited while it gathered their
+        blocks, and the host's Bcast carried the whole vector."""
+        group = self.groups[self.host]
+        lo, hi = group[0] * block, (group[-1] + 1) * block  # this host's run (the layout is ``even``)
+        self.host_comm.Allgather(IN_PLACE if in_place else mine, recv[lo:hi])
+        if self.leader:
+            self.leaders.Allgather(IN_PLACE, recv)
+        incoming = (recv.size - (hi - lo)) * recv.itemsize
+        for run in (recv[:lo], recv[hi:]):  # the other hosts' blocks
+            if run.size:
+                self._host_bcast(run, 0, incoming)
 
     def _reduce_scatter(self, call: Call) -> None:
         assert call.send is not None and call.recv is not None and call.op is not None

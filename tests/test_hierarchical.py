@@ -95,13 +95,18 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
 
 
 @pytest.mark.timeout(300)
-def test_reduce_scatter_block_composed_by_rails_on_two_hosts_of_two(tmp_path) -> None:
-    """Reduce_scatter_block past PYCOLL_SMP_BYTES on two hosts of two ranks, where the cost model composes it: by
-    rails, ops x dtypes x odd block counts, in and out of place, repeated through the plan's closure; each matches
-    NumPy. The host step's slots kernel leaves each rank's own block out of its slot (read from the send buffer)."""
-    res = harness.run_cases_on_hosts(["topology.reduce_scatter_by_rails"], hosts=2, n=4, out_dir=str(tmp_path),
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_large_reduce_scatter_block_and_allgather_composed_on_hosts_of_two(hosts, tmp_path) -> None:
+    """Reduce_scatter_block and Allgather past PYCOLL_SMP_BYTES on hosts of two ranks, where the cost model
+    composes them (the Reduce_scatter_block by rails, the Allgather host first): ops x dtypes x odd block counts, in
+    and out of place, repeated through the plan's closure; each matches NumPy. The host step's slots kernel leaves
+    each rank's own block out of its slot (read from the send buffer)."""
+    res = harness.run_cases_on_hosts(["topology.large_composed"], hosts=hosts, n=2 * hosts, out_dir=str(tmp_path),
                                      job_timeout=240)
     res.assert_ok()
-    assert set(map(tuple, res.records("topology.reduce_scatter_by_rails", "chosen").values())) == {("composed",)}
-    assert set(res.records("topology.reduce_scatter_by_rails", "by rails").values()) == {21}
-    assert set(res.records("topology.reduce_scatter_by_rails", "closure").values()) == {True}
+    for key in ("chosen", "allgather chosen"):
+        assert set(map(tuple, res.records("topology.large_composed", key).values())) == {("composed",)}, key
+    assert set(res.records("topology.large_composed", "by rails").values()) == {21}
+    assert set(res.records("topology.large_composed", "by rails after the allgathers").values()) == {21}
+    closures = res.records("topology.large_composed", "closure")
+    assert all(set(c.values()) == {True} for c in closures.values()), closures

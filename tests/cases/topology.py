@@ -224,10 +224,11 @@ def paired_calls(ctx):
 
 
 @case
-def reduce_scatter_by_rails(ctx):
-    """Reduce_scatter_block above PYCOLL_SMP_BYTES on hosts of equal size, where the cost model composes it: by rails
-    (each host's run of blocks reduce-scattered in the host, then each rail's ranks across the hosts). Ops x dtypes,
-    odd block counts, in place and out of place, each plan three times with fresh arrays and buffer specs (from the
+def large_composed(ctx):
+    """Reduce_scatter_block and Allgather above PYCOLL_SMP_BYTES on hosts of equal size, where the cost model composes
+    them: a Reduce_scatter_block by rails (each host's run of blocks reduce-scattered in the host, then each rail's
+    ranks across the hosts), an Allgather with the host's blocks gathered to all its ranks first. Ops x dtypes, odd
+    block counts, in place and out of place, each plan three times with fresh arrays and buffer specs (from the
     second call, the plan's closure): every result matches NumPy and the input is left as it was; records the
     algorithm of each call and how many calls went by rails."""
     if ctx.impl != "pycoll":
@@ -264,6 +265,28 @@ def reduce_scatter_by_rails(ctx):
                 ctx.check(lab + " in place", inout[:block], want, rtol, atol)
     ctx.record("chosen", sorted(set(chosen)))
     composed = comm._x.composed
-    ctx.record("by rails", composed.by_rails if composed is not None else 0)
-    ctx.record("closure", any(plan.fast for (label, _), plan in comm._x.plans.items() if label == "Reduce_scatter_block"))
+    scattered = composed.by_rails if composed is not None else 0
+    ctx.record("by rails", scattered)
+    # Allgather likewise: blocks of odd counts from fresh arrays, in and out of place
+    gathered = []
+    for dt, block in ((np.dtype(np.float32), 20011), (np.dtype(np.int64), 16411), (np.dtype(np.complex64), 9001)):
+        for repeat in range(3):
+            blocks = [ctx.data(dt, block, q, repeat) for q in range(p)]
+            want = np.concatenate(blocks)
+            lab = f"Allgather dtype={dt.name} block={block} call {repeat}"
+            mine = blocks[me].copy()
+            out = np.full(p * block, 7, dt)
+            comm.Allgather([mine, named[dt.name]], [out, named[dt.name]])
+            gathered.append(last_choice.algorithm)
+            ctx.check(lab, out, want)
+            ctx.check(lab + " (sendbuf unchanged)", mine, blocks[me])
+            inout = np.full(p * block, 7, dt)
+            inout[me * block:(me + 1) * block] = blocks[me]
+            comm.Allgather(MPI.IN_PLACE, [inout, named[dt.name]])
+            gathered.append(last_choice.algorithm)
+            ctx.check(lab + " in place", inout, want)
+    ctx.record("allgather chosen", sorted(set(gathered)))
+    ctx.record("by rails after the allgathers", composed.by_rails if composed is not None else 0)
+    ctx.record("closure", {label: any(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
+                           for label in ("Reduce_scatter_block", "Allgather")})
     comm.Free()
