@@ -272,9 +272,13 @@ class HostComposition:
         if coll == "allreduce":
             allreduce = self._leader_allreduce if lead else self._member_allreduce
             return lambda send, recv: allreduce(send, recv, op, in_place)
-        if coll == "reduce_scatter" and not in_place and call.size_bytes > SMP_BYTES.get():
-            rails, block = self._rails_reduce_scatter, call.counts[0]
-            return lambda send, recv: rails(send, recv, block, op, False)
+        if coll == "reduce_scatter" and not in_place:
+            block = call.counts[0]
+            if call.size_bytes > SMP_BYTES.get():
+                rails = self._rails_reduce_scatter
+                return lambda send, recv: rails(send, recv, block, op, False)
+            small = self._leader_reduce_scatter if lead else self._member_reduce_scatter
+            return lambda send, recv: small(send, recv, block, op)
         if coll == "allgather" and not in_place and call.size_bytes > SMP_BYTES.get():
             gather, block = self._host_first_allgather, call.counts[0]
             return lambda send, recv: gather(send, recv, block, False)
@@ -445,19 +449,23 @@ class HostComposition:
         if call.size_bytes > SMP_BYTES.get():
             self._rails_reduce_scatter(call.send, call.recv, call.counts[0], call.op, call.in_place)
             return
-        # small: one-sided steps for the host's other ranks (post, then wait once), through the leader
-        block, op = call.counts[0], call.op
-        out = np.empty(block, call.send.dtype)
-        if self.leader:
-            partial = np.empty_like(call.send)
-            self.host_comm.Reduce(call.send, partial, op, 0)
-            host_result = np.empty(block * len(self.groups[self.host]), call.send.dtype)
-            self.leaders.Reduce_scatter_block(partial, host_result, op)
-            self.host_comm.Scatter(host_result, out, 0)
-        else:
-            self.host_comm.Reduce(call.send, None, op, 0)
-            self.host_comm.Scatter(None, out, 0)
-        call.recv[:block] = out
+        small = self._leader_reduce_scatter if self.leader else self._member_reduce_scatter
+        small(call.send, call.recv, call.counts[0], call.op)
+
+    def _leader_reduce_scatter(self, send: np.ndarray, recv: np.ndarray, block: int, op: Any) -> None:
+        """A small Reduce_scatter_block's leader: the host's sum, the leaders' Reduce_scatter_block of whole hosts'
+        runs, then the host's run scattered (straight into the output: the input was read in the first step)."""
+        k = len(self.groups[self.host])
+        scratch = self._scratch(send.dtype, send.size + k * block)
+        partial, host_result = scratch[:send.size], scratch[send.size:]
+        self.host_comm.Reduce(send, partial, op, 0)
+        self.leaders.Reduce_scatter_block(partial, host_result, op)
+        self.host_comm.Scatter(host_result, recv[:block], 0)
+
+    def _member_reduce_scatter(self, send: np.ndarray, recv: np.ndarray, block: int, op: Any) -> None:
+        """A small Reduce_scatter_block's other ranks: post the vector to the leader's sum, then wait once."""
+        self.host_comm.Reduce(send, None, op, 0)
+        self.host_comm.Scatter(None, recv[:block], 0)
 
     def _rails_reduce_scatter(self, send: np.ndarray, recv: np.ndarray, block: int, op: Any, in_place: bool) -> None:
         """Reduce_scatter_block by rails: every rank works. The host reduce-scatters each host's run of blocks (the
