@@ -760,8 +760,9 @@ def slots_reduce(words, slots, send, recv, meta, sig, opno, seq, lag):
         skip_lo, skip_hi = meta[M_SOFF], meta[M_SOFF] + meta[M_N]
     for i in range(skip_lo):
         mine[i] = send[i]
-    for i in range(skip_hi, len(send)):
-        mine[i] = send[i]
+    rest, into = send[skip_hi:], mine[skip_hi:len(send)]  # views: indices from 0 keep the loop vectorised
+    for i in range(len(rest)):
+        into[i] = rest[i]
     status = _meet_slots(words, meta, sig)
     if status & 3 != _DONE:
         return status
