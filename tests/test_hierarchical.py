@@ -82,6 +82,10 @@ def test_small_calls_composed_from_hosts_and_leaders(per_host, tmp_path) -> None
     assert set(res.records("topology.host_composition", "plan closure").values()) == {True}
     closures = res.records("topology.composed_repeats", "closures")
     assert all(set(c.values()) == {True} for c in closures.values()), closures
+    even = len(set(per_host)) == 1
+    assert set(res.records("topology.composed_repeats", "even").values()) == {even}
+    if even:  # a small Reduce_scatter_block is composed there, and its plan runs from a closure
+        assert set(res.records("topology.composed_repeats", "reduce_scatter_block closure").values()) == {True}
     for call in ("bcast", "reduce"):
         assert set(res.records("topology.host_composition", f"{call} by").values()) == {"composed"}, call
     # Allgather only where every host holds as many ranks, numbered host by host

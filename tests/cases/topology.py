@@ -49,10 +49,10 @@ def chosen_algorithms(ctx):
 
 @case
 def composed_repeats(ctx):
-    """Composed Barrier, Bcast and Reduce from every root and Allreduce in and out of place, each plan called three
-    times with fresh arrays and buffer specs: from its second call a plan runs from its closure, where a host's
-    other ranks call their host's communicator straight away (``HostComposition._member_part``); every result is
-    checked, and whether the plans made closures is recorded."""
+    """Composed Barrier, Bcast and Reduce from every root, Allreduce in and out of place and Reduce_scatter_block,
+    each plan called three times with fresh arrays and buffer specs: from its second call a plan runs from its
+    closure, where a host's other ranks call their host's communicator straight away (``HostComposition._part``);
+    every result is checked, and whether the plans made closures is recorded."""
     if ctx.impl != "pycoll":
         ctx.skip("pycoll internals")
     comm, p, me, MPI = ctx.comm.Dup(), ctx.size, ctx.rank, ctx.MPI  # its plans are this case's alone
@@ -73,11 +73,18 @@ def composed_repeats(ctx):
         inout = np.full(4, me + 1, np.int64)
         comm.Allreduce(MPI.IN_PLACE, [inout, MPI.INT64_T])
         ctx.check(f"allreduce in place, call {repeat}", inout, np.full(4, p * (p + 1) // 2, np.int64))
+        block = np.full(3, -1.0)
+        comm.Reduce_scatter_block([np.arange(3.0 * p) * (me + 1), MPI.DOUBLE], [block, MPI.DOUBLE], op=MPI.SUM)
+        ctx.check(f"reduce_scatter_block, call {repeat}", block, np.arange(3.0 * me, 3.0 * me + 3) * p * (p + 1) / 2)
     closures = {label: all(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
                 for label in ("Barrier", "Bcast", "Reduce", "Allreduce")}
     ctx.record("closures", closures)
     composed = comm._x.composed
     ctx.record("leader", composed is not None and composed.leader)
+    # composed only where every host holds as many ranks, numbered host by host
+    ctx.record("even", composed is not None and composed.even)
+    ctx.record("reduce_scatter_block closure",
+               all(plan.fast for (name, _), plan in comm._x.plans.items() if name == "Reduce_scatter_block"))
     comm.Free()
 
 
