@@ -220,8 +220,9 @@ class HostComposition:
         env, c = _ENV_BYTES, self.comm
         if env is None:
             return False
-        model = cost_model._current if call.size_bytes > SMP_BYTES.get() else None
-        if call.size_bytes > SMP_BYTES.get() and model is None:
+        priced = call.size_bytes > SMP_BYTES.get()
+        model = cost_model._current if priced else None
+        if priced and model is None:
             return False
         keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key, LINK_TOLERANCE.env_key)
         ka, kc, kr, ks, kt = keys
@@ -410,10 +411,15 @@ class HostComposition:
             self._scratch_buf = np.empty(need, np.uint8)
         return self._scratch_buf[:need].view(dtype)
 
-    def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
-        """This host's contiguous run of ``block``-element blocks in ``arr`` (the layout is ``even``)."""
+    def _host_bounds(self, block: int) -> tuple[int, int]:
+        """Where this host's contiguous run of ``block``-element blocks starts and ends (the layout is ``even``)."""
         group = self.groups[self.host]
-        return arr[group[0] * block: (group[-1] + 1) * block]
+        return group[0] * block, (group[-1] + 1) * block
+
+    def _host_region(self, arr: np.ndarray, block: int) -> np.ndarray:
+        """This host's run of ``block``-element blocks in ``arr``."""
+        lo, hi = self._host_bounds(block)
+        return arr[lo:hi]
 
     def _allgather(self, call: Call) -> None:
         recv, block, me = call.recv, call.counts[0], self.comm._rank
@@ -434,8 +440,7 @@ class HostComposition:
         rank sends and reads alike), then the leaders' over whole hosts' runs, then only the other hosts' runs
         broadcast in the host. Through a Gather to the leader, its host-mates waited while it gathered their
         blocks, and the host's Bcast carried the whole vector."""
-        group = self.groups[self.host]
-        lo, hi = group[0] * block, (group[-1] + 1) * block  # this host's run (the layout is ``even``)
+        lo, hi = self._host_bounds(block)
         self.host_comm.Allgather(IN_PLACE if in_place else mine, recv[lo:hi])
         if self.leader:
             self.leaders.Allgather(IN_PLACE, recv)

@@ -718,29 +718,28 @@ def _fold_pair(out, a, b, op):
 
 
 @njit(cache=True, nogil=True)
+def _fold_source(slots, send, meta, q):
+    """Rank ``q``'s row of the fold: its slot's elements, or this rank's send buffer where ``M_OWN``."""
+    s_off, n = meta[M_SOFF], meta[M_N]
+    if meta[M_OWN] != 0 and q == meta[M_ME]:
+        return send[s_off:s_off + n]
+    return slots[q, meta[M_OPNO] % _DEPTH, s_off:s_off + n]
+
+
+@njit(cache=True, nogil=True)
 def slots_fold(slots, send, recv, meta):
     """recv[d_off:+n] = op over ranks lo..hi-1 of their slots' elements [s_off, +n), in rank order (this rank's own
     row from ``send`` where ``M_OWN``)."""
-    par, op, me = meta[M_OPNO] % _DEPTH, meta[M_OP], meta[M_ME]
-    lo, hi, s_off, d_off, n = meta[M_LO], meta[M_HI], meta[M_SOFF], meta[M_DOFF], meta[M_N]
+    op, lo, hi, d_off, n = meta[M_OP], meta[M_LO], meta[M_HI], meta[M_DOFF], meta[M_N]
     if hi <= lo:
         return
     out = recv[d_off:d_off + n]
-    own = meta[M_OWN] != 0
     start = lo
     if hi - lo >= 2:  # the first two rows in one pass
+        _fold_pair(out, _fold_source(slots, send, meta, lo), _fold_source(slots, send, meta, lo + 1), op)
         start = lo + 2
-        if own and me == lo:
-            _fold_pair(out, send[s_off:s_off + n], slots[lo + 1, par, s_off:s_off + n], op)
-        elif own and me == lo + 1:
-            _fold_pair(out, slots[lo, par, s_off:s_off + n], send[s_off:s_off + n], op)
-        else:
-            _fold_pair(out, slots[lo, par, s_off:s_off + n], slots[lo + 1, par, s_off:s_off + n], op)
     for q in range(start, hi):
-        if own and q == me:
-            _fold_row(out, send[s_off:s_off + n], op, q == lo)
-        else:
-            _fold_row(out, slots[q, par, s_off:s_off + n], op, q == lo)
+        _fold_row(out, _fold_source(slots, send, meta, q), op, q == lo)
     if op == _AVG:
         for i in range(n):
             out[i] = _mean(out[i], hi - lo)
