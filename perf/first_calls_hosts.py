@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-COLLECTIVES = ("allreduce", "allgather", "bcast", "alltoall")
+COLLECTIVES = ("allreduce", "allgather", "bcast", "alltoall", "reduce_scatter")
 
 PROGRAM = r"""
 import json, os, sys, time
@@ -41,6 +41,9 @@ for _ in range(calls):
     elif coll == "allgather":  # nbytes is the whole output (nccl-tests' size)
         a, b = np.ones(max(n // c.size, 1), np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
         call = lambda: c.Allgather([a, MPI.FLOAT], [b, MPI.FLOAT])
+    elif coll == "reduce_scatter":  # Reduce_scatter_block; nbytes is the whole input (nccl-tests' size)
+        a, b = np.ones(max(n // c.size, 1) * c.size, np.float32), np.empty(max(n // c.size, 1), np.float32)
+        call = lambda: c.Reduce_scatter_block([a, MPI.FLOAT], [b, MPI.FLOAT])
     elif coll == "alltoall":  # nbytes is a rank's whole input (nccl-tests' size)
         a, b = np.ones(max(n // c.size, 1) * c.size, np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
         call = lambda: c.Alltoall([a, MPI.FLOAT], [b, MPI.FLOAT])
