@@ -74,21 +74,36 @@ def _cores_of(peers: Sequence[PeerInfo]) -> int:
     return machine.cores_for((parse_cpulist(p.cpus) for p in peers if p.cpus), [p.cpu_quota for p in peers])
 
 
-def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
-    """Where hosts of the job share one machine (network namespaces of one kernel), the cores the most crowded host
-    gets: its share of the machine's cores by ranks; None where every machine holds one host (nothing to correct)."""
+def _machine_shares(peers: Sequence[PeerInfo]) -> Optional[list[tuple[int, float]]]:
+    """Where hosts of the job share one machine (network namespaces of one kernel), each host's (cores, fraction of
+    the machine's ranks): its share of the machine by ranks; None where every machine holds one host."""
     machines: dict[str, list[PeerInfo]] = {}
     for p in peers:
         machines.setdefault(p.machine or p.host_id, []).append(p)
     if all(len({p.host_id for p in group}) == 1 for group in machines.values()):
         return None
-    share = []
+    shares = []
     for group in machines.values():
         cores = _cores_of(group)
         for hid in {p.host_id for p in group}:
             here = sum(1 for p in group if p.host_id == hid)
-            share.append(max(1, cores * here // len(group)))
-    return min(share)
+            shares.append((max(1, cores * here // len(group)), here / len(group)))
+    return shares
+
+
+def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
+    """Where hosts of the job share one machine, the cores the most crowded host gets: its share of the machine's
+    cores by ranks; None where every machine holds one host (nothing to correct)."""
+    shares = _machine_shares(peers)
+    return None if shares is None else min(cores for cores, _ in shares)
+
+
+def shared_machine_memory(peers: Sequence[PeerInfo]) -> Optional[float]:
+    """Where hosts of the job share one machine, the least share of its memory's rate a host gets (the fraction of
+    the machine's ranks it holds: all of them copy at once in a composed call's host steps); None where every
+    machine holds one host."""
+    shares = _machine_shares(peers)
+    return None if shares is None else min(fraction for _, fraction in shares)
 
 
 def host_id() -> str:
@@ -289,10 +304,11 @@ class Runtime:
             model = self._topology_model(model)
         if rate and self.size > 1:  # the user's figure for the links wins
             model = with_link_rate(model, rate)
-        shared = shared_machine_cores(self.peers)
-        if shared is not None and shared != model.cores:
-            model = dataclasses.replace(model, cores=shared, source=f"{model.source}; {shared} core(s) a host "
-                                                                    "(hosts share a machine)")
+        shared, memory = shared_machine_cores(self.peers), shared_machine_memory(self.peers)
+        if shared is not None and memory is not None:
+            model = dataclasses.replace(model, cores=shared, host_memory_GBps=model.host_memory_GBps * memory,
+                                        source=f"{model.source}; {shared} core(s) and {memory:.2g} of the memory's "
+                                               "rate a host (hosts share a machine)")
         if self.rank != 0:
             model = dataclasses.replace(model, source=f"{model.source} (from rank 0)")
         cost.use(model)

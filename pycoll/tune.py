@@ -246,7 +246,7 @@ def default_topology_path() -> str:
 
 def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "", links_only: bool = False) -> int:
     from . import MPI
-    from .runtime import get_runtime, shared_machine_cores
+    from .runtime import get_runtime, shared_machine_cores, shared_machine_memory
 
     comm = MPI.COMM_WORLD
     layout: Layout = comm._layout
@@ -269,7 +269,9 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     if comm.Get_rank() != 0:
         return 0
     cores = shared_machine_cores(rt.peers) or os.cpu_count() or 1  # namespace hosts share the cores
-    start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores)
+    memory = shared_machine_memory(rt.peers)  # ... and the memory's rate, as the job's model gives them (runtime)
+    start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores,
+                                host_memory_GBps=base.host_memory_GBps * (memory or 1.0))
     if links:  # the fit starts from the measured links
         start = dataclasses.replace(start, net_GBps=min(lk.GBps for lk in links),
                                     net_latency_us=max(lk.latency_us for lk in links))
@@ -284,7 +286,9 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     after = misfit(model, points, layout)
     model = dataclasses.replace(model, source=f"pycoll tune on {layout.size} ranks, {layout.hosts} hosts, "
                                                f"{time.strftime('%Y-%m-%d %H:%M')}")
-    path = model.save(out or None)
+    # the file keeps the whole machine's memory rate: a job takes its hosts' shares again
+    saved = model if memory is None else dataclasses.replace(model, host_memory_GBps=base.host_memory_GBps)
+    path = saved.save(out or None)
     report = {"path": path, "layout": list(layout.host_of), "fitted": list(params), "misfit_before": before,
               "misfit_model": smooth, "misfit_after": after, "model": model.to_json(), "points": [
                   dict(pt, predicted=predicted(model, pt, layout)) for pt in points]}

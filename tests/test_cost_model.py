@@ -467,6 +467,30 @@ def test_a_segmented_hierarchical_call_is_priced_as_a_pipeline(monkeypatch: pyte
     assert piped - link_alone < (whole - link_alone) / 4  # 7 of 8 segments' steps in the hosts hidden
 
 
+def test_segments_on_hosts_whose_ranks_share_cores_wait_for_the_sockets_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a host's ranks outnumber its cores, the step between hosts copies its bytes through the sockets on those
+    cores, and the next segment's steps inside the host wait for them: on a fast link the segments nearly add up; on
+    a slow one the link still hides the hosts' steps. With a core each, no wait."""
+    from pycoll.algorithms import hierarchical
+
+    assert hierarchical._through_pipeline([1.0, 2.0], 5.0, 8, between_cpu=3.0) == 8.0 + 7 * 6.0
+    assert hierarchical._through_pipeline([1.0, 2.0], 5.0, 8, between_cpu=1.0) == 8.0 + 7 * 5.0
+    assert hierarchical._socket_copies(CostModel(cores=64), Layout.flat(2), 1e9) == 0.0
+    assert hierarchical._socket_copies(CostModel(cores=1, copy_GBps=8.0), Layout.flat(2), 1e9) == pytest.approx(0.5)
+    lay, n = Layout((0, 0, 1, 1)), 64 << 20
+    monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "8M")
+    copies = hierarchical._socket_copies
+    for coll in ("allreduce", "reduce_scatter"):
+        algo = ALGORITHMS[coll]["hierarchical"]
+        for GBps, waits in ((1.18, True), (0.118, False)):  # 10 and 1 Gbit/s
+            m = dataclasses.replace(CostModel(cores=1), net_GBps=GBps)
+            monkeypatch.setattr(hierarchical, "_socket_copies", copies)
+            piped = algo.predict(m, n, lay)
+            monkeypatch.setattr(hierarchical, "_socket_copies", lambda *a: 0.0)
+            free = algo.predict(m, n, lay)
+            assert (piped > 1.05 * free) if waits else (piped == free), (coll, GBps, piped / free)
+
+
 @pytest.mark.parametrize("tolerance", ["0.1", "0"])
 def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper(tolerance, monkeypatch) -> None:
     """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks, and a Reduce_scatter_block

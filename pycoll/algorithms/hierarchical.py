@@ -56,11 +56,23 @@ def _inner_allreduce(m: CostModel, n: float, hosts: int, flows: int) -> tuple[fl
     return min(options) if options else (0.0, "ring")
 
 
-def _through_pipeline(in_hosts: list[float], between: float, segments: int) -> float:
+def _through_pipeline(in_hosts: list[float], between: float, segments: int, between_cpu: float = 0.0) -> float:
     """Time of ``segments`` segments (``_pipelined``) whose stages inside the hosts take ``in_hosts`` each and whose
     stage between them takes ``between``: the first segment through every stage, then one segment per time of the
-    busier resource (the stages inside a host share its memory and cores; the one between hosts, its link)."""
-    return sum(in_hosts) + between + (segments - 1) * max(sum(in_hosts), between)
+    busier resource (the stages inside a host share its memory and cores; the one between hosts, its link).
+
+    Where a host's ranks outnumber its cores, the stage between hosts takes ``between_cpu`` of those cores too (its
+    bytes copied into and out of the sockets), which the next segment's stages inside the host wait for: at 10
+    Gbit/s the segments then nearly add up (4 ranks on 2 namespace hosts of 2 cores, a 16 MiB Reduce_scatter took
+    17.7-18.3 ms in 2 segments, 18.2 in one); at 1 Gbit/s the link still hides them."""
+    return sum(in_hosts) + between + (segments - 1) * max(sum(in_hosts) + between_cpu, between)
+
+
+def _socket_copies(m: CostModel, intra: Layout, each_way: float) -> float:
+    """Seconds of a rank's core spent copying ``each_way`` bytes into a socket and as many out of one (a copy each),
+    where the host's ranks outnumber its cores (``intra``: one host's ranks); 0 where each has a core of its own."""
+    over = m.over(intra)
+    return 2 * each_way / (m.copy_GBps * 1e9) * over if over > 1 else 0.0
 
 
 def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
@@ -71,7 +83,9 @@ def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
     intra = Layout.flat(local)
     shm = m.ring(intra, local - 1, (local - 1) / local * piece, reduced=(local - 1) / local * piece) if local > 1 else 0.0
     inner, _ = _inner_allreduce(m, piece / parts, lay.hosts, parts)
-    return _through_pipeline([shm, shm], inner, segments)
+    # each rank's share of a ring allreduce among the hosts: 2(H-1)/H of its part sent, as many received
+    cpu = _socket_copies(m, intra, 2 * (lay.hosts - 1) / lay.hosts * piece / parts)
+    return _through_pipeline([shm, shm], inner, segments, cpu)
 
 
 @register(
@@ -155,7 +169,8 @@ def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float
     chunk = piece / local
     net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
                          reduced=((hosts - 1) / hosts * chunk) if reduced else 0)
-    return _through_pipeline([shm], net, segments)
+    cpu = _socket_copies(m, Layout.flat(local), (hosts - 1) / hosts * chunk)
+    return _through_pipeline([shm], net, segments, cpu)
 
 
 @register(
