@@ -19,6 +19,10 @@ A larger Reduce_scatter_block goes by rails instead, so that no rank reduces or 
 each host's run of blocks is reduce-scattered inside the host, then each rail (the ranks of one local index, one per
 host, a communicator of its own) reduce-scatters those partial sums across the hosts (``_rails_reduce_scatter``).
 
+Between two hosts whose link is far slower than their steps, a larger Allreduce, a Bcast from a host's leader or a
+Reduce to one runs in segments: the leaders send each segment as soon as the host has it, and the host's step of one
+segment runs while the next crosses (``segments``).
+
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
 the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather,
 Bcast or Reduce_scatter_block (this one while a host's run of blocks fits the host arena's slot) is composed where the
@@ -41,7 +45,8 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import (ALGO, LINK_MINIMAL, LINK_TOLERANCE, REPRODUCIBLE, link_tolerance, preferred, ranked,
                                   ranked_cached)
 from .buffers import IN_PLACE
-from .config import _ENV_BYTES, size_param
+from .composed_segments import SegmentedSteps
+from .config import _ENV_BYTES, int_param, size_param
 from .transport.arena import shared_core_slot_bytes
 
 SMP_BYTES = size_param(
@@ -80,6 +85,47 @@ _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
 SLEEP_FROM_BYTES = 8 << 20
 
 
+# Between two hosts whose link takes far longer than the hosts' steps, a larger composed Allreduce, Bcast or Reduce
+# runs in segments: the leaders send each segment over the link as soon as the host has it, and the host's step of
+# one segment runs while the next crosses. The steps' fixed costs are paid once a segment, and a segment's own trip
+# through the point-to-point engine costs more than the pair's one exchange in C, so this pays only where the link's
+# time per segment is at least LINK_BOUND times the hosts' (4 ranks on 2 namespace hosts of 2 cores, Allreduce, the
+# whole against 4 segments: 1 Gbit/s 1 MiB 8.94 -> 8.61 ms, 4 MiB 40.0-40.6 -> 37.5-38.7; at 10 Gbit/s 1 MiB 1.86
+# -> 1.60 but 4 MiB 7.9-8.0 -> 8.3-8.5; unshaped 1 MiB 1.04 -> 1.42).
+SEGMENTS = int_param(
+    "PYCOLL_SMP_SEGMENTS", 4,
+    "Segments of a composed Allreduce, Bcast or Reduce between two hosts where the cost model finds the link far "
+    "slower than the hosts' steps (PYCOLL_SMP_BYTES); 1: never in segments.")
+LINK_BOUND = 4.0
+_SEGMENTED: dict[str, tuple[tuple[str, ...], str]] = {  # the host's steps of a segment, the leaders' step
+    "allreduce": (("reduce", "broadcast"), "allreduce"),
+    "broadcast": (("broadcast",), "broadcast"),
+    "reduce": (("reduce",), "reduce"),
+}
+
+
+def segments(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> tuple[int, float]:
+    """(segments, the model's time) of a composed ``coll`` of ``nbytes`` in segments between two hosts (``SEGMENTS``),
+    where the link is bound to take LINK_BOUND times the hosts' steps a segment and the pipeline beats the whole
+    call; (1, inf) otherwise. A pipeline (``hierarchical._through_pipeline``'s): the first segment through every
+    step, then one segment per time of the busier of the link and the host's cores, which also copy the segment
+    through the sockets where they are shared."""
+    count = SEGMENTS.get()
+    if coll not in _SEGMENTED or count < 2 or lay.hosts != 2 or (coll != "allreduce" and not _leads(lay, root)):
+        return 1, float("inf")
+    steps, between = _SEGMENTED[coll]
+    piece = nbytes // count
+    host, leaders = Layout.flat(max(lay.local_sizes)), Layout(tuple(range(lay.hosts)))
+    op = op if op is not None else _ops.SUM
+    in_host = sum(_cheapest(model, step, piece, host, op) for step in steps)
+    link = _cheapest(model, between, piece, leaders, op)
+    cores = in_host + model.socket_copies(host, piece)
+    price = in_host + link + (count - 1) * max(cores, link)
+    if link < LINK_BOUND * cores or price >= _whole(model, coll, nbytes, lay, op, root):
+        return 1, float("inf")
+    return count, price
+
+
 def _regular(call: Call) -> bool:
     """Whether every rank's block has one size and the blocks follow each other in rank order (an Allgatherv,
     Reduce_scatter or Alltoallv may have any counts and displacements; the compositions by host take neither)."""
@@ -105,9 +151,15 @@ def _leads(lay: Layout, root: int) -> bool:
 
 
 def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> float:
-    """The model's time for a composed ``coll`` of ``nbytes`` on a communicator laid out as ``lay``: its steps one
-    after another, on the largest host's communicator and the leaders' (inf: not composed above PYCOLL_SMP_BYTES).
-    A Bcast whose ``root`` leads its host sends to the other hosts first, so its host's step overlaps theirs."""
+    """The model's time for a composed ``coll`` of ``nbytes`` on a communicator laid out as ``lay``: whole
+    (``_whole``) or, where cheaper, in segments (``segments``); inf: not composed above PYCOLL_SMP_BYTES."""
+    return min(_whole(model, coll, nbytes, lay, op, root), segments(model, coll, nbytes, lay, op, root)[1])
+
+
+def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> float:
+    """The model's time for a composed ``coll`` run whole: its steps one after another, on the largest host's
+    communicator and the leaders' (inf: not composed whole above PYCOLL_SMP_BYTES). A Bcast whose ``root`` leads its
+    host sends to the other hosts first, so its host's step overlaps theirs."""
     steps = _PRICED.get(coll)
     if steps is None:
         return float("inf")
@@ -129,7 +181,7 @@ def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, roo
     return total
 
 
-class HostComposition:
+class HostComposition(SegmentedSteps):
     """The per-host and leaders' communicators of one parent communicator, made on its first composed call."""
 
     def __init__(self, comm: Any) -> None:
@@ -150,6 +202,7 @@ class HostComposition:
         self._hosts_last_mine = [h for h in range(len(self.groups)) if h != self.host] + [self.host]
         self._scratch_buf = np.zeros(0, np.uint8)  # reused between calls: fresh pages cost a fault each
         self.by_rails = 0  # Reduce_scatter_block calls composed by rails (for tests and debugging)
+        self.in_segments = 0  # Allreduce, Bcast and Reduce calls composed in segments (likewise)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
         # the host's ranks take turns on shared cores: a rank whose post its leader waits for hands the core over
         self.shares_cores = bool(comm._engine.oversubscribed)
@@ -181,8 +234,8 @@ class HostComposition:
         """Whether the composed call is the choice: priced below every algorithm for the whole communicator, or the
         cheapest of those that put the fewest bytes on the links (with the hierarchical one or the chain) and within
         PYCOLL_LINK_TOLERANCE of the cheapest (``registry.preferred``)."""
-        if call.coll not in _PRICED or (call.coll == "reduce_scatter"
-                                        and not self._fits_slot(call.size_bytes // len(self.groups))):
+        if (call.coll not in _PRICED and call.coll not in _SEGMENTED) or (
+                call.coll == "reduce_scatter" and not self._fits_slot(call.size_bytes // len(self.groups))):
             return False
         model = cost_model.current()
         if self._priced_by is not model:
@@ -190,8 +243,9 @@ class HostComposition:
             self._priced_by = model
         lay = self.comm._layout
         tolerance = link_tolerance(call.coll, lay)
-        leads = call.coll == "broadcast" and _leads(lay, call.root)
-        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance, leads)
+        leads = call.coll in ("broadcast", "reduce") and _leads(lay, call.root)
+        key = (call.coll, call.size_bytes, call.op.order if call.op is not None else 0, tolerance, leads,
+               SEGMENTS.get())
         known = self._priced.get(key)
         if known is None:
             priced = [(t, a.name) for t, a in ranked_cached(call.coll, call.size_bytes, lay, model, call)]
@@ -210,6 +264,13 @@ class HostComposition:
         composition took 0.7x its time at 2 MiB (1.12-1.15 ms against 1.63-1.66)."""
         return nbytes <= shared_core_slot_bytes(max(len(g) for g in self.groups))
 
+    def _segments(self, call: Call) -> int:
+        """How many segments a composed Allreduce, Bcast or Reduce runs in (``segments``; 1: whole): only above
+        PYCOLL_SMP_BYTES, where the cost model chose the composition."""
+        if call.coll not in _SEGMENTED or call.size_bytes <= SMP_BYTES.get():
+            return 1
+        return segments(cost_model.current(), call.coll, call.size_bytes, self.comm._layout, call.op, call.root)[0]
+
     def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
         """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within
         PYCOLL_SMP_BYTES: what decided to compose it (``takes``, a forced algorithm, the checks, reproducibility)
@@ -224,15 +285,17 @@ class HostComposition:
         model = cost_model._current if priced else None
         if priced and model is None:
             return False
-        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key, LINK_TOLERANCE.env_key)
-        ka, kc, kr, ks, kt = keys
-        va, vc, vr, vs, vt = (env.get(k) for k in keys)
+        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key, LINK_TOLERANCE.env_key,
+                SEGMENTS.env_key)
+        ka, kc, kr, ks, kt, kg = keys
+        va, vc, vr, vs, vt, vg = (env.get(k) for k in keys)
         mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
         views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
         part, host, leaders, column = self._part(call), self.host_comm, self.leaders, self.column
 
         def fast(args: tuple) -> bool:
             if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or env.get(kt) != vt
+                    or env.get(kg) != vg
                     or c._reproducible is not mine or (model is not None and cost_model._current is not model)):
                 return False
             bound = views(args)
@@ -264,6 +327,14 @@ class HostComposition:
         if coll == "barrier":
             barrier = self._leader_barrier if lead else self._member_barrier
             return lambda send, recv: barrier()
+        pieces = self._segments(call)
+        if pieces > 1:
+            piecewise = getattr(self, f"_{'leader' if lead else 'member'}_{coll}_segments")
+
+            def in_segments(send: Any, recv: Any) -> None:
+                piecewise(send, recv, op, root, in_place, pieces)
+                self.in_segments += 1
+            return in_segments
         if coll == "reduce":
             reduce = self._leader_reduce if lead else self._member_reduce
             return lambda send, recv: reduce(send, recv, op, root)

@@ -475,18 +475,18 @@ def test_segments_on_hosts_whose_ranks_share_cores_wait_for_the_sockets_copies(m
 
     assert hierarchical._through_pipeline([1.0, 2.0], 5.0, 8, between_cpu=3.0) == 8.0 + 7 * 6.0
     assert hierarchical._through_pipeline([1.0, 2.0], 5.0, 8, between_cpu=1.0) == 8.0 + 7 * 5.0
-    assert hierarchical._socket_copies(CostModel(cores=64), Layout.flat(2), 1e9) == 0.0
-    assert hierarchical._socket_copies(CostModel(cores=1, copy_GBps=8.0), Layout.flat(2), 1e9) == pytest.approx(0.5)
+    assert CostModel(cores=64).socket_copies(Layout.flat(2), 1e9) == 0.0
+    assert CostModel(cores=1, copy_GBps=8.0).socket_copies(Layout.flat(2), 1e9) == pytest.approx(0.5)
     lay, n = Layout((0, 0, 1, 1)), 64 << 20
     monkeypatch.setenv("PYCOLL_HIER_SEGMENT", "8M")
-    copies = hierarchical._socket_copies
+    copies = CostModel.socket_copies
     for coll in ("allreduce", "reduce_scatter"):
         algo = ALGORITHMS[coll]["hierarchical"]
         for GBps, waits in ((1.18, True), (0.118, False)):  # 10 and 1 Gbit/s
             m = dataclasses.replace(CostModel(cores=1), net_GBps=GBps)
-            monkeypatch.setattr(hierarchical, "_socket_copies", copies)
+            monkeypatch.setattr(CostModel, "socket_copies", copies)
             piped = algo.predict(m, n, lay)
-            monkeypatch.setattr(hierarchical, "_socket_copies", lambda *a: 0.0)
+            monkeypatch.setattr(CostModel, "socket_copies", lambda *a: 0.0)
             free = algo.predict(m, n, lay)
             assert (piped > 1.05 * free) if waits else (piped == free), (coll, GBps, piped / free)
 
@@ -663,3 +663,30 @@ def test_an_alltoall_across_hosts_pays_one_hops_latency_for_steps_posted_at_once
     alltoall = ALGORITHMS["alltoall"]["pairwise"].cost
     for hosts in ((0, 1), (0, 0, 1, 1), (0, 1, 2, 3, 4, 5, 6, 7), (0, 0, 0, 0, 1, 1, 1, 1)):
         assert alltoall(m, 1 << 20, Layout(hosts)) == pytest.approx(m.net_latency_us * 1e-6, rel=1e-3), hosts
+
+
+def test_composed_calls_run_in_segments_only_where_the_link_takes_far_longer_than_the_hosts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two hosts of two ranks sharing a core each (the namespace VM: 4 ranks on 2 cores): at 1 Gbit/s a 4 MiB
+    Allreduce, Bcast and Reduce from a host's leader are composed in segments, priced at the link's time and one
+    segment's steps in the hosts, below the whole composition; at 10 Gbit/s, on three hosts, from another rank, or
+    with PYCOLL_SMP_SEGMENTS=1, whole."""
+    from pycoll import composed, machine
+
+    monkeypatch.setattr(machine, "_load", (4, 2))  # as the runtime counts them (the host steps' slots kernel)
+    lay, n = Layout((0, 0, 1, 1)), 4 << 20
+    slow, fast = CostModel(cores=1, net_GBps=0.1177), CostModel(cores=1, net_GBps=1.177)
+    for coll in ("allreduce", "broadcast", "reduce"):
+        count, price = composed.segments(slow, coll, n, lay)
+        assert count == 4
+        link = composed._cheapest(slow, coll, n, Layout((0, 1)), ops.SUM)
+        assert 0.97 * link < price < 1.1 * link, (coll, price / link)
+        assert price < composed._whole(slow, coll, n, lay)  # inf for a Reduce: not composed whole above 64 KiB
+        assert composed.predict(slow, coll, n, lay) == price
+        assert composed.segments(fast, coll, n, lay) == (1, float("inf"))
+        assert composed.segments(slow, coll, n, Layout((0, 0, 1, 1, 2, 2))) == (1, float("inf"))
+        if coll != "allreduce":
+            assert composed.segments(slow, coll, n, lay, root=1) == (1, float("inf"))
+        monkeypatch.setenv("PYCOLL_SMP_SEGMENTS", "1")
+        assert composed.segments(slow, coll, n, lay) == (1, float("inf"))
+        monkeypatch.delenv("PYCOLL_SMP_SEGMENTS")

@@ -114,3 +114,23 @@ def test_large_reduce_scatter_block_and_allgather_composed_on_hosts_of_two(hosts
     assert set(res.records("topology.large_composed", "by rails after the allgathers").values()) == {21}
     closures = res.records("topology.large_composed", "closure")
     assert all(set(c.values()) == {True} for c in closures.values()), closures
+
+
+def test_composed_calls_between_hosts_over_a_slow_link_run_in_segments(tmp_path) -> None:
+    """With a link the cost model knows to be slow (1 Gbit/s given; the namespaces unshaped, so the test is quick),
+    Allreduce, Bcast and Reduce above PYCOLL_SMP_BYTES between two hosts of two ranks are composed in segments: each
+    matches NumPy for ops x dtypes x odd counts, in and out of place, from each root, through the plan's closure.
+    A Bcast whose root does not lead its host is composed whole, and a Reduce to such a root takes the flat chain;
+    every other call runs in segments."""
+    res = harness.run_cases_on_hosts(["topology.segmented_composed"], hosts=2, n=4, out_dir=str(tmp_path),
+                                     env={"PYCOLL_LINK_RATE": "1gbit"}, job_timeout=240)
+    res.assert_ok()
+    assert set(map(tuple, res.records("topology.segmented_composed", "Allreduce chosen").values())) == {("composed",)}
+    assert set(map(tuple, res.records("topology.segmented_composed", "Bcast chosen").values())) == {("composed",)}
+    assert set(map(tuple, res.records("topology.segmented_composed", "Reduce chosen").values())) == {("chain", "composed")}
+    # per rank: 5 op and dtype pairs x 3 repeats x (2 Allreduce + 2 Reduce roots x (1 + 1 at the root or again)),
+    # and 5 x 2 Bcast roots x 3
+    segmented = set(res.records("topology.segmented_composed", "in segments").values())
+    assert segmented == {5 * 3 * (2 + 2 * 2) + 5 * 2 * 3}, segmented
+    closures = res.records("topology.segmented_composed", "closure")
+    assert all(set(c.values()) == {True} for c in closures.values()), closures

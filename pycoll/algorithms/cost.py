@@ -231,6 +231,13 @@ class CostModel:
         """``handovers`` for the meetings of the one-meeting arena kernels, which yield the core to the peer they wait for."""
         return self.handovers(lay, waits, self.arena_handover_us)
 
+    def socket_copies(self, host: Layout, each_way: float) -> float:
+        """Seconds of a rank's core spent copying ``each_way`` bytes into a socket and as many out of one (a copy
+        each) where the ranks of ``host`` (one host's) outnumber its cores; 0 where each has a core of its own, and
+        the copies run beside the other ranks' work."""
+        over = self.over(host)
+        return 2 * each_way / (self.copy_GBps * 1e9) * over if over > 1 else 0.0
+
     def staging_s(self, nbytes: float) -> float:
         """Seconds a device call spends staged through pinned host memory: its input copied out, its result back."""
         return 2 * (self.stage_us * 1e-6 + nbytes / (self.stage_GBps * 1e9))

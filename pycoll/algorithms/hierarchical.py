@@ -68,13 +68,6 @@ def _through_pipeline(in_hosts: list[float], between: float, segments: int, betw
     return sum(in_hosts) + between + (segments - 1) * max(sum(in_hosts) + between_cpu, between)
 
 
-def _socket_copies(m: CostModel, intra: Layout, each_way: float) -> float:
-    """Seconds of a rank's core spent copying ``each_way`` bytes into a socket and as many out of one (a copy each),
-    where the host's ranks outnumber its cores (``intra``: one host's ranks); 0 where each has a core of its own."""
-    over = m.over(intra)
-    return 2 * each_way / (m.copy_GBps * 1e9) * over if over > 1 else 0.0
-
-
 def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
     parts = min(lay.local_sizes)
     local = max(lay.local_sizes)
@@ -84,7 +77,7 @@ def _hier_allreduce_cost(m: CostModel, n: float, lay: Layout) -> float:
     shm = m.ring(intra, local - 1, (local - 1) / local * piece, reduced=(local - 1) / local * piece) if local > 1 else 0.0
     inner, _ = _inner_allreduce(m, piece / parts, lay.hosts, parts)
     # each rank's share of a ring allreduce among the hosts: 2(H-1)/H of its part sent, as many received
-    cpu = _socket_copies(m, intra, 2 * (lay.hosts - 1) / lay.hosts * piece / parts)
+    cpu = m.socket_copies(intra, 2 * (lay.hosts - 1) / lay.hosts * piece / parts)
     return _through_pipeline([shm, shm], inner, segments, cpu)
 
 
@@ -169,7 +162,7 @@ def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float
     chunk = piece / local
     net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
                          reduced=((hosts - 1) / hosts * chunk) if reduced else 0)
-    cpu = _socket_copies(m, Layout.flat(local), (hosts - 1) / hosts * chunk)
+    cpu = m.socket_copies(Layout.flat(local), (hosts - 1) / hosts * chunk)
     return _through_pipeline([shm], net, segments, cpu)
 
 

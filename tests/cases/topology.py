@@ -297,3 +297,69 @@ def large_composed(ctx):
     ctx.record("closure", {label: any(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
                            for label in ("Reduce_scatter_block", "Allgather")})
     comm.Free()
+
+
+@case
+def segmented_composed(ctx):
+    """Allreduce, Bcast and Reduce above PYCOLL_SMP_BYTES between two hosts whose link the cost model knows to be slow
+    (the job's PYCOLL_LINK_RATE): composed in segments, the leaders sending each segment as the host has it. Ops x
+    dtypes, odd counts, in place and out of place, Bcast and Reduce from each host's leader and from another rank,
+    each plan three times with fresh arrays and buffer specs: every result matches NumPy and the input is left as it
+    was; records the algorithms chosen and how many calls ran in segments."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll internals")
+    from pycoll.algorithms import last_choice
+
+    from . import reduce_ref, tolerance
+
+    comm, p, me, MPI = ctx.comm.Dup(), ctx.size, ctx.rank, ctx.MPI
+    named = {"float32": MPI.FLOAT, "int64": MPI.INT64_T, "float64": MPI.DOUBLE, "complex64": MPI.C_FLOAT_COMPLEX,
+             "int32": MPI.INT}
+    chosen: dict[str, set] = {"Allreduce": set(), "Bcast": set(), "Reduce": set()}
+    leaders = [0, p // 2]  # two hosts of p / 2 ranks each, numbered host by host
+    # about 4 MiB each (odd counts): at 1 Gbit/s the model segments every one of these calls from a leader
+    for op, dt, count in (("SUM", np.dtype(np.float32), 1000003), ("MAX", np.dtype(np.int64), 524309),
+                          ("PROD", np.dtype(np.float64), 500009), ("SUM", np.dtype(np.complex64), 500029),
+                          ("BXOR", np.dtype(np.int32), 1000033)):
+        if not ctx.supports(op, dt):
+            continue
+        rtol, atol = tolerance(op, dt)
+        for repeat in range(3):
+            inputs = [ctx.data(dt, count, q, repeat, op=op) for q in range(p)]
+            want = reduce_ref(op, inputs, dt)
+            lab = f"op={op} dtype={dt.name} count={count} call {repeat}"
+            mine, out = inputs[me].copy(), np.full(count, 7, dt)
+            comm.Allreduce([mine, named[dt.name]], [out, named[dt.name]], op=ctx.op(op))
+            chosen["Allreduce"].add(last_choice.algorithm)
+            ctx.check("Allreduce " + lab, out, want, rtol, atol)
+            ctx.check("Allreduce " + lab + " (sendbuf unchanged)", mine, inputs[me])
+            inout = inputs[me].copy()
+            comm.Allreduce(MPI.IN_PLACE, [inout, named[dt.name]], op=ctx.op(op))
+            ctx.check("Allreduce " + lab + " in place", inout, want, rtol, atol)
+            for root in leaders + [1]:
+                out = np.full(count, 7, dt)
+                comm.Reduce([mine, named[dt.name]], [out, named[dt.name]] if me == root else None, op=ctx.op(op),
+                            root=root)
+                chosen["Reduce"].add(last_choice.algorithm)
+                ctx.check(f"Reduce root={root} " + lab + " (sendbuf unchanged)", mine, inputs[me])
+                if me == root:
+                    ctx.check(f"Reduce root={root} " + lab, out, want, rtol, atol)
+                    inout = inputs[me].copy()
+                    comm.Reduce(MPI.IN_PLACE, [inout, named[dt.name]], op=ctx.op(op), root=root)
+                    ctx.check(f"Reduce root={root} " + lab + " in place", inout, want, rtol, atol)
+                else:
+                    comm.Reduce([mine, named[dt.name]], None, op=ctx.op(op), root=root)
+        for root in leaders + [1]:
+            for repeat in range(3):
+                data = ctx.data(dt, count, root, repeat)
+                buf = data.copy() if me == root else np.full(count, 7, dt)
+                comm.Bcast([buf, named[dt.name]], root=root)
+                chosen["Bcast"].add(last_choice.algorithm)
+                ctx.check(f"Bcast root={root} dtype={dt.name} count={count} call {repeat}", buf, data)
+    for name, algos in chosen.items():
+        ctx.record(name + " chosen", sorted(algos))
+    composed = comm._x.composed
+    ctx.record("in segments", composed.in_segments if composed is not None else 0)
+    ctx.record("closure", {label: any(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
+                           for label in ("Allreduce", "Bcast", "Reduce")})
+    comm.Free()
