@@ -107,9 +107,9 @@ _SEGMENTED: dict[str, tuple[tuple[str, ...], str]] = {  # the host's steps of a 
 def segments(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> tuple[int, float]:
     """(segments, the model's time) of a composed ``coll`` of ``nbytes`` in segments between two hosts (``SEGMENTS``),
     where the link is bound to take LINK_BOUND times the hosts' steps a segment and the pipeline beats the whole
-    call; (1, inf) otherwise. A pipeline (``hierarchical._through_pipeline``'s): the first segment through every
-    step, then one segment per time of the busier of the link and the host's cores, which also copy the segment
-    through the sockets where they are shared."""
+    call; (1, inf) otherwise. A pipeline: the first segment through every step, then the rest at the pace of the
+    busier of the link and the host's cores, which also copy each segment through the sockets where they are
+    shared."""
     count = SEGMENTS.get()
     if coll not in _SEGMENTED or count < 2 or lay.hosts != 2 or (coll != "allreduce" and not _leads(lay, root)):
         return 1, float("inf")
@@ -120,7 +120,10 @@ def segments(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, ro
     in_host = sum(_cheapest(model, step, piece, host, op) for step in steps)
     link = _cheapest(model, between, piece, leaders, op)
     cores = in_host + model.socket_copies(host, piece)
-    price = in_host + link + (count - 1) * max(cores, link)
+    # the segments stream back to back through one socket: after the first, the link takes the whole call's time
+    # less the first segment's, its fixed costs paid once
+    rest = _cheapest(model, between, nbytes, leaders, op) - link
+    price = in_host + link + max((count - 1) * cores, rest)
     if link < LINK_BOUND * cores or price >= _whole(model, coll, nbytes, lay, op, root):
         return 1, float("inf")
     return count, price

@@ -99,11 +99,11 @@ def shared_machine_cores(peers: Sequence[PeerInfo]) -> Optional[int]:
 
 
 def shared_machine_memory(peers: Sequence[PeerInfo]) -> Optional[float]:
-    """Where hosts of the job share one machine, the least share of its memory's rate a host gets (the fraction of
-    the machine's ranks it holds: all of them copy at once in a composed call's host steps); None where every
-    machine holds one host."""
+    """Where hosts of the job share one machine, the share of its memory's rate that the most crowded host gets (the
+    fraction of the machine's ranks it holds: all of them copy at once in a composed call's host steps, which the
+    model prices on the largest host); None where every machine holds one host."""
     shares = _machine_shares(peers)
-    return None if shares is None else min(fraction for _, fraction in shares)
+    return None if shares is None else max(fraction for _, fraction in shares)
 
 
 def host_id() -> str:

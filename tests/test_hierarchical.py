@@ -116,17 +116,20 @@ def test_large_reduce_scatter_block_and_allgather_composed_on_hosts_of_two(hosts
     assert all(set(c.values()) == {True} for c in closures.values()), closures
 
 
-def test_composed_calls_between_hosts_over_a_slow_link_run_in_segments(tmp_path) -> None:
+@pytest.mark.parametrize("ranks_per_host", [(2, 2), (3, 1)])
+def test_composed_calls_between_hosts_over_a_slow_link_run_in_segments(tmp_path, ranks_per_host) -> None:
     """With a link the cost model knows to be slow (1 Gbit/s given; the namespaces unshaped, so the test is quick),
-    Allreduce, Bcast and Reduce above PYCOLL_SMP_BYTES between two hosts of two ranks are composed in segments: each
-    matches NumPy for ops x dtypes x odd counts, in and out of place, from each root, through the plan's closure.
-    A Bcast whose root does not lead its host is composed whole, and a Reduce to such a root takes the flat chain;
-    every other call runs in segments."""
-    res = harness.run_cases_on_hosts(["topology.segmented_composed"], hosts=2, n=4, out_dir=str(tmp_path),
-                                     env={"PYCOLL_LINK_RATE": "1gbit"}, job_timeout=240)
+    Allreduce, Bcast and Reduce above PYCOLL_SMP_BYTES between two hosts of two ranks (or of three and one) are
+    composed in segments: each matches NumPy for ops x dtypes x odd counts, in and out of place, from each root,
+    through the plan's closure. A Bcast whose root does not lead its host is composed whole, and a Reduce to such a
+    root takes the flat chain; every other call runs in segments."""
+    res = harness.run_cases_on_hosts(["topology.segmented_composed"], n=4, ranks_per_host=list(ranks_per_host),
+                                     out_dir=str(tmp_path), env={"PYCOLL_LINK_RATE": "1gbit"}, job_timeout=240)
     res.assert_ok()
     assert set(map(tuple, res.records("topology.segmented_composed", "Allreduce chosen").values())) == {("composed",)}
-    assert set(map(tuple, res.records("topology.segmented_composed", "Bcast chosen").values())) == {("composed",)}
+    # from another rank: the whole composition, or the chain where the model prices that lower
+    for chosen in res.records("topology.segmented_composed", "Bcast chosen").values():
+        assert "composed" in chosen and set(chosen) <= {"composed", "chain"}, chosen
     assert set(map(tuple, res.records("topology.segmented_composed", "Reduce chosen").values())) == {("chain", "composed")}
     # per rank: 5 op and dtype pairs x 3 repeats x (2 Allreduce + 2 Reduce roots x (1 + 1 at the root or again)),
     # and 5 x 2 Bcast roots x 3

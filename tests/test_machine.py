@@ -137,8 +137,8 @@ def test_hosts_that_share_a_machine_share_its_cores_in_the_cost_model() -> None:
 
 
 def test_hosts_that_share_a_machine_share_its_memory_rate_in_the_cost_model() -> None:
-    """The host steps of a composed call run on every host of the machine at once: each host prices its copies at
-    its share of the machine's memory rate (by ranks), the least share bounding all, as for the cores."""
+    """The host steps of a composed call run on every host of the machine at once: a host's copies get its share of
+    the machine's memory rate (by ranks); the model prices the most crowded host's."""
     from pycoll.runtime import shared_machine_memory
     from pycoll.transport import PeerInfo
 
@@ -146,5 +146,5 @@ def test_hosts_that_share_a_machine_share_its_memory_rate_in_the_cost_model() ->
         return PeerInfo(rank=rank, host_id=host, hostname="vm", pid=rank, transports=[], machine=box, cpus="0-1")
 
     assert shared_machine_memory([peer(0, "a", "m"), peer(1, "a", "m"), peer(2, "b", "m"), peer(3, "b", "m")]) == 0.5
-    assert shared_machine_memory([peer(r, "a" if r < 3 else "b", "m") for r in range(4)]) == 0.25
+    assert shared_machine_memory([peer(r, "a" if r < 3 else "b", "m") for r in range(4)]) == 0.75
     assert shared_machine_memory([peer(0, "a", "m1"), peer(1, "b", "m2")]) is None

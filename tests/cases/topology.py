@@ -316,7 +316,7 @@ def segmented_composed(ctx):
     named = {"float32": MPI.FLOAT, "int64": MPI.INT64_T, "float64": MPI.DOUBLE, "complex64": MPI.C_FLOAT_COMPLEX,
              "int32": MPI.INT}
     chosen: dict[str, set] = {"Allreduce": set(), "Bcast": set(), "Reduce": set()}
-    leaders = [0, p // 2]  # two hosts of p / 2 ranks each, numbered host by host
+    leaders = [g[0] for g in comm._layout.groups]  # each host's first rank; rank 1 is another rank of the first host
     # about 4 MiB each (odd counts): at 1 Gbit/s the model segments every one of these calls from a leader
     for op, dt, count in (("SUM", np.dtype(np.float32), 1000003), ("MAX", np.dtype(np.int64), 524309),
                           ("PROD", np.dtype(np.float64), 500009), ("SUM", np.dtype(np.complex64), 500029),
