@@ -31,6 +31,16 @@ class SegmentedSteps:
     def _host_bcast(self, buf: Any, root: int, incoming: int) -> None:
         raise NotImplementedError
 
+    @staticmethod
+    def _withdraw(receives: list[Any]) -> None:
+        """After a failed call, cancel its receives that no segment matched yet, so that none lies in wait for a
+        later call's message on the leaders' communicator."""
+        for request in receives:
+            try:
+                request.Cancel()
+            except Exception:  # noqa: BLE001 - completed, or the communicator is broken: nothing lies in wait
+                pass
+
     def _pieces(self, buf: Any, count: int) -> list[Any]:
         """``buf``'s ``count`` nearly equal segments, in order."""
         bounds = offsets([len(buf) // count + (k < len(buf) % count) for k in range(count)]) + [len(buf)]
@@ -56,16 +66,20 @@ class SegmentedSteps:
         mine, incoming, results = self._pieces(partial, count), self._pieces(theirs, count), self._pieces(out, count)
         inputs = mine if in_place else self._pieces(send, count)
         receives = [leaders.Irecv(incoming[k], other, k) for k in range(count)]
-        sends = []
-        for k in range(count):
-            host.Reduce(IN_PLACE if in_place else inputs[k], mine[k], op, 0)
-            sends.append(leaders.Isend(mine[k], other, k))
-        for k in range(count):
-            receives[k].Wait()
-            self._fold(op, mine[k], incoming[k], results[k])
-            self._host_bcast(results[k], 0, out.nbytes)
-        for request in sends:
-            request.Wait()
+        try:
+            sends = []
+            for k in range(count):
+                host.Reduce(IN_PLACE if in_place else inputs[k], mine[k], op, 0)
+                sends.append(leaders.Isend(mine[k], other, k))
+            for k in range(count):
+                receives[k].Wait()
+                self._fold(op, mine[k], incoming[k], results[k])
+                self._host_bcast(results[k], 0, out.nbytes)
+            for request in sends:
+                request.Wait()
+        except BaseException:
+            self._withdraw(receives)
+            raise
 
     def _member_allreduce_segments(self, send: Any, out: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         for piece in self._pieces(out if in_place else send, count):
@@ -83,9 +97,13 @@ class SegmentedSteps:
                 request.Wait()
             return
         receives = [self.leaders.Irecv(piece, other, k) for k, piece in enumerate(pieces)]
-        for request, piece in zip(receives, pieces):
-            request.Wait()
-            self._host_bcast(piece, 0, buf.nbytes)
+        try:
+            for request, piece in zip(receives, pieces):
+                request.Wait()
+                self._host_bcast(piece, 0, buf.nbytes)
+        except BaseException:
+            self._withdraw(receives)
+            raise
 
     def _member_broadcast_segments(self, send: Any, buf: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         if self.host == self.comm._layout.host_of[root]:
@@ -110,12 +128,16 @@ class SegmentedSteps:
                 request.Wait()
             return
         receives = [self.leaders.Irecv(theirs[k], other, k) for k in range(count)]
-        for k in range(count):
-            self.host_comm.Reduce(inputs[k], mine[k], op, 0)
-        results = self._pieces(recv, count)
-        for k in range(count):
-            receives[k].Wait()
-            self._fold(op, mine[k], theirs[k], results[k])
+        try:
+            for k in range(count):
+                self.host_comm.Reduce(inputs[k], mine[k], op, 0)
+            results = self._pieces(recv, count)
+            for k in range(count):
+                receives[k].Wait()
+                self._fold(op, mine[k], theirs[k], results[k])
+        except BaseException:
+            self._withdraw(receives)
+            raise
 
     def _member_reduce_segments(self, send: Any, recv: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         for piece in self._pieces(send, count):

@@ -502,6 +502,32 @@ def test_an_alltoall_run_as_one_exchange_fails_as_its_schedule_would(tmp_path: P
 
 
 @pytest.mark.timeout(300)
+def test_a_composed_allreduce_in_segments_fails_and_leaves_nothing_waiting(tmp_path: Path) -> None:
+    """4 ranks on 2 hosts, a 4 MiB Allreduce composed in segments (a 1 Gbit/s link given to the model). A rank that
+    calls it with one element more: the ranks of its host raise a mismatch naming the two counts, the others fail
+    too (none hangs), every input intact. A rank that never calls: the others time out, or name a rank that timed
+    out and left before them. (As for
+    every composed call, the errors name the host's or the leaders' call they arose in: docs/reliability.md.)"""
+    results = {}
+    for case in ("errors.mismatch_allreduce_segments", "errors.timeout_allreduce_segments"):
+        res = results[case] = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path / case),
+                                                         env={"PYCOLL_LINK_RATE": "1gbit"}, job_timeout=120)
+        res.assert_ok()
+        assert set(res.records(case, "in segments").values()) == {2}, case  # the warm calls
+    outcomes = results["errors.mismatch_allreduce_segments"].records("errors.mismatch_allreduce_segments", "outcome")
+    assert len(outcomes) == 4 and all(o["class"] is not None for o in outcomes.values()), outcomes
+    for r in (2, 3):  # the second host: its host step finds the counts differ
+        assert outcomes[r]["class"].endswith("MismatchError"), outcomes
+        assert "count=125001" in outcomes[r]["cause"] and "count=125000" in outcomes[r]["cause"], outcomes
+    outcomes = results["errors.timeout_allreduce_segments"].records("errors.timeout_allreduce_segments", "outcome")
+    assert outcomes[3] == {"class": "absent"}
+    waited = [o for r, o in outcomes.items() if r != 3]
+    # a rank whose own wait ran out first may leave before the others' do: they name it gone
+    assert all(o["class"] in ("TimeoutError", "RemoteError", "PeerFailureError") for o in waited), outcomes
+    assert sum(o["class"] == "TimeoutError" for o in waited) >= 2, outcomes
+
+
+@pytest.mark.timeout(300)
 def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     """Alltoall(v) blocks past the small-frame size on 2 hosts of 2 and on hosts of 2, 1 and 2 ranks, and the
     single-chunk frames of a two-rank step (Allreduce, Reduce_scatter_block, Allgather): every case matches NumPy,

@@ -262,6 +262,47 @@ def case_timeout_alltoall_warm(ctx):
     _timeout_case(ctx, lambda c: _alltoall_blocks(ctx, 8192)[0](), ctx.size - 1)
 
 
+def _warm_then_one_longer(ctx, make, count, times, name, record):
+    """``times`` calls of ``make(ctx, count)`` on every rank (each summing every rank's ``rank + 1``; its shape then
+    known), ``record(ctx)``, then the last rank calls it with one element more: every rank's outcome recorded."""
+    for _ in range(times):
+        call, (s, o) = make(ctx, count)
+        call()
+        ctx.check(f"warm {name}", o, np.full(count, ctx.size * (ctx.size + 1) / 2))
+    record(ctx)
+    _mismatch(ctx, lambda r: make(ctx, count + 1 if r == ctx.size - 1 else count))
+
+
+def _allreduce_segments(ctx, count):
+    """An Allreduce of ``count`` float64 on fresh arrays: (the call, its buffers). About 4 MiB: between two hosts of
+    two ranks, with a 1 Gbit/s link given to the model, it is composed in segments (pycoll.composed_segments)."""
+    comm = ctx.comm
+    s, o = np.full(count, ctx.rank + 1, np.float64), sentinel(np.float64, count)
+    return (lambda: comm.Allreduce(s, o)), [s, o]
+
+
+def _record_segments(ctx):
+    composed = getattr(getattr(ctx.comm, "_x", None), "composed", None)
+    ctx.record("in segments", composed.in_segments if composed is not None else 0)
+
+
+@case
+def case_mismatch_allreduce_segments(ctx):
+    """Every rank runs the segmented Allreduce twice, then the last rank calls it with one element more: every rank
+    raises, none hangs, the inputs intact."""
+    _warm_then_one_longer(ctx, _allreduce_segments, 500000, 2, "Allreduce", _record_segments)
+
+
+@case
+def case_timeout_allreduce_segments(ctx):
+    """comm.timeout = 2: as timeout_allreduce, for the segmented Allreduce every rank ran twice; the absent rank is
+    the second host's other rank, so its leader waits in the host's step and the first host's leader on the link."""
+    for _ in range(2):
+        _allreduce_segments(ctx, 500000)[0]()
+    _record_segments(ctx)
+    _timeout_case(ctx, lambda c: _allreduce_segments(ctx, 500000)[0](), ctx.size - 1)
+
+
 def _rsb_blocks(ctx, count):
     """A Reduce_scatter_block of ``count`` float64 a block on fresh arrays: (the call, its buffers). At 40 000
     (320 KiB, past a socket's staging area but within a chunk), two ranks across hosts run it, once its shape is
@@ -284,12 +325,7 @@ def _record_block_exchanges(ctx):
 def case_mismatch_reduce_scatter_large_warm(ctx):
     """Every rank runs a Reduce_scatter_block of 320 KiB blocks three times (its shape known), then the last rank
     calls it with one element more a block: every rank raises, none hangs, the inputs intact."""
-    for _ in range(3):
-        call, (s, o) = _rsb_blocks(ctx, 40_000)
-        call()
-        ctx.check("warm Reduce_scatter_block", o, np.full(40_000, ctx.size * (ctx.size + 1) / 2))
-    _record_block_exchanges(ctx)
-    _mismatch(ctx, lambda r: _rsb_blocks(ctx, 40_001 if r == ctx.size - 1 else 40_000))
+    _warm_then_one_longer(ctx, _rsb_blocks, 40_000, 3, "Reduce_scatter_block", _record_block_exchanges)
 
 
 @case
