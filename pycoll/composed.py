@@ -47,6 +47,7 @@ from .algorithms.registry import (ALGO, LINK_MINIMAL, LINK_TOLERANCE, REPRODUCIB
 from .buffers import IN_PLACE
 from .composed_segments import SegmentedSteps
 from .config import _ENV_BYTES, int_param, size_param
+from .errors import PycollError
 from .transport.arena import shared_core_slot_bytes
 
 SMP_BYTES = size_param(
@@ -184,6 +185,21 @@ def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root
     return total
 
 
+def _guarded(inner: tuple, part: Callable[[Any, Any], None], send: Any, recv: Any) -> None:
+    """``part(send, recv)``, a rank's part of a composed call on the ``inner`` communicators; where a step fails here,
+    every one of them this rank belongs to is broken, so that the ranks waiting in the call's other steps (other
+    hosts' too, through the leaders or a rail) fail at once, each breaking its own in turn, not at their timeouts or
+    at this rank's exit."""
+    try:
+        part(send, recv)
+    except PycollError as err:
+        if not getattr(err, "contained", False):  # contained: only this call failed, the communicators work
+            for sub in inner:
+                if sub is not None and sub._size > 1:
+                    sub._engine.request_abort(sub._ctx & ~1, err, list(sub._world))
+        raise
+
+
 class HostComposition(SegmentedSteps):
     """The per-host and leaders' communicators of one parent communicator, made on its first composed call."""
 
@@ -310,7 +326,7 @@ class HostComposition(SegmentedSteps):
                 for sub in (leaders, column):
                     if sub is not None:
                         sub.timeout = c.timeout
-                part(*bound)
+                _guarded((host, leaders, column), part, *bound)
             else:
                 run(make_call(*bound))
             ran(coll, nbytes)
@@ -380,10 +396,8 @@ class HostComposition(SegmentedSteps):
             if c is not None:
                 c.timeout = self.comm.timeout
         part = self._part(call)
-        if part is not None:
-            part(call.send, call.recv)
-        else:
-            getattr(self, "_" + call.coll)(call)
+        _guarded((self.host_comm, self.leaders, self.column),
+                 part or (lambda send, recv: getattr(self, "_" + call.coll)(call)), call.send, call.recv)
 
     def free(self) -> None:
         """Release the two communicators (with their arena), as the parent is freed."""

@@ -142,7 +142,9 @@ class FailureHandling:
             )
         elif info.get("error") in ("MismatchError", "PeerMismatchError"):  # a mismatch: every rank raises one
             cause = str(info.get("cause", "?")).replace("this rank called", f"rank {info.get('rank')} called")
-            err = PeerMismatchError(f"{cause} (found by rank {info.get('rank')})", peers=sorted(set(peers + list(info.get("ranks") or ()))))
+            if info.get("error") == "MismatchError":  # a relayed report already says who found it
+                cause = f"{cause} (found by rank {info.get('rank')})"
+            err = PeerMismatchError(cause, peers=sorted(set(peers + list(info.get("ranks") or ()))))
         else:
             err = RemoteError(
                 f"rank {info.get('rank')} failed in {info.get('op', '?')} ({info.get('error', 'error')}: {info.get('cause', '?')})",
