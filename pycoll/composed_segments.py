@@ -7,11 +7,12 @@ the host) while the next one crosses. The host's other ranks run the host's step
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 
-from .algorithms.base import offsets
+from .algorithms.base import blocks_of, even_counts
 from .buffers import IN_PLACE
 
 
@@ -32,19 +33,24 @@ class SegmentedSteps:
         raise NotImplementedError
 
     @staticmethod
-    def _withdraw(receives: list[Any]) -> None:
-        """After a failed call, cancel its receives that no segment matched yet, so that none lies in wait for a
-        later call's message on the leaders' communicator."""
-        for request in receives:
-            try:
-                request.Cancel()
-            except Exception:  # noqa: BLE001 - completed, or the communicator is broken: nothing lies in wait
-                pass
+    @contextmanager
+    def _withdrawn_on_failure(receives: list[Any]) -> Iterator[None]:
+        """Where the call fails inside, cancel its receives that no segment matched yet, so that none lies in wait
+        for a later call's message on the leaders' communicator."""
+        try:
+            yield
+        except BaseException:
+            for request in receives:
+                try:
+                    request.Cancel()
+                except Exception:  # noqa: BLE001 - completed, or the communicator is broken: nothing lies in wait
+                    pass
+            raise
 
-    def _pieces(self, buf: Any, count: int) -> list[Any]:
+    @staticmethod
+    def _pieces(buf: Any, count: int) -> list[Any]:
         """``buf``'s ``count`` nearly equal segments, in order."""
-        bounds = offsets([len(buf) // count + (k < len(buf) % count) for k in range(count)]) + [len(buf)]
-        return [buf[bounds[k]:bounds[k + 1]] for k in range(count)]
+        return blocks_of(buf, even_counts(len(buf), count))
 
     def _other_leader(self) -> int:
         return 1 - self.leader_rank[self.host]
@@ -66,7 +72,7 @@ class SegmentedSteps:
         mine, incoming, results = self._pieces(partial, count), self._pieces(theirs, count), self._pieces(out, count)
         inputs = mine if in_place else self._pieces(send, count)
         receives = [leaders.Irecv(incoming[k], other, k) for k in range(count)]
-        try:
+        with self._withdrawn_on_failure(receives):
             sends = []
             for k in range(count):
                 host.Reduce(IN_PLACE if in_place else inputs[k], mine[k], op, 0)
@@ -77,9 +83,6 @@ class SegmentedSteps:
                 self._host_bcast(results[k], 0, out.nbytes)
             for request in sends:
                 request.Wait()
-        except BaseException:
-            self._withdraw(receives)
-            raise
 
     def _member_allreduce_segments(self, send: Any, out: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         for piece in self._pieces(out if in_place else send, count):
@@ -97,13 +100,10 @@ class SegmentedSteps:
                 request.Wait()
             return
         receives = [self.leaders.Irecv(piece, other, k) for k, piece in enumerate(pieces)]
-        try:
+        with self._withdrawn_on_failure(receives):
             for request, piece in zip(receives, pieces):
                 request.Wait()
                 self._host_bcast(piece, 0, buf.nbytes)
-        except BaseException:
-            self._withdraw(receives)
-            raise
 
     def _member_broadcast_segments(self, send: Any, buf: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         if self.host == self.comm._layout.host_of[root]:
@@ -128,16 +128,13 @@ class SegmentedSteps:
                 request.Wait()
             return
         receives = [self.leaders.Irecv(theirs[k], other, k) for k in range(count)]
-        try:
+        with self._withdrawn_on_failure(receives):
             for k in range(count):
                 self.host_comm.Reduce(inputs[k], mine[k], op, 0)
             results = self._pieces(recv, count)
             for k in range(count):
                 receives[k].Wait()
                 self._fold(op, mine[k], theirs[k], results[k])
-        except BaseException:
-            self._withdraw(receives)
-            raise
 
     def _member_reduce_segments(self, send: Any, recv: Any, op: Any, root: int, in_place: bool, count: int) -> None:
         for piece in self._pieces(send, count):
