@@ -196,6 +196,41 @@ def test_a_sweep_across_hosts_names_each_calls_algorithm_and_its_prediction(tmp_
     assert all(r.get("predicted_us", 0) > 0 for r in by_call.values())
 
 
+_OWN_CALLS_RANK = """
+import sys
+import numpy as np
+from pycoll.perf import backends, worker
+b = backends.make_backend("pycoll")
+run, _ = b.prepare("allgather", False, 1 << 16, "float32", "sum", 0)
+for _ in range(3):
+    run()  # the first call plans the point; the others take its fast path
+    b.most(7)  # the harness's own object calls between them
+    b.gather(b.rank)
+ran = worker._comm_record(b.comm).get("allgather")
+assert ran is not None and ran[1] == 2 * (1 << 16) * 4, ran  # the whole output's bytes, as selection saw them
+from pycoll.algorithms import cost, registry
+algo = registry.ALGORITHMS["allgather"][ran[0]]
+assert worker.predicted_us(b, "allgather", ran[0]) > algo.predict(cost.current(), 512, b.comm._layout) * 1e6
+b.close()
+print("ok", ran)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_points_prediction_is_of_its_own_calls_not_the_harness(tmp_path: Path) -> None:
+    """The benchmark's object calls (the iteration count's maximum, the gathers of times) go on a copy of the timed
+    communicator: on it, they replaced the record of the point's algorithm and size with their own 512 B Allgather
+    once the point's calls took their fast path, and the first point of a sweep was predicted at a 512 B call's time
+    (35 µs for a 1 MiB Allgather between hosts that took 460)."""
+    from harness import run_script
+
+    script = tmp_path / "rank.py"
+    script.write_text(_OWN_CALLS_RANK)
+    proc = run_script(2, script, [], timeout=100)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("ok") == 2
+
+
 def _algo_rec(peer: str, algo: str, nbytes: int, t: float, hosts: int = 2, used: Any = None) -> dict[str, Any]:
     return {"peer": peer, "algo": algo, "algo_used": used, "hosts": hosts, "link_rate": "1gbit",
             "collective": "allreduce", "nranks": 4, "bytes": nbytes, "inplace": False, "time_us": t, "wrong": 0}

@@ -318,11 +318,15 @@ def reduce_scatter_halving(st: Steps, call: Call) -> Schedule:
 
 
 def _allgather_doubling_cost(m: CostModel, n: float, lay: Layout) -> float:
+    """The rank's own block copied into the result (out of place, before the rounds, as the ring's), then log2 p
+    rounds (+2 where ranks fold)."""
     p2 = pow2floor(lay.size)
     extra = 2 if p2 != lay.size else 0
     across = _across(lay, [n * mask / p2 for mask in _masks(p2)], n / lay.size if extra else 0.0, n if extra else 0.0)
-    return m.phase(lay, log2ceil(p2) + extra, (lay.size - 1) / lay.size * n + (n if extra else 0), flows=m.flows(lay),
-                   messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0), **across)
+    own = m.copy_s(n / lay.size, (1.0 + 1.0 / lay.size) * n * lay.size)  # the ring's footprint
+    return own + m.phase(lay, log2ceil(p2) + extra, (lay.size - 1) / lay.size * n + (n if extra else 0),
+                         flows=m.flows(lay), messages=_halving_messages(m, n, p2) + (m.messages(n) + 1 if extra else 0),
+                         **across)
 
 
 @register(
