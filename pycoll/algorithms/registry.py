@@ -45,6 +45,11 @@ LINK_MINIMAL: dict[str, frozenset[str]] = {
     "reduce_scatter": frozenset({"hierarchical"}), "broadcast": frozenset({"chain"}), "reduce": frozenset({"chain"}),
 }
 
+# per collective, the algorithms that win a tie of the model's prices (otherwise registration order breaks it): at two
+# ranks the ring and doubling Allgather make one exchange and price alike, and the doubling's goes as one frame each
+# way where it fits (``Steps.swap_now``; across hosts, ``pycoll.paired``'s two-rank form)
+ON_TIES: dict[str, frozenset[str]] = {"allgather": frozenset({"doubling"})}
+
 COLLECTIVES = (
     "allreduce",
     "reduce_scatter",
@@ -204,7 +209,8 @@ def on_device(call: Call) -> bool:
 
 
 def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> list[tuple[float, Algorithm]]:
-    """The algorithms that accept this call, cheapest first by the model (registration order breaks ties).
+    """The algorithms that accept this call, cheapest first by the model (``ON_TIES``, then registration order
+    breaks ties).
 
     For a call on device buffers, a host algorithm's prediction includes staging the buffers through host memory.
     """
@@ -218,7 +224,10 @@ def ranked(call: Call, layout: Layout, model: Optional[CostModel] = None) -> lis
             out.append((algo.predict(model, call.size_bytes, layout) + extra, algo))
         else:
             log.debug("%s: %s declined: %s", call.coll, algo.name, reason)
-    out.sort(key=lambda pair: pair[0])  # stable: equal costs keep registration order
+    first = ON_TIES.get(call.coll, frozenset())
+    # prices equal to the picosecond tie (sums of the same terms in another order); stable: other ties keep
+    # registration order
+    out.sort(key=lambda pair: (round(pair[0], 12), pair[1].name not in first))
     return out
 
 
