@@ -45,9 +45,9 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import (ALGO, LINK_MINIMAL, LINK_TOLERANCE, REPRODUCIBLE, link_tolerance, preferred, ranked,
                                   ranked_cached)
 from .buffers import IN_PLACE
+from .composed_failures import guarded
 from .composed_segments import SegmentedSteps
 from .config import _ENV_BYTES, int_param, size_param
-from .errors import PycollError
 from .transport.arena import shared_core_slot_bytes
 
 SMP_BYTES = size_param(
@@ -185,21 +185,6 @@ def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root
     return total
 
 
-def _guarded(inner: tuple, part: Callable[[Any, Any], None], send: Any, recv: Any) -> None:
-    """``part(send, recv)``, a rank's part of a composed call on the ``inner`` communicators; where a step fails here,
-    every one of them this rank belongs to is broken, so that the ranks waiting in the call's other steps (other
-    hosts' too, through the leaders or a rail) fail at once, each breaking its own in turn, not at their timeouts or
-    at this rank's exit."""
-    try:
-        part(send, recv)
-    except PycollError as err:
-        if not getattr(err, "contained", False):  # contained: only this call failed, the communicators work
-            for sub in inner:
-                if sub is not None and sub._size > 1:
-                    sub._engine.request_abort(sub._ctx & ~1, err, list(sub._world))
-        raise
-
-
 class HostComposition(SegmentedSteps):
     """The per-host and leaders' communicators of one parent communicator, made on its first composed call."""
 
@@ -322,13 +307,14 @@ class HostComposition(SegmentedSteps):
                 return False  # the buffers overlap: the checks name it
             live(label, numbered=True)
             if part is not None:
+                c._seq += 1  # numbered as the communicator's other calls, for its errors
                 host.timeout = c.timeout
                 for sub in (leaders, column):
                     if sub is not None:
                         sub.timeout = c.timeout
-                _guarded((host, leaders, column), part, *bound)
+                guarded(c, label, (host, leaders, column), part, *bound)
             else:
-                run(make_call(*bound))
+                run(make_call(*bound), label)
             ran(coll, nbytes)
             return True
 
@@ -389,15 +375,17 @@ class HostComposition(SegmentedSteps):
                     if j == me:
                         self.column = rail
 
-    def run(self, call: Call) -> None:
+    def run(self, call: Call, label: str) -> None:
+        """``call``, the user's ``label`` call on the parent, as this rank's part of its composition."""
         self._comms()
+        self.comm._seq += 1  # numbered as the communicator's other calls, for its errors
         self.host_comm.timeout = self.comm.timeout  # the parent's, as the user may have changed it
         for c in (self.leaders, self.column):
             if c is not None:
                 c.timeout = self.comm.timeout
         part = self._part(call)
-        _guarded((self.host_comm, self.leaders, self.column),
-                 part or (lambda send, recv: getattr(self, "_" + call.coll)(call)), call.send, call.recv)
+        guarded(self.comm, label, (self.host_comm, self.leaders, self.column),
+                part or (lambda send, recv: getattr(self, "_" + call.coll)(call)), call.send, call.recv)
 
     def free(self) -> None:
         """Release the two communicators (with their arena), as the parent is freed."""

@@ -160,6 +160,8 @@ def declared_params() -> list[Param]:
 SHM_DIR = str_param("PYCOLL_SHM_DIR", "/dev/shm", "Directory (a tmpfs) that holds the shared-memory segments while they are set up.")
 
 TIMEOUT = float_param(
-    "PYCOLL_TIMEOUT", 300.0, "Seconds any wait may last before it raises pycoll.TimeoutError (per communicator: `comm.timeout`)."
+    "PYCOLL_TIMEOUT", 300.0,
+    "Seconds any wait may go without progress (a step of its call completing) before it raises pycoll.TimeoutError "
+    "(per communicator: `comm.timeout`)."
 )
 DEBUG = str_param("PYCOLL_DEBUG", "WARN", "Log level of the `pycoll` logger: WARN, INFO or DEBUG.")

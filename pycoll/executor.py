@@ -325,7 +325,7 @@ class Executor:
         if call.coll in REDUCTIONS and self.comm.reproducible:  # the hosts' partial sums are not the left fold
             return False
         self.comm._live(label, numbered=True)
-        self.composed.run(call)
+        self.composed.run(call, label)
         self._ran_composed(call.coll, call.size_bytes)
         return True
 

@@ -12,6 +12,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -506,8 +507,8 @@ def test_a_composed_allreduce_in_segments_fails_and_leaves_nothing_waiting(tmp_p
     """4 ranks on 2 hosts, a 4 MiB Allreduce composed in segments (a 1 Gbit/s link given to the model). A rank that
     calls it with one element more: the mismatch reaches the other host through its leader (none waits for a
     timeout), every input intact. A rank that never calls: its host-mate times out, and the others raise
-    that timeout as a remote error, or time out themselves, or name a rank that timed out and left before them. (As for
-    every composed call, the errors name the host's or the leaders' call they arose in: docs/reliability.md.)"""
+    that timeout as a remote error, or time out themselves, or name a rank that timed out and left before them. Every
+    error names the user's call on its communicator, the rank and the peers there; its cause, the inner step."""
     results = {}
     for case in ("errors.mismatch_allreduce_segments", "errors.timeout_allreduce_segments"):
         res = results[case] = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path / case),
@@ -533,6 +534,40 @@ def test_a_composed_allreduce_in_segments_fails_and_leaves_nothing_waiting(tmp_p
     assert any(o["class"] == "TimeoutError" for o in waited), outcomes
     assert all(o["class"] in ("TimeoutError", "RemoteError", "PeerFailureError") for o in waited), outcomes
     assert all("TimeoutError" in o["cause"] for o in waited if o["class"] == "RemoteError"), outcomes
+    for case, res in results.items():
+        _named_as_the_users_call(res.records(case, "outcome"), lambda rank: "Allreduce")
+
+
+def _named_as_the_users_call(outcomes: dict, call_of: Any) -> None:
+    """Each failed rank's error names the call it made on the world communicator (``call_of(rank)``), numbered as
+    that communicator's calls, this rank, peers among the world's ranks, and the composed call's inner step."""
+    failed = {r: o for r, o in outcomes.items() if o.get("class") not in (None, "absent")}
+    assert failed, outcomes
+    for r, o in failed.items():
+        assert re.fullmatch(rf"{call_of(r)} #\d+", o["op"] or ""), (r, o)
+        assert o["rank"] == r and all(0 <= p < len(outcomes) and p != r for p in o["peers"]), (r, o["peers"], o["cause"])
+        assert "[in its step " in o["cause"] and "composed across hosts" in o["cause"], (r, o)
+    assert len({o["op"] for r, o in failed.items() if call_of(r) == call_of(0)}) == 1, failed  # numbered alike
+
+
+@pytest.mark.timeout(300)
+def test_a_small_composed_call_fails_as_the_users_call(tmp_path: Path) -> None:
+    """4 ranks on 2 hosts, small calls composed from calls in each host and among the leaders: rank 0 calls
+    Allreduce where the others call Allgather, and, in a second job, rank 3 never calls an Allreduce. Each failed
+    rank's error names its own call on the world communicator (not the host's or the leaders' call it arose in),
+    its rank and peers in the world's numbering, and says which step, among which of its ranks, failed."""
+    bad = harness.run_cases_on_hosts(["errors.mismatch_collective_warm"], hosts=2, n=4, out_dir=str(tmp_path / "bad"),
+                                     job_timeout=120)
+    bad.assert_ok()
+    outcomes = bad.records("errors.mismatch_collective_warm", "outcome")
+    assert len(outcomes) == 4 and all(o["class"] is not None for o in outcomes.values()), outcomes
+    _named_as_the_users_call(outcomes, lambda rank: "Allreduce" if rank == 0 else "Allgather")
+    late = harness.run_cases_on_hosts(["errors.timeout_allreduce"], hosts=2, n=4, out_dir=str(tmp_path / "late"),
+                                      job_timeout=120)
+    late.assert_ok()
+    outcomes = late.records("errors.timeout_allreduce", "outcome")
+    assert outcomes[3] == {"class": "absent"}, outcomes
+    _named_as_the_users_call(outcomes, lambda rank: "Allreduce")
 
 
 @pytest.mark.timeout(300)
