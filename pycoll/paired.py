@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from .algorithms import cost as cost_model
-from .algorithms.base import CHUNK_SIZE, LANES, offsets
+from .algorithms.base import CHUNK_SIZE, LANES, even_counts, offsets, split
 from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
@@ -155,8 +155,8 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     if body is None or holds is None:
         return False
     limit, views = pair.most, plan.views
-    if t.coll == "broadcast" and pair.most > pair.limit:  # the two-rank chain sends the buffer whole, any size
-        limit = sys.maxsize
+    if pair.most > pair.limit and (t.coll == "broadcast" or (t.coll, algo.name) == ("allreduce", "ring")):
+        limit = sys.maxsize  # the two-rank chain sends the buffer whole, the ring a chunk at a time: any size
     largest = _largest_message(t, pair.me, pair.peer)
     if largest is not None and largest > limit:
         return False
@@ -231,6 +231,31 @@ def _allreduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
         incoming = scratch.like(recv)
         pair.swap(seq, send, incoming)
         ufunc(send, incoming, out=recv)  # as the algorithm's round: own values on the left
+
+    return body
+
+
+@_form("allreduce", "ring")
+def _allreduce_ring(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    """The two-rank ring's messages, each chunk both ways in one call into C: each rank's half of the vector, its own
+    values on the left and the peer's chunk of that half on the right, then the reduced halves swapped, in the ring's
+    order of frames (its blocks cut into equal numbers of chunks), so a peer that runs the ring's schedule matches."""
+    me, peer, ufunc, chunk, scratch = pair.me, pair.peer, t.op.ufunc, max(CHUNK_SIZE.get(), 64), _Scratch()
+
+    def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
+        src = recv if send is None else send
+        counts = even_counts(recv.shape[0], 2)
+        starts = offsets(counts)
+        k = max(1, -(-max(counts) * recv.itemsize // chunk))
+        mine, theirs = (slice(starts[i], starts[i] + counts[i]) for i in (me, peer))
+        incoming = scratch.like(recv[mine])
+        swap = pair.swap
+        for out, into, own, result in zip(split(src[theirs], k), split(incoming, k), split(src[mine], k),
+                                          split(recv[mine], k)):
+            swap(seq, out, into)
+            ufunc(own, into, out=result)
+        for out, into in zip(split(recv[mine], k), split(recv[theirs], k)):
+            swap(seq, out, into)
 
     return body
 

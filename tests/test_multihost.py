@@ -437,6 +437,10 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
     # a two-rank Bcast sends its buffer whole, however large: still direct past the chunk (its frame through the
     # exchange in C from the shape's second call: one out of the root, one into the other rank, each call)
     assert set(res.records("topology.paired_calls", "Bcast past the chunk: frames exchanged in C").values()) == {2}
+    # an Allreduce past the chunk runs the two-rank ring a chunk at a time through C (its closure), and matches a
+    # peer that runs the ring's schedule
+    assert set(res.records("topology.paired_calls", "Allreduce past the chunk: algorithm").values()) == {"ring"}
+    assert set(res.records("topology.paired_calls", "fast Allreduce past the chunk").values()) == {True}
     # 7 calls x 4 counts x 4 repeats and 3 Barriers, each one frame out of each rank (Bcast and Reduce: one rank's)
     # in one system call; but the first call of each shape is scheduled, and its frames over 16 KiB (count 5000)
     # go through the engine's send queue instead: 12 of them

@@ -228,6 +228,24 @@ def paired_calls(ctx):
         ctx.check(f"Bcast {k} #{i}", calls["Bcast"](k, mine(me, k)), want["Bcast"](k))
     ctx.record("Bcast past the chunk: frames exchanged in C", engine.frames_exchanged - before)
     comm.Barrier()
+    # an Allreduce past the chunk, where the two-rank ring runs: its chunks both ways in one call into C each, in
+    # the ring's order of frames (an odd count: blocks of unequal sizes, cut into equal numbers of chunks)
+    k, known = chunk // 8 * 3 + 5, set(comm._x.plans)
+    for name in ("Allreduce", "Allreduce in place"):
+        for i in range(3):
+            ctx.check(f"{name} {k} #{i}", calls[name](k, mine(me, k)), want[name](k))
+    used = comm._x.ran.get("allreduce", ("", 0))[0]
+    ctx.record("Allreduce past the chunk: algorithm", used)
+    fast = [p.fast for key, p in comm._x.plans.items() if key[0] == "Allreduce" and key not in known]
+    ctx.record("fast Allreduce past the chunk", len(fast) == 2 and all(callable(f) for f in fast))
+    # beside a peer that runs the ring's schedule (a receive posted there), the frames still match
+    pending = comm.Irecv(np.empty(1), source=peer, tag=78) if me == 1 else None
+    ctx.check("Allreduce past the chunk beside a posted receive", calls["Allreduce"](k, mine(me, k)), want["Allreduce"](k))
+    if me == 0:
+        comm.Send(np.zeros(1), dest=peer, tag=78)
+    else:
+        pending.Wait()
+    comm.Barrier()
 
 
 @case
