@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _EMPTY = np.zeros(0, np.uint8)
 
 # (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
+# the forms that take any size where the pair exchanges frames in C whatever their size: the Bcast chain's one frame,
+# and the others' chunks one call each (``chunks``), as their schedules cut them
+_ANY_SIZE = frozenset({("broadcast", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
+                       ("reduce_scatter", "ring")})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
 
 
@@ -155,8 +159,8 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     if body is None or holds is None:
         return False
     limit, views = pair.most, plan.views
-    if pair.most > pair.limit and (t.coll == "broadcast" or (t.coll, algo.name) == ("allreduce", "ring")):
-        limit = sys.maxsize  # the two-rank chain sends the buffer whole, the ring a chunk at a time: any size
+    if pair.most > pair.limit and (t.coll, algo.name) in _ANY_SIZE:
+        limit = sys.maxsize  # the two-rank chain sends the buffer whole, the others a chunk at a time: any size
     largest = _largest_message(t, pair.me, pair.peer)
     if largest is not None and largest > limit:
         return False
@@ -235,18 +239,23 @@ def _allreduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     return body
 
 
+def chunks(nbytes: int) -> int:
+    """Into how many pieces the schedules cut a message (or a block) of ``nbytes``: their ``Steps.num_chunks``."""
+    return max(1, -(-nbytes // max(CHUNK_SIZE.get(), 64)))
+
+
 @_form("allreduce", "ring")
 def _allreduce_ring(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     """The two-rank ring's messages, each chunk both ways in one call into C: each rank's half of the vector, its own
     values on the left and the peer's chunk of that half on the right, then the reduced halves swapped, in the ring's
     order of frames (its blocks cut into equal numbers of chunks), so a peer that runs the ring's schedule matches."""
-    me, peer, ufunc, chunk, scratch = pair.me, pair.peer, t.op.ufunc, max(CHUNK_SIZE.get(), 64), _Scratch()
+    me, peer, ufunc, scratch = pair.me, pair.peer, t.op.ufunc, _Scratch()
 
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
         src = recv if send is None else send
         counts = even_counts(recv.shape[0], 2)
         starts = offsets(counts)
-        k = max(1, -(-max(counts) * recv.itemsize // chunk))
+        k = chunks(max(counts) * recv.itemsize)
         mine, theirs = (slice(starts[i], starts[i] + counts[i]) for i in (me, peer))
         incoming = scratch.like(recv[mine])
         swap = pair.swap
@@ -298,11 +307,17 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     starts = offsets(list(counts)) if displs is None else displs
     mine, theirs = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer])
 
+    k = chunks(max(counts[me], counts[peer]) * t.dtype.itemsize)  # as the doubling's exchange cuts its round
+
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
         block = recv[mine]
         if not t.in_place and send is not None:
             block[...] = send
-        pair.swap(seq, block, recv[theirs])
+        if k == 1:
+            pair.swap(seq, block, recv[theirs])
+            return
+        for out, into in zip(split(block, k), split(recv[theirs], k)):
+            pair.swap(seq, out, into)
 
     return body
 
@@ -332,14 +347,21 @@ def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     starts = offsets(list(counts))  # the blocks' places, fixed for the plan: no per-call list of views
     mine, theirs, n = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]), counts[me]
     incoming, in_place = np.empty(n, t.dtype), t.in_place
+    k = chunks(max(counts[me], counts[peer]) * t.dtype.itemsize)  # as the ring cuts its blocks
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
-        pair.swap(seq, send[theirs], incoming)
-        if in_place:  # the result's place overlaps the inputs: kept apart
-            ufunc(send[mine], incoming, out=incoming)
-            recv[:n] = incoming
+        # in place, the result's place overlaps the inputs still to send: the sums kept apart until the end
+        result = incoming if in_place else recv[:n]
+        if k == 1:
+            pair.swap(seq, send[theirs], incoming)
+            ufunc(send[mine], incoming, out=result)
         else:
-            ufunc(send[mine], incoming, out=recv[:n])
+            for out, into, own, done in zip(split(send[theirs], k), split(incoming, k), split(send[mine], k),
+                                            split(result, k)):
+                pair.swap(seq, out, into)
+                ufunc(own, into, out=done)
+        if in_place:
+            recv[:n] = incoming
 
     return body
 

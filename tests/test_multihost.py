@@ -429,11 +429,15 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
         assert set(res.records("topology.paired_calls", f"fast {name}").values()) == {True}, name
     for name in ("Allgather", "Alltoall", "Reduce_scatter_block"):  # whole buffers larger than the staging area
         assert set(res.records("topology.paired_calls", f"fast {name} of fitting blocks").values()) == {True}, name
-        # blocks past the staging area, within a chunk: one exchange in C; past the chunk: the schedule's
+        # blocks past the staging area, within a chunk: one exchange in C; past the chunk, the Allgather and the
+        # Reduce_scatter_block a chunk at a time through C as their schedules cut them, the Alltoall by its schedule
         assert set(res.records("topology.paired_calls", f"fast {name} of larger blocks").values()) == {True}, name
-        assert set(res.records("topology.paired_calls", f"fast {name} of chunk-sized blocks").values()) == {False}, name
-    # the larger blocks' calls after each shape's first (3 calls, 1 scheduled): 2 exchanges x 3 collectives
-    assert set(res.records("topology.paired_calls", "block exchanges").values()) == {6}
+        assert set(res.records("topology.paired_calls", f"fast {name} of chunk-sized blocks").values()) == {
+            name != "Alltoall"}, name
+    # after each shape's first call (3 calls, 1 scheduled): the larger blocks' 2 exchanges x 3 collectives, and the
+    # chunk-sized blocks' 2 calls x 2 chunks x 2 collectives (a chunk whose previous one the engine finished may go
+    # through the engine's exchange instead)
+    assert all(6 + 1 <= n <= 6 + 8 for n in res.records("topology.paired_calls", "block exchanges").values())
     # a two-rank Bcast sends its buffer whole, however large: still direct past the chunk (its frame through the
     # exchange in C from the shape's second call: one out of the root, one into the other rank, each call)
     assert set(res.records("topology.paired_calls", "Bcast past the chunk: frames exchanged in C").values()) == {2}

@@ -222,12 +222,30 @@ def paired_calls(ctx):
                     if label == name and p.template.counts and p.template.counts[0] == k]
             ctx.record(f"fast {name} of {kind} blocks", any(callable(f) for f in fast))
     ctx.record("block exchanges", engine.block_exchanges - exchanged)
+    comm.Barrier()  # a rank out of the calls above first would send its Bcast into the other's last exchange
     # a Bcast past the chunk: the two-rank chain sends it whole (one hop, nothing to pipeline), so it stays direct
     k, before = chunk // 8 * 2 + 3, engine.frames_exchanged
     for i in range(3):
         ctx.check(f"Bcast {k} #{i}", calls["Bcast"](k, mine(me, k)), want["Bcast"](k))
     ctx.record("Bcast past the chunk: frames exchanged in C", engine.frames_exchanged - before)
     comm.Barrier()
+    # in place past the chunk: the Reduce_scatter_block's sums kept apart from the inputs still to send
+    k = chunk // 8 + 64
+
+    def rsb_in_place(k: int, v: np.ndarray) -> np.ndarray:
+        buf = np.concatenate([v, -v])
+        comm.Reduce_scatter_block(MPI.IN_PLACE, [buf, MPI.DOUBLE])
+        return buf[:k]
+
+    def allgather_in_place(k: int, v: np.ndarray) -> np.ndarray:
+        buf = np.full(2 * k, -1.0)
+        buf[me * k:(me + 1) * k] = v
+        comm.Allgather(MPI.IN_PLACE, [buf, MPI.DOUBLE])
+        return buf
+
+    for name, call in (("Reduce_scatter_block", rsb_in_place), ("Allgather", allgather_in_place)):
+        for i in range(3):
+            ctx.check(f"{name} in place {k} #{i}", call(k, mine(me, k)), want[name](k))
     # an Allreduce past the chunk, where the two-rank ring runs: its chunks both ways in one call into C each, in
     # the ring's order of frames (an odd count: blocks of unequal sizes, cut into equal numbers of chunks)
     k, known = chunk // 8 * 3 + 5, set(comm._x.plans)
