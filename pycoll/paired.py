@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from .algorithms import cost as cost_model
-from .algorithms.base import CHUNK_SIZE, LANES, even_counts, offsets, split
+from .algorithms.base import LANES, chunk_bytes, even_counts, num_chunks, offsets, split
 from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
@@ -28,7 +28,7 @@ _EMPTY = np.zeros(0, np.uint8)
 
 # (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
 # the forms that take any size where the pair exchanges frames in C whatever their size: the Bcast chain's one frame,
-# and the others' chunks one call each (``chunks``), as their schedules cut them
+# and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
 _ANY_SIZE = frozenset({("broadcast", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
                        ("reduce_scatter", "ring")})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
@@ -52,7 +52,7 @@ class _Pair:
         self.world_peer = c._world[self.peer]
         self.ctx = c._ctx | 1
         # one message each way, taken whole from the socket: within a chunk and the receiver's staging area
-        chunk = max(CHUNK_SIZE.get(), 64)
+        chunk = chunk_bytes()
         self.limit = min(chunk, self.engine.frame_room(self.world_peer))
         # the largest message a call sends as one (the algorithm's chunk): past ``limit``, one exchange in C straight
         # into place (``Engine.frame_exchanger``) where it is built
@@ -241,7 +241,27 @@ def _allreduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
 def chunks(nbytes: int) -> int:
     """Into how many pieces the schedules cut a message (or a block) of ``nbytes``: their ``Steps.num_chunks``."""
-    return max(1, -(-nbytes // max(CHUNK_SIZE.get(), 64)))
+    return num_chunks(nbytes, chunk_bytes())
+
+
+def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: np.ndarray, into: np.ndarray,
+                    own: Optional[np.ndarray] = None, ufunc: Any = None, result: Optional[np.ndarray] = None) -> None:
+    """``swap`` of ``out`` for ``into`` in ``k`` chunks each way, one call each, as the schedules cut their blocks;
+    with ``ufunc``, each chunk that came in folded at once as ``result = ufunc(own, incoming)`` (the rank's own
+    values on the left, as the schedules fold)."""
+    if k == 1:  # one message each way: no cutting on the small calls' path
+        swap(seq, out, into)
+        if ufunc is not None:
+            ufunc(own, into, out=result)
+        return
+    if ufunc is None:
+        for piece_out, piece_in in zip(split(out, k), split(into, k)):
+            swap(seq, piece_out, piece_in)
+        return
+    for piece_out, piece_in, piece_own, piece_result in zip(split(out, k), split(into, k), split(own, k),
+                                                            split(result, k)):
+        swap(seq, piece_out, piece_in)
+        ufunc(piece_own, piece_in, out=piece_result)
 
 
 @_form("allreduce", "ring")
@@ -257,14 +277,8 @@ def _allreduce_ring(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
         starts = offsets(counts)
         k = chunks(max(counts) * recv.itemsize)
         mine, theirs = (slice(starts[i], starts[i] + counts[i]) for i in (me, peer))
-        incoming = scratch.like(recv[mine])
-        swap = pair.swap
-        for out, into, own, result in zip(split(src[theirs], k), split(incoming, k), split(src[mine], k),
-                                          split(recv[mine], k)):
-            swap(seq, out, into)
-            ufunc(own, into, out=result)
-        for out, into in zip(split(recv[mine], k), split(recv[theirs], k)):
-            swap(seq, out, into)
+        _swap_in_chunks(pair.swap, seq, k, src[theirs], scratch.like(recv[mine]), src[mine], ufunc, recv[mine])
+        _swap_in_chunks(pair.swap, seq, k, recv[mine], recv[theirs])
 
     return body
 
@@ -313,11 +327,7 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
         block = recv[mine]
         if not t.in_place and send is not None:
             block[...] = send
-        if k == 1:
-            pair.swap(seq, block, recv[theirs])
-            return
-        for out, into in zip(split(block, k), split(recv[theirs], k)):
-            pair.swap(seq, out, into)
+        _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
 
     return body
 
@@ -352,14 +362,7 @@ def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
         # in place, the result's place overlaps the inputs still to send: the sums kept apart until the end
         result = incoming if in_place else recv[:n]
-        if k == 1:
-            pair.swap(seq, send[theirs], incoming)
-            ufunc(send[mine], incoming, out=result)
-        else:
-            for out, into, own, done in zip(split(send[theirs], k), split(incoming, k), split(send[mine], k),
-                                            split(result, k)):
-                pair.swap(seq, out, into)
-                ufunc(own, into, out=done)
+        _swap_in_chunks(pair.swap, seq, k, send[theirs], incoming, send[mine], ufunc, result)
         if in_place:
             recv[:n] = incoming
 

@@ -65,6 +65,16 @@ class Call:
         return self.nbytes
 
 
+def chunk_bytes() -> int:
+    """The pipelining chunk in force (PYCOLL_CHUNK_SIZE, at least 64 bytes)."""
+    return max(CHUNK_SIZE.get(), 64)
+
+
+def num_chunks(largest_block_bytes: int, chunk: int) -> int:
+    """How many chunks of at most ``chunk`` bytes every block is cut into, so that chunk k exists in every block."""
+    return max(1, math.ceil(largest_block_bytes / chunk))
+
+
 def even_counts(n: int, parts: int) -> list[int]:
     """Split ``n`` elements into ``parts`` blocks whose sizes differ by at most one."""
     q, rem = divmod(n, parts)
@@ -187,7 +197,7 @@ class Steps:
         self._owner = owner
         self.mem = mem
         self.layout = layout or Layout.flat(size)
-        self.chunk_bytes = max(CHUNK_SIZE.get(), 64)
+        self.chunk_bytes = chunk_bytes()
         self.arena = arena  # the communicator's ArenaState when all its ranks share a host (arena_meeting.py), else None
         self.ipc = ipc  # the communicator's IpcState for device buffers on one host (cuda_ipc.py), else None
 
@@ -347,7 +357,7 @@ class Steps:
 
     def num_chunks(self, largest_block_bytes: int) -> int:
         """How many chunks every block is cut into, so that chunk k exists in every block."""
-        return max(1, math.ceil(largest_block_bytes / self.chunk_bytes))
+        return num_chunks(largest_block_bytes, self.chunk_bytes)
 
 
 @functools.lru_cache(maxsize=None)
