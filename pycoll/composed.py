@@ -295,7 +295,7 @@ class HostComposition(SegmentedSteps):
         va, vc, vr, vs, vt, vg = (env.get(k) for k in keys)
         mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
         views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
-        part, host, leaders, column = self._part(call), self.host_comm, self.leaders, self.column
+        part, host, leaders, column, enter = self._part(call), self.host_comm, self.leaders, self.column, self._enter
 
         def fast(args: tuple) -> bool:
             if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or env.get(kt) != vt
@@ -307,11 +307,7 @@ class HostComposition(SegmentedSteps):
                 return False  # the buffers overlap: the checks name it
             live(label, numbered=True)
             if part is not None:
-                c._seq += 1  # numbered as the communicator's other calls, for its errors
-                host.timeout = c.timeout
-                for sub in (leaders, column):
-                    if sub is not None:
-                        sub.timeout = c.timeout
+                enter()
                 guarded(c, label, (host, leaders, column), part, *bound)
             else:
                 run(make_call(*bound), label)
@@ -378,14 +374,18 @@ class HostComposition(SegmentedSteps):
     def run(self, call: Call, label: str) -> None:
         """``call``, the user's ``label`` call on the parent, as this rank's part of its composition."""
         self._comms()
-        self.comm._seq += 1  # numbered as the communicator's other calls, for its errors
-        self.host_comm.timeout = self.comm.timeout  # the parent's, as the user may have changed it
-        for c in (self.leaders, self.column):
-            if c is not None:
-                c.timeout = self.comm.timeout
+        self._enter()
         part = self._part(call)
         guarded(self.comm, label, (self.host_comm, self.leaders, self.column),
                 part or (lambda send, recv: getattr(self, "_" + call.coll)(call)), call.send, call.recv)
+
+    def _enter(self) -> None:
+        """A call begins: the parent's next call number (its errors name it), and the parent's timeout inside."""
+        c = self.comm
+        c._seq += 1
+        for sub in (self.host_comm, self.leaders, self.column):
+            if sub is not None:
+                sub.timeout = c.timeout
 
     def free(self) -> None:
         """Release the two communicators (with their arena), as the parent is freed."""
