@@ -14,6 +14,8 @@ import time
 
 import numpy as np
 
+from pycoll.perf.report import append_rows
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,8 +74,7 @@ def main() -> None:
     if me == 0:
         print(json.dumps(row))
         if args.json:
-            with open(args.json, "a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_rows(args.json, [row])
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ progress and the C exchange read), so every size sees the same connections and p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from pycoll import MPI
 from pycoll.config import parse_size
+from pycoll.perf.report import append_rows
 
 
 def calls(comm, nbytes: int) -> dict:
@@ -96,9 +96,7 @@ def main() -> None:
             cells.append(f"{s}: {statistics.median(got):8.1f} [{min(got):.0f}-{max(got):.0f}]")
         print(f"{c:15s} " + "  ".join(cells), flush=True)
     if args.json:
-        with open(args.json, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+        append_rows(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,13 @@ to back, on every rank, with the slowest rank's figure (one line per call and mo
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import time
 
 import numpy as np
+
+from pycoll.perf.report import append_rows
 
 
 def call_table(comm, MPI, nbytes: int) -> dict:
@@ -107,9 +108,7 @@ def main() -> None:
             if "each_us" in r:
                 print("  each call, slowest rank (µs): " + " ".join(f"{x:.0f}" for x in r["each_us"]))
         if args.json:
-            with open(args.json, "a") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+            append_rows(args.json, rows)
 
 
 if __name__ == "__main__":

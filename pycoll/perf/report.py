@@ -114,6 +114,13 @@ def write_json(path: str, meta: dict[str, Any], limits: dict[str, Any], records:
         fh.write("\n")
 
 
+def append_rows(path: str, rows: list[dict[str, Any]]) -> None:
+    """Append ``rows`` to ``path`` as JSON lines, one a row (the perf/ scripts' --json files)."""
+    with open(path, "a") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+
+
 def read_json(path: str) -> dict[str, Any]:
     with open(path) as fh:
         return json.load(fh)
