@@ -222,7 +222,6 @@ def paired_calls(ctx):
                     if label == name and p.template.counts and p.template.counts[0] == k]
             ctx.record(f"fast {name} of {kind} blocks", any(callable(f) for f in fast))
     ctx.record("block exchanges", engine.block_exchanges - exchanged)
-    comm.Barrier()  # a rank out of the calls above first would send its Bcast into the other's last exchange
     # a Bcast past the chunk: the two-rank chain sends it whole (one hop, nothing to pipeline), so it stays direct
     k, before = chunk // 8 * 2 + 3, engine.frames_exchanged
     for i in range(3):
