@@ -1,4 +1,4 @@
-"""The rate 16 MiB crosses between two ranks by each path a collective may take (`pycoll tune`'s stream, posted
+"""The rate 16 MiB crosses between two ranks by each path a collective may take (four blocking Sends, posted
 receives, one blocking Send, the two-rank Bcast's one frame through C, a Sendrecv both ways at once), GB/s of
 payload one way, medians of 5 (one JSON line; --json appends it to a file).
 
@@ -23,7 +23,6 @@ def main() -> None:
     ap.add_argument("--json", help="append the row to this file (rank 0)")
     args = ap.parse_args()
     from pycoll import MPI
-    from pycoll.tune import _stream
 
     comm = MPI.COMM_WORLD
     me, B = comm.Get_rank(), MPI.BYTE
@@ -39,6 +38,16 @@ def main() -> None:
             call()
             took.append(time.perf_counter() - t0)
         return round(whole.nbytes / statistics.median(took) / 1e9, 3)
+
+    def four_blocking() -> None:  # four 4 MiB blocking Sends, then a 1-byte reply (`pycoll tune`'s stream until 2026-12-06)
+        if me == 0:
+            for _ in range(4):
+                comm.Send([quarter, B], 1, tag=79)
+            comm.Recv([ack, B], 1, tag=81)
+        else:
+            for _ in range(4):
+                comm.Recv([quarter, B], 0, tag=79)
+            comm.Send([ack, B], 0, tag=81)
 
     def posted() -> None:  # four 4 MiB messages posted at once, then a 1-byte reply
         if me == 0:
@@ -65,7 +74,7 @@ def main() -> None:
 
     other = np.empty_like(whole)
     row = {
-        "tune's stream (4 x 4 MiB Sends)": rate(lambda: _stream(comm, peer, me == 0, quarter, 4)),
+        "tune's stream (4 x 4 MiB Sends)": rate(four_blocking),
         "4 x 4 MiB posted at once": rate(posted),
         "one 16 MiB Send": rate(blocking),
         "two-rank Bcast (one frame through C)": rate(bcast),

@@ -14,7 +14,7 @@ import threading
 from typing import Any, Optional, Sequence
 
 from . import config, machine, memory
-from .algorithms import arena_jit, cost
+from .algorithms import arena_jit, cost, cost_topology
 from .algorithms.base import LANES
 from .algorithms.cost import CostModel
 from .bootstrap.interfaces import ipv4_addresses
@@ -65,7 +65,7 @@ def link_rate_bits(text: str) -> int:
 
 def with_link_rate(model: CostModel, text: str) -> CostModel:
     """``model`` with its network bandwidth from a link rate the user gave (tc units), at TCP's payload share."""
-    return dataclasses.replace(model, net_GBps=link_rate_bits(text) / 8e9 * cost.TCP_EFFICIENCY,
+    return dataclasses.replace(model, net_GBps=link_rate_bits(text) / 8e9 * cost_topology.TCP_EFFICIENCY,
                                source=f"{model.source}; links {text.strip()} (PYCOLL_LINK_RATE)")
 
 

@@ -8,7 +8,7 @@ constants; a multi-host job fits only the network ones and keeps the rest from t
 Last, it keeps each algorithm's measured / predicted ratio at every timed size of this exact layout, so
 that on this layout selection follows the timings where the model's shape cannot.
 
-Across hosts it first measures every host pair (one-way latency, one stream's rate) between the hosts' first
+Across hosts it first measures every host pair (one-way latency, the rates one way and both ways at once) between the hosts' first
 ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
 ~/.cache/pycoll/topology.json); jobs that load that file price their links from it. On a real cluster the in-job
 part runs under any launcher: ``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .algorithms import cost
+from .algorithms import cost, cost_topology
 from .algorithms.base import CHUNK_SIZE, Call, Layout
 from .algorithms.registry import ALGORITHMS
 from .algorithms.cost import CostModel
@@ -90,51 +90,69 @@ def _pingpong(comm: Any, peer: int, first: bool, buf: np.ndarray, count: int) ->
     return time.perf_counter() - t0
 
 
-def _stream(comm: Any, peer: int, sending: bool, buf: np.ndarray, count: int) -> float:
-    """Seconds for ``count`` messages of ``buf`` to ``peer`` (or from it) back to back, closed by a 1-byte reply."""
+def _one_way(pair: Any, root: int, buf: np.ndarray) -> float:
+    """Seconds for ``buf`` to cross from ``root`` to the other rank of the two-rank ``pair`` as one frame (a Bcast),
+    closed by a 1-byte reply (the root's Bcast returns once the kernel holds its bytes)."""
     from . import MPI
 
     ack = np.zeros(1, np.uint8)
     t0 = time.perf_counter()
-    if sending:
-        for _ in range(count):
-            comm.Send([buf, MPI.BYTE], peer, tag=72)
-        comm.Recv([ack, MPI.BYTE], peer, tag=73)
+    pair.Bcast([buf, MPI.BYTE], root=root)
+    if pair.Get_rank() == root:
+        pair.Recv([ack, MPI.BYTE], 1 - root, tag=73)
     else:
-        for _ in range(count):
-            comm.Recv([buf, MPI.BYTE], peer, tag=72)
-        comm.Send([ack, MPI.BYTE], peer, tag=73)
+        pair.Send([ack, MPI.BYTE], root, tag=73)
     return time.perf_counter() - t0
 
 
-def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 4 << 20,
-                  messages: int = 4, rounds: int = 3) -> list[HostLink]:
-    """Latency and bandwidth between every pair of hosts, measured by their first ranks one pair at a time (the
-    other ranks wait): half the median round trip of 1 byte, and the median rate of ``messages`` messages of
-    ``stream_bytes`` sent back to back, in each direction (the slower direction is kept). Every rank returns them."""
+def _both_ways(pair: Any, out: np.ndarray, into: np.ndarray) -> float:
+    """Seconds for ``out`` to cross each way at once between the two ranks of ``pair`` (a Sendrecv)."""
+    from . import MPI
+
+    t0 = time.perf_counter()
+    pair.Sendrecv([out, MPI.BYTE], 1 - pair.Get_rank(), 74, [into, MPI.BYTE], 1 - pair.Get_rank(), 74)
+    return time.perf_counter() - t0
+
+
+def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 16 << 20,
+                  rounds: int = 3) -> list[HostLink]:
+    """Latency and rates between every pair of hosts, measured by their first ranks one pair at a time (the other
+    ranks wait): half the median round trip of 1 byte; the median rate of ``stream_bytes`` sent one way as one frame,
+    in each direction (the slower kept); and each way's rate with as many bytes sent both ways at once. Out of the
+    caches, the last two tell the link from the cores: where the link is the bound, both ways cross as fast as one;
+    where the cores' socket copies are, each way takes half of them. Every rank returns the links."""
+    from . import MPI
+
     leaders: dict[int, int] = {}
     for rank, h in enumerate(host_of):
         leaders.setdefault(h, rank)
     me = comm.Get_rank()
-    small, big = np.zeros(1, np.uint8), np.zeros(stream_bytes, np.uint8)
+    small = np.zeros(1, np.uint8)
     found: list[dict[str, Any]] = []
     hosts = sorted(leaders)
     for i, ha in enumerate(hosts):
         for hb in hosts[i + 1:]:
             a, b = leaders[ha], leaders[hb]
-            if me in (a, b):
+            pair = comm.Split(0 if me in (a, b) else MPI.UNDEFINED, 0 if me == a else 1)
+            if pair != MPI.COMM_NULL:
                 peer = b if me == a else a
+                out, into = np.ones(stream_bytes, np.uint8), np.zeros(stream_bytes, np.uint8)
                 _pingpong(comm, peer, me == a, small, 20)  # warm-up: connection, first-call paths
                 trips_s = sorted(_pingpong(comm, peer, me == a, small, 1) for _ in range(trips))
                 latency = trips_s[len(trips_s) // 2] / 2
-                rates = []
-                for sender in (a, b):
-                    _stream(comm, peer, me == sender, big, 1)
-                    times = sorted(_stream(comm, peer, me == sender, big, messages) for _ in range(rounds))
-                    rates.append(stream_bytes * messages / max(times[len(times) // 2] - latency, 1e-9))
+
+                def rate(timed: Any) -> float:
+                    timed()  # a shape's first call takes the schedule; the next ones the path being measured
+                    times = sorted(timed() for _ in range(rounds))
+                    return stream_bytes / max(times[len(times) // 2] - latency, 1e-9)
+
+                one_way = min(rate(lambda: _one_way(pair, root, out if pair.Get_rank() == root else into))
+                              for root in (0, 1))
+                both = rate(lambda: _both_ways(pair, out, into))
+                pair.Free()
                 if me == a:
-                    found.append({"a": names[ha], "b": names[hb], "GBps": round(min(rates) / 1e9, 4),
-                                  "latency_us": round(latency * 1e6, 2)})
+                    found.append({"a": names[ha], "b": names[hb], "GBps": round(one_way / 1e9, 4),
+                                  "latency_us": round(latency * 1e6, 2), "both_ways_GBps": round(both / 1e9, 4)})
             comm.Barrier()  # one pair at a time: nothing else shares the links while it is timed
     stamp = f"pycoll tune, {time.strftime('%Y-%m-%d %H:%M')}"
     merged = [row for rows in comm.allgather(found) for row in rows]
@@ -260,7 +278,8 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
             path = save_links(links, rt.topology, topology_out or default_topology_path())
             print(f"pycoll tune: measured {len(links)} host pair(s); saved in topology {path}")
             for lk in links:
-                print(f"  {lk.a} - {lk.b}: {lk.latency_us:.1f} us one way, {lk.GBps:.3f} GB/s")
+                print(f"  {lk.a} - {lk.b}: {lk.latency_us:.1f} us one way, {lk.GBps:.3f} GB/s one way, "
+                      f"{lk.both_ways_GBps:.3f} GB/s each way both ways at once")
             if os.path.abspath(path) != os.path.abspath(TOPO_FILE.get() or "/nonexistent"):
                 print(f"  jobs use it with PYCOLL_TOPO_FILE={path}")
     if links_only:
@@ -273,8 +292,10 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores,
                                 host_memory_GBps=base.host_memory_GBps * (memory or 1.0))
     if links:  # the fit starts from the measured links
+        sockets = [r for r in (cost_topology.tcp_rate(lk.GBps, lk.both_ways_GBps) for lk in links) if r is not None]
         start = dataclasses.replace(start, net_GBps=min(lk.GBps for lk in links),
-                                    net_latency_us=max(lk.latency_us for lk in links))
+                                    net_latency_us=max(lk.latency_us for lk in links),
+                                    tcp_GBps=min(sockets) if sockets else start.tcp_GBps)
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)

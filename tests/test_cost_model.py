@@ -662,14 +662,44 @@ def test_across_hosts_the_cpu_hides_behind_the_link_but_for_each_steps_first_mes
     reduce_chain = ALGORITHMS["reduce"]["chain"].cost
     reduced = n / (m.reduce_GBps * 1e9)
     assert reduce_chain(m, n, two_hosts) == pytest.approx(m.net_latency_us * 1e-6 + link + (work + reduced) / k)
-    # one message per step: latency, CPU, bytes and reduction one after another
+    # one message per step: latency, CPU (the sockets' copies both ways with it), bytes and reduction one after another
     small = 4 << 10
     doubling = ALGORITHMS["allreduce"]["doubling"].cost
+    sockets = 2 * small / (m.tcp_GBps * 1e9) * (1 - m.cached(2 * small) + m.cached(2 * small) / m.tcp_cache_speedup)
     assert doubling(m, small, two_hosts) == pytest.approx(
-        (m.net_latency_us + m.msg_us) * 1e-6 + small / (m.net_GBps * 1e9) + small / (m.reduce_GBps * 1e9))
+        (m.net_latency_us + m.msg_us) * 1e-6 + sockets + small / (m.net_GBps * 1e9) + small / (m.reduce_GBps * 1e9))
     # one host: latency, CPU and bytes in turn; two ranks' chain has one hop and sends the buffer as one message
     # (its chunks once each paid a step's latency and CPU: 32 of them, 1.86 ms more)
     assert chain(m, n, one_host) == pytest.approx((m.shm_latency_us + m.msg_us) * 1e-6 + n / (m.shm_GBps * 1e9))
+
+
+def test_where_the_link_outruns_the_cores_their_socket_copies_bound_the_call() -> None:
+    """An unshaped veth pair carries what the cores copy through their sockets: 16 MiB crossed one way at 3.9-4.0
+    GB/s as one frame and at 2.0 each way with both ways at once (perf/results/multihost/model-unshaped-link-measured/).
+    With the link measured at 4 GB/s, the two-rank Bcast then costs one side's copies and the two-rank Alltoall, which
+    sends and receives as much, both sides'; at 10 Gbit/s both cost the link's time, as before the sockets counted.
+    Between two hosts of two ranks on one core each, the chain's host does one side of its bytes, not every rank's."""
+    n = 16 << 20
+    base = CostModel(cores=2, cache_bytes=1 << 20, net_GBps=4.0, tcp_GBps=4.0, msg_us=0.0)
+    two_hosts = Layout((0, 1))
+    bcast, alltoall = ALGORITHMS["broadcast"]["chain"].cost, ALGORITHMS["alltoall"]["pairwise"].cost
+    side = n / (base.tcp_GBps * 1e9)
+    assert bcast(base, n, two_hosts) == pytest.approx(base.net_latency_us * 1e-6 + side, rel=1e-3)
+    assert alltoall(base, n, two_hosts) == pytest.approx(base.net_latency_us * 1e-6 + side, rel=1e-3)  # half each way
+    hop = base.net_latency_us * 1e-6
+    assert alltoall(base, 2 * n, two_hosts) - hop == pytest.approx(2 * (bcast(base, n, two_hosts) - hop), rel=1e-3)
+    link_bound = dataclasses.replace(base, net_GBps=1.18)
+    assert bcast(link_bound, n, two_hosts) == pytest.approx(base.net_latency_us * 1e-6 + n / 1.18e9, rel=1e-3)
+    assert alltoall(link_bound, 2 * n, two_hosts) == pytest.approx(bcast(link_bound, n, two_hosts), rel=1e-3)
+    # in the cache the copies run faster
+    warm = dataclasses.replace(base, cache_bytes=1 << 30)
+    assert bcast(warm, n, two_hosts) == pytest.approx(base.net_latency_us * 1e-6 + n / (base.net_GBps * 1e9), rel=1e-3)
+    assert alltoall(warm, 2 * n, two_hosts) < alltoall(base, 2 * n, two_hosts) / 1.2
+    # a chain between two hosts of two ranks each crosses once: that host's core copies its bytes one way, once
+    shared = dataclasses.replace(base, cores=1, net_GBps=1e6, shm_GBps=1e6, handover_us=0.0, reduce_GBps=1e6)
+    lay = Layout((0, 0, 1, 1))
+    hops = 3 * hop * shared.over(lay)  # the chain's three hops' latency, its two ranks on the one core
+    assert bcast(shared, n, lay) == pytest.approx(hops + n / (shared.tcp_GBps * 1e9), rel=1e-3)
 
 
 def test_an_alltoall_across_hosts_pays_one_hops_latency_for_steps_posted_at_once() -> None:
@@ -677,7 +707,7 @@ def test_an_alltoall_across_hosts_pays_one_hops_latency_for_steps_posted_at_once
     the closure's path): with the bytes and the messages' CPU free, its time is one hop's latency at any rank
     count, not p - 1 of them (at 4 ranks on 2 hosts, 10 Gbit/s, 1 MiB: 1.05-1.21 ms measured, against the 1.55
     predicted with a latency per step)."""
-    m = dataclasses.replace(CostModel(cores=64), net_GBps=1e6, shm_GBps=1e6, msg_us=0.0)
+    m = dataclasses.replace(CostModel(cores=64), net_GBps=1e6, shm_GBps=1e6, tcp_GBps=1e6, msg_us=0.0)
     alltoall = ALGORITHMS["alltoall"]["pairwise"].cost
     for hosts in ((0, 1), (0, 0, 1, 1), (0, 1, 2, 3, 4, 5, 6, 7), (0, 0, 0, 0, 1, 1, 1, 1)):
         assert alltoall(m, 1 << 20, Layout(hosts)) == pytest.approx(m.net_latency_us * 1e-6, rel=1e-3), hosts

@@ -18,6 +18,7 @@ import pytest
 
 import harness
 from pycoll import netns
+from pycoll.algorithms import cost
 
 ROOT = Path(__file__).resolve().parents[1]
 REASON = netns.unavailable()
@@ -323,7 +324,8 @@ MODEL_OF_RANK_0 = textwrap.dedent("""
     comm.Barrier()
     m = cost.current()
     if comm.Get_rank() == 0:
-        print("MODEL " + json.dumps({"net_GBps": m.net_GBps, "net_latency_us": m.net_latency_us, "source": m.source}))
+        print("MODEL " + json.dumps({"net_GBps": m.net_GBps, "net_latency_us": m.net_latency_us, "tcp_GBps": m.tcp_GBps,
+                                     "source": m.source}))
 """)
 
 
@@ -345,6 +347,7 @@ def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_link
                                (data["hosts"][1]["name"], data["hosts"][2]["name"])]}
     for lk in data["links"]:
         assert 0.08 < lk["GBps"] < 0.125, lk  # 1 Gbit/s less TCP's headers: the link, not memory
+        assert 0.08 < lk["both_ways_GBps"] < 0.125, lk  # the link carries each way at its rate: the cores keep up
         assert 0 < lk["latency_us"] < 5000 and lk["source"].startswith("pycoll tune"), lk
     # a job that loads the file prices its links from the slowest measured pair, unless the user gives a rate
     env = {"PYCOLL_TOPO_FILE": str(topo), "PYCOLL_TUNE_FILE": "builtin", "PYCOLL_LINK_RATE": ""}
@@ -353,6 +356,7 @@ def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_link
     model = json.loads(next(ln[6:] for ln in job.stdout.splitlines() if ln.startswith("MODEL ")))
     assert model["net_GBps"] == min(lk["GBps"] for lk in data["links"])
     assert model["net_latency_us"] == max(lk["latency_us"] for lk in data["links"])
+    assert model["tcp_GBps"] == cost.CostModel().tcp_GBps  # the link bound both ways: the cores' rate stays the built-in
     given = harness.run_on_hosts(MODEL_OF_RANK_0, hosts=3, n=3, env=dict(env, PYCOLL_LINK_RATE="10gbit"), timeout=90)
     model = json.loads(next(ln[6:] for ln in given.stdout.splitlines() if ln.startswith("MODEL ")))
     assert model["net_GBps"] > 1.0 and "PYCOLL_LINK_RATE" in model["source"]
@@ -445,6 +449,7 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
     # peer that runs the ring's schedule
     assert set(res.records("topology.paired_calls", "Allreduce past the chunk: algorithm").values()) == {"ring"}
     assert set(res.records("topology.paired_calls", "fast Allreduce past the chunk").values()) == {True}
+    assert set(res.records("topology.paired_calls", "fast Reduce past the chunk").values()) == {True}
     # 7 calls x 4 counts x 4 repeats and 3 Barriers, each one frame out of each rank (Bcast and Reduce: one rank's)
     # in one system call; but the first call of each shape is scheduled, and its frames over 16 KiB (count 5000)
     # go through the engine's send queue instead: 12 of them

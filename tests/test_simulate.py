@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pycoll.algorithms import CostModel, Layout
-from pycoll.algorithms import cost
+from pycoll.algorithms import cost, cost_topology
 from pycoll.perf.plot import load_sweep
 from pycoll.topology.model import Topology
 from pycoll.perf.simulate import main, placement_of, simulate
@@ -42,20 +42,20 @@ def test_a_model_from_a_topology_takes_its_links_from_the_paths_and_nics() -> No
     node = CHECK.dgx_h100()
     placement, _ = placement_of(node, 8, "gpu")
     m = CostModel.from_topology(node, placement, "gpu")
-    assert m.shm_GBps == pytest.approx(18 * 25.0 * cost.NVLINK_EFFICIENCY)
+    assert m.shm_GBps == pytest.approx(18 * 25.0 * cost_topology.NVLINK_EFFICIENCY)
     assert m.msg_us == 0 and m.fused and m.call_us > 0 and m.over(Layout.flat(8)) == 1.0
     two = Topology.cluster(node, 2)
     placement, _ = placement_of(two, 16, "gpu")
     m2 = CostModel.from_topology(two, placement)
-    assert m2.net_GBps == pytest.approx(8 * 50.0 * cost.RDMA_EFFICIENCY)  # a channel per NIC: all 8 per host
+    assert m2.net_GBps == pytest.approx(8 * 50.0 * cost_topology.RDMA_EFFICIENCY)  # a channel per NIC: all 8 per host
     placement, _ = placement_of(two, 4, "gpu", per_host=2)
-    assert CostModel.from_topology(two, placement).net_GBps == pytest.approx(2 * 50.0 * cost.RDMA_EFFICIENCY)  # a NIC per rank
+    assert CostModel.from_topology(two, placement).net_GBps == pytest.approx(2 * 50.0 * cost_topology.RDMA_EFFICIENCY)  # a NIC per rank
     # CPU ranks keep the fitted host constants; the namespace hosts get their NIC and their share of the cores.
     ns = CHECK.namespace_hosts(2, 2, "1gbit")
     placement, _ = placement_of(ns, 4, "cpu", per_host=2)
     m3 = CostModel.from_topology(ns, placement, "cpu")
     assert m3.shm_GBps == CostModel().shm_GBps and m3.msg_us == CostModel().msg_us and not m3.fused
-    assert m3.net_GBps == pytest.approx(0.125 * cost.TCP_EFFICIENCY) and m3.cores == 1
+    assert m3.net_GBps == pytest.approx(0.125 * cost_topology.TCP_EFFICIENCY) and m3.cores == 1
 
 
 def test_without_a_topology_the_model_is_as_before() -> None:
@@ -270,6 +270,26 @@ def test_a_file_tuned_before_the_host_memory_bound_takes_the_built_in_cma_terms_
     assert cost.load(m.save(str(tmp_path / "new.json"))) == m  # a file of this formula loads as it is
 
 
+def test_a_measured_link_whose_two_ways_at_once_halve_gives_the_cores_socket_rate() -> None:
+    """An unshaped veth pair, as `pycoll tune --links-only` measured it: 3.67 GB/s one way and 1.78 each way both ways
+    at once, so the cores' socket copies bound it, each core copying both ways: ``tcp_GBps`` is twice each way's rate.
+    A link that carries both ways as fast as one (1 Gbit/s) bounds them itself, and the built-in rate stays; as it
+    does for a link measured before both ways were (0)."""
+    from pycoll.topology import HostLink
+
+    ns = CHECK.namespace_hosts(2, 1, "10gbit")
+    placement, _ = placement_of(ns, 2, "cpu", per_host=1)
+    a, b = (h.name for h in ns.hosts)
+    unshaped = CostModel.from_topology(ns.with_links([HostLink(a, b, GBps=3.67, latency_us=9.0, both_ways_GBps=1.78)]),
+                                       placement, "cpu")
+    assert (unshaped.net_GBps, unshaped.tcp_GBps) == (3.67, pytest.approx(3.56))
+    for both in (0.117, 0.0):
+        shaped = CostModel.from_topology(ns.with_links([HostLink(a, b, GBps=0.118, latency_us=9.0, both_ways_GBps=both)]),
+                                         placement, "cpu")
+        assert (shaped.net_GBps, shaped.tcp_GBps) == (0.118, CostModel().tcp_GBps)
+    assert cost_topology.tcp_rate(3.67, 1.78) == pytest.approx(3.56) and cost_topology.tcp_rate(1.18, 1.12) is None
+
+
 def test_measured_links_replace_the_nics_when_every_host_pair_has_one() -> None:
     from pycoll.topology import HostLink
 
@@ -288,7 +308,7 @@ def test_measured_links_replace_the_nics_when_every_host_pair_has_one() -> None:
     on_gpus, _ = placement_of(gpus, 16, "gpu")
     names = [h.name for h in gpus.hosts]
     g = CostModel.from_topology(gpus.with_links([HostLink(names[0], names[1], GBps=45.0, latency_us=4.0)]), on_gpus)
-    assert g.net_GBps == 45.0 and g.net_latency_us == pytest.approx(4.0 + cost.GPU_STEP_US)
+    assert g.net_GBps == 45.0 and g.net_latency_us == pytest.approx(4.0 + cost_topology.GPU_STEP_US)
     # only the job's own hosts count: ranks on hosts 0 and 1 see that pair alone
     two, _ = placement_of(full, 2, "cpu", per_host=1)
     assert CostModel.from_topology(full, two, "cpu").net_GBps == 0.9

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from ..config import str_param
 from .base import Layout
+from .cost_topology import model_from_topology
 
 if TYPE_CHECKING:  # the topology package is imported only when a model is built from one
     from ..topology.model import Device, Topology
@@ -46,7 +47,9 @@ BUILTIN = "builtin"
 # keeps its other constants, and its cma terms are the built-in ones at its memory speed. Version 4 charges the
 # hand-overs of ranks that outnumber their host's cores across hosts too, as on one host (``handovers``). Version 5
 # lets the cores' work hide behind the link across hosts, and pipelines pay the latency of their hops only (``phase``).
-FORMULA = 5
+# Version 6 charges a rank's core for the bytes it moves through sockets (``tcp_GBps``), which bounds a call where
+# the link is faster than the cores (an unshaped veth pair).
+FORMULA = 6
 log = logging.getLogger("pycoll")
 
 
@@ -65,6 +68,14 @@ class CostModel:
     # went through the Python engine.
     net_latency_us: float = 10.0
     net_GBps: float = 1.0
+    # One core's rate through a TCP socket, one side of it (the copy into or out of the kernel and the protocol's
+    # work): a rank that sends and receives across hosts at once pays for both. Between two namespace hosts on this
+    # VM, 16 MiB crossed one way at 3.9-4.0 GB/s as one frame through C and both ways at once at 2.0 each way
+    # (perf/results/multihost/model-unshaped-link-measured/). `pycoll tune --hosts` measures it with the link.
+    tcp_GBps: float = 4.0
+    # ... and this much faster where the host's ranks' buffers stay in its last-level cache (2 ranks, 1-4 MiB against
+    # 16 MiB both ways at once)
+    tcp_cache_speedup: float = 1.5
     reduce_GBps: float = 6.0
     msg_us: float = 25.0
     cores: int = 0  # 0: os.cpu_count() of the rank that loads the model
@@ -170,8 +181,8 @@ class CostModel:
     def latency_only(self) -> "CostModel":
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
-        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, reduce_GBps=inf, copy_GBps=inf, cma_GBps=inf, ipc_GBps=inf,
-                                   device_GBps=inf, stage_GBps=inf, host_memory_GBps=inf, corrections=(), residuals=())
+        return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, tcp_GBps=inf, reduce_GBps=inf, copy_GBps=inf,
+                                   cma_GBps=inf, ipc_GBps=inf, device_GBps=inf, stage_GBps=inf, host_memory_GBps=inf, corrections=(), residuals=())
 
     def at_memory_speed(self, copy_GBps: float, reduce_GBps: float) -> "CostModel":
         """This model on a host whose memory copies at ``copy_GBps`` and reduces at ``reduce_GBps`` out of cache
@@ -254,7 +265,7 @@ class CostModel:
 
     def phase(self, lay: Layout, steps: float, nbytes: float, *, reduced: float = 0.0, flows: float = 1.0,
               messages: Optional[float] = None, wire: Optional[float] = None, local: float = 0.0,
-              footprint: float = 0.0, depth: Optional[float] = None) -> float:
+              footprint: float = 0.0, depth: Optional[float] = None, sides: float = 2.0) -> float:
         """Seconds for ``steps`` dependent message steps moving ``nbytes`` per rank over the layout's slowest link.
 
         ``flows`` ranks of one host share the host's network link at once; ``reduced`` bytes are
@@ -273,8 +284,10 @@ class CostModel:
         dependent hops, where ``steps`` counts a step per chunk, as a chain's p - 1) also folds chunk k while chunk
         k + 1 arrives, and pays the link's latency per hop only; the other algorithms exchange a step's whole frames
         and fold them after (2 ranks at 10 Gbit/s, 16 MiB: recursive doubling 16.7-17.4 ms, the link's 14.2 and the
-        fold's 2.8; the chain Reduce 14.2, as its Bcast). On one host moving bytes is itself the cores' work, so the
-        terms add up.
+        fold's 2.8; the chain Reduce 14.2, as its Bcast). The cores' work includes their sockets' copies: a rank's
+        bytes across hosts at ``tcp_GBps`` for each of ``sides`` (2: it receives as much as it sends; 1: one way,
+        as in a chain between two hosts), which bound the call where the link is faster than the cores. On one host
+        moving bytes is itself the cores' work, so the terms add up.
         """
         lat, bw = self.link(lay)
         over = self.over(lay)
@@ -301,6 +314,13 @@ class CostModel:
             hidden_handovers, after = (handovers, after) if depth == 1 else (0.0, after + handovers)
             work = msgs * self.msg_us * 1e-6 * over + hidden_red + hidden_handovers
             unhidden = min(moved, work) * min(1.0, hops / max(msgs, 1))  # each step's first message waits for the other
+            # the sockets copy while the bytes cross, on the host's cores: the bytes leaving the busiest host (and as
+            # many arriving, for ``sides`` 2) over its cores; a rank waiting on a descheduled peer waits meanwhile
+            leaving = (nbytes - local) * flows if wire is None else wire
+            hit = self.cached(2 * nbytes * max(lay.local_sizes))  # the host's ranks' buffers, sent and received
+            copies = (sides * leaving / max(lay.local_sizes) / (self.tcp_GBps * 1e9) * over
+                      * (1.0 - hit + hit / self.tcp_cache_speedup))
+            work += max(copies - hidden_handovers, 0.0)
             return hops * lat * over + max(moved, work) + unhidden + after
         if self.fused:
             return (cpu + max(nbytes / bw, red)) * over
@@ -315,13 +335,16 @@ class CostModel:
         (``messages``: as ``phase``'s, the messages the bytes go in; default, one per chunk)."""
         order = lay.order
         p = len(order)
-        leaving = [0] * max(lay.hosts, 1)
-        for i in range(p):
+        leaving, arriving = [0] * max(lay.hosts, 1), [0] * max(lay.hosts, 1)
+        for i in range(p if depth is None else p - 1):  # a chain's (``depth`` given) last rank sends to no one
             a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
             if a != b:
                 leaving[a] += 1
+                arriving[b] += 1
+        # the directions a host's link carries the bytes in: a ring's both, a chain's one
+        sides = max((o + i) / max(o, i, 1) for o, i in zip(leaving, arriving))
         return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), messages=messages,
-                          footprint=footprint, depth=depth)
+                          footprint=footprint, depth=depth, sides=max(sides, 1.0))
 
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""
@@ -340,7 +363,7 @@ class CostModel:
         residuals are dropped: they belong to the layout they were measured on. docs/simulator.md has every
         constant and its source.
         """
-        return _from_topology(topo, placement, kind or (placement[0].kind if placement else "cpu"),
+        return model_from_topology(topo, placement, kind or (placement[0].kind if placement else "cpu"),
                               base if base is not None else cls())
 
     # ---- persistence ---------------------------------------------------------------------------
@@ -418,127 +441,6 @@ def _multi_host(key: str) -> bool:
     """Whether a residual's key (``allreduce:ring@hosts=0.0.1.1``) names a layout of several hosts."""
     _, _, where = key.partition("@hosts=")
     return len(set(where.split("."))) > 1
-
-
-# ---- a model taken from a topology (docs/simulator.md gives every constant's source) -------------------------
-# The share of a link's signalling rate that carries payload.
-NVLINK_EFFICIENCY = 20.6 / 25.0  # NCCL (src/graph/topo.h) rates an SM90 NVLink at 20.6 GB/s of its 25 GB/s (SM80: 20.0)
-PCIE_EFFICIENCY = 12.0 / 15.75  # NCCL's PCI_BW: 12 GB/s for a PCIe Gen3 x16 link that signals 15.75 GB/s
-RDMA_EFFICIENCY = 4096 / (4096 + 26)  # InfiniBand: a 4 KiB MTU of payload behind LRH 8 + BTH 12 + ICRC 4 + VCRC 2 bytes
-TCP_EFFICIENCY = 1448 / 1538  # TCP over Ethernet: 1448 payload bytes (MSS with timestamps) per 1538 bytes of wire time
-# Device ranks.
-GPU_STEP_US = 2.6  # a kernel's per-step flag handshake: NCCL's Ring/Simple NVLink hop (3.4 us) less the NVSwitch hop (0.8)
-GPU_LAUNCH_US = 8.4  # NCCL's base latency of a Ring/Simple call (src/graph/tuning.cc, baseLat)
-GPU_CHUNK_BYTES = 512 << 10  # NCCL's Simple protocol step: NCCL_BUFFSIZE 4 MiB over NCCL_STEPS 8
-GPU_PCI_GBPS = 12.0  # NCCL's PCI_BW, for GPUs whose path the topology cannot rate
-GPU_NET_GBPS = 12.0  # NCCL's NET_BW (100 Gbit/s), for hosts whose NICs the topology does not know
-# Memory bandwidth of a GPU (GB/s, the vendors' data sheets), by a substring of its name; the first match wins.
-HBM_GBPS = (("H200", 4800.0), ("H100", 3350.0), ("A100", 2039.0), ("V100", 900.0), ("L40", 864.0))
-HBM_DEFAULT_GBPS = 2000.0
-
-
-def _path_efficiency(kind: int) -> float:
-    from ..topology.model import PathType
-
-    if kind in (PathType.NVL, PathType.NVS):
-        return NVLINK_EFFICIENCY
-    if kind in (PathType.PIX, PathType.PXB, PathType.PHB):
-        return PCIE_EFFICIENCY
-    return 1.0  # the socket link (SYS): the topology gives its figure as a payload rate already
-
-
-def _neighbours(placement: Sequence["Device"]) -> list[tuple["Device", "Device"]]:
-    """Pairs of ranks that follow each other on one host, each host's ranks taken as a ring in rank order."""
-    by_host: dict[int, list["Device"]] = {}
-    for d in placement:
-        by_host.setdefault(d.host, []).append(d)
-    pairs = []
-    for devs in by_host.values():
-        if len(devs) > 1:
-            pairs += [(a, b) for a, b in zip(devs, devs[1:] + devs[:1]) if a != b]
-    return pairs
-
-
-def _intra(topo: "Topology", pairs: list[tuple["Device", "Device"]]) -> tuple[Optional[float], Optional[float]]:
-    """(GB/s, latency us) of the slowest path between neighbouring ranks, payload rates; None where unknown."""
-    seen: dict[tuple, tuple[float, float]] = {}
-    for a, b in pairs:
-        key = (a.host, a.kind, a.id, b.kind, b.id)
-        if key not in seen:
-            path = topo.path(a, b)
-            seen[key] = (path.GBps * _path_efficiency(path.type), path.latency_us)
-    rates = [bw for bw, _ in seen.values() if math.isfinite(bw) and bw > 0]
-    lats = [lat for _, lat in seen.values()]
-    return (min(rates) if rates else None), (max(lats) if lats else None)
-
-
-def _host_net_GBps(host: Any, ranks_here: int) -> Optional[float]:
-    """Payload GB/s a host's ranks can send off the host: the fastest NICs, at most one per rank (RDMA ones when
-    there are any), added up, as NCCL runs a channel per NIC. None when the host names no NIC with a speed."""
-    nics = [n for n in host.nics if n.GBps > 0]
-    if any(n.rdma for n in nics):
-        nics = [n for n in nics if n.rdma]
-    if not nics:
-        return None
-    nics = sorted(nics, key=lambda n: -n.GBps)[: max(1, ranks_here)]
-    return sum(n.GBps * (RDMA_EFFICIENCY if n.rdma else TCP_EFFICIENCY) for n in nics)
-
-
-def _hbm_GBps(topo: "Topology", placement: Sequence["Device"]) -> float:
-    names = {topo.hosts[h].gpu(i).name for h, i in {(d.host, d.id) for d in placement}}
-    rates = [next((bw for key, bw in HBM_GBPS if key in name.upper()), HBM_DEFAULT_GBPS) for name in names]
-    return min(rates, default=HBM_DEFAULT_GBPS)
-
-
-def _measured_links(topo: "Topology", hosts: Sequence[int]) -> tuple[Optional[float], Optional[float]]:
-    """(GB/s, latency us) of the slowest measured link between any two of ``hosts``; None when some pair is unmeasured
-    (an algorithm's steps may cross any pair, so one unknown pair leaves the figure to the NICs)."""
-    pairs = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
-    links = [topo.link(a, b) for a, b in pairs]
-    if not pairs or any(lk is None for lk in links):
-        return None, None
-    return min(lk.GBps for lk in links if lk), max(lk.latency_us for lk in links if lk)
-
-
-def _from_topology(topo: "Topology", placement: Sequence["Device"], kind: str, base: "CostModel") -> "CostModel":
-    if kind not in ("gpu", "cpu"):
-        raise ValueError(f"rank kind must be 'gpu' or 'cpu', not {kind!r}")
-    counts: dict[int, int] = {}
-    for d in placement:
-        counts[d.host] = counts.get(d.host, 0) + 1
-    intra_GBps, intra_us = _intra(topo, _neighbours(placement))
-    nets = [_host_net_GBps(topo.hosts[h], n) for h, n in counts.items()] if len(counts) > 1 else []
-    net_GBps = min(nets) if nets and all(x is not None for x in nets) else None  # type: ignore[type-var]
-    link_GBps, link_us = _measured_links(topo, sorted(counts))
-    if link_GBps is not None:  # measured end to end beats the NICs' line rate
-        net_GBps = link_GBps
-    where = f"topology {topo.source or '(unnamed)'}: {len(placement)} {kind} ranks on {len(counts)} hosts"
-    plain = dataclasses.replace(base, corrections=(), residuals=())
-    if kind == "gpu":
-        hbm = _hbm_GBps(topo, placement)
-        from ..topology.model import LATENCY_US, PathType
-
-        return dataclasses.replace(
-            plain,
-            shm_latency_us=(intra_us if intra_us is not None else LATENCY_US[PathType.NVS]) + GPU_STEP_US,
-            shm_GBps=intra_GBps if intra_GBps is not None else GPU_PCI_GBPS,
-            net_latency_us=(link_us if link_us is not None else topo.net_latency_us) + GPU_STEP_US,
-            net_GBps=net_GBps if net_GBps is not None else GPU_NET_GBPS,
-            reduce_GBps=hbm / 3,  # c = a + b reads two bytes and writes one per byte reduced
-            copy_GBps=hbm / 2, cma_GBps=hbm / 2, device_GBps=hbm / 2,
-            ipc_GBps=intra_GBps if intra_GBps is not None else GPU_PCI_GBPS,
-            msg_us=0.0, cores=max(counts.values(), default=1), chunk_bytes=GPU_CHUNK_BYTES,
-            fused=True, call_us=GPU_LAUNCH_US, source=where,
-        )
-    cores = [topo.hosts[h].cores for h in counts if topo.hosts[h].cores > 0]
-    return dataclasses.replace(
-        plain,
-        shm_GBps=min(base.shm_GBps, intra_GBps) if intra_GBps is not None else base.shm_GBps,
-        net_GBps=net_GBps if net_GBps is not None else base.net_GBps,
-        net_latency_us=link_us if link_us is not None else base.net_latency_us,
-        cores=min(cores) if cores else base.cores,
-        source=where,
-    )
 
 
 def load(path: Optional[str] = None) -> CostModel:

@@ -182,14 +182,16 @@ class Device:
 
 @dataclass(frozen=True)
 class HostLink:
-    """The network between two hosts (by name) as measured end to end: one-way latency of a small message and the
-    payload rate of one stream, per direction (``pycoll tune --hosts`` measures them)."""
+    """The network between two hosts (by name) as measured end to end: one-way latency of a small message, the payload
+    rate one way, and each way's rate with both ways in use at once (0: not measured); ``pycoll tune --hosts``
+    measures them."""
 
     a: str
     b: str
     GBps: float
     latency_us: float
     source: str = ""
+    both_ways_GBps: float = 0.0
 
     def joins(self, x: str, y: str) -> bool:
         return {self.a, self.b} == {x, y}
