@@ -29,7 +29,7 @@ _EMPTY = np.zeros(0, np.uint8)
 # (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
 # the forms that take any size where the pair exchanges frames in C whatever their size: the Bcast chain's one frame,
 # and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
-_ANY_SIZE = frozenset({("broadcast", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
+_ANY_SIZE = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
                        ("reduce_scatter", "ring")})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
 
@@ -298,16 +298,25 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
 @_form("reduce", "chain")
 def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
+    """The two-rank chain's chunks one way, as its schedule cuts them: the root folds each as it comes in (its own
+    values on the left, as the chain's last link) while the next crosses."""
     at_root, ufunc, scratch = pair.me == t.root, t.op.ufunc, _Scratch()
 
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
+        k = chunks(send.nbytes)
         if not at_root:
-            pair.swap(seq, send, None)
+            for piece in (send,) if k == 1 else split(send, k):
+                pair.swap(seq, piece, None)
             return
         assert recv is not None
         incoming = scratch.like(send)
-        pair.swap(seq, None, incoming)
-        ufunc(send, incoming, out=recv)  # the root's own values on the left, as the chain's last link
+        if k == 1:
+            pair.swap(seq, None, incoming)
+            ufunc(send, incoming, out=recv)
+            return
+        for own, piece, result in zip(split(send, k), split(incoming, k), split(recv, k)):
+            pair.swap(seq, None, piece)
+            ufunc(own, piece, out=result)
 
     return body
 

@@ -263,6 +263,22 @@ def paired_calls(ctx):
     else:
         pending.Wait()
     comm.Barrier()
+    # a Reduce past the chunk: the two-rank chain's chunks one way through C, each folded at the root as it comes in;
+    # beside a root that runs the chain's schedule (a receive posted there), and a sender that does, they still match
+    known = set(comm._x.plans)
+    for i in range(3):
+        ctx.check(f"Reduce {k} #{i}", calls["Reduce"](k, mine(me, k)), want["Reduce"](k))
+    fast = [p.fast for key, p in comm._x.plans.items() if key[0] == "Reduce" and key not in known]
+    ctx.record("fast Reduce past the chunk", len(fast) == 1 and callable(fast[0]))
+    for waits in (0, 1):
+        pending = comm.Irecv(np.empty(1), source=peer, tag=79) if me == waits else None
+        ctx.check(f"Reduce past the chunk beside a posted receive on rank {waits}", calls["Reduce"](k, mine(me, k)),
+                  want["Reduce"](k))
+        if me != waits:
+            comm.Send(np.zeros(1), dest=peer, tag=79)
+        else:
+            pending.Wait()
+    comm.Barrier()
 
 
 @case
