@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,15 +40,14 @@ def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel
         topo = files.load(topology)
         link = topo.links[0]
         link_GBps, link_us = link.GBps, link.latency_us
-        socket = cost_topology.tcp_rate(link.GBps, link.both_ways_GBps)
-        base = dataclasses.replace(base, tcp_GBps=socket or base.tcp_GBps)
+        cores_rate = cost_topology.tcp_rate(link.GBps, link.both_ways_GBps)
+        base = dataclasses.replace(base, tcp_GBps=cores_rate or base.tcp_GBps)
     model = dataclasses.replace(base, net_GBps=link_GBps, net_latency_us=link_us)
     if record.get("link_rate"):  # the launcher's --link-rate, as PYCOLL_LINK_RATE
         model = with_link_rate(model, record["link_rate"])
-    machine = cost.os.cpu_count() or 1
-    hosts = record.get("hosts", 2)
-    per_host = record["nranks"] // hosts
-    cores = max(1, machine // hosts) if per_host <= machine // hosts else max(1, machine * per_host // record["nranks"])
+    machine = os.cpu_count() or 1
+    per_host = record["nranks"] // record.get("hosts", 2)
+    cores = max(1, machine * per_host // record["nranks"])  # a host's share of the machine's cores by its ranks
     return dataclasses.replace(model, cores=cores, host_memory_GBps=model.host_memory_GBps * per_host / record["nranks"])
 
 
