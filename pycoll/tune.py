@@ -8,9 +8,9 @@ constants; a multi-host job fits only the network ones and keeps the rest from t
 Last, it keeps each algorithm's measured / predicted ratio at every timed size of this exact layout, so
 that on this layout selection follows the timings where the model's shape cannot.
 
-Across hosts it first measures every host pair (one-way latency, the rates one way and both ways at once) between the hosts' first
-ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
-~/.cache/pycoll/topology.json); jobs that load that file price their links from it. On a real cluster the in-job
+Across hosts it first measures every host pair (one-way latency, the rates one way and both ways at once) between
+the hosts' first ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
+~/.cache/pycoll/topology.json); jobs that load that file price their links, and the cores' socket copies, from it. On a real cluster the in-job
 part runs under any launcher: ``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
 """
 

@@ -182,7 +182,8 @@ class CostModel:
         """This model with infinite bandwidths: what remains of a cost is its latency (and per-message) part."""
         inf = float("inf")
         return dataclasses.replace(self, shm_GBps=inf, net_GBps=inf, tcp_GBps=inf, reduce_GBps=inf, copy_GBps=inf,
-                                   cma_GBps=inf, ipc_GBps=inf, device_GBps=inf, stage_GBps=inf, host_memory_GBps=inf, corrections=(), residuals=())
+                                   cma_GBps=inf, ipc_GBps=inf, device_GBps=inf, stage_GBps=inf, host_memory_GBps=inf,
+                                   corrections=(), residuals=())
 
     def at_memory_speed(self, copy_GBps: float, reduce_GBps: float) -> "CostModel":
         """This model on a host whose memory copies at ``copy_GBps`` and reduces at ``reduce_GBps`` out of cache
@@ -315,7 +316,8 @@ class CostModel:
             work = msgs * self.msg_us * 1e-6 * over + hidden_red + hidden_handovers
             unhidden = min(moved, work) * min(1.0, hops / max(msgs, 1))  # each step's first message waits for the other
             # the sockets copy while the bytes cross, on the host's cores: the bytes leaving the busiest host (and as
-            # many arriving, for ``sides`` 2) over its cores; a rank waiting on a descheduled peer waits meanwhile
+            # many arriving, for ``sides`` 2) over its cores, less what the hidden hand-overs above already hold (the
+            # peer a rank waits on runs meanwhile, copying)
             leaving = (nbytes - local) * flows if wire is None else wire
             hit = self.cached(2 * nbytes * max(lay.local_sizes))  # the host's ranks' buffers, sent and received
             copies = (sides * leaving / max(lay.local_sizes) / (self.tcp_GBps * 1e9) * over
@@ -364,7 +366,7 @@ class CostModel:
         constant and its source.
         """
         return model_from_topology(topo, placement, kind or (placement[0].kind if placement else "cpu"),
-                              base if base is not None else cls())
+                                   base if base is not None else cls())
 
     # ---- persistence ---------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
