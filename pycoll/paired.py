@@ -244,22 +244,23 @@ def chunks(nbytes: int) -> int:
     return num_chunks(nbytes, chunk_bytes())
 
 
-def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: np.ndarray, into: np.ndarray,
+def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
                     own: Optional[np.ndarray] = None, ufunc: Any = None, result: Optional[np.ndarray] = None) -> None:
-    """``swap`` of ``out`` for ``into`` in ``k`` chunks each way, one call each, as the schedules cut their blocks;
-    with ``ufunc``, each chunk that came in folded at once as ``result = ufunc(own, incoming)`` (the rank's own
-    values on the left, as the schedules fold)."""
+    """``swap`` of ``out`` for ``into`` (None: nothing that way) in ``k`` chunks each way, one call each, as the
+    schedules cut their blocks; with ``ufunc``, each chunk that came in folded at once as
+    ``result = ufunc(own, incoming)`` (the rank's own values on the left, as the schedules fold)."""
     if k == 1:  # one message each way: no cutting on the small calls' path
         swap(seq, out, into)
         if ufunc is not None:
             ufunc(own, into, out=result)
         return
+    outs = (None,) * k if out is None else split(out, k)
+    ins = (None,) * k if into is None else split(into, k)
     if ufunc is None:
-        for piece_out, piece_in in zip(split(out, k), split(into, k)):
+        for piece_out, piece_in in zip(outs, ins):
             swap(seq, piece_out, piece_in)
         return
-    for piece_out, piece_in, piece_own, piece_result in zip(split(out, k), split(into, k), split(own, k),
-                                                            split(result, k)):
+    for piece_out, piece_in, piece_own, piece_result in zip(outs, ins, split(own, k), split(result, k)):
         swap(seq, piece_out, piece_in)
         ufunc(piece_own, piece_in, out=piece_result)
 
@@ -304,19 +305,10 @@ def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
         k = chunks(send.nbytes)
-        if not at_root:
-            for piece in (send,) if k == 1 else split(send, k):
-                pair.swap(seq, piece, None)
-            return
-        assert recv is not None
-        incoming = scratch.like(send)
-        if k == 1:
-            pair.swap(seq, None, incoming)
-            ufunc(send, incoming, out=recv)
-            return
-        for own, piece, result in zip(split(send, k), split(incoming, k), split(recv, k)):
-            pair.swap(seq, None, piece)
-            ufunc(own, piece, out=result)
+        if at_root:
+            _swap_in_chunks(pair.swap, seq, k, None, scratch.like(send), send, ufunc, recv)
+        else:
+            _swap_in_chunks(pair.swap, seq, k, send, None)
 
     return body
 

@@ -10,8 +10,9 @@ that on this layout selection follows the timings where the model's shape cannot
 
 Across hosts it first measures every host pair (one-way latency, the rates one way and both ways at once) between
 the hosts' first ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
-~/.cache/pycoll/topology.json); jobs that load that file price their links, and the cores' socket copies, from it. On a real cluster the in-job
-part runs under any launcher: ``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
+~/.cache/pycoll/topology.json); jobs that load that file price their links, and the cores' socket copies, from it.
+On a real cluster the in-job part runs under any launcher:
+``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
 """
 
 from __future__ import annotations
@@ -292,10 +293,9 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores,
                                 host_memory_GBps=base.host_memory_GBps * (memory or 1.0))
     if links:  # the fit starts from the measured links
-        sockets = [r for r in (cost_topology.tcp_rate(lk.GBps, lk.both_ways_GBps) for lk in links) if r is not None]
         start = dataclasses.replace(start, net_GBps=min(lk.GBps for lk in links),
                                     net_latency_us=max(lk.latency_us for lk in links),
-                                    tcp_GBps=min(sockets) if sockets else start.tcp_GBps)
+                                    tcp_GBps=cost_topology.slowest_tcp_rate(links) or start.tcp_GBps)
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)

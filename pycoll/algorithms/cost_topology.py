@@ -89,10 +89,14 @@ def _measured_links(topo: "Topology", hosts: Sequence[int]) -> tuple[Optional[fl
     links = [topo.link(a, b) for a, b in pairs]
     if not pairs or any(lk is None for lk in links):
         return None, None, None
-    sockets = [tcp_rate(lk.GBps, lk.both_ways_GBps) for lk in links if lk]
-    bound = [r for r in sockets if r is not None]
     return (min(lk.GBps for lk in links if lk), max(lk.latency_us for lk in links if lk),
-            min(bound) if bound else None)
+            slowest_tcp_rate([lk for lk in links if lk]))
+
+
+def slowest_tcp_rate(links: Sequence[Any]) -> Optional[float]:
+    """The slowest core's socket rate (``tcp_rate``) that any of the measured ``links`` shows; None where none does."""
+    bound = [r for r in (tcp_rate(lk.GBps, lk.both_ways_GBps) for lk in links) if r is not None]
+    return min(bound) if bound else None
 
 
 def tcp_rate(one_way_GBps: float, both_ways_GBps: float) -> Optional[float]:
