@@ -3,7 +3,9 @@ with the bytes each put on the links over the fewest the call needs, and issue 2
 ``--stability A.json B.json``, how far each point of one job moved in another; with ``--by-call``, one line per file:
 each call's geometric mean time over the file's sizes and placements, for pycoll and MPICH, and the targets met; with
 ``--predictions``, pycoll's predicted time (``predicted_us``) against its measured time at every point from 1 MiB,
-and how many fall within 25 % of it (issue 29's target for the cost model)."""
+and how many fall within 25 % of it (issue 29's target for the cost model); with ``--choices``, a sweep run with
+``--algos ... --interleave``: pycoll's own choice against the best forced algorithm at each point, and how many
+are within 10 % of it (issue 29's target for the choice)."""
 
 from __future__ import annotations
 
@@ -134,6 +136,35 @@ def predictions(paths: list[Path], within: float = 1.25) -> tuple[str, int, int]
     return "\n".join(lines), good, total
 
 
+def choices(paths: list[Path], within: float = 1.1) -> tuple[str, int, int]:
+    """A table of each point where pycoll ran beside forced algorithms (peers ``pycoll[name]``, as ``pycoll perf
+    --algos`` names them): its choice and time, the best forced one's, their ratio; with the count within
+    ``within`` x of the best (a composition, which cannot be forced, may beat them all)."""
+    lines = ["| file | call | ranks | hosts | size | chosen | µs | best forced | µs | chosen / best |",
+             "|---|---|---:|---:|---:|---|---:|---|---:|---:|"]
+    good = total = 0
+    for path in paths:
+        points: dict[tuple, dict[str, dict[str, Any]]] = {}
+        for r in json.loads(path.read_text())["records"]:
+            if "time_us" in r and not r.get("inplace") and r.get("peer", "").startswith("pycoll"):
+                key = (r["collective"], r["nranks"], r.get("hosts", 1), r["bytes"])
+                points.setdefault(key, {})[r["peer"]] = r
+        for (call, ranks, hosts, nbytes), peers in sorted(points.items()):
+            mine = peers.get("pycoll")
+            forced = [r for peer, r in peers.items() if peer != "pycoll"]
+            if mine is None or not forced:
+                continue
+            best = min(forced, key=lambda r: r["time_us"])
+            ratio = mine["time_us"] / best["time_us"]
+            ok = ratio <= within
+            good, total = good + ok, total + 1
+            lines.append(f"| {path.name} | {call} | {ranks} | {hosts} | {human(nbytes)} | {mine['algo_used']} "
+                         f"| {mine['time_us']:.0f} | {best['algo']} | {best['time_us']:.0f} "
+                         f"| {ratio:.2f}{'' if ok else ' (off)'} |")
+    lines.append(f"\n{good} of {total} choices within {round((within - 1) * 100)} % of the best forced algorithm.")
+    return "\n".join(lines), good, total
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("files", nargs="+", type=Path, help="JSON files written by pycoll perf --hosts ... --json")
@@ -142,7 +173,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--by-call", action="store_true", help="one summary line per file instead of its table")
     p.add_argument("--predictions", action="store_true",
                    help="pycoll's predicted against measured time from 1 MiB, and how many within 25 %%")
+    p.add_argument("--choices", action="store_true",
+                   help="pycoll's choice against the best forced algorithm (a sweep with --algos --interleave)")
     ns = p.parse_args(argv)
+    if ns.choices:
+        print(choices(ns.files)[0])
+        return 0
     if ns.predictions:
         print(predictions(ns.files)[0])
         return 0

@@ -24,11 +24,11 @@ Reduce to one runs in segments: the leaders send each segment as soon as the hos
 segment runs while the next crosses (``segments``).
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
-the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce, Allgather,
-Bcast or Reduce_scatter_block (this one while a host's run of blocks fits the host arena's slot) is composed where the
-cost model prices its steps one after another (each the cheapest algorithm for its communicator: ``predict``) below every
-algorithm for the whole communicator, or, since a composition puts only the fewest bytes on the links, below the
-other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
+the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce,
+Allgather, Bcast, Reduce or Reduce_scatter_block (this one while a host's run of blocks fits the host arena's slot)
+is composed where the cost model prices its steps one after another (each the cheapest algorithm for its
+communicator: ``predict``) below every algorithm for the whole communicator, or, since a composition puts only the
+fewest bytes on the links, below the other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ SMP_BYTES = size_param(
     "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
     "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather, "
-    "Bcast or Reduce_scatter_block (by rails, while a host's run of blocks fits a host arena's slot) where the cost "
-    "model prices that composition below the flat algorithms. 0: never.")
+    "Bcast, Reduce or Reduce_scatter_block (by rails, while a host's run of blocks fits a host arena's slot) where "
+    "the cost model prices that composition below the flat algorithms. 0: never.")
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
@@ -73,6 +73,8 @@ _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
     # the host's blocks to all its ranks, the leaders' over whole hosts' runs, the other hosts' runs in the host
     "allgather": (("allgather", True, _HOST_PART), ("allgather", False, _WHOLE), ("broadcast", True, _OTHER_HOSTS)),
     "broadcast": (("broadcast", True, _WHOLE), ("broadcast", False, _WHOLE), ("broadcast", True, _WHOLE)),
+    # a root that does not lead its host then gets the result from its leader (``_leader_reduce``; see ``_whole``)
+    "reduce": (("reduce", True, _WHOLE), ("reduce", False, _WHOLE)),
     # by rails (``_rails_reduce_scatter``): one host call per host's run of blocks, then the rail's (one rank per host)
     "reduce_scatter": (("reduce_scatter", True, _EACH_HOST_PART), ("reduce_scatter", False, _RAIL_PART)),
 }
@@ -163,7 +165,8 @@ def predict(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, roo
 def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> float:
     """The model's time for a composed ``coll`` run whole: its steps one after another, on the largest host's
     communicator and the leaders' (inf: not composed whole above PYCOLL_SMP_BYTES). A Bcast whose ``root`` leads its
-    host sends to the other hosts first, so its host's step overlaps theirs."""
+    host sends to the other hosts first, so its host's step overlaps theirs; a Reduce's root copies the result into
+    its buffer, and one that does not lead its host first gets it from its leader, one more step inside the host."""
     steps = _PRICED.get(coll)
     if steps is None:
         return float("inf")
@@ -182,6 +185,10 @@ def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root
         else:
             time = _cheapest(model, step, size, host if on_host else leaders, op)
         total += times * time
+    if coll == "reduce":  # the result is copied from scratch into the root's buffer once every step has succeeded
+        total += model.copy_s(nbytes, 2 * nbytes)
+        if not _leads(lay, root):  # after its leader hands it over inside the host
+            total += _cheapest(model, "broadcast", nbytes, Layout.flat(2), op)
     return total
 
 
@@ -453,7 +460,7 @@ class HostComposition(SegmentedSteps):
 
     def _leader_reduce(self, send: Any, recv: Any, op: Any, root: int) -> None:
         root_host = self.comm._layout.host_of[root]
-        partial = np.empty_like(send)  # the user's buffer is written once the whole call has succeeded
+        partial = self._scratch(send.dtype, send.size).reshape(send.shape)  # to the user's buffer once all succeeded
         self.host_comm.Reduce(send, partial, op, 0)
         if self.host == root_host:
             self.leaders.Reduce(IN_PLACE, partial, op, self.leader_rank[root_host])
@@ -467,7 +474,7 @@ class HostComposition(SegmentedSteps):
     def _member_reduce(self, send: Any, recv: Any, op: Any, root: int) -> None:
         self.host_comm.Reduce(send, None, op, 0)
         if self.comm._rank == root:  # the root's host leader hands it the result
-            result = np.empty_like(recv)
+            result = self._scratch(recv.dtype, recv.size).reshape(recv.shape)
             self.host_comm.Recv(result, 0, _RESULT_TAG)
             recv[...] = result
         elif self.shares_cores:

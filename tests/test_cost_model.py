@@ -493,8 +493,9 @@ def test_segments_on_hosts_whose_ranks_share_cores_wait_for_the_sockets_copies(m
 
 @pytest.mark.parametrize("tolerance", ["0.1", "0"])
 def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper(tolerance, monkeypatch) -> None:
-    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather or Bcast on two hosts of two ranks, and a Reduce_scatter_block
-    one host's run of whose blocks fits the host arena's slot (1 MiB here, so up to 2 MiB), runs composed exactly where the host and leaders' steps are
+    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather, Bcast or Reduce on two hosts of two ranks, and a
+    Reduce_scatter_block one host's run of whose blocks fits the host arena's slot (1 MiB here, so up to 2 MiB), runs
+    composed exactly where the host and leaders' steps are
     priced below every algorithm for the whole communicator, or below the link-minimal ones and within
     PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and the tolerance; a larger
     Reduce_scatter_block and every Alltoall stay with the algorithms."""
@@ -514,7 +515,8 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
             counts = [len(a) // 4] * 4
             scatter = Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts)
             calls = [Call("allreduce", F32, a, a.copy(), ops.SUM), Call("broadcast", F32, recv=a),
-                     Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4)]
+                     Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4),
+                     Call("reduce", F32, a, a.copy(), ops.SUM)]
             if nbytes <= 2 << 20:
                 calls.append(scatter)
             else:
@@ -598,6 +600,44 @@ def test_a_composed_bcast_from_a_leader_overlaps_its_hosts_steps() -> None:
     assert composed.predict(m, "broadcast", n, lay, root=0) == pytest.approx(leaders + host)
     assert composed.predict(m, "broadcast", n, lay, root=2) == pytest.approx(leaders + host)
     assert composed.predict(m, "broadcast", n, lay, root=3) == pytest.approx(leaders + 2 * host)
+
+
+def test_a_composed_reduce_to_a_root_that_does_not_lead_its_host_takes_one_more_host_step() -> None:
+    """A composed Reduce is its host's Reduce and the leaders', and the root's copy of the result into its buffer
+    (written once every step has succeeded); a root that does not lead its host first gets the result from its
+    leader, a send inside the host (priced as a two-rank Bcast there)."""
+    from pycoll import composed
+
+    m, lay, n = CostModel(cores=1), Layout((0, 0, 1, 1)), 4 << 20
+
+    def cheapest(coll: str, on: Layout) -> float:
+        return min(t for t, _ in ranked(Call(coll, np.dtype(np.uint8), op=ops.SUM if coll == "reduce" else None,
+                                             total=n), on, m))
+
+    both = cheapest("reduce", Layout.flat(2)) + cheapest("reduce", Layout((0, 1))) + m.copy_s(n, 2 * n)
+    assert composed.predict(m, "reduce", n, lay, ops.SUM, root=0) == pytest.approx(both)
+    assert composed.predict(m, "reduce", n, lay, ops.SUM, root=2) == pytest.approx(both)
+    assert composed.predict(m, "reduce", n, lay, ops.SUM, root=3) == pytest.approx(
+        both + cheapest("broadcast", Layout.flat(2)))
+
+
+def test_a_reduce_tree_across_hosts_pays_the_folds_of_its_busiest_host() -> None:
+    """The Reduce tree's interior ranks fold one vector per child, its leaves none: where a host's ranks share a core,
+    the core does its host's folds, not two vectors for each of its ranks (4 ranks on 2 hosts: the tree is
+    0 <- 2 <- (1, 3), and host 1's core folds rank 2's two children). At 10 Gbit/s on hosts of one core the tree is
+    then priced below the chain at 512 KiB (765-895 us measured against 1108-1334) and above it from 4 MiB (6.5-6.8
+    ms against 5.4-5.7)."""
+    from pycoll.algorithms.tree import _rooted_tree_folds
+
+    tree, chain = ALGORITHMS["reduce"]["tree"].cost, ALGORITHMS["reduce"]["chain"].cost
+    m = dataclasses.replace(CostModel(cores=1), net_GBps=1.1768)
+    two_each = Layout((0, 0, 1, 1))
+    # per rank of the largest host, which ``phase`` stretches by the ranks on a core; a rank with two children on a
+    # host of its own folds 2; 8 ranks on 2 hosts: the second host's ranks 4 <- (2, 6) and 6 <- (5, 7), 4 over 4
+    assert _rooted_tree_folds(two_each) == 1.0 and _rooted_tree_folds(Layout((0, 1, 2, 3))) == 2.0
+    assert _rooted_tree_folds(Layout((0,) * 4 + (1,) * 4)) == 1.0
+    assert tree(m, 512 << 10, two_each) < chain(m, 512 << 10, two_each)
+    assert tree(m, 4 << 20, two_each) > chain(m, 4 << 20, two_each)
 
 
 def test_a_reduce_across_hosts_takes_the_chain_within_the_tolerance(monkeypatch) -> None:

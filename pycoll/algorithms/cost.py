@@ -48,8 +48,9 @@ BUILTIN = "builtin"
 # hand-overs of ranks that outnumber their host's cores across hosts too, as on one host (``handovers``). Version 5
 # lets the cores' work hide behind the link across hosts, and pipelines pay the latency of their hops only (``phase``).
 # Version 6 charges a rank's core for the bytes it moves through sockets (``tcp_GBps``), which bounds a call where
-# the link is faster than the cores (an unshaped veth pair).
-FORMULA = 6
+# the link is faster than the cores (an unshaped veth pair). Version 7 charges a Reduce tree's folds across hosts to
+# the cores of the host that does most of them, not two vectors to every rank.
+FORMULA = 7
 log = logging.getLogger("pycoll")
 
 
