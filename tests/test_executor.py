@@ -196,6 +196,7 @@ def test_a_composed_reduces_other_rank_hands_its_core_over_once_posted(monkeypat
                                 _arena=SimpleNamespace(arena=arena))
     hc = object.__new__(composed.HostComposition)
     hc.host_comm, hc.comm, hc.shares_cores = host_comm, SimpleNamespace(_rank=1), shares_cores
+    hc._scratch_buf = np.zeros(0, np.uint8)  # the root's result lands in the composition's kept scratch first
     a = np.ones(2, np.float32)
     hc._member_reduce(a, a.copy(), ops.SUM, root)
     if root == 1:
