@@ -288,7 +288,8 @@ def large_composed(ctx):
     ranks across the hosts), an Allgather with the host's blocks gathered to all its ranks first. Ops x dtypes, odd
     block counts, in place and out of place, each plan three times with fresh arrays and buffer specs (from the
     second call, the plan's closure): every result matches NumPy and the input is left as it was; records the
-    algorithm of each call and how many calls went by rails."""
+    algorithm of each call and how many calls went by rails. Then Reduce above it, to each host's leader and to
+    another rank, composed where the model prices it so: the same checks."""
     if ctx.impl != "pycoll":
         ctx.skip("pycoll internals")
     from pycoll.algorithms import last_choice
@@ -345,6 +346,32 @@ def large_composed(ctx):
             ctx.check(lab + " in place", inout, want)
     ctx.record("allgather chosen", sorted(set(gathered)))
     ctx.record("by rails after the allgathers", composed.by_rails if composed is not None else 0)
+    # Reduce likewise, to each host's leader and to another rank (whose leader hands it the result), from odd counts
+    reduced = []
+    leaders = [g[0] for g in comm._layout.groups]
+    for op, dt, count in (("SUM", np.dtype(np.float32), 20011), ("MAX", np.dtype(np.int64), 65543),
+                          ("PROD", np.dtype(np.float64), 262147)):
+        if not ctx.supports(op, dt):
+            continue
+        rtol, atol = tolerance(op, dt)
+        inputs = [ctx.data(dt, count, q, op=op) for q in range(p)]
+        want = reduce_ref(op, inputs, dt)
+        for root in leaders + [1]:
+            lab = f"Reduce op={op} dtype={dt.name} count={count} root={root}"
+            mine = inputs[me].copy()
+            out = np.full(count, 7, dt)
+            comm.Reduce([mine, named[dt.name]], [out, named[dt.name]] if me == root else None, op=ctx.op(op), root=root)
+            reduced.append(last_choice.algorithm)
+            ctx.check(lab + " (sendbuf unchanged)", mine, inputs[me])
+            if me == root:
+                ctx.check(lab, out, want, rtol, atol)
+                inout = inputs[me].copy()
+                comm.Reduce(MPI.IN_PLACE, [inout, named[dt.name]], op=ctx.op(op), root=root)
+                ctx.check(lab + " in place", inout, want, rtol, atol)
+            else:
+                comm.Reduce([mine, named[dt.name]], None, op=ctx.op(op), root=root)
+            reduced.append(last_choice.algorithm)
+    ctx.record("reduce chosen", sorted(set(reduced)))
     ctx.record("closure", {label: any(plan.fast for (name, _), plan in comm._x.plans.items() if name == label)
                            for label in ("Reduce_scatter_block", "Allgather")})
     comm.Free()
