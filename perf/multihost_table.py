@@ -36,7 +36,7 @@ def target(ranks_per_host: int, nbytes: int) -> Optional[tuple[str, float]]:
 
 
 def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (collective, ranks, size): each peer's time and link ratio."""
+    """One row per (collective, ranks, size): each peer's time, link ratio and the algorithm it ran."""
     points: dict[tuple, dict[str, Any]] = {}
     for r in records:
         if "time_us" not in r or r.get("inplace"):
@@ -45,6 +45,7 @@ def rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         row = points.setdefault(key, {"collective": r["collective"], "nranks": r["nranks"], "bytes": r["bytes"],
                                       "hosts": r.get("hosts", 1)})
         row[r["peer"]] = r["time_us"]
+        row[f"{r['peer']}_algo"] = r.get("algo_used") or r.get("algo")
         if r.get("link_min_bytes"):
             row[f"{r['peer']}_link"] = r["link_bytes"] / r["link_min_bytes"]
     return [points[k] for k in sorted(points)]
@@ -144,23 +145,18 @@ def choices(paths: list[Path], within: float = 1.1) -> tuple[str, int, int]:
              "|---|---|---:|---:|---:|---|---:|---|---:|---:|"]
     good = total = 0
     for path in paths:
-        points: dict[tuple, dict[str, dict[str, Any]]] = {}
-        for r in json.loads(path.read_text())["records"]:
-            if "time_us" in r and not r.get("inplace") and r.get("peer", "").startswith("pycoll"):
-                key = (r["collective"], r["nranks"], r.get("hosts", 1), r["bytes"])
-                points.setdefault(key, {})[r["peer"]] = r
-        for (call, ranks, hosts, nbytes), peers in sorted(points.items()):
-            mine = peers.get("pycoll")
-            forced = [r for peer, r in peers.items() if peer != "pycoll"]
+        for row in rows(json.loads(path.read_text())["records"]):
+            mine = row.get("pycoll")
+            forced = [(t, peer) for peer, t in row.items() if peer.startswith("pycoll[") and peer.endswith("]")]
             if mine is None or not forced:
                 continue
-            best = min(forced, key=lambda r: r["time_us"])
-            ratio = mine["time_us"] / best["time_us"]
+            best, peer = min(forced)
+            ratio = mine / best
             ok = ratio <= within
             good, total = good + ok, total + 1
-            lines.append(f"| {path.name} | {call} | {ranks} | {hosts} | {human(nbytes)} | {mine['algo_used']} "
-                         f"| {mine['time_us']:.0f} | {best['algo']} | {best['time_us']:.0f} "
-                         f"| {ratio:.2f}{'' if ok else ' (off)'} |")
+            lines.append(f"| {path.name} | {row['collective']} | {row['nranks']} | {row['hosts']} | "
+                         f"{human(row['bytes'])} | {row['pycoll_algo']} | {mine:.0f} | {peer[len('pycoll['):-1]} | "
+                         f"{best:.0f} | {ratio:.2f}{'' if ok else ' (off)'} |")
     lines.append(f"\n{good} of {total} choices within {round((within - 1) * 100)} % of the best forced algorithm.")
     return "\n".join(lines), good, total
 
