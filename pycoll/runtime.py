@@ -146,6 +146,8 @@ class Runtime:
         self.timeout = config.TIMEOUT.get() if timeout is None else timeout
         self.info: BootstrapInfo = bootstrap(self.timeout) if info is None else info
         self.rank, self.size = self.info.rank, self.info.size
+        if self.size > 1:  # while the rendezvous below waits for the job's ranks
+            arena_jit.prepare_first_calls(self.info.local_size)
         transports = make_transports()
         local = topo_live.local_topology()  # this host's, once per process
         kind, ident = topo_live.own_device(local.hosts[0], self.info.local_rank)
@@ -208,6 +210,8 @@ class Runtime:
                 store_barrier(self.info.store, f"pycoll/{name}", self.size, self.timeout)
 
         self.local_ranks = [p.rank for p in self.peers if p.host_id == self.me.host_id]
+        if self.size > 1:  # where the launcher did not say how many ranks share this host
+            arena_jit.prepare_first_calls(len(self.local_ranks))
 
         def host_barrier(name: str) -> None:  # shared memory is set up by the ranks of one host among themselves
             local = self.local_ranks

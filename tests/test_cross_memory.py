@@ -1,13 +1,17 @@
 """Cross-memory copies (process_vm_readv/writev) at every distance between source and destination within a page,
 including the short distances that go through a bounce buffer where the CPU copies them slowly, in Python and in the
-compiled helper, with the bounce on and off; and the timing that decides it."""
+compiled helper, with the bounce on and off; the timing that decides it; and the arena's agreement on it."""
 
 from __future__ import annotations
 
+import json
 import os
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
+from harness import run_script
 
 from pycoll import pages
 from pycoll.transport import cma
@@ -213,3 +217,35 @@ def test_freed_memory_is_kept_for_reuse_where_glibc_allocates(monkeypatch):
     assert memory.keep_freed_memory() is True
     monkeypatch.setenv("PYCOLL_KEEP_FREED", "0")
     assert memory.keep_freed_memory() is False
+
+
+_ATTACH = textwrap.dedent("""
+    import json, os, sys
+    if os.environ["PYCOLL_RANK"] in sys.argv[2].split(","):
+        os.environ["PYCOLL_CMA_DISABLE"] = "1"  # this rank alone cannot copy by cross-memory attach
+    import numpy as np
+    from pycoll import MPI
+    comm = MPI.COMM_WORLD
+    n = 300_001
+    send = np.arange(n, dtype=np.float64) * (comm.rank + 1)
+    recv = np.empty(n)
+    comm.Allreduce(send, recv)
+    want = np.arange(n, dtype=np.float64) * sum(range(1, comm.size + 1))
+    arena = comm._arena.arena
+    with open(f"{sys.argv[1]}/rank{comm.rank}.json", "w") as f:
+        json.dump({"ok": bool(np.array_equal(recv, want)), "cma": arena.cma_ok, "pids": arena.pids}, f)
+""")
+
+
+@pytest.mark.parametrize("refusing", ["", "0", "2"])
+def test_the_arena_turns_cross_memory_attach_off_everywhere_when_one_rank_cannot(tmp_path: Path, refusing: str) -> None:
+    """Set-up agrees on cross-memory attach in three messages: rank 0 tries every rank, the others try rank 0. One
+    rank that cannot (rank 0 or another) turns it off on all; the forced cma Allreduce then streams, correctly."""
+    script = tmp_path / "rank.py"
+    script.write_text(_ATTACH)
+    proc = run_script(3, script, [str(tmp_path), refusing], env={"PYCOLL_ALGO": "allreduce:cma"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
+    assert all(g["ok"] for g in got), got
+    assert [g["cma"] for g in got] == [not refusing] * 3, got
+    assert all(g["pids"] == got[0]["pids"] and len(set(g["pids"])) == 3 and 0 not in g["pids"] for g in got), got

@@ -3,8 +3,15 @@ that refuse buffers of another kind, scalar-only exports handed out as they are.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
+from harness import run_script
 
 from pycoll import native
 
@@ -65,3 +72,59 @@ def test_dispatch_by_dtype_checks_the_variant_it_picks_and_refuses_the_rest() ->
         with pytest.raises(TypeError, match="pipe"):
             kernel(bad, 1)
     assert calls == ["float64", "float32", "float64"]
+
+
+_FIRST_CALLS = textwrap.dedent("""
+    import json, sys, threading
+    from pycoll import MPI, native
+    from pycoll.algorithms import arena_jit, cost
+    comm = MPI.COMM_WORLD  # the runtime starts the thread while its rendezvous waits
+    started = [t for t in threading.enumerate() if t.name == "pycoll-first-calls"]
+    for t in started:
+        t.join()
+    with open(f"{sys.argv[1]}/rank{comm.Get_rank()}.json", "w") as f:
+        json.dump({"threads": len(started), "kernels": native._loaded.get("arena+staged") is not None,
+                   "polls": arena_jit._ns_per_poll > 0, "cache": cost.last_level_cache.cache_info().currsize}, f)
+""")
+
+
+@pytest.mark.parametrize("kernels", ["auto", "jit"])
+def test_the_runtime_prepares_a_hosts_first_calls_while_it_meets_its_peers(tmp_path: Path, kernels: str) -> None:
+    """Ranks that share a host load the built arena kernels and measure the poll rate before their first call (one
+    thread, started at start-up); with ``PYCOLL_KERNELS=jit`` only the cost model's cache size is read there."""
+    _loaded("arena")
+    script = tmp_path / "rank.py"
+    script.write_text(_FIRST_CALLS)
+    proc = run_script(2, script, [str(tmp_path)], env={"PYCOLL_KERNELS": kernels}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in range(2):
+        got = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert got["threads"] <= 1 and got["cache"] == 1, got
+        assert got["kernels"] == got["polls"] == (kernels == "auto"), got
+
+
+def test_preparing_the_first_calls_loads_kernels_only_where_ranks_share_the_host() -> None:
+    code = textwrap.dedent("""
+        import threading
+        from pycoll import native
+        from pycoll.algorithms import arena_jit
+        def finish():
+            for t in threading.enumerate():
+                if t.name == "pycoll-first-calls":
+                    t.join()
+        arena_jit.prepare_first_calls(None)  # not known yet: the cache size only
+        finish()
+        assert "arena+staged" not in native._loaded, native._loaded
+        arena_jit.prepare_first_calls(1)
+        finish()
+        assert "arena+staged" not in native._loaded, native._loaded
+        arena_jit.prepare_first_calls(2)
+        finish()
+        assert native._loaded.get("arena+staged") is not None and arena_jit._ns_per_poll > 0
+        arena_jit.prepare_first_calls(2)
+        assert not [t for t in threading.enumerate() if t.name == "pycoll-first-calls"]  # once per process
+    """)
+    _loaded("arena")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+

@@ -163,8 +163,16 @@ def _flag(value: int) -> np.ndarray:
     return np.array([value], np.int64)
 
 
+def _words(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
 def _setup(st: Steps, state: ArenaState) -> Schedule:
-    """Rank 0 creates the segment, the rest map it, rank 0 unlinks it; then all agree on cross-memory attach."""
+    """Three messages: rank 0 creates the segment and says whether it could; the rest map it, try cross-memory
+    attach to rank 0 and answer both; rank 0 unlinks it, tries attach to every rank, and tells all whether the
+    arena is on and whether attach is. Attach is checked both ways between rank 0 and each rank, not between every
+    pair (two messages fewer): the kernel's rules (same credentials, dumpable, ptrace scope, seccomp) that let both
+    of those pass let two ranks of one job read each other, and a copy that fails later raises in its call."""
     p, r = st.size, st.rank
     others = [q for q in range(p) if q != r]
     arena: Optional[HostArena] = None
@@ -176,42 +184,38 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
             except ArenaUnavailable as exc:
                 state.reason, ok = str(exc), 0
             yield tuple(st.send(q, _flag(ok)) for q in others)
-            acks = [_flag(0) for _ in others]
-            yield tuple(st.recv(q, a) for q, a in zip(others, acks))
+            answers = [_words(0, 0) for _ in others]  # (mapped, attach to rank 0 works)
+            yield tuple(st.recv(q, a) for q, a in zip(others, answers))
             if arena is not None:
                 arena.unlink()  # every rank has mapped it or given up: the name can go
-            attached = ok and all(int(a[0]) for a in acks)
-            yield tuple(st.send(q, _flag(int(attached))) for q in others)
+            attached = int(ok and all(int(a[0]) for a in answers))
+            cma = 0
             if attached:
                 assert arena is not None
-                state.cma_reason = arena.probe_peers()
-                votes = [_flag(0) for _ in others]
-                yield tuple(st.recv(q, v) for q, v in zip(others, votes))
-                cma = state.cma_reason is None and all(int(v[0]) for v in votes)
-                yield tuple(st.send(q, _flag(int(cma))) for q in others)
+                state.cma_reason = arena.probe_peers(others)
+                if state.cma_reason is None:
+                    cma = int(all(int(a[1]) for a in answers))
+            yield tuple(st.send(q, _words(attached, cma)) for q in others)
         else:
             created = _flag(0)
             yield (st.recv(0, created),)
-            ok = 0
+            ok = vote = 0
             if created[0]:
                 try:
                     arena = HostArena(state.path, r, p, slot_bytes_for(p), create=False, stage_bytes=ARENA_STAGE.get())
                     ok = 1
                 except ArenaUnavailable as exc:
                     state.reason = str(exc)
-            yield (st.send(0, _flag(ok)),)
-            go = _flag(0)
-            yield (st.recv(0, go),)
-            attached = int(go[0])
-            if attached:
-                assert arena is not None
-                state.cma_reason = arena.probe_peers()
-                yield (st.send(0, _flag(int(state.cma_reason is None))),)
-                final = _flag(0)
-                yield (st.recv(0, final),)
-                cma = bool(final[0])
+            if arena is not None:
+                state.cma_reason = arena.probe_peers([0])  # rank 0 wrote its probe word when it created the segment
+                vote = int(state.cma_reason is None)
+            yield (st.send(0, _words(ok, vote)),)
+            final = _words(0, 0)
+            yield (st.recv(0, final),)
+            attached, cma = int(final[0]), int(final[1])
         if attached:
             assert arena is not None
+            arena.read_pids()
             arena.cma_ok = bool(cma)
             if not cma and state.cma_reason is None:
                 state.cma_reason = "another rank cannot use cross-memory attach"

@@ -241,17 +241,21 @@ class HostArena:
     def attached(self) -> bool:
         return all(self.words[self.ctrl(r) + ATTACHED] for r in range(self.size))
 
-    def probe_peers(self) -> Optional[str]:
-        """Check cross-memory attach to every peer; None if it works with all of them, else why not."""
+    def read_pids(self) -> None:
+        """Every rank's process id, from the segment (once all have mapped it)."""
         self.pids = [int(self.words[self.ctrl(r) + PID]) for r in range(self.size)]
+
+    def probe_peers(self, ranks: Iterable[int]) -> Optional[str]:
+        """Check cross-memory attach to ``ranks`` (each has mapped the segment); None if it works with all of them,
+        else why not."""
         if not self.cma.loaded:
             return self.cma.reason
-        for r in range(self.size):
+        for r in ranks:
             if r == self.rank:
                 continue
             # The peer's probe word lives in its private memory; its value is in the segment.
             expect = int(self.words[self.ctrl(r) + PROBE_VALUE]).to_bytes(8, "little")
-            why = self.cma.probe(self.pids[r], int(self.words[self.ctrl(r) + PROBE]), expect)
+            why = self.cma.probe(int(self.words[self.ctrl(r) + PID]), int(self.words[self.ctrl(r) + PROBE]), expect)
             if why is not None:
                 return f"rank {r}: {why}"
         return None
