@@ -216,10 +216,12 @@ def _check_stop() -> None:
 
 
 def prepare_first_calls(host_ranks: Optional[int]) -> None:
-    """Do in a thread of lowered priority, once per process, what a job's first calls would otherwise do: read the
+    """Do in a thread, once per process, what a job's first calls would otherwise do: read the
     CPU's cache size for the cost model and, where ``host_ranks`` ranks share this host (None: not known yet; a
     later call may say), load the ahead-of-time kernels and measure the poll rate. The runtime starts it while its
-    rendezvous waits for the job's ranks. Where no build matches the sources Numba's JIT keeps its own later start
+    rendezvous waits for the job's ranks. It keeps the rank's priority: a first call that finds it loading waits for
+    it (``native``'s lock), and a lowered one could then be starved by the peers' spins (a few ms of work, where
+    Numba's JIT takes seconds). Where no build matches the sources Numba's JIT keeps its own later start
     (``load_in_background``)."""
     work: list[Callable[[], Any]] = []
     if "cache" not in _prepared:
@@ -241,10 +243,6 @@ def _load_built() -> None:
 
 
 def _prepare_quietly(work: list[Callable[[], Any]]) -> None:
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), ARENA_JIT_NICE.get())
-    except (AttributeError, OSError):
-        pass
     for step in work:
         try:
             step()
