@@ -127,4 +127,3 @@ def test_preparing_the_first_calls_loads_kernels_only_where_ranks_share_the_host
     _loaded("arena")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-3000:]
-

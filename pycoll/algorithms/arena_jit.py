@@ -227,7 +227,7 @@ def prepare_first_calls(host_ranks: Optional[int]) -> None:
     if "cache" not in _prepared:
         _prepared.add("cache")
         work.append(cost.last_level_cache)
-    if (host_ranks or 0) > 1 and "kernels" not in _prepared and ARENA_JIT.get() and native.KERNELS.get() != "jit":
+    if (host_ranks or 0) > 1 and "kernels" not in _prepared:  # (``prebuilt`` says no, quickly, where they are off)
         _prepared.add("kernels")
         work.append(_load_built)
     if work:

@@ -159,11 +159,8 @@ def _describe_words(st: Steps, words: tuple[int, int, int, int]) -> str:
     return st.owner.describe(Sig(kind & 0xFF, (kind >> 8) & 0xFF, (kind >> 16) & 0xFF, root, count, vhash))
 
 
-def _flag(value: int) -> np.ndarray:
-    return np.array([value], np.int64)
-
-
 def _words(*values: int) -> np.ndarray:
+    """A set-up message: its words as int64."""
     return np.array(values, np.int64)
 
 
@@ -183,7 +180,7 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
                 ok = 1
             except ArenaUnavailable as exc:
                 state.reason, ok = str(exc), 0
-            yield tuple(st.send(q, _flag(ok)) for q in others)
+            yield tuple(st.send(q, _words(ok)) for q in others)
             answers = [_words(0, 0) for _ in others]  # (mapped, attach to rank 0 works)
             yield tuple(st.recv(q, a) for q, a in zip(others, answers))
             if arena is not None:
@@ -197,7 +194,7 @@ def _setup(st: Steps, state: ArenaState) -> Schedule:
                     cma = int(all(int(a[1]) for a in answers))
             yield tuple(st.send(q, _words(attached, cma)) for q in others)
         else:
-            created = _flag(0)
+            created = _words(0)
             yield (st.recv(0, created),)
             ok = vote = 0
             if created[0]:
