@@ -1,6 +1,7 @@
 """The rate 16 MiB crosses between two ranks by each path a collective may take (four blocking Sends, posted
 receives, one blocking Send, the two-rank Bcast's one frame through C, a Sendrecv both ways at once), GB/s of
-payload one way, medians of 5 (one JSON line; --json appends it to a file).
+payload one way, medians of 5 (one JSON line; --json appends it to a file); and the two-rank Reduce to rank 0, whose
+chunks cross one way as the Bcast's frame does and are folded at the root as they come.
 
     pycoll run -n 2 --hosts 2 [--link-rate 10gbit] -- python perf/host_pair_paths.py
 """
@@ -73,12 +74,15 @@ def main() -> None:
             comm.Send([ack, B], 0, tag=84)
 
     other = np.empty_like(whole)
+    floats, folded = whole.view(np.float32), other.view(np.float32)
     row = {
         "tune's stream (4 x 4 MiB Sends)": rate(four_blocking),
         "4 x 4 MiB posted at once": rate(posted),
         "one 16 MiB Send": rate(blocking),
         "two-rank Bcast (one frame through C)": rate(bcast),
         "Sendrecv, both ways at once (each way)": rate(lambda: comm.Sendrecv([whole, B], peer, 90, [other, B], peer, 90)),
+        "two-rank Reduce to rank 0 (folded as it comes)": rate(
+            lambda: comm.Reduce([floats, MPI.FLOAT], [folded, MPI.FLOAT], op=MPI.SUM, root=0)),
     }
     if me == 0:
         print(json.dumps(row))

@@ -3,10 +3,12 @@ the sweep's job (or with constants changed by ``--set``), and count the predicti
 
 Each point's size as selection saw it is found by pricing the recorded algorithm at the candidate sizes (the call's
 bytes, a rank's share, all ranks' bytes) with the baseline model and keeping the one that gives the recorded
-prediction; points none reproduces are listed and left out.
+prediction; points none reproduces are listed and left out. Where this tree's model prices a point differently from
+the tree that recorded it, ``--recorded-tree`` finds the sizes with that tree's code (a worktree), so both trees'
+prices can be set against the same measurements:
 
     python perf/reprice_sweep.py perf/results/multihost/after-chunks-through-c/sweep-unshaped.json \
-        [--topology FILE] [--set tcp_GBps=4.0 --set net_GBps=4.0] [--rows]
+        [--topology FILE] [--set tcp_GBps=4.0 --set net_GBps=4.0] [--recorded-tree DIR] [--median] [--rows]
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import dataclasses
 import json
 import math
 import os
+import statistics
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -58,6 +63,48 @@ def price(model: cost.CostModel, record: dict[str, Any], nbytes: int) -> float:
     return ALGORITHMS[record["collective"]][record["algo_used"]].predict(model, nbytes, lay) * 1e6
 
 
+def found_size(record: dict[str, Any], topology: Optional[str], recorded: dict[str, float]) -> Optional[int]:
+    """The size at which this tree's baseline model (``recorded`` constants changed) gives the recorded prediction."""
+    then, p = dataclasses.replace(job_model(record, topology), **recorded), record["nranks"]
+    sizes = [record["bytes"], record["bytes"] // p, record["bytes"] * p]
+    return next((n for n in sizes if math.isclose(price(then, record, n), record["predicted_us"], rel_tol=0.02)), None)
+
+
+def sizes_by_tree(tree: str, files: list[Path], topology: Optional[str], recorded: list[str],
+                  median: bool) -> dict[str, int]:
+    """Each point's size as ``found_size`` finds it with the code of the tree at ``tree`` (run in a child process)."""
+    args = [sys.executable, __file__, "--print-sizes", *map(str, files)] + [f"--recorded-set={r}" for r in recorded]
+    args += ["--median"] if median else []
+    if topology:
+        args.append(f"--topology={topology}")
+    env = dict(os.environ, PYTHONPATH=os.path.abspath(tree))
+    return json.loads(subprocess.run(args, env=env, check=True, capture_output=True, text=True).stdout)
+
+
+def medians(files: list[Path]) -> list[tuple[str, dict[str, Any]]]:
+    """The first file's records with each point's time the median over all the files' jobs (``--median``)."""
+    jobs = [json.loads(f.read_text())["records"] for f in files]
+
+    def key(r: dict[str, Any]) -> tuple:
+        return r.get("peer"), r["collective"], r["nranks"], r["bytes"], r.get("inplace"), r.get("root")
+
+    times: dict[tuple, list[float]] = {}
+    for records in jobs:
+        for r in records:
+            times.setdefault(key(r), []).append(r["time_us"])
+    return [(f"{files[0]}:{i}", dict(r, time_us=statistics.median(times[key(r)]))) for i, r in enumerate(jobs[0])]
+
+
+def points(files: list[Path], median: bool) -> list[tuple[str, dict[str, Any]]]:
+    if median:
+        return medians(files)
+    return [(f"{f}:{i}", r) for f in files for i, r in enumerate(json.loads(f.read_text())["records"])]
+
+
+def priced(r: dict[str, Any], from_bytes: int) -> bool:
+    return r.get("peer") == "pycoll" and not r.get("inplace") and bool(r.get("predicted_us")) and r["bytes"] >= from_bytes
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+", type=Path)
@@ -69,34 +116,39 @@ def main(argv: Optional[list[str]] = None) -> int:
                     help="price with the memory's copy and reduction rates the sweep measured (its limit line), as "
                          "`pycoll tune` on the host would give them")
     ap.add_argument("--from-bytes", type=int, default=MIB)
+    ap.add_argument("--recorded-tree", metavar="DIR",
+                    help="find each point's size with the code of this tree (a worktree of the commit that recorded it)")
+    ap.add_argument("--median", action="store_true", help="the files are jobs of one sweep: price each point's median")
+    ap.add_argument("--print-sizes", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", action="store_true", help="every point, not only the counts")
     args = ap.parse_args(argv)
     changes = {k: float(v) for k, v in (s.split("=", 1) for s in args.set)}
     recorded = {k: float(v) for k, v in (s.split("=", 1) for s in args.recorded_set)}
+    chosen = [(where, r) for where, r in points(args.files, args.median) if priced(r, args.from_bytes)]
+    if args.print_sizes:
+        print(json.dumps({where: found_size(r, args.topology, recorded) for where, r in chosen}))
+        return 0
+    sizes = (sizes_by_tree(args.recorded_tree, args.files, args.topology, args.recorded_set, args.median) if args.recorded_tree
+             else {where: found_size(r, args.topology, recorded) for where, r in chosen})
     within = before = total = 0
-    for path in args.files:
-        for r in json.loads(path.read_text())["records"]:
-            if r.get("peer") != "pycoll" or r.get("inplace") or not r.get("predicted_us") or r["bytes"] < args.from_bytes:
-                continue
-            base = job_model(r, args.topology)
-            then, p = dataclasses.replace(base, **recorded), r["nranks"]
-            sizes = [r["bytes"], r["bytes"] // p, r["bytes"] * p]
-            found = [n for n in sizes if math.isclose(price(then, r, n), r["predicted_us"], rel_tol=0.02)]
-            if not found:
-                print(f"{path.name} {r['collective']} {p} {r['bytes']} {r['algo_used']}: recorded "
-                      f"{r['predicted_us']:.0f} µs reproduced by no size (baseline {price(then, r, sizes[0]):.0f})")
-                continue
-            model = dataclasses.replace(base, **changes)
-            if args.measured_memory and r.get("limit_copy_GBps"):
-                model = model.at_memory_speed(r["limit_copy_GBps"], r["limit_reduce_GBps"])
-            new = price(model, r, found[0])
-            ratio, old = new / r["time_us"], r["predicted_us"] / r["time_us"]
-            total += 1
-            within += 1 / 1.25 <= ratio <= 1.25
-            before += 1 / 1.25 <= old <= 1.25
-            if args.rows:
-                print(f"{path.name:22} {r['collective']:15} {p} {r['bytes'] // MIB:3d} MiB {r['algo_used']:13} "
-                      f"measured {r['time_us']:8.0f}  recorded {old:5.2f}  now {ratio:5.2f}{'' if 1 / 1.25 <= ratio <= 1.25 else ' (off)'}")
+    for where, r in chosen:
+        p, size = r["nranks"], sizes.get(where)
+        if size is None:
+            print(f"{where} {r['collective']} {p} {r['bytes']} {r['algo_used']}: recorded {r['predicted_us']:.0f} µs "
+                  f"reproduced by no size")
+            continue
+        model = dataclasses.replace(job_model(r, args.topology), **changes)
+        if args.measured_memory and r.get("limit_copy_GBps"):
+            model = model.at_memory_speed(r["limit_copy_GBps"], r["limit_reduce_GBps"])
+        new = price(model, r, size)
+        ratio, old = new / r["time_us"], r["predicted_us"] / r["time_us"]
+        total += 1
+        within += 1 / 1.25 <= ratio <= 1.25
+        before += 1 / 1.25 <= old <= 1.25
+        if args.rows:
+            print(f"{Path(where.rsplit(':', 1)[0]).name:22} {r['collective']:15} {p} {r['bytes'] // MIB:3d} MiB "
+                  f"{r['algo_used']:13} measured {r['time_us']:8.0f}  recorded {old:5.2f}  now {ratio:5.2f}"
+                  f"{'' if 1 / 1.25 <= ratio <= 1.25 else ' (off)'}")
     print(f"{within} of {total} within 25 % (recorded: {before})")
     return 0
 

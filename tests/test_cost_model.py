@@ -742,6 +742,30 @@ def test_where_the_link_outruns_the_cores_their_socket_copies_bound_the_call() -
     assert bcast(shared, n, lay) == pytest.approx(hops + n / (shared.tcp_GBps * 1e9), rel=1e-3)
 
 
+def test_a_chain_between_two_hosts_folds_on_the_receiving_host_while_the_sending_host_copies() -> None:
+    """A two-rank Reduce between hosts whose cores bound the link: the root folds each chunk on its own core while the
+    other host's core copies the next into its socket, so the call costs the larger of the two, not their sum (an
+    unshaped veth pair, 16 MiB: 4.1-6.0 ms measured, the one-way frame's 4.3; priced 8.3 as the sum). A ring, whose
+    every core copies both ways and folds, still adds them; so does a chain whose sending host also folds for its
+    second rank, for that rank's share."""
+    n = 16 << 20
+    m = CostModel(cores=2, cache_bytes=1 << 20, net_GBps=1e6, tcp_GBps=4.0, reduce_GBps=6.0, msg_us=0.0)
+    chain, ring = ALGORITHMS["reduce"]["chain"].cost, ALGORITHMS["allreduce"]["ring"].cost
+    hop = m.net_latency_us * 1e-6
+    copies, fold = n / (m.tcp_GBps * 1e9), n / (m.reduce_GBps * 1e9)
+    assert chain(m, n, Layout((0, 1))) == pytest.approx(hop + max(copies, fold), rel=1e-2)
+    slow_fold = dataclasses.replace(m, reduce_GBps=2.0)
+    assert chain(slow_fold, n, Layout((0, 1))) == pytest.approx(hop + n / 2e9, rel=1e-2)  # the root's folds bound it
+    # the ring's exchange: both ways' copies and the fold after each step, on every core
+    assert ring(m, n, Layout((0, 1))) > 2 * copies + fold / 2
+    # two ranks a host on one core each: the sending host copies and folds for one rank, the receiving host for two
+    shared = dataclasses.replace(m, cores=1, shm_GBps=1e6, handover_us=0.0)
+    lay = Layout((0, 0, 1, 1))
+    over = shared.over(lay)
+    priced = chain(shared, n, lay) - 3 * hop * over
+    assert priced == pytest.approx(max(copies + fold * over / 2, fold * over), rel=2e-2)
+
+
 def test_an_alltoall_across_hosts_pays_one_hops_latency_for_steps_posted_at_once() -> None:
     """The pairwise Alltoall posts its p - 1 steps at once and their frames cross together (one exchange in C on
     the closure's path): with the bytes and the messages' CPU free, its time is one hop's latency at any rank
