@@ -307,6 +307,8 @@ class Executor:
         if stage is None:
             if self.composed is not None and self._compose(label, call):
                 return
+            if plan is not None and self._first_as_planned(plan, call, args):
+                return
             self._finish(self._schedule(label, call, sig, plan, True))
             return
         try:
@@ -406,11 +408,22 @@ class Executor:
         """Number the call, pick the algorithm (the plan's, while it holds) and start it. A blocking call's small
         messages to peers on other hosts may move straight through the sockets as it starts (``Steps.now``)."""
         c = self.comm
-        chosen, self.chosen = self.chosen, None
         c._live(label, numbered=True)
+        algo = self._choose(call, plan)
         c._seq += 1
         steps, owner = self.steps(label, sig)
         steps.now = blocking and self.engine.direct_peers and call.stream is None
+        gen = algo.run(steps, call)
+        if CHECK_CALLS.get() and c._size > 1:
+            gen = self._checked(steps, sig, gen)
+        return self.engine.start(Schedule(gen, owner), steps.now)
+
+    def _choose(self, call: Call, plan: Optional[Plan]) -> Any:
+        """The algorithm for ``call``: the one chosen for a staged device call, the plan's while its choice holds, else
+        the cost model's. A plan that chooses anew gets the algorithm's inline form on the arena, and a plan without
+        one its fast path where there is one."""
+        c = self.comm
+        chosen, self.chosen = self.chosen, None
         key = self.choice_key()
         call.reproducible = key[3] and call.coll in REDUCTIONS  # selection and the algorithms' fallbacks read it
         if chosen is not None:
@@ -429,10 +442,28 @@ class Executor:
         if plan is not None and plan.fast is None and plan.inline is False and self.engine.direct_peers:
             # a two-rank call across hosts: straight through the socket; an Alltoall's blocks: in one call into C
             plan.fast = paired.fast_path(self, plan, algo) or exchanged.fast_path(self, plan, algo)
-        gen = algo.run(steps, call)
-        if CHECK_CALLS.get() and c._size > 1:
-            gen = self._checked(steps, sig, gen)
-        return self.engine.start(Schedule(gen, owner), steps.now)
+        return algo
+
+    def _first_as_planned(self, plan: Plan, call: Call, args: tuple) -> bool:
+        """A shape's first blocking call run as its later calls are, where its algorithm has a fast path or an inline
+        form on the arena (not while every call is checked: the first goes through the checks' schedule); True
+        where it ran. Else the caller schedules it, as each path declines having done nothing."""
+        if CHECK_CALLS.get():
+            return False
+        self._choose(call, plan)
+        fast = plan.fast
+        if fast:
+            if fast(args):
+                return True
+            plan.fast = None  # declined: made again as the schedule starts
+        runner = plan.inline
+        if runner:
+            views = plan.views(args)
+            if views is not None and runner.run(self, plan, views[0], views[1]):
+                if fast is None:
+                    plan.fast = runner.fast_path(self, plan)
+                return True
+        return False
 
     def _checked(self, steps: Steps, sig: Sig, gen):
         yield from verify_call(steps, sig, self.describe)
