@@ -1,14 +1,16 @@
 """First calls of a program across virtual hosts: the first, second and slowest of a program's first calls.
 
 Usage: python perf/first_calls_hosts.py [--np 4] [--hosts 2] [--jobs 5] [--coll allreduce] [--bytes 8]
-       [--calls 300] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...]
+       [--calls 300] [--new-counts] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...]
 
 Each job is a fresh program on `--hosts` network namespaces (`pycoll run -n NP --hosts H` for pycoll; MPICH's
 hydra through `python -m pycoll.perf.mpi_hosts` for mpi, its traffic on the same links) that makes `--calls`
 buffer-spec calls (`[a, MPI.FLOAT]`) of `--bytes` bytes each on arrays made fresh before every call (the receive
 array untouched, as `np.empty` gives it: its first touch is timed, as in a program), and reports the slowest rank's
 time for each. Every peer and --env setting (pycoll's) runs --jobs jobs, alternating, and the medians over the jobs
-are printed. Needs root (network namespaces).
+are printed. With --new-counts, every call has a count of its own (one element more than the call before), each made
+twice: the medians of a new shape's first call and of its second are reported too, as a program whose sizes vary
+sees them. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ if os.environ.get("FIRST_CALLS_PEER") == "mpi":
     from mpi4py import MPI
 else:
     from pycoll import MPI
-coll, nbytes, calls = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+coll, nbytes, calls, new_counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "new"
 c = MPI.COMM_WORLD
-n = max(nbytes // 4, 1)
 times = []
-for _ in range(calls):
+for i in range(calls * (2 if new_counts else 1)):
+    n = max(nbytes // 4, 1) + (i // 2 if new_counts else 0)  # new counts: each count twice in a row
     if coll == "allreduce":
         a, b = np.ones(n, np.float32), np.empty(n, np.float32)
         call = lambda: c.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])
@@ -53,12 +55,15 @@ for _ in range(calls):
     t0 = time.perf_counter()
     call()
     times.append(time.perf_counter() - t0)
-slowest = np.empty(calls)
+slowest = np.empty(len(times))
 c.Allreduce(np.array(times), slowest, op=MPI.MAX)
 if c.rank == 0:
-    print("FIRST " + json.dumps({"first_ms": slowest[0] * 1e3, "second_ms": slowest[1] * 1e3,
-                                 "worst_after_first_ms": float(slowest[1:].max()) * 1e3,
-                                 "median_us": float(np.median(slowest[1:])) * 1e6}))
+    row = {"first_ms": slowest[0] * 1e3, "second_ms": slowest[1] * 1e3,
+           "worst_after_first_ms": float(slowest[1:].max()) * 1e3, "median_us": float(np.median(slowest[1:])) * 1e6}
+    if new_counts:  # the shapes after the program's first: each one's first call, and its second
+        row.update(new_shape_first_us=float(np.median(slowest[2::2])) * 1e6,
+                   new_shape_second_us=float(np.median(slowest[3::2])) * 1e6)
+    print("FIRST " + json.dumps(row))
 """
 
 
@@ -83,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coll", choices=COLLECTIVES, default="allreduce")
     p.add_argument("--bytes", type=int, default=8,
                    help="bytes a call moves (Allgather: its whole output; Alltoall: a rank's whole input)")
-    p.add_argument("--calls", type=int, default=300, help="calls a program makes (at least 2)")
+    p.add_argument("--calls", type=int, default=300, help="calls a program makes (at least 2); with --new-counts, shapes")
+    p.add_argument("--new-counts", action="store_true", help="a new count each call, each made twice")
     p.add_argument("--peers", default="pycoll", help="comma-separated: pycoll, mpi (MPICH through mpi4py)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a pycoll setting to compare with the default")
     p.add_argument("--json", default=None, help="write every job's figures here")
@@ -96,21 +102,25 @@ def main(argv: list[str] | None = None) -> int:
         script = os.path.join(tmp, "first_calls.py")
         with open(script, "w") as f:
             f.write(PROGRAM)
-        job_argv = [sys.executable, script, args.coll, str(args.bytes), str(max(args.calls, 2))]
+        job_argv = [sys.executable, script, args.coll, str(args.bytes), str(max(args.calls, 2)),
+                    "new" if args.new_counts else "same"]
         for _ in range(args.jobs):
             for name, peer, env in settings:
                 results[name].append(one_job(peer, args.np, args.hosts, env, job_argv))
     print(f"{args.np} ranks on {args.hosts} virtual hosts, {args.coll} of {args.bytes} B, {args.calls} calls on fresh "
           f"arrays; {args.jobs} jobs each, medians over the jobs")
-    print(f"{'peer / setting':28s} {'first ms':>9s} {'second ms':>10s} {'worst of the rest ms':>21s} {'median us':>10s}")
+    shapes = f" {'new shape 1st us':>16s} {'its 2nd us':>10s}" if args.new_counts else ""
+    print(f"{'peer / setting':28s} {'first ms':>9s} {'second ms':>10s} {'worst of the rest ms':>21s} {'median us':>10s}"
+          + shapes)
     for name, rows in results.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        shapes = f" {med['new_shape_first_us']:16.1f} {med['new_shape_second_us']:10.1f}" if args.new_counts else ""
         print(f"{name:28s} {med['first_ms']:9.2f} {med['second_ms']:10.2f} {med['worst_after_first_ms']:21.2f} "
-              f"{med['median_us']:10.1f}")
+              f"{med['median_us']:10.1f}" + shapes)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "hosts": args.hosts, "coll": args.coll, "bytes": args.bytes,
-                       "calls": args.calls, "jobs": results}, f, indent=1)
+                       "calls": args.calls, "new_counts": args.new_counts, "jobs": results}, f, indent=1)
     return 0
 
 

@@ -18,7 +18,8 @@ from .p2p_protocol import SMALL_BYTES, payload_bytes
 from .paired import choice_holds, wait_through_engine
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .executor import Executor, Plan
+    from .executor import Executor
+    from .plans import Plan
 
 
 def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The one execution path of a communicator's collectives: plans cached by call shape, selection, inline arena runs.
+"""The one execution path of a communicator's collectives: plans cached by call shape (``pycoll.plans``), selection,
+inline arena runs.
 
 ``Comm`` checks a call's arguments once per call *shape* (the buffers' types, shapes, strides, dtypes, the counts,
 op and root) and hands the call here. A repeated shape skips the checks: its plan rebinds the flat views onto the
@@ -15,8 +16,6 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-import numpy as np
-
 from . import arrays, derived_buffers, exchanged, paired, solo
 from .algorithms.base import Call, Steps
 from .algorithms.check import CHECK_CALLS, verify_call
@@ -24,15 +23,12 @@ from .algorithms.registry import ALGO, select
 from .algorithms import arena_jit
 from .algorithms.registry import REDUCTIONS, last_choice, parse_override
 from .algorithms import cost as cost_model
-from .buffers import IN_PLACE
 from .composed import SMP_BYTES, HostComposition
-from .datatypes import Datatype
 from .errors import InvalidArgumentError
 from .inline_runners import INLINE
-from .memory import backend, host_address
-from .ops import Op
+from .memory import backend
 from .p2p_protocol import Schedule, Sig
-from .p2p_specs import call_key_module
+from .plans import Plan, _Rebind, shape_key
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -48,201 +44,6 @@ _OVERSUBSCRIBED_SPIN_S = 0.2e-6
 _YIELD_RETRY_S = 1e-3
 _COMPOSED_WHY = ("a call on each host's communicator and one among the hosts' first ranks (PYCOLL_SMP_BYTES, or priced "
                  "below the cheapest algorithm for the whole communicator)")
-_SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
-
-
-def shape_key_python(args: tuple) -> Optional[tuple]:
-    """What a call's arguments are, apart from buffer addresses: None where an argument is of a kind not planned.
-
-    One entry per argument; a list or tuple becomes a tuple of its type and its items' entries, so no two different
-    argument lists share a key. The usual buffer specs, ``[buf, count, type]`` and ``[buf, type]``, get one flat
-    entry each (an array's entry is its shape, dtype and C-order and writable flags, a Datatype stands bare), which
-    no other argument list can produce. Built without recursion or per-item calls: it runs on every call.
-    ``shape_key`` is this function's C form (``pycoll/_callkey.c``) where it was compiled at install.
-    """
-    key = []
-    add = key.append
-    for a in args:
-        t = type(a)
-        if t is list or t is tuple:
-            n = len(a)
-            if n == 3:
-                b, c, d = a
-                if type(b) is _NDARRAY and type(c) is int and type(d) is Datatype:
-                    f = b.flags
-                    add((t, b.shape, b.dtype, f.c_contiguous, f.writeable, c, d))
-                    continue
-            elif n == 2:
-                b, d = a
-                if type(b) is _NDARRAY and type(d) is Datatype:
-                    f = b.flags
-                    add((t, b.shape, b.dtype, f.c_contiguous, f.writeable, d))
-                    continue
-            item = _describe_items(t, a)
-            if item is None:
-                return None
-            add(item)
-        elif t is _NDARRAY:  # C order says the strides (a plan never takes an array in another order)
-            f = a.flags
-            add((a.shape, a.dtype, f.c_contiguous, f.writeable))
-        elif t is int or t is Op or t is str or a is IN_PLACE or a is None:  # no other entry equals these
-            add(a)
-        elif t is bool:  # True == 1: a flag gets an entry no int equals
-            add(_TRUE if a else _FALSE)
-        else:
-            item = _describe_scalar(t, a)
-            if item is None:
-                return None
-            add(item)
-    return tuple(key)
-
-
-_NDARRAY = np.ndarray
-_TRUE, _FALSE = object(), object()
-
-
-def _describe_items(t: type, items: Any) -> Optional[tuple]:
-    """The key entry of a list or tuple argument (a buffer spec, counts, displacements), None if not planned."""
-    out: list = [t]
-    for a in items:
-        ta = type(a)
-        if ta is np.ndarray:
-            f = a.flags
-            out.append((a.shape, a.dtype, f.c_contiguous, f.writeable))
-        elif ta is Datatype:
-            out.append((ta, a))
-        elif ta is int or a is IN_PLACE:
-            out.append(a)
-        elif ta is list or ta is tuple:
-            inner = _describe_items(ta, a)
-            if inner is None:
-                return None
-            out.append(inner)
-        else:
-            inner = _describe_scalar(ta, a)
-            if inner is None:
-                return None
-            out.append(inner)
-    return tuple(out)
-
-
-def _describe_scalar(t: type, a: Any) -> Any:
-    """A scalar's entry, with its type (True == 1 == 1.0, but only the int is a valid count or root); None for other
-    buffer kinds (memoryview, bytearray, device arrays, ...), which are checked on every call."""
-    if t in _SCALARS:
-        return (t, a)
-    if isinstance(a, np.integer):
-        return int(a)
-    return None
-
-
-def _compiled_shape_key() -> Optional[Callable[[tuple], Optional[tuple]]]:
-    """The C form of ``shape_key_python``, or None where it was not built (PYCOLL_CALL_KEY=python: never used)."""
-    _callkey = call_key_module()
-    if _callkey is None:
-        return None
-    _callkey.configure(Datatype, Op, IN_PLACE, _TRUE, _FALSE, _describe_items, _describe_scalar)
-    return _callkey.shape_key
-
-
-shape_key: Callable[[tuple], Optional[tuple]] = _compiled_shape_key() or shape_key_python
-
-
-def _arrays(args: tuple):
-    """(path, array) of every NumPy array among the arguments, one level into buffer specs."""
-    for i, a in enumerate(args):
-        if type(a) is np.ndarray:
-            yield (i, -1), a
-        elif type(a) in (list, tuple) and a and type(a[0]) is np.ndarray:
-            yield (i, 0), a[0]
-
-
-class _Rebind:
-    """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range.
-
-    ``view`` is made for the shape: a whole one-dimensional array is fetched from the arguments and nothing more."""
-
-    __slots__ = ("index", "item", "dtype", "start", "stop", "whole", "view")
-
-    def __init__(self, index: int, item: int, dtype: np.dtype, start: int, stop: int, whole: bool, ndim: int = 1) -> None:
-        self.index, self.item, self.dtype, self.start, self.stop, self.whole = index, item, dtype, start, stop, whole
-        if whole and ndim == 1:
-            i, j = index, item
-            self.view = (lambda args: args[i]) if j < 0 else (lambda args: args[i][j])
-        else:
-            self.view = self._view
-
-    @staticmethod
-    def find(view: Optional[np.ndarray], args: tuple) -> Any:
-        """The recipe for ``view`` (a flat view into one of ``args``), None for no view, False if it is not one."""
-        if view is None:
-            return None
-        if type(view) is not np.ndarray or not view.flags.c_contiguous:
-            return False
-        addr = host_address(view) if view.size else -1
-        for (i, j), a in _arrays(args):
-            if not a.flags.c_contiguous or a.dtype.hasobject:
-                continue
-            base = host_address(a)
-            isz = view.dtype.itemsize
-            if view.size == 0:
-                if a.size == 0 or a.nbytes % isz:
-                    continue
-                return _Rebind(i, j, view.dtype, 0, 0, False)
-            if base <= addr and addr + view.nbytes <= base + a.nbytes and (addr - base) % isz == 0 and a.nbytes % isz == 0:
-                start = (addr - base) // isz
-                whole = start == 0 and view.nbytes == a.nbytes and view.dtype == a.dtype
-                return _Rebind(i, j, view.dtype, start, start + view.size, whole, a.ndim)
-        return False
-
-    def _view(self, args: tuple) -> np.ndarray:
-        a = args[self.index] if self.item < 0 else args[self.index][self.item]
-        if a.ndim != 1:
-            a = a.reshape(-1)
-        if self.whole:
-            return a
-        if a.dtype != self.dtype:
-            a = a.view(self.dtype)
-        return a[self.start:self.stop]
-
-
-class Plan:
-    """A checked call shape: its call template and signature, how to rebind its views, and its algorithm choice."""
-
-    __slots__ = ("template", "sig", "send", "recv", "label", "algo", "algo_for", "inline", "fast", "flat_for")
-
-    def __init__(self, label: str, call: Call, sig: Sig, send: Any, recv: Any) -> None:
-        self.label = label
-        self.template = dataclasses.replace(call, send=None, recv=None)  # a plan keeps no user memory alive
-        self.sig = sig
-        self.send, self.recv = send, recv
-        self.algo: Any = None  # the Algorithm selected for it, valid while ``algo_for`` holds
-        self.algo_for: tuple = ()
-        self.inline: Any = None  # the algorithm's inline runner on the arena (see ``Runner``), or False: none
-        # the runner's whole call for these arguments (``Runner.fast_path``): False where it has none, None untried
-        self.fast: Any = None
-        self.flat_for: tuple = ()  # the choice key (with PYCOLL_SMP_BYTES) under which it was found not composed
-
-    def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
-        """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""
-        send = self.send.view(args) if self.send is not None else None
-        recv = self.recv.view(args) if self.recv is not None else None
-        if send is not None and recv is not None and not self.template.in_place and send.size and recv.size:
-            # two distinct arrays that own their memory cannot overlap; the same array twice, or views, may
-            if send is recv or send.base is not None or recv.base is not None:
-                if arrays.overlaps(send, recv):
-                    return None
-        return send, recv
-
-    def make_call(self, send: Optional[np.ndarray], recv: Optional[np.ndarray]) -> Call:
-        t = self.template
-        return Call(t.coll, t.dtype, send, recv, t.op, t.root, t.counts, t.displs, t.send_counts, t.send_displs,
-                    t.in_place, t.vector, t.total)
-
-    def call(self, args: tuple) -> Optional[Call]:
-        """The call for these arguments (same shape), or None if its buffers now overlap (the checks name it)."""
-        views = self.views(args)
-        return None if views is None else self.make_call(*views)
 
 
 class Executor:

@@ -22,7 +22,8 @@ from .p2p_specs import call_key_module
 from .transport.arena import DEPTH, fold_seq
 
 if TYPE_CHECKING:  # annotations only: the executor runs these
-    from .executor import Executor, Plan
+    from .executor import Executor
+    from .plans import Plan
 
 
 # ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------

@@ -22,7 +22,8 @@ from .errors import PycollError
 from .p2p_protocol import frame_head, payload_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .executor import Executor, Plan
+    from .executor import Executor
+    from .plans import Plan
 
 _EMPTY = np.zeros(0, np.uint8)
 

@@ -14,7 +14,8 @@ from . import arrays
 from .memory import HOST
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .executor import Executor, Plan
+    from .executor import Executor
+    from .plans import Plan
 
 _MOVES_NOTHING = ("barrier", "broadcast", "exscan")
 

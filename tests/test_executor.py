@@ -8,7 +8,7 @@ import pytest
 from pycoll import MPI
 from pycoll.algorithms import Call
 from pycoll.buffers import IN_PLACE
-from pycoll.executor import _compiled_shape_key, _Rebind, shape_key_python
+from pycoll.plans import _compiled_shape_key, _Rebind, shape_key_python
 
 _COMPILED = _compiled_shape_key()
 # both forms of the key: the C one (pycoll/_callkey.c) where the install compiled it, and the Python one
@@ -121,7 +121,7 @@ def test_rebind_finds_views_in_new_buffers() -> None:
 
 
 def test_plan_rejects_overlapping_views_after_a_hit() -> None:
-    from pycoll.executor import Plan
+    from pycoll.plans import Plan
     from pycoll.p2p_protocol import Sig
 
     a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
