@@ -28,7 +28,7 @@ from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend
 from .p2p_protocol import Schedule, Sig
-from .plans import Plan, _Rebind, shape_key
+from .plans import Plan, Rebind, shape_key
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -171,7 +171,7 @@ class Executor:
         key = shape_key(args)
         if key is None or call.stream is not None:
             return None
-        send_rb, recv_rb = _Rebind.find(call.send, args), _Rebind.find(call.recv, args)  # in place: views into recv
+        send_rb, recv_rb = Rebind.find(call.send, args), Rebind.find(call.recv, args)  # in place: views into recv
         if send_rb is False or recv_rb is False:
             return None
         try:

@@ -126,7 +126,7 @@ def _arrays(args: tuple):
             yield (i, 0), a[0]
 
 
-class _Rebind:
+class Rebind:
     """How a call's flat view is found again in a later call of the same shape: which argument, dtype, element range.
 
     ``view`` is made for the shape: a whole one-dimensional array is fetched from the arguments and nothing more."""
@@ -157,11 +157,11 @@ class _Rebind:
             if view.size == 0:
                 if a.size == 0 or a.nbytes % isz:
                     continue
-                return _Rebind(i, j, view.dtype, 0, 0, False)
+                return Rebind(i, j, view.dtype, 0, 0, False)
             if base <= addr and addr + view.nbytes <= base + a.nbytes and (addr - base) % isz == 0 and a.nbytes % isz == 0:
                 start = (addr - base) // isz
                 whole = start == 0 and view.nbytes == a.nbytes and view.dtype == a.dtype
-                return _Rebind(i, j, view.dtype, start, start + view.size, whole, a.ndim)
+                return Rebind(i, j, view.dtype, start, start + view.size, whole, a.ndim)
         return False
 
     def _view(self, args: tuple) -> np.ndarray:

@@ -8,7 +8,7 @@ import pytest
 from pycoll import MPI
 from pycoll.algorithms import Call
 from pycoll.buffers import IN_PLACE
-from pycoll.plans import _compiled_shape_key, _Rebind, shape_key_python
+from pycoll.plans import _compiled_shape_key, Rebind, shape_key_python
 
 _COMPILED = _compiled_shape_key()
 # both forms of the key: the C one (pycoll/_callkey.c) where the install compiled it, and the Python one
@@ -105,19 +105,19 @@ def test_rebind_finds_views_in_new_buffers() -> None:
     big = np.arange(12, dtype=np.float32).reshape(3, 4)
     args = ([big, 6, MPI.FLOAT],)
     view = big.reshape(-1)[2:8]
-    rb = _Rebind.find(view, args)
+    rb = Rebind.find(view, args)
     assert rb and (rb.start, rb.stop) == (2, 8)
     other = np.arange(100, 112, dtype=np.float32).reshape(3, 4)
     got = rb.view(([other, 6, MPI.FLOAT],))
     assert np.array_equal(got, other.reshape(-1)[2:8]) and np.shares_memory(got, other)
     # a reinterpreting spec: bytes of a float64 buffer
     f = np.zeros(4, np.float64)
-    rb = _Rebind.find(f.view(np.uint8)[8:24], ([f, 16, MPI.BYTE],))
+    rb = Rebind.find(f.view(np.uint8)[8:24], ([f, 16, MPI.BYTE],))
     g = np.arange(4, dtype=np.float64)
     assert np.array_equal(rb.view(([g, 16, MPI.BYTE],)), g.view(np.uint8)[8:24])
     # not a view of an argument (a copy): no plan
-    assert _Rebind.find(big.reshape(-1).copy(), args) is False
-    assert _Rebind.find(None, args) is None
+    assert Rebind.find(big.reshape(-1).copy(), args) is False
+    assert Rebind.find(None, args) is None
 
 
 def test_plan_rejects_overlapping_views_after_a_hit() -> None:
@@ -126,7 +126,7 @@ def test_plan_rejects_overlapping_views_after_a_hit() -> None:
 
     a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
     call = Call("allreduce", np.dtype(np.float32), a, b, MPI.SUM)
-    plan = Plan("Allreduce", call, Sig(), _Rebind.find(a, (a, b)), _Rebind.find(b, (a, b)))
+    plan = Plan("Allreduce", call, Sig(), Rebind.find(a, (a, b)), Rebind.find(b, (a, b)))
     c = np.zeros(12, np.float32)
     assert plan.views((c[:8], c[4:])) is None  # the same shape, but the buffers now overlap: the checks must run
     d = np.zeros(8, np.float32)
