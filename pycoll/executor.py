@@ -81,17 +81,12 @@ class Executor:
                 plan = None
             if plan is not None:
                 fast = plan.fast
-                if fast:
-                    if fast(args):
-                        return
-                    plan.fast = None  # it declined (a new arena, algorithm or spin, a busy arena): made again later
-                views = plan.views(args)
+                if fast and fast(args):
+                    return
+                views = self._inline_or_views(plan, args, fast)
+                if views is True:
+                    return
                 if views is not None:
-                    runner = plan.inline
-                    if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
-                        if fast is None:
-                            plan.fast = runner.fast_path(self, plan)
-                        return
                     call = plan.make_call(*views)
                     if self.composed is not None:
                         flat_key = (self.choice_key(), SMP_BYTES.get())
@@ -253,18 +248,22 @@ class Executor:
             return False
         self._choose(call, plan)
         fast = plan.fast
+        return bool(fast and fast(args)) or self._inline_or_views(plan, args, fast) is True
+
+    def _inline_or_views(self, plan: Plan, args: tuple, fast: Any) -> Any:
+        """After the plan's fast path (``fast``, as the call found it) did not take the call: True where the
+        algorithm's inline form on the arena ran it (its fast path made after a first inline run); else the call's
+        views (None where they now overlap: the checks name it)."""
         if fast:
-            if fast(args):
-                return True
-            plan.fast = None  # declined: made again as the schedule starts
-        runner = plan.inline
-        if runner:
-            views = plan.views(args)
-            if views is not None and runner.run(self, plan, views[0], views[1]):
+            plan.fast = None  # it declined (a new arena, algorithm or spin, a busy arena): made again later
+        views = plan.views(args)
+        if views is not None:
+            runner = plan.inline
+            if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
                 if fast is None:
                     plan.fast = runner.fast_path(self, plan)
                 return True
-        return False
+        return views
 
     def _checked(self, steps: Steps, sig: Sig, gen):
         yield from verify_call(steps, sig, self.describe)

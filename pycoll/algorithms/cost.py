@@ -330,8 +330,9 @@ class CostModel:
             if sides <= 1.0:
                 # one way (a chain between two hosts): the sending host's cores copy into the sockets and fold for
                 # its ranks but the chain's first, while the receiving host's cores fold for all of theirs
-                k = max(lay.local_sizes)
-                work += max(copies + hidden_red * (k - 1) / k, hidden_red) - hidden_red
+                # (``work`` holds the receiving host's folds; the sending host's work exceeds it by its copies less
+                # one rank's folds)
+                work += max(copies - hidden_red / max(lay.local_sizes), 0.0)
             else:
                 work += copies
             return hops * lat * over + max(moved, work) + unhidden + after
