@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Optional, Union
 
+import numpy as np
+
 from ..arrays import DeviceArray
 from ..config import bool_param, float_param, str_param
 from ..errors import InvalidArgumentError
@@ -275,22 +277,85 @@ def select(call: Call, layout: Layout) -> Algorithm:
             algo = table.get(name)
             if algo is not None and algo.refusal(call, layout) is None:
                 return _chose(call, algo, "the first that accepts a call whose sizes not every rank knows")
-    options = ranked_cached(call.coll, call.size_bytes, layout, cost_model.current(), call)
+    model = cost_model.current()
+    spanned = None if on_device(call) else span_choice(call, layout, model)
+    if spanned is not None:
+        def why_spanned() -> str:
+            lo, hi = size_span(call.size_bytes)
+            return f"{_why(ranked_cached(call.coll, call.size_bytes, layout, model, call), spanned, layout)}; " \
+                   f"the choice at {lo} and {hi} bytes, which holds between them"
+        return _chose(call, spanned, why_spanned)
+    options = ranked_cached(call.coll, call.size_bytes, layout, model, call)
     if not options:
         raise InvalidArgumentError(f"no {call.coll} algorithm accepts this call")  # pragma: no cover - defaults accept all
     if len(options) == 1:
         return _chose(call, options[0][1], "the only one that accepts")
-    pick = options[0][1]
-    tolerance = link_tolerance(call.coll, layout)
-    if tolerance:
-        pick = table[preferred([(t, a.name) for t, a in options], LINK_MINIMAL[call.coll], tolerance)[1]]
+    pick = _cheapest(options, call.coll, layout)
+    return _chose(call, pick, lambda: _why(options, pick, layout))
 
-    def why() -> str:  # written only when logged or asked for: formatting every candidate costs more than selecting
-        each = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
-        lean = "" if pick is options[0][1] else "; the fewest bytes between hosts within PYCOLL_LINK_TOLERANCE"
-        return f"cheapest predicted ({each}; {layout.size} ranks on {layout.hosts} hosts{lean})"
 
-    return _chose(call, pick, why)
+def _cheapest(options: list[tuple[float, Algorithm]], coll: str, layout: Layout) -> Algorithm:
+    """The choice among ``ranked``'s options: the cheapest, or the link-minimal one within PYCOLL_LINK_TOLERANCE."""
+    tolerance = link_tolerance(coll, layout)
+    if tolerance and len(options) > 1:
+        return ALGORITHMS[coll][preferred([(t, a.name) for t, a in options], LINK_MINIMAL[coll], tolerance)[1]]
+    return options[0][1]
+
+
+def _why(options: list[tuple[float, Algorithm]], pick: Algorithm, layout: Layout) -> str:
+    """Why ``pick`` (written only when logged or asked for: formatting every candidate costs more than selecting)."""
+    each = ", ".join(f"{a.name} {t * 1e6:.0f} us" for t, a in options)
+    lean = "" if pick is options[0][1] else "; the fewest bytes between hosts within PYCOLL_LINK_TOLERANCE"
+    return f"cheapest predicted ({each}; {layout.size} ranks on {layout.hosts} hosts{lean})"
+
+
+# Sizes below this are chosen for by span (``size_span``): over 2 million sizes to 512 KiB, on 12 layouts of 1-3 hosts,
+# 4 links and 1-2 cores a host, the choice at a span's ends held at every size inside it; past the pipelining chunk
+# the model's chunk counts step inside a span and it does not always hold (6 ranks on 2 hosts, 12.7 MB Allreduce).
+SPAN_LIMIT = 512 << 10
+_spans: dict[tuple, Optional[Algorithm]] = {}
+_span_model: list[Optional[CostModel]] = [None]  # the model the spans were chosen with (compared by identity)
+_BYTES = np.dtype(np.uint8)
+
+
+def size_span(nbytes: int) -> tuple[int, int]:
+    """The quarter of a power-of-two octave holding ``nbytes`` ([lo, hi], lo = hi below 8 bytes): 8-9, 10-11, ...,
+    1024-1279, 1280-1535, ..."""
+    if nbytes < 8:
+        return nbytes, nbytes
+    top = 1 << (nbytes.bit_length() - 1)
+    quarter = top >> 2
+    lo = top + (nbytes - top) // quarter * quarter
+    return lo, lo + quarter - 1
+
+
+def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algorithm]:
+    """The model's choice for every size of the call's span, where its two ends agree on it and accept the same
+    algorithms (None: they differ, or the call is too large; choose at its own size). A program whose sizes vary
+    then prices each span once, not each size (a choice costs 50-100 us of Python). Every rank answers alike: the
+    answer depends on the span, not on which of its sizes came first."""
+    nbytes = call.size_bytes
+    lo, hi = size_span(nbytes)
+    if lo == hi or hi >= SPAN_LIMIT:
+        return None
+    if _span_model[0] is not model:
+        _spans.clear()
+        _span_model[0] = model
+    key = (call.coll, lo, layout, call.vector, call.op.order if call.op is not None else 0, call.reproducible,
+           link_tolerance(call.coll, layout))
+    if key in _spans:
+        return _spans[key]
+    ends = []
+    for n in (lo, hi):
+        probe = Call(call.coll, _BYTES, op=call.op, root=call.root, vector=call.vector, total=n,
+                     reproducible=call.reproducible)
+        options = ranked_cached(call.coll, n, layout, model, probe)
+        ends.append((_cheapest(options, call.coll, layout) if options else None, {a.name for _, a in options}))
+    (first, accepted), (last, also) = ends
+    if len(_spans) > 4096:
+        _spans.clear()
+    _spans[key] = first if first is not None and first is last and accepted == also else None
+    return _spans[key]
 
 
 def link_tolerance(coll: str, layout: Layout) -> float:
