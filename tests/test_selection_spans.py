@@ -148,3 +148,23 @@ def exact_without_tolerance(coll: str, n: int, lay: Layout, monkeypatch: pytest.
         return exact(coll, n, lay)
     finally:
         monkeypatch.delenv("PYCOLL_LINK_TOLERANCE")
+
+
+def test_the_reason_of_a_span_choice_keeps_no_buffer_alive() -> None:
+    """The last choice's reason is written when asked for, from the call's shape: the user's buffers are not kept
+    (a DLPack producer's deleter must run when the caller drops its views)."""
+    import gc
+    import weakref
+
+    cost.use(CostModel(cores=1))
+    lay = Layout((0, 0, 1, 1))
+    send, recv = np.ones(300, np.float32), np.zeros(300, np.float32)
+    call = Call("allreduce", np.dtype(np.float32), send, recv, ops.SUM)
+    assert registry.span_choice(call, lay, cost.current()) is not None
+    pick = select(call, lay)
+    alive = weakref.ref(send)
+    del send, recv, call
+    gc.collect()
+    assert alive() is None
+    reason = registry.last_choice.reason
+    assert pick.name in reason and "the choice at 1024 and 1279 bytes" in reason, reason

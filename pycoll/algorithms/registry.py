@@ -280,10 +280,13 @@ def select(call: Call, layout: Layout) -> Algorithm:
     model = cost_model.current()
     spanned = None if on_device(call) else span_choice(call, layout, model)
     if spanned is not None:
+        shape = _shape(call)  # not the call: the reason, kept until the next choice, must not keep its buffers alive
+
         def why_spanned() -> str:
-            lo, hi = size_span(call.size_bytes)
-            return f"{_why(ranked_cached(call.coll, call.size_bytes, layout, model, call), spanned, layout)}; " \
-                   f"the choice at {lo} and {hi} bytes, which holds between them"
+            nbytes = shape[1]
+            lo, hi = size_span(nbytes)
+            options = ranked_cached(shape[0], nbytes, layout, model, _probe(shape, nbytes))
+            return f"{_why(options, spanned, layout)}; the choice at {lo} and {hi} bytes, which holds between them"
         return _chose(call, spanned, why_spanned)
     options = ranked_cached(call.coll, call.size_bytes, layout, model, call)
     if not options:
@@ -329,6 +332,17 @@ def size_span(nbytes: int) -> tuple[int, int]:
     return lo, lo + quarter - 1
 
 
+def _shape(call: Call) -> tuple:
+    """What selection reads of a host call besides the layout, without its buffers."""
+    return call.coll, call.size_bytes, call.op, call.root, call.vector, call.reproducible
+
+
+def _probe(shape: tuple, nbytes: int) -> Call:
+    """A call of ``shape`` (``_shape``) moving ``nbytes``, without buffers: what refusals and prices read."""
+    coll, _, op, root, vector, reproducible = shape
+    return Call(coll, _BYTES, op=op, root=root, vector=vector, total=nbytes, reproducible=reproducible)
+
+
 def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algorithm]:
     """The model's choice for every size of the call's span, where its two ends agree on it and accept the same
     algorithms (None: they differ, or the call is too large; choose at its own size). A program whose sizes vary
@@ -345,11 +359,9 @@ def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algori
            link_tolerance(call.coll, layout))
     if key in _spans:
         return _spans[key]
-    ends = []
+    ends, shape = [], _shape(call)
     for n in (lo, hi):
-        probe = Call(call.coll, _BYTES, op=call.op, root=call.root, vector=call.vector, total=n,
-                     reproducible=call.reproducible)
-        options = ranked_cached(call.coll, n, layout, model, probe)
+        options = ranked_cached(call.coll, n, layout, model, _probe(shape, n))
         ends.append((_cheapest(options, call.coll, layout) if options else None, {a.name for _, a in options}))
     (first, accepted), (last, also) = ends
     if len(_spans) > 4096:
