@@ -46,7 +46,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
                t.displs[q] * size, (t.displs[q] + t.counts[q]) * size) for q in peers]
     # its own block, in elements of the flat views
     own = (t.send_displs[me], t.send_displs[me] + t.send_counts[me], t.displs[me], t.displs[me] + t.counts[me])
-    ctx, sig, label, views, copy = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy
+    ctx, sig, label, views, copy, plain = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy, HOST.plain
     exchange, sendq, dead = engine.exchange_or_post, engine._sendq, engine._dead
     # the exchange made once for these blocks, each call its tag and buffers (None: the general one every call)
     steady = engine.frame_exchanger(places, ctx, sig)
@@ -62,12 +62,16 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         seq = c._seq + 1
         c._seq = seq
         tag = seq * LANES
-        reqs = steady(tag, send, recv, lambda: owner_of(seq)) if steady is not None else None
+        a, b, d, e = own
+        mine, result = send[a:b], recv[d:e]
+        local = (payload_bytes(mine), payload_bytes(result)) if steady is not None and plain(result, mine) else None
+        reqs = steady(tag, send, recv, lambda: owner_of(seq), local) if steady is not None else None
         if reqs is None:
             sb, rb = payload_bytes(send), payload_bytes(recv)
             reqs = exchange([(w, sb[a:b], rb[d:e]) for w, a, b, d, e in places], ctx, tag, sig, owner_of(seq))
-        a, b, d, e = own
-        copy(recv[d:e], send[a:b])
+            copy(result, mine)
+        elif local is None:  # no plain copy for C to make while the sockets wait: made here
+            copy(result, mine)
         if reqs:
             wait_through_engine(engine, c.timeout, reqs, reqs[0].owner)
         return True

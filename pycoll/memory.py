@@ -129,6 +129,15 @@ class HostMemory:
                 return
         np.copyto(dst, src)
 
+    def plain(self, dst: np.ndarray, src: np.ndarray) -> bool:
+        """Whether ``copy(dst, src)`` is one memcpy of contiguous arrays of one dtype and size, at a distance this CPU
+        copies well: what another copier (the TCP exchange's loop in C) may make in its place, a piece at a time."""
+        if dst.dtype != src.dtype or dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
+            return False
+        if dst.nbytes < _APART_FROM or not bounces_short_distance("memcpy", ctypes.memmove):
+            return True
+        return not short_distance(host_address(dst), host_address(src))
+
     def _copy_apart(self, dst: np.ndarray, src: np.ndarray, s: int) -> None:
         """dst = src through a buffer half a page from both: on some CPUs libc's memcpy runs about 10x slower when the
         destination lies a few bytes past the source within a page (``pages.short_distance``); two copies at good

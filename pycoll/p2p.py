@@ -125,6 +125,7 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         self.ring_frames_exchanged = self.ring_frames_handed_on = 0  # of each, those of this host's peers (rings)
         self.exchanges_unwaited = 0  # exchanges that moved only what was ready: this rank owed its peers bytes
         self.block_exchanges = 0  # exchanges of a plan's blocks made once (``frame_exchanger``)
+        self.copies_in_exchanges = 0  # of those, the ones that also made a local copy while the sockets waited
         # of those, the peers whose frames move in C (TcpChannel.swap_frame): one call into C per small call
         self._swap_peers = {p for p in self._tcp_socks if getattr(channels[p], "can_swap", False) and TCP_FRAME_C.get()}
         # peers on this host whose frames join such a call through their rings (``exchange_frames``)

@@ -19,6 +19,7 @@ from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
 from .errors import PycollError
+from .memory import HOST
 from .p2p_protocol import frame_head, payload_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -70,29 +71,36 @@ class _Pair:
         return head
 
     def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
-        """``swap(seq, out, into)``: send ``out`` to the peer and receive ``into`` from it (contiguous arrays; None:
-        no message that way), as the call numbered ``seq``; ``into`` is written only once its message is whole."""
+        """``swap(seq, out, into[, copy_to])``: send ``out`` to the peer and receive ``into`` from it (contiguous
+        arrays; None: no message that way), as the call numbered ``seq``; ``into`` is written only once its message is
+        whole. ``copy_to``: where ``out`` is also copied (an Allgather's own block into its result), while the link
+        carries a large exchange, or after a small one."""
         heads, head, ctx, limit, through = self._heads, self.head, self.ctx, self.limit, self._through_engine
         frames = self.engine.frame_swapper(self.world_peer)
 
         large = self._swap_large
 
-        def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+        def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
+                 copy_to: Optional[np.ndarray] = None) -> None:
             if (out is not None and out.nbytes > limit) or (into is not None and into.nbytes > limit):
-                large(seq, out, into)
+                large(seq, out, into, copy_to)
                 return
             head_out = None if out is None else heads.get(out.nbytes) or head(out.nbytes)
             head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
             if not (sent and got):
                 through(seq, None if sent else payload_bytes(out), None if got else payload_bytes(into))  # type: ignore[arg-type]
+            if copy_to is not None:
+                HOST.copy(copy_to, out)
 
         return swap
 
-    def _swap_large(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray]) -> None:
+    def _swap_large(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
+                    copy_to: Optional[np.ndarray] = None) -> None:
         """``swap`` of a message past the socket's staging area (up to ``most``): both ways in one call into C that
-        reads the incoming frame straight into place (an exchanger made once per pair of sizes); a message one way
-        only, or an engine that is not quiet, through the engine's exchange. What C leaves, the engine finishes."""
+        reads the incoming frame straight into place (an exchanger made once per pair of sizes) and copies ``out`` to
+        ``copy_to`` while the sockets wait; a message one way only, or an engine that is not quiet, through the
+        engine's exchange, the copy made here. What C leaves, the engine finishes."""
         engine, tag = self.engine, seq * LANES
         reqs = None
         if out is not None and into is not None:
@@ -102,7 +110,13 @@ class _Pair:
                                                                self.sig)
             run = self._exchangers[key]
             if run is not None:
-                reqs = run(tag, out, into, lambda: self._owner(seq))
+                plain = copy_to is not None and HOST.plain(copy_to, out)
+                local = (payload_bytes(out), payload_bytes(copy_to)) if plain else None  # type: ignore[arg-type]
+                reqs = run(tag, out, into, lambda: self._owner(seq), local)
+                if reqs is not None and plain:  # made in C (where it did nothing, None, the copy is left here)
+                    copy_to = None
+        if copy_to is not None:
+            HOST.copy(copy_to, out)
         if reqs is None:
             reqs = engine.exchange_or_post([(self.world_peer, None if out is None else payload_bytes(out),
                                              None if into is None else payload_bytes(into))],
@@ -246,17 +260,26 @@ def chunks(nbytes: int) -> int:
 
 
 def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
-                    own: Optional[np.ndarray] = None, ufunc: Any = None, result: Optional[np.ndarray] = None) -> None:
+                    own: Optional[np.ndarray] = None, ufunc: Any = None, result: Optional[np.ndarray] = None,
+                    copy_to: Optional[np.ndarray] = None) -> None:
     """``swap`` of ``out`` for ``into`` (None: nothing that way) in ``k`` chunks each way, one call each, as the
     schedules cut their blocks; with ``ufunc``, each chunk that came in folded at once as
-    ``result = ufunc(own, incoming)`` (the rank's own values on the left, as the schedules fold)."""
+    ``result = ufunc(own, incoming)`` (the rank's own values on the left, as the schedules fold); with ``copy_to``,
+    each chunk of ``out`` also copied there during its swap."""
     if k == 1:  # one message each way: no cutting on the small calls' path
-        swap(seq, out, into)
+        if copy_to is None:
+            swap(seq, out, into)
+        else:
+            swap(seq, out, into, copy_to)
         if ufunc is not None:
             ufunc(own, into, out=result)
         return
     outs = (None,) * k if out is None else split(out, k)
     ins = (None,) * k if into is None else split(into, k)
+    if copy_to is not None:
+        for piece_out, piece_in, piece_copy in zip(outs, ins, split(copy_to, k)):
+            swap(seq, piece_out, piece_in, piece_copy)
+        return
     if ufunc is None:
         for piece_out, piece_in in zip(outs, ins):
             swap(seq, piece_out, piece_in)
@@ -327,9 +350,10 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
         block = recv[mine]
-        if not t.in_place and send is not None:
-            block[...] = send
-        _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
+        if t.in_place or send is None:
+            _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
+        else:  # the own block sent from the input and copied into the result while the link carries the exchange
+            _swap_in_chunks(pair.swap, seq, k, send.reshape(block.shape), recv[theirs], copy_to=block)
 
     return body
 

@@ -442,6 +442,9 @@ def test_two_ranks_across_hosts_take_small_calls_straight_through_the_socket(tmp
     # chunk-sized blocks' 3 calls x 2 chunks x 2 collectives (a chunk whose previous one the engine finished may go
     # through the engine's exchange instead)
     assert all(9 + 1 <= n <= 9 + 12 for n in res.records("topology.paired_calls", "block exchanges").values())
+    # the Allgather's own block copied into its result inside those exchanges, while the socket waited: its larger
+    # blocks' 3 calls and its chunk-sized blocks' 3 calls x 2 chunks (bar a chunk the engine took)
+    assert all(1 <= n <= 9 for n in res.records("topology.paired_calls", "own blocks copied in exchanges").values())
     # a two-rank Bcast sends its buffer whole, however large: still direct past the chunk (its frame through the
     # exchange in C from the shape's first call: one out of the root, one into the other rank, each call)
     assert set(res.records("topology.paired_calls", "Bcast past the chunk: frames exchanged in C").values()) == {3}
@@ -612,6 +615,9 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     # and that exchange is one call into C with the blocks and headers made once (Engine.frame_exchanger)
     blocks = res.records("movement.alltoall_large_blocks", "block exchanges")
     assert len(blocks) == 4 and all(k > 0 for k in blocks.values()), blocks
+    # each rank's own block copied into its result in that call, while the sockets waited
+    copies = res.records("movement.alltoall_large_blocks", "own blocks copied in exchanges")
+    assert len(copies) == 4 and all(0 < copies[r] <= blocks[r] for r in copies), (copies, blocks)
     res = harness.run_cases_on_hosts(["movement.alltoall_large_blocks"], hosts=2, n=4,
                                      env={"PYCOLL_SMP_BYTES": "0", "PYCOLL_EXCHANGE_RINGS": "0"},
                                      out_dir=str(tmp_path / "rings-off"), job_timeout=240)

@@ -492,3 +492,46 @@ def test_a_plans_exchange_refuses_blocks_outside_its_buffers_before_moving_anyth
     peer.setblocking(False)
     with pytest.raises(BlockingIOError):
         peer.recv(1)
+
+
+def test_a_plans_exchange_makes_its_local_copy_whole_while_and_whatever_the_frames_do(pair) -> None:
+    """``exchange_blocks``'s copy (an own block into its result): made in pieces while the socket waits for a peer
+    that answers late, and whole when the call returns, also where the frame in never came (the flow's state
+    reported for the engine) or where the peer's frame came at once."""
+    ch, peer = pair
+    send, recv = np.arange(64, dtype=np.uint8), np.zeros(64, np.uint8)
+    head = HEADER.pack(5, 0, 32, P2P_META, 0, 0, 0)
+    source = np.random.default_rng(3).integers(0, 255, (3 << 16) + 5, dtype=np.uint8)  # several pieces and a tail
+    for answer in ("late", "never", "at once"):
+        target = np.zeros_like(source)
+        if answer == "at once":
+            peer.sendall(_frame(5, 7, bytes(range(32))))
+        late = threading.Timer(0.02, lambda: peer.sendall(_frame(5, 7, bytes(range(32))))) if answer == "late" else None
+        if late is not None:
+            late.start()
+        states = tcp.exchange_blocks((_part(ch, head, (0, 32), head, (0, 32)),), send, recv, 7, 0, 0,
+                                     10**9 if answer != "never" else 10**7, 0, source, target)
+        if late is not None:
+            late.join()
+        assert np.array_equal(target, source), answer
+        taken = peer.recv(1 << 16)
+        assert taken == _frame(5, 7, send[:32].tobytes()), answer
+        if answer == "never":
+            assert states is not None and states[0][2] == tcp._tcpframe.NOT_YET
+        else:
+            assert states is None and recv[:32].tobytes() == bytes(range(32)), answer
+        recv[:] = 0
+
+
+def test_a_plans_exchange_refuses_a_local_copy_of_two_lengths_before_moving_anything(pair) -> None:
+    ch, peer = pair
+    send, recv = np.zeros(64, np.uint8), np.zeros(64, np.uint8)
+    head = HEADER.pack(5, 0, 32, P2P_META, 0, 0, 0)
+    target = np.zeros(9, np.uint8)
+    with pytest.raises(ValueError, match="differ in length"):
+        tcp.exchange_blocks((_part(ch, head, (0, 32), head, (0, 32)),), send, recv, 1, 0, 0, 0, 0,
+                            np.ones(10, np.uint8), target)
+    assert not target.any()
+    peer.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        peer.recv(1)

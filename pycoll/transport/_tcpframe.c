@@ -543,9 +543,31 @@ static int move_flow(struct flow *f, Py_ssize_t slice)
     return moved;
 }
 
+/* a copy within the caller's memory that the exchange makes while its sockets have nothing to move (an Allgather's or
+ * an Alltoall's own block into its result), a piece at a time, so that the link's waits hide it */
+#define LOCAL_PIECE (64 << 10)
+struct local_copy {
+    const char *src;
+    char *dst;
+    Py_ssize_t len, done;
+};
+
+/* the next piece of ``lc``: 1 if it copied one */
+static int copy_piece(struct local_copy *lc)
+{
+    if (lc == NULL || lc->done >= lc->len)
+        return 0;
+    Py_ssize_t n = lc->len - lc->done < LOCAL_PIECE ? lc->len - lc->done : LOCAL_PIECE;
+    memcpy(lc->dst + lc->done, lc->src + lc->done, (size_t)n);
+    lc->done += n;
+    return 1;
+}
+
 /* the flows until none is busy or none moved for spin_ns of polling, yield_ns of polling between sched_yields and
- * wait_ns of waiting in poll(2) */
-static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns, Py_ssize_t slice)
+ * wait_ns of waiting in poll(2); while none moves, a piece of ``lc`` (NULL: none) is copied instead of a poll, and
+ * the wait starts again after it */
+static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_ns, int64_t wait_ns, Py_ssize_t slice,
+                      struct local_copy *lc)
 {
     struct pollfd fds[EXCHANGE_FLOWS];
     int64_t idle_since = 0;
@@ -573,6 +595,10 @@ static void run_flows(struct flow *flows, int k, int64_t spin_ns, int64_t yield_
         int64_t now = now_ns();
         if (moved || !idle_since) {
             idle_since = now;
+            continue;
+        }
+        if (copy_piece(lc)) {
+            idle_since = now_ns();
             continue;
         }
         int64_t idle = now - idle_since;
@@ -708,7 +734,7 @@ static PyObject *exchange(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice);
+    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice, NULL);
     Py_END_ALLOW_THREADS
     result = flow_states(flows, k);
 done:
@@ -735,7 +761,9 @@ static int bounds_of(PyObject *channel, Py_ssize_t *start, Py_ssize_t *end)
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice) -> None or a list as ``exchange``'s:
+/* exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice[, copy_from, copy_to]) -> None or a list
+ * as ``exchange``'s (copy_from, copy_to: buffers of one length, copied while the sockets wait, and whole before it
+ * returns, whatever the frames did):
  * ``exchange`` for a plan made once (pycoll.p2p_frames.FramePaths.frame_exchanger): each part is (channel, fd,
  * stage, head_out, out_start, out_stop, head_in, in_start, in_stop), its frames' payloads the bytes
  * send[out_start:out_stop] and recv[in_start:in_stop], its headers made with tag 0 and given ``tag`` here; a socket's
@@ -745,8 +773,8 @@ static int bounds_of(PyObject *channel, Py_ssize_t *start, Py_ssize_t *end)
 static PyObject *exchange_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "exchange_blocks takes 8 arguments");
+    if (nargs != 8 && nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "exchange_blocks takes 8 or 10 arguments");
         return NULL;
     }
     PyObject *parts = args[0];
@@ -763,11 +791,25 @@ static PyObject *exchange_blocks(PyObject *module, PyObject *const *args, Py_ssi
     Py_ssize_t k = PyTuple_GET_SIZE(parts);
     struct flow flows[EXCHANGE_FLOWS];
     char heads[EXCHANGE_FLOWS][2][HEADER_SIZE];
-    Py_buffer stages[EXCHANGE_FLOWS], send = {0}, recv = {0};
+    Py_buffer stages[EXCHANGE_FLOWS], send = {0}, recv = {0}, copy_from = {0}, copy_to = {0};
     memset(stages, 0, sizeof(stages));
     PyObject *result = NULL;
+    struct local_copy local = {0}, *lc = NULL;
     if (PyObject_GetBuffer(args[1], &send, PyBUF_SIMPLE) < 0 || PyObject_GetBuffer(args[2], &recv, PyBUF_WRITABLE) < 0)
         goto done;
+    if (nargs == 10 && args[8] != Py_None) {
+        if (PyObject_GetBuffer(args[8], &copy_from, PyBUF_SIMPLE) < 0
+                || PyObject_GetBuffer(args[9], &copy_to, PyBUF_WRITABLE) < 0)
+            goto done;
+        if (copy_from.len != copy_to.len) {
+            PyErr_SetString(PyExc_ValueError, "exchange_blocks: copy_from and copy_to differ in length");
+            goto done;
+        }
+        local.src = copy_from.buf;
+        local.dst = copy_to.buf;
+        local.len = copy_from.len;
+        lc = &local;
+    }
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *t = PyTuple_GET_ITEM(parts, i);
         struct flow *f = &flows[i];
@@ -813,7 +855,9 @@ static PyObject *exchange_blocks(PyObject *module, PyObject *const *args, Py_ssi
         f->status = NOT_YET;
     }
     Py_BEGIN_ALLOW_THREADS
-    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice);
+    run_flows(flows, (int)k, spin_ns, yield_ns, wait_ns, slice, lc);
+    while (copy_piece(lc))
+        ;
     Py_END_ALLOW_THREADS
     int whole = 1;
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -844,6 +888,10 @@ done:
         PyBuffer_Release(&send);
     if (recv.obj)
         PyBuffer_Release(&recv);
+    if (copy_from.obj)
+        PyBuffer_Release(&copy_from);
+    if (copy_to.obj)
+        PyBuffer_Release(&copy_to);
     return result;
 }
 
@@ -856,7 +904,7 @@ static PyMethodDef methods[] = {
     {"exchange", (PyCFunction)(void (*)(void))exchange, METH_FASTCALL,
      "exchange(flows, spin_ns, yield_ns, wait_ns[, slice]) -> [(sent, got, status, start, end, send_errno), ...]"},
     {"exchange_blocks", (PyCFunction)(void (*)(void))exchange_blocks, METH_FASTCALL,
-     "exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice) -> None or "
+     "exchange_blocks(parts, send, recv, tag, spin_ns, yield_ns, wait_ns, slice[, copy_from, copy_to]) -> None or "
      "[(sent, got, status, start, end, send_errno), ...]"},
     {NULL, NULL, 0, NULL},
 };

@@ -376,3 +376,4 @@ def case_alltoall_large_blocks(ctx):
         ctx.record("fast Alltoall", any(callable(p.fast) for (label, _), p in plans if label == "Alltoall"))
         ctx.record("exchanges unwaited", engine.exchanges_unwaited - unwaited)
         ctx.record("block exchanges", engine.block_exchanges)  # of a plan's blocks, made once (frame_exchanger)
+        ctx.record("own blocks copied in exchanges", engine.copies_in_exchanges)  # beside them, while sockets wait

@@ -213,7 +213,7 @@ def paired_calls(ctx):
     from pycoll.algorithms.base import CHUNK_SIZE
 
     room, chunk = engine.frame_room(comm._world[peer]), CHUNK_SIZE.get()
-    exchanged = engine.block_exchanges
+    exchanged, copied = engine.block_exchanges, engine.copies_in_exchanges
     for name in ("Allgather", "Alltoall", "Reduce_scatter_block"):
         for k, kind in ((room // 8 * 3 // 4, "fitting"), (room // 8 + 64, "larger"), (chunk // 8 + 64, "chunk-sized")):
             for i in range(3):
@@ -222,6 +222,7 @@ def paired_calls(ctx):
                     if label == name and p.template.counts and p.template.counts[0] == k]
             ctx.record(f"fast {name} of {kind} blocks", any(callable(f) for f in fast))
     ctx.record("block exchanges", engine.block_exchanges - exchanged)
+    ctx.record("own blocks copied in exchanges", engine.copies_in_exchanges - copied)  # the Allgather's, out of place
     # a Bcast past the chunk: the two-rank chain sends it whole (one hop, nothing to pipeline), so it stays direct
     k, before = chunk // 8 * 2 + 3, engine.frames_exchanged
     for i in range(3):
