@@ -29,10 +29,10 @@ if TYPE_CHECKING:  # pragma: no cover
 _EMPTY = np.zeros(0, np.uint8)
 
 # (collective, algorithm) -> its form here; each form handles the algorithm's two-rank case only
-# the forms that take any size where the pair exchanges frames in C whatever their size: the Bcast chain's one frame,
-# and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
+# the forms that take any size where the pair exchanges frames in C whatever their size: the Bcast chain's and the
+# pairwise Alltoall's one frame, and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
 _ANY_SIZE = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
-                       ("reduce_scatter", "ring")})
+                       ("reduce_scatter", "ring"), ("alltoall", "pairwise")})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
 
 
@@ -71,9 +71,9 @@ class _Pair:
         return head
 
     def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
-        """``swap(seq, out, into[, copy_to])``: send ``out`` to the peer and receive ``into`` from it (contiguous
+        """``swap(seq, out, into[, local])``: send ``out`` to the peer and receive ``into`` from it (contiguous
         arrays; None: no message that way), as the call numbered ``seq``; ``into`` is written only once its message is
-        whole. ``copy_to``: where ``out`` is also copied (an Allgather's own block into its result), while the link
+        whole. ``local`` (source, target): a copy of the rank's own block into its result, made while the link
         carries a large exchange, or after a small one."""
         heads, head, ctx, limit, through = self._heads, self.head, self.ctx, self.limit, self._through_engine
         frames = self.engine.frame_swapper(self.world_peer)
@@ -81,26 +81,26 @@ class _Pair:
         large = self._swap_large
 
         def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
-                 copy_to: Optional[np.ndarray] = None) -> None:
+                 local: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
             if (out is not None and out.nbytes > limit) or (into is not None and into.nbytes > limit):
-                large(seq, out, into, copy_to)
+                large(seq, out, into, local)
                 return
             head_out = None if out is None else heads.get(out.nbytes) or head(out.nbytes)
             head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
             if not (sent and got):
                 through(seq, None if sent else payload_bytes(out), None if got else payload_bytes(into))  # type: ignore[arg-type]
-            if copy_to is not None:
-                HOST.copy(copy_to, out)
+            if local is not None:
+                HOST.copy(local[1], local[0])
 
         return swap
 
     def _swap_large(self, seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
-                    copy_to: Optional[np.ndarray] = None) -> None:
+                    local: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
         """``swap`` of a message past the socket's staging area (up to ``most``): both ways in one call into C that
-        reads the incoming frame straight into place (an exchanger made once per pair of sizes) and copies ``out`` to
-        ``copy_to`` while the sockets wait; a message one way only, or an engine that is not quiet, through the
-        engine's exchange, the copy made here. What C leaves, the engine finishes."""
+        reads the incoming frame straight into place (an exchanger made once per pair of sizes) and makes the
+        ``local`` copy (source, target) while the sockets wait; a message one way only, or an engine that is not
+        quiet, through the engine's exchange, the copy made here. What C leaves, the engine finishes."""
         engine, tag = self.engine, seq * LANES
         reqs = None
         if out is not None and into is not None:
@@ -110,13 +110,13 @@ class _Pair:
                                                                self.sig)
             run = self._exchangers[key]
             if run is not None:
-                plain = copy_to is not None and HOST.plain(copy_to, out)
-                local = (payload_bytes(out), payload_bytes(copy_to)) if plain else None  # type: ignore[arg-type]
-                reqs = run(tag, out, into, lambda: self._owner(seq), local)
+                plain = local is not None and HOST.plain(local[1], local[0])
+                in_c = (payload_bytes(local[0]), payload_bytes(local[1])) if plain else None  # type: ignore[index]
+                reqs = run(tag, out, into, lambda: self._owner(seq), in_c)
                 if reqs is not None and plain:  # made in C (where it did nothing, None, the copy is left here)
-                    copy_to = None
-        if copy_to is not None:
-            HOST.copy(copy_to, out)
+                    local = None
+        if local is not None:
+            HOST.copy(local[1], local[0])
         if reqs is None:
             reqs = engine.exchange_or_post([(self.world_peer, None if out is None else payload_bytes(out),
                                              None if into is None else payload_bytes(into))],
@@ -175,7 +175,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         return False
     limit, views = pair.most, plan.views
     if pair.most > pair.limit and (t.coll, algo.name) in _ANY_SIZE:
-        limit = sys.maxsize  # the two-rank chain sends the buffer whole, the others a chunk at a time: any size
+        limit = sys.maxsize  # the chain and the Alltoall send their block whole, the others a chunk at a time: any size
     largest = _largest_message(t, pair.me, pair.peer)
     if largest is not None and largest > limit:
         return False
@@ -270,7 +270,7 @@ def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: Optional[n
         if copy_to is None:
             swap(seq, out, into)
         else:
-            swap(seq, out, into, copy_to)
+            swap(seq, out, into, (out, copy_to))
         if ufunc is not None:
             ufunc(own, into, out=result)
         return
@@ -278,7 +278,7 @@ def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: Optional[n
     ins = (None,) * k if into is None else split(into, k)
     if copy_to is not None:
         for piece_out, piece_in, piece_copy in zip(outs, ins, split(copy_to, k)):
-            swap(seq, piece_out, piece_in, piece_copy)
+            swap(seq, piece_out, piece_in, (piece_out, piece_copy))
         return
     if ufunc is None:
         for piece_out, piece_in in zip(outs, ins):
@@ -367,9 +367,10 @@ def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
         source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
+        # one frame each way, as the pairwise schedule sends each block whole; its own block copied meanwhile
         pair.swap(seq, source[send_displs[peer]: send_displs[peer] + send_counts[peer]],
-                  recv[displs[peer]: displs[peer] + counts[peer]])
-        recv[displs[me]: displs[me] + counts[me]] = source[send_displs[me]: send_displs[me] + send_counts[me]]
+                  recv[displs[peer]: displs[peer] + counts[peer]],
+                  (source[send_displs[me]: send_displs[me] + send_counts[me]], recv[displs[me]: displs[me] + counts[me]]))
 
     return body
 
