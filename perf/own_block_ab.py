@@ -63,8 +63,9 @@ def main() -> None:
         got = comm.gather(medians, root=0)
         if rank == 0:
             slowest = {k: max(g[k] for g in got) for k in medians}
-            print(f"{args.call} {total} B, {size} ranks: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in slowest.items())
-                  + f" ({slowest['in the exchange'] / slowest['after it']:.2f}x)", flush=True)
+            each = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in slowest.items())
+            ratio = slowest["in the exchange"] / slowest["after it"]
+            print(f"{args.call} {total} B, {size} ranks: {each} ({ratio:.2f}x)", flush=True)
             if args.json:
                 with open(args.json, "a") as out:
                     out.write(json.dumps({"call": args.call, "bytes": total, "ranks": size,

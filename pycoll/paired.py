@@ -367,10 +367,10 @@ def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
         source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
+        own = (source[send_displs[me]: send_displs[me] + send_counts[me]], recv[displs[me]: displs[me] + counts[me]])
         # one frame each way, as the pairwise schedule sends each block whole; its own block copied meanwhile
         pair.swap(seq, source[send_displs[peer]: send_displs[peer] + send_counts[peer]],
-                  recv[displs[peer]: displs[peer] + counts[peer]],
-                  (source[send_displs[me]: send_displs[me] + send_counts[me]], recv[displs[me]: displs[me] + counts[me]]))
+                  recv[displs[peer]: displs[peer] + counts[peer]], own)
 
     return body
 

@@ -115,7 +115,8 @@ def test_sizes_from_the_span_limit_are_chosen_at_their_own_size(monkeypatch: pyt
     """Past the pipelining chunk a span's chunk counts step inside it, and its ends do not always tell its middle."""
     cost.use(CostModel(cores=1))
     lay = Layout((0, 1))
-    assert registry.span_choice(_call("allreduce", SPAN_LIMIT - 1), lay, cost.current()) is not None  # its span ends below
+    below = registry.span_choice(_call("allreduce", SPAN_LIMIT - 1), lay, cost.current())
+    assert below is not None  # its span ends below the limit
     priced = []
     real = registry.ranked
     monkeypatch.setattr(registry, "ranked", lambda call, layout, model=None: priced.append(call.size_bytes) or real(
