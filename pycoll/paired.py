@@ -352,6 +352,9 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
         block = recv[mine]
         if t.in_place or send is None:
             _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
+        elif send.dtype != block.dtype or send.size != block.size or not send.flags.c_contiguous:
+            block[...] = send  # as the schedule: the block converted into the result first, and sent from there
+            _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
         else:  # the own block sent from the input and copied into the result while the link carries the exchange
             _swap_in_chunks(pair.swap, seq, k, send.reshape(block.shape), recv[theirs], copy_to=block)
 
