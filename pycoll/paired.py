@@ -347,16 +347,19 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     mine, theirs = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer])
 
     k = chunks(max(counts[me], counts[peer]) * t.dtype.itemsize)  # as the doubling's exchange cuts its round
+    large = pair.limit  # a block past it goes through the exchange in C, which can make the own copy meanwhile
 
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
         block = recv[mine]
         if t.in_place or send is None:
             _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
-        elif send.dtype != block.dtype or send.size != block.size or not send.flags.c_contiguous:
-            block[...] = send  # as the schedule: the block converted into the result first, and sent from there
-            _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
-        else:  # the own block sent from the input and copied into the result while the link carries the exchange
+        elif (block.nbytes > large and send.dtype == block.dtype and send.size == block.size
+              and send.flags.c_contiguous):
+            # past the staging area: the own block sent from the input and copied into the result in the exchange
             _swap_in_chunks(pair.swap, seq, k, send.reshape(block.shape), recv[theirs], copy_to=block)
+        else:  # as the schedule: the block (converted) into the result first, and sent from there
+            block[...] = send
+            _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
 
     return body
 
@@ -368,12 +371,20 @@ def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     if not (counts and displs and send_counts and send_displs):
         return None
 
+    large = pair.limit  # a frame past it goes through the exchange in C, which can make the own copy meanwhile
+    mine_in = slice(send_displs[me], send_displs[me] + send_counts[me])
+    mine_out = slice(displs[me], displs[me] + counts[me])
+
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
         source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
-        own = (source[send_displs[me]: send_displs[me] + send_counts[me]], recv[displs[me]: displs[me] + counts[me]])
-        # one frame each way, as the pairwise schedule sends each block whole; its own block copied meanwhile
-        pair.swap(seq, source[send_displs[peer]: send_displs[peer] + send_counts[peer]],
-                  recv[displs[peer]: displs[peer] + counts[peer]], own)
+        out = source[send_displs[peer]: send_displs[peer] + send_counts[peer]]
+        into = recv[displs[peer]: displs[peer] + counts[peer]]
+        # one frame each way, as the pairwise schedule sends each block whole
+        if out.nbytes > large or into.nbytes > large:
+            pair.swap(seq, out, into, (source[mine_in], recv[mine_out]))  # the own block copied during the exchange
+        else:
+            pair.swap(seq, out, into)
+            recv[mine_out] = source[mine_in]
 
     return body
 
