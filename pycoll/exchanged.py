@@ -46,7 +46,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
                t.displs[q] * size, (t.displs[q] + t.counts[q]) * size) for q in peers]
     # its own block, in elements of the flat views
     own = (t.send_displs[me], t.send_displs[me] + t.send_counts[me], t.displs[me], t.displs[me] + t.counts[me])
-    ctx, sig, label, views, copy, plain = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy, HOST.plain
+    ctx, sig, label, views, copy = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy
     exchange, sendq, dead = engine.exchange_or_post, engine._sendq, engine._dead
     # the exchange made once for these blocks, each call its tag and buffers (None: the general one every call)
     steady = engine.frame_exchanger(places, ctx, sig)
@@ -64,13 +64,11 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         tag = seq * LANES
         a, b, d, e = own
         mine, result = send[a:b], recv[d:e]
-        local = (payload_bytes(mine), payload_bytes(result)) if steady is not None and plain(result, mine) else None
-        reqs = steady(tag, send, recv, lambda: owner_of(seq), local) if steady is not None else None
+        # the exchange copies the own block while its sockets wait (None: it did nothing, the copy neither)
+        reqs = steady(tag, send, recv, lambda: owner_of(seq), (mine, result)) if steady is not None else None
         if reqs is None:
             sb, rb = payload_bytes(send), payload_bytes(recv)
             reqs = exchange([(w, sb[a:b], rb[d:e]) for w, a, b, d, e in places], ctx, tag, sig, owner_of(seq))
-            copy(result, mine)
-        elif local is None:  # no plain copy for C to make while the sockets wait: made here
             copy(result, mine)
         if reqs:
             wait_through_engine(engine, c.timeout, reqs, reqs[0].owner)

@@ -25,6 +25,7 @@ from .p2p_protocol import (
     head_tag,
     payload_bytes,
 )
+from .memory import HOST
 from .transport import tcp as _tcp
 
 _TAG = struct.Struct("<q")  # a frame header's tag field, at offset 8
@@ -189,9 +190,10 @@ class FramePaths:
         ``blocks``, (peer, out_start, out_stop, in_start, in_stop) in bytes of a plan's send and receive buffers,
         made once for a plan whose calls differ only in their tag and buffers (``pycoll.exchanged``), as
         ``frame_swapper`` is for one peer: the whole exchange is one call into C (``exchange_blocks``), the headers
-        made here with tag 0 and the call's tag put in there. ``local`` (copy_from, copy_to): a copy of one length the
-        same call makes while the sockets wait (an own block into the result), whole when it returns, unless it
-        returns None. It returns the requests still to wait on (none where
+        made here with tag 0 and the call's tag put in there. ``local`` (source, target): the rank's own block copied
+        into its result by the same call, in C while the sockets wait where it is one plain memcpy
+        (``HostMemory.plain``), else after the frames; made whenever the call does not return None. It returns the
+        requests still to wait on (none where
         every frame moved whole; ``make_owner()`` names them otherwise), or None, having done nothing, where the
         engine's state asks for the general path (a queued send, a posted or unexpected receive, a frame in part, a
         schedule running, a dead or closed peer, the lock held). None where it cannot serve these peers."""
@@ -213,10 +215,10 @@ class FramePaths:
         exchange_blocks, acquire, release, dead, closed, seen = _tcp.exchange_blocks, self.lock.acquire, \
             self.lock.release, self._dead, self._closed, self._seen
         spin_us, yield_us, wait_ms, can_take = self._spin_us, YIELD_US.get, TCP_EAGER_WAIT_MS.get, self._can_take
-        engine = self
+        plain, copy, engine = HOST.plain, HOST.copy, self
 
         def run(tag: int, send: np.ndarray, recv: np.ndarray, make_owner: Callable[[], Owner],
-                local: Optional[tuple] = None) -> Optional[list]:
+                local: Optional[tuple[np.ndarray, np.ndarray]] = None) -> Optional[list]:
             if dead or closed:
                 return None
             for peer, ch, _, sendq in watched:  # a receive taken here keeps MPI's matching order (no schedule runs)
@@ -224,12 +226,16 @@ class FramePaths:
                     return None
             if not acquire(False):
                 return None
+            # a plain copy is made in C while the sockets wait; any other after the frames, here
+            in_c = (payload_bytes(local[0]), payload_bytes(local[1])) if local and plain(local[1], local[0]) else None
             try:
                 states = exchange_blocks(plan, send, recv, tag, int(spin_us() * 1e3), int(yield_us() * 1e3),
                                          int(wait_ms() * 1e6), min(ch.push_slice for ch in sockets),
-                                         *(local or (None, None)))
+                                         *(in_c or (None, None)))
+                if local is not None and in_c is None:
+                    copy(local[1], local[0])
                 engine.block_exchanges += 1
-                engine.copies_in_exchanges += local is not None
+                engine.copies_in_exchanges += in_c is not None
                 if states is None:  # every frame moved whole both ways: the usual end
                     for peer in peers:
                         seen[peer] = (ctx, tag)

@@ -110,10 +110,8 @@ class _Pair:
                                                                self.sig)
             run = self._exchangers[key]
             if run is not None:
-                plain = local is not None and HOST.plain(local[1], local[0])
-                in_c = (payload_bytes(local[0]), payload_bytes(local[1])) if plain else None  # type: ignore[index]
-                reqs = run(tag, out, into, lambda: self._owner(seq), in_c)
-                if reqs is not None and plain:  # made in C (where it did nothing, None, the copy is left here)
+                reqs = run(tag, out, into, lambda: self._owner(seq), local)
+                if reqs is not None:  # it made the copy (where it did nothing, None, the copy is left here)
                     local = None
         if local is not None:
             HOST.copy(local[1], local[0])
@@ -267,10 +265,7 @@ def _swap_in_chunks(swap: Callable[..., None], seq: int, k: int, out: Optional[n
     ``result = ufunc(own, incoming)`` (the rank's own values on the left, as the schedules fold); with ``copy_to``,
     each chunk of ``out`` also copied there during its swap."""
     if k == 1:  # one message each way: no cutting on the small calls' path
-        if copy_to is None:
-            swap(seq, out, into)
-        else:
-            swap(seq, out, into, (out, copy_to))
+        swap(seq, out, into, None if copy_to is None else (out, copy_to))
         if ufunc is not None:
             ufunc(own, into, out=result)
         return
