@@ -12,6 +12,7 @@ import numpy as np
 from .p2p_protocol import (
     ALIGN,
     HEADER_SIZE,
+    SPIN_US,
     TCP_EAGER_WAIT_MS,
     YIELD_US,
     ZEROS,
@@ -25,6 +26,7 @@ from .p2p_protocol import (
     head_tag,
     payload_bytes,
 )
+from .config import _ENV_BYTES
 from .memory import HOST
 from .transport import tcp as _tcp
 
@@ -53,6 +55,9 @@ class FramePaths:
         acquire, release = self.lock.acquire, self.lock.release
         swap_frame, spin_us, yield_us, taken, not_yet = ch.swap_frame, self._spin_us, YIELD_US.get, ch.TAKEN, ch.NOT_YET
         engine = self
+        # the wait's budgets in ns, worked out again only when PYCOLL_SPIN_US or PYCOLL_YIELD_US changes
+        read = _ENV_BYTES.get if _ENV_BYTES is not None else lambda key: object()
+        spin_key, yield_key, budgets = SPIN_US.env_key, YIELD_US.env_key, [(), 0, 0]
 
         def swap(ctx: int, tag: int, head_out: Optional[bytes], out: Optional[np.ndarray], head_in: Optional[bytes],
                  into: Optional[np.ndarray], limit: int) -> tuple[bool, bool]:
@@ -65,11 +70,13 @@ class FramePaths:
                 if into is None:
                     count, status = swap_frame(head_out, out, None, None, 0, 0, tag)
                 else:
-                    count, status = swap_frame(head_out, out, head_in, into, int(spin_us() * 1e3),
-                                               int(yield_us() * 1e3), tag)
+                    raw = (read(spin_key), read(yield_key))
+                    if raw != budgets[0]:
+                        budgets[:] = raw, int(spin_us() * 1e3), int(yield_us() * 1e3)
+                    count, status = swap_frame(head_out, out, head_in, into, budgets[1], budgets[2], tag)
             finally:
                 release()
-            whole = out is None or count == frame_bytes(out.nbytes)
+            whole = out is None or count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN)  # ``frame_bytes``
             if whole:
                 sent = True
                 engine.tcp_eager_sends += out is not None

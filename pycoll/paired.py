@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import numpy as np
 
 from .algorithms import cost as cost_model
-from .algorithms.base import LANES, chunk_bytes, even_counts, num_chunks, offsets, split
+from .algorithms.base import CHUNK_SIZE, LANES, chunk_bytes, even_counts, num_chunks, offsets, split
 from .algorithms.check import CHECK_CALLS
 from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
@@ -54,7 +54,7 @@ class _Pair:
         self.world_peer = c._world[self.peer]
         self.ctx = c._ctx | 1
         # one message each way, taken whole from the socket: within a chunk and the receiver's staging area
-        chunk = chunk_bytes()
+        self.chunk = chunk = chunk_bytes()  # the fast path watches PYCOLL_CHUNK_SIZE (``choice_holds``)
         self.limit = min(chunk, self.engine.frame_room(self.world_peer))
         # the largest message a call sends as one (the algorithm's chunk): past ``limit``, one exchange in C straight
         # into place (``Engine.frame_exchanger``) where it is built
@@ -168,7 +168,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         return False
     pair = _Pair(x, plan)
     body = make(pair, t)
-    holds = choice_holds(c)
+    holds = choice_holds(c, CHUNK_SIZE)  # the plan's chunking and its frame limits are the chunk's in force now
     if body is None or holds is None:
         return False
     limit, views = pair.most, plan.views
@@ -205,10 +205,11 @@ def choice_holds(c: Any, *knobs: Any) -> Optional[Callable[[], bool]]:
     if env is None or CHECK_CALLS.get():
         return None
     keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, *(k.env_key for k in knobs))
-    values, mine, model = tuple(env.get(k) for k in keys), c._reproducible, cost_model.current()
+    read = env.get
+    values, mine, model = tuple(map(read, keys)), c._reproducible, cost_model.current()
 
     def holds() -> bool:
-        return c._reproducible is mine and cost_model._current is model and tuple(env.get(k) for k in keys) == values
+        return c._reproducible is mine and cost_model._current is model and tuple(map(read, keys)) == values
 
     return holds
 
@@ -320,9 +321,17 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     """The two-rank chain's chunks one way, as its schedule cuts them: the root folds each as it comes in (its own
     values on the left, as the chain's last link) while the next crosses."""
-    at_root, ufunc, scratch = pair.me == t.root, t.op.ufunc, _Scratch()
+    at_root, ufunc, scratch, chunk, swap = pair.me == t.root, t.op.ufunc, _Scratch(), pair.chunk, pair.swap
 
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
+        if send.nbytes <= chunk:  # one message: no cutting
+            if at_root:
+                incoming = scratch.like(send)
+                swap(seq, None, incoming)
+                ufunc(send, incoming, out=recv)
+            else:
+                swap(seq, send, None)
+            return
         k = chunks(send.nbytes)
         if at_root:
             _swap_in_chunks(pair.swap, seq, k, None, scratch.like(send), send, ufunc, recv)

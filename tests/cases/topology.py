@@ -211,6 +211,7 @@ def paired_calls(ctx):
     # blocks past it but within the algorithms' chunk: one exchange in C straight into place (its count recorded);
     # blocks past the chunk: the schedule, which cuts them
     from pycoll.algorithms.base import CHUNK_SIZE
+    from pycoll.config import environ
 
     room, chunk = engine.frame_room(comm._world[peer]), CHUNK_SIZE.get()
     exchanged, copied = engine.block_exchanges, engine.copies_in_exchanges
@@ -280,6 +281,16 @@ def paired_calls(ctx):
         else:
             pending.Wait()
     comm.Barrier()
+    # the chunk changed under a shape whose direct form was made: that form steps aside and the call is cut at the
+    # new chunk, as the peer's new plan of the same call (another form of buffer spec, so another shape) cuts it
+    k = chunk // 8 // 2  # a block within the old chunk, four of the new
+    for i in range(2):
+        ctx.check(f"Allgather {k} under the old chunk #{i}", calls["Allgather"](k, mine(me, k)), want["Allgather"](k))
+    with environ({"PYCOLL_CHUNK_SIZE": str(chunk // 8)}):
+        v, out = mine(me, k), np.full(2 * k, -1.0)
+        comm.Allgather([v, MPI.DOUBLE] if me == 0 else [v, k, MPI.DOUBLE], [out, MPI.DOUBLE])
+        ctx.check(f"Allgather {k} under a new chunk, a new plan on one rank", out, want["Allgather"](k))
+        comm.Barrier()
 
 
 @case
