@@ -321,18 +321,10 @@ def _broadcast(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     """The two-rank chain's chunks one way, as its schedule cuts them: the root folds each as it comes in (its own
     values on the left, as the chain's last link) while the next crosses."""
-    at_root, ufunc, scratch, chunk, swap = pair.me == t.root, t.op.ufunc, _Scratch(), pair.chunk, pair.swap
+    at_root, ufunc, scratch, chunk = pair.me == t.root, t.op.ufunc, _Scratch(), pair.chunk
 
     def body(seq: int, send: np.ndarray, recv: Optional[np.ndarray]) -> None:
-        if send.nbytes <= chunk:  # one message: no cutting
-            if at_root:
-                incoming = scratch.like(send)
-                swap(seq, None, incoming)
-                ufunc(send, incoming, out=recv)
-            else:
-                swap(seq, send, None)
-            return
-        k = chunks(send.nbytes)
+        k = 1 if send.nbytes <= chunk else chunks(send.nbytes)  # one message without working the count out
         if at_root:
             _swap_in_chunks(pair.swap, seq, k, None, scratch.like(send), send, ufunc, recv)
         else:
