@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
+import os
 import io
 import json
 import re
@@ -502,25 +504,101 @@ class _FakeBackend(backends.Backend):
         return (lambda: self.calls.append(env)), (lambda: None)
 
 
-def test_interleaved_variants_alternate_per_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYCOLL_ALGO", "")
-    b = _FakeBackend()
-    spec = {"np_dtype": "float32", "dtype": "float", "itemsize": 4, "op": "sum", "root": 0, "warmup": 1, "iters": 4,
-            "check": False, "label": "pycoll", "algo": "auto"}
+def _interleaved_allreduce(**spec: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A spec of one rank's allreduce point and its runs: the job, then ring and tree forced (an allgather one is
+    left out)."""
+    spec = dict({"np_dtype": "float32", "dtype": "float", "itemsize": 4, "op": "sum", "root": 0, "warmup": 1,
+                 "check": False, "label": "pycoll", "algo": "auto"}, **spec)
     runs = worker._variants(dict(spec, variants=[
         {"label": "pycoll[ring]", "algo": "ring", "env": {"PYCOLL_ALGO": "allreduce:ring"}, "collectives": ["allreduce"]},
         {"label": "pycoll[tree]", "algo": "tree", "env": {"PYCOLL_ALGO": "allreduce:tree"}, "collectives": ["allreduce"]},
         {"label": "pycoll[x]", "algo": "x", "env": {"PYCOLL_ALGO": "allgather:x"}, "collectives": ["allgather"]},
     ]), "allreduce")
+    return spec, runs
+
+
+def test_interleaved_variants_alternate_per_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYCOLL_ALGO", "")
+    b = _FakeBackend()
+    spec, runs = _interleaved_allreduce(iters=4)
     rows = worker.measure(b, spec, "allreduce", 1024, False, runs)
     assert [r["peer"] for r in rows] == ["pycoll", "pycoll[ring]", "pycoll[tree]"]  # the allgather one is left out
     assert [r["algo"] for r in rows] == ["auto", "ring", "tree"]
     a, r, t = "", "allreduce:ring", "allreduce:tree"
     timed = b.calls[3:]  # after one warm-up call each
     assert b.calls[:3] == [a, r, t]
-    assert timed == [a, r, t, r, t, a, t, a, r, a, r, t]  # each iteration starts one variant later
+    rounds = [timed[k:k + 3] for k in range(0, 12, 3)]
+    assert all(sorted(x) == sorted([a, r, t]) for x in rounds)  # every run once an iteration
+    order = []
+    for i in range(4):  # the orders are the iteration's own, alike on every rank
+        k = [0, 1, 2]
+        __import__("random").Random(i).shuffle(k)
+        order += [[a, r, t][j] for j in k]
+    assert timed == order
     assert __import__("os").environ["PYCOLL_ALGO"] == ""  # restored after every call
     assert all(row["iters"] == 4 and row["time_us"] >= 0 for row in rows)
+
+
+class _VariantBackend(_FakeBackend):
+    """A rank whose interleaved runs each have a communicator of their own (numbered as ``on`` is told)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made: list[int] = []
+        self.variant = 0
+        self.barriers: list[str] = []
+        self.ran: list[tuple[int, str]] = []
+
+    def variants(self, count: int) -> None:
+        self.made.append(count)
+
+    @contextlib.contextmanager
+    def on(self, variant: int) -> Any:
+        before, self.variant = self.variant, variant
+        try:
+            yield
+        finally:
+            self.variant = before
+
+    def barrier(self) -> None:
+        self.barriers.append(os.environ.get("PYCOLL_ALGO", ""))
+
+    def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> backends.Prepared:
+        variant, env = self.variant, os.environ.get("PYCOLL_ALGO", "")
+        return (lambda: self.ran.append((variant, env))), (lambda: None)
+
+
+def test_interleaved_runs_keep_their_own_communicators_and_the_jobs_barrier(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a forced algorithm's environment and communicator are its own; the Barrier before every call runs in the
+    # job's environment (a switch of PYCOLL_ALGO around it made the job's plans give up their fast paths each call)
+    monkeypatch.setenv("PYCOLL_ALGO", "")
+    b = _VariantBackend()
+    spec, runs = _interleaved_allreduce(iters=3, check=True)
+    monkeypatch.setattr(worker, "check_result", lambda *a: 0)
+    worker.measure(b, spec, "allreduce", 1024, False, runs)
+    assert b.made == [3]
+    envs = ["", "allreduce:ring", "allreduce:tree"]
+    assert b.ran and all(env == envs[v] for v, env in b.ran), b.ran  # each run on its own, in its own environment
+    assert sorted({v for v, _ in b.ran}) == [0, 1, 2]
+    assert b.barriers == [""] * 9  # 3 timed iterations of 3 runs, each from a Barrier in the job's environment
+    assert b.variant == 0 and os.environ["PYCOLL_ALGO"] == ""
+
+
+def test_link_bytes_of_a_forced_run_are_counted_on_its_own_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the calls counted run in the forced algorithm's environment (they counted the automatic choice's bytes), the
+    # barriers around them in the job's
+    from pycoll import netns
+
+    monkeypatch.setenv("PYCOLL_ALGO", "")
+    monkeypatch.setattr(worker, "LINK_SETTLE_S", 0.0)
+    sent = iter([100, 150, 1150])
+    monkeypatch.setattr(netns, "sent_bytes", lambda: next(sent))
+    monkeypatch.setattr(netns, "namespace_id", lambda: 7)
+    b = _VariantBackend()
+    seen: list[str] = []
+    got = worker._link_bytes(b, lambda: seen.append(os.environ["PYCOLL_ALGO"]), 4, {"PYCOLL_ALGO": "allgather:ring"})
+    assert got == (7, 1000, 50, 4)
+    assert seen == ["allgather:ring"] * 4 and set(b.barriers) == {""} and os.environ["PYCOLL_ALGO"] == ""
 
 
 def test_min_time_sets_how_many_iterations_a_point_gets() -> None:

@@ -3,8 +3,9 @@ torch.distributed (gloo, NCCL, pycoll's backend) and CuPy's NCCL; each prepares 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
@@ -59,6 +60,14 @@ class Backend:
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared: ...
 
+    def variants(self, count: int) -> None:
+        """Make ready the communicators of ``count`` interleaved runs (collective; see ``on``)."""
+
+    @contextlib.contextmanager
+    def on(self, variant: int) -> Iterator[None]:
+        """Inside: calls prepared (and their record read) on interleaved run ``variant``'s own communicator."""
+        yield
+
     def close(self) -> None: ...
 
 
@@ -77,6 +86,24 @@ class _MpiStyle(Backend):
         # the benchmark's own object calls go on a copy, so that the timed communicator's record of what it ran
         # (the algorithm and size a point's prediction reads) holds the timed calls only
         self.control = self.comm.Dup()
+        # each forced algorithm interleaved in a job (--interleave) runs on a copy of its own, as in a job of its
+        # own: on one communicator every switch of PYCOLL_ALGO made the plans of the shape give up their fast paths
+        self._variant_comms: list[Any] = []
+
+    def variants(self, count: int) -> None:
+        while len(self._variant_comms) < count - 1:
+            self._variant_comms.append(self.comm.Dup())
+
+    @contextlib.contextmanager
+    def on(self, variant: int) -> Iterator[None]:
+        if variant == 0:
+            yield
+            return
+        timed, self.comm = self.comm, self._variant_comms[variant - 1]
+        try:
+            yield
+        finally:
+            self.comm = timed
 
     def barrier(self) -> None:
         self.comm.Barrier()
@@ -91,6 +118,8 @@ class _MpiStyle(Backend):
         return int(self.control.allreduce(value, op=self.MPI.MAX))
 
     def close(self) -> None:
+        for c in self._variant_comms:
+            c.Free()
         self.control.Free()
 
     def prepare(self, coll: str, inplace: bool, count: int, dtype: str, op: str, root: int) -> Prepared:

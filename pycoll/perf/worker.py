@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import sys
 import time
 import traceback
@@ -97,7 +98,9 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     """Rows of one point: warm-up, timed loop (barrier before each iteration), optional check.
 
     With several ``variants`` (the job itself, then forced algorithms of --interleave), their iterations
-    alternate, each iteration starting one variant later, so drifts of a shared machine hit all alike.
+    alternate, each iteration in an order of its own (shuffled alike on every rank), so drifts of a shared machine
+    hit all alike and no run always follows the same one (on a shaped link, a run after one that drained the token
+    bucket waits for it to fill).
     """
     n, dtype, op, root = b.size, spec["np_dtype"], spec["op"], spec["root"]
     nbytes, count = metrics.round_size(coll, size, spec["itemsize"], n)
@@ -105,10 +108,11 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     per_call = metrics.calls_per_iteration(coll)  # a round trip is two one-way times, a window 64 messages
     timed_here = coll not in metrics.P2P or b.rank == 0  # p2p: rank 0's clock; the others report 0
     runs = variants or [{}]
+    b.variants(len(runs))
     prepared = []
     warm: list[float] = []  # each variant's median warm-up call (s)
-    for v in runs:
-        with environ(v.get("env", {})):
+    for j, v in enumerate(runs):
+        with environ(v.get("env", {})), b.on(j):
             run, _ = b.prepare(coll, inplace, count, dtype, op, root)
             took = []
             for _ in range(spec["warmup"]):
@@ -124,31 +128,36 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     used: list[Optional[str]] = [None] * len(runs)
     predicted: list[Optional[float]] = [None] * len(runs)
     for i in range(iters):
-        for k in range(len(runs)):
-            j = (i + k) % len(runs)
-            with environ(runs[j].get("env", {})):
-                if fresh:
+        order = list(range(len(runs)))
+        random.Random(i).shuffle(order)  # the same order on every rank
+        for j in order:
+            env = runs[j].get("env", {})
+            if fresh:
+                with environ(env), b.on(j):
                     prepared[j] = b.prepare(coll, inplace, count, dtype, op, root)[0]
-                    b.sync()
-                b.barrier()
+                b.sync()
+            b.barrier()  # in the job's own environment: its plans hold from one variant's call to the next
+            with environ(env):
                 t0 = time.perf_counter()
                 prepared[j]()
                 b.sync()
                 elapsed = (time.perf_counter() - t0) * 1e6
-                times[j].append(elapsed / per_call if timed_here else 0.0)
+            times[j].append(elapsed / per_call if timed_here else 0.0)
+            with environ(env), b.on(j):
                 used[j] = algorithm_used(b.name, coll, getattr(b, "comm", None))
                 if i == iters - 1:  # the last call of each variant: the model's work stays out of the timed loop
                     predicted[j] = predicted_us(b, coll, used[j], root)
     wrong = [0] * len(runs)
     if spec["check"]:
         for j, v in enumerate(runs):
-            with environ(v.get("env", {})):
+            with environ(v.get("env", {})), b.on(j):
                 run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
                 run()
                 b.sync()
             wrong[j] = check_result(result(), coll, b.rank, n, count, op, root, dtype)
     hosts = (spec.get("hosts") or 1) > 1
-    link = [_link_bytes(b, prepared[j], min(iters, LINK_CALLS)) if hosts else None for j in range(len(runs))]
+    link = [_link_bytes(b, prepared[j], min(iters, LINK_CALLS), runs[j].get("env", {})) if hosts else None
+            for j in range(len(runs))]
     gathered = b.gather((times, wrong, used, link, predicted))
     if b.rank != 0:
         return []
@@ -178,10 +187,11 @@ LINK_CALLS = 10  # calls counted for the bytes on the links, after the timed one
 LINK_SETTLE_S = 0.02
 
 
-def _link_bytes(b: Backend, run: Callable[[], Any], calls: int) -> tuple[int, int, int, int]:
+def _link_bytes(b: Backend, run: Callable[[], Any], calls: int, env: dict[str, str]) -> tuple[int, int, int, int]:
     """(this rank's network namespace, bytes its host sent on its link in a window around ``calls`` calls, in the
     same window without them, ``calls``). Each window ends with two barriers and a pause for bytes still leaving.
-    Ranks of one virtual host read the same counter, at slightly different times (``_link_row`` combines them)."""
+    Ranks of one virtual host read the same counter, at slightly different times (``_link_row`` combines them).
+    The calls run in their run's environment (``env``: a forced algorithm's), the barriers in the job's."""
     from pycoll import netns
 
     def settle() -> int:
@@ -193,8 +203,9 @@ def _link_bytes(b: Backend, run: Callable[[], Any], calls: int) -> tuple[int, in
 
     a = settle()
     c = settle()
-    for _ in range(calls):
-        run()
+    with environ(env):
+        for _ in range(calls):
+            run()
     d = settle()
     return netns.namespace_id(), d - c, c - a, calls
 
