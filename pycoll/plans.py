@@ -3,7 +3,6 @@ are found again in a later call's arguments, and what a plan holds (the executor
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -182,7 +181,7 @@ class Plan:
 
     def __init__(self, label: str, call: Call, sig: Sig, send: Any, recv: Any) -> None:
         self.label = label
-        self.template = dataclasses.replace(call, send=None, recv=None)  # a plan keeps no user memory alive
+        self.template = call.without_buffers()  # a plan keeps no user memory alive
         self.sig = sig
         self.send, self.recv = send, recv
         self.algo: Any = None  # the Algorithm selected for it, valid while ``algo_for`` holds

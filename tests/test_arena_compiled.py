@@ -450,3 +450,46 @@ def test_slots_kernel_leaves_the_range_no_peer_reads_out_of_its_slot(tmp_path, c
     finally:
         for a in reversed(arenas):
             a.close()
+
+
+@pytest.mark.parametrize("coll", ["broadcast", "reduce", "allgather", "alltoall"])
+def test_a_new_shapes_slots_program_shares_the_arenas_tables_and_matches_one_made_from_scratch(tmp_path, coll) -> None:
+    """A new call shape's plan takes the post-line bases and slot views the arena keeps (made once per parity and
+    dtype), and its other parity's program is the first one's copy with that parity's bases: the same words as a
+    program built from scratch for each parity."""
+    import dataclasses
+
+    from pycoll.algorithms import slots
+    from pycoll.algorithms.base import Call, offsets
+    from pycoll.p2p_protocol import Sig
+
+    ranks, me, dt = 3, 1, np.dtype(np.float32)
+    path = str(tmp_path / "tables")
+    arenas = [A.HostArena(path, 0, ranks, 4096, create=True)]
+    arenas += [A.HostArena(path, r, ranks, 4096, create=False) for r in range(1, ranks)]
+    try:
+        mine = arenas[me]
+        for n in (1, 5, 12):
+            counts = [n] * ranks
+            kw: dict = {"counts": counts, "displs": offsets(counts)} if coll in ("allgather", "alltoall") else {}
+            if coll == "alltoall":
+                kw.update(send_counts=counts, send_displs=offsets(counts))
+            total = n * ranks if coll in ("allgather", "alltoall") else n
+            call = Call(coll, dt, send=np.ones(n if coll != "alltoall" else total, dt), recv=np.empty(total, dt),
+                        op=ops.SUM if coll == "reduce" else None, root=0, **kw)
+            sig = Sig(kind=5, dtype=3, op=1, count=n, vhash=0xF00D + n)
+            prep = slots.Prepared(mine, call, sig, me, None)
+            words, code = arena_jit.sig_words(sig), call.op.code if call.op is not None else 0
+            for k in range(A.DEPTH):
+                bases = np.array([mine.line(r, k) for r in range(ranks)], np.int64)
+                assert np.array_equal(arena_jit.line_bases(mine, k), bases)
+                assert arena_jit.line_bases(mine, k) is arena_jit.line_bases(mine, k + A.DEPTH)  # kept, per parity
+                fresh = slots._meta(slots.Program(call, ranks, me), me, ranks, bases, code, words)
+                assert prep.metas[k].dtype == np.int64 and np.array_equal(prep.metas[k], fresh), (n, k)
+            assert prep.metas[0] is not prep.metas[1]  # each parity's words are its own (the spin is set in each)
+            assert prep.slots is arena_jit.slot_array(mine, prep.slots.dtype)
+            template = call.without_buffers()
+            assert template == dataclasses.replace(call, send=None, recv=None) and call.send is not None
+    finally:
+        for a in reversed(arenas):
+            a.close()

@@ -344,14 +344,18 @@ class Prepared:
 
 
 def line_bases(arena: _arena.HostArena, op: int) -> np.ndarray:
-    """Every rank's post-line word index for operations of ``op``'s parity."""
-    return np.array([arena.line(r, op) for r in range(arena.size)], np.int64)
+    """Every rank's post-line word index for operations of ``op``'s parity (made once per arena and parity: a new
+    call shape's plan takes it again; never written)."""
+    return arena.kept(("line bases", op % _arena.DEPTH),
+                      lambda: np.array([arena.line(r, op) for r in range(arena.size)], np.int64))
 
 
 def slot_array(arena: _arena.HostArena, dtype: np.dtype) -> np.ndarray:
-    """Every rank's slots as one C-contiguous (ranks, DEPTH, slot) array of ``dtype``."""
-    return np.ndarray((arena.size, _arena.DEPTH, arena.slot_bytes // dtype.itemsize), dtype, buffer=arena.mapping,
-                      offset=arena.slot_offset(0, 0))
+    """Every rank's slots as one C-contiguous (ranks, DEPTH, slot) array of ``dtype`` (made once per arena and
+    dtype)."""
+    return arena.kept(("slot array", dtype), lambda: np.ndarray(
+        (arena.size, _arena.DEPTH, arena.slot_bytes // dtype.itemsize), dtype, buffer=arena.mapping,
+        offset=arena.slot_offset(0, 0)))
 
 
 def finished(arena: _arena.HostArena, op: int, status: int, gate: Optional["Gate"] = None) -> bool:

@@ -45,6 +45,14 @@ class Call:
     stream: Any = None  # the caller's CUDA stream, for algorithms that run on device buffers (None: no stream given)
     reproducible: bool = False  # the result must be the rank-order left fold, bit for bit (PYCOLL_REPRODUCIBLE)
 
+    def without_buffers(self) -> "Call":
+        """This call with no user buffer (a plan's template keeps no user memory alive): every other field as it
+        is, without ``dataclasses.replace``'s field-by-field rebuild (a new call shape makes one per plan)."""
+        template = object.__new__(Call)
+        template.__dict__.update(self.__dict__)
+        template.send = template.recv = None
+        return template
+
     @property
     def nbytes(self) -> int:
         """Bytes of the largest user buffer on this rank."""

@@ -34,6 +34,7 @@ from .arena_meeting import arena_ready, call_number, check_posts, lag_wait, meet
 _REDUCING = ("reduce", "reduce_scatter", "scan", "exscan")
 _TABLED = ("scatter", "alltoall")  # readers cannot know their block's place: the writer's slot starts with a table
 _EMPTY_I64 = np.zeros((0, 4), np.int64)
+_NO_HEAD, _NO_PACK = np.zeros(0, np.int64), np.zeros((0, 3), np.int64)
 
 
 def _table_bytes(call: Call, p: int) -> int:
@@ -66,8 +67,8 @@ class Program:
     def __init__(self, call: Call, p: int, me: int) -> None:
         isz = call.dtype.itemsize
         coll = call.coll
-        self.head = np.zeros(0, np.int64)
-        self.pack = np.zeros((0, 3), np.int64)
+        self.head = _NO_HEAD  # the empty tables are shared: a program's tables are never written after it is made
+        self.pack = _NO_PACK
         self.unpack = _EMPTY_I64
         self.expect = np.full(p, -1, np.int64)
         self.fold = (0, 0, 0, 0, 0)  # (lo, hi, slot offset, recv offset, count), in elements
@@ -147,9 +148,10 @@ class Program:
         # the peers whose slots this rank reads: the only ones it waits for (a Bcast root, a Gather or Reduce leaf
         # and Scan's rank 0 wait for nobody), and whose calls and sizes it checks
         lo, hi = self.fold[0], self.fold[1]
-        peers = {int(q) for q in self.unpack[:, 0]} | set(range(lo, hi))
+        peers = set(self.unpack[:, 0].tolist()) | set(range(lo, hi))
         peers.discard(me)
-        self.reads = np.array([1 if q in peers else 0 for q in range(p)], np.int64)
+        self.reads = np.zeros(p, np.int64)
+        self.reads[list(peers)] = 1
         self.one_sided = len(peers) < p - 1  # some peer may still be reading this call's slots when it returns
 
 
@@ -164,8 +166,16 @@ def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, wor
     vhash = np.array([words[3]], np.uint64).view(np.int64)[0]  # the unfolded word, its bits as an int64
     head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
             prog.unpack.shape[0], 0, vhash, 0, 0, int(prog.own)]
-    return np.concatenate([np.array(head, np.int64), bases.astype(np.int64), prog.expect, prog.reads, prog.head,
-                           prog.pack.reshape(-1), prog.unpack.reshape(-1)]).astype(np.int64)
+    assert len(head) == _M_BASES
+    return np.concatenate([np.array(head, np.int64), bases, prog.expect, prog.reads, prog.head, prog.pack.reshape(-1),
+                           prog.unpack.reshape(-1)], dtype=np.int64)
+
+
+def _rebased(meta: np.ndarray, bases: np.ndarray) -> np.ndarray:
+    """``meta`` for the other slot parity: a copy with that parity's post-line bases."""
+    other = meta.copy()
+    other[_M_BASES:_M_BASES + bases.size] = bases
+    return other
 
 
 class Prepared:
@@ -182,7 +192,8 @@ class Prepared:
         self.words = arena_jit.sig_words(sig)
         self.sig = arena_jit.sig_array(self.words)
         code = call.op.code if call.op is not None else 0
-        self.metas = [_meta(self.prog, rank, p, arena_jit.line_bases(arena, k), code, self.words) for k in range(DEPTH)]
+        first = _meta(self.prog, rank, p, arena_jit.line_bases(arena, 0), code, self.words)
+        self.metas = [first] + [_rebased(first, arena_jit.line_bases(arena, k)) for k in range(1, DEPTH)]
         self.polls = -1  # the spin the metas carry (set at the first run)
         # a read-only input would need a signature of its own (compiled inside the call): those run in NumPy
         writable = call.send is None or call.send.flags.writeable
@@ -207,6 +218,7 @@ class Prepared:
 
 
 _M_POLLS, _M_YIELDS, _M_YIELD_FN = 3, 16, 17  # as _arena_kernels.M_POLLS, M_YIELDS, M_YIELD_FN
+_M_BASES = 19  # where the post-line bases start, after the scalars
 
 
 def run_kernel(kern: Any, st: Prepared, arena: HostArena, opno: int, send: Optional[np.ndarray], recv: Optional[np.ndarray],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -196,6 +196,7 @@ class HostArena:
             for r in range(size)
         ]
         self._views: dict[tuple, list[np.ndarray]] = {}
+        self._kept: dict[tuple, Any] = {}  # ``kept``'s tables, one per key
         self.u64 = np.frombuffer(self.mapping, np.uint64)  # the same words as ``words``, for compiled code
 
     # ---- layout ----------------------------------------------------------------------------
@@ -224,6 +225,14 @@ class HostArena:
                 self._views.clear()
             views = self._views[key] = [self._slots[r][op % DEPTH][:nbytes].view(dtype) for r in range(self.size)]
         return views
+
+    def kept(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """``make()``, made once per ``key`` on this arena: views and tables that the plans of every call shape
+        share (a few per parity and dtype), so that a new shape's plan does not build them again."""
+        got = self._kept.get(key)
+        if got is None:
+            got = self._kept[key] = make()
+        return got
 
     def stage_offset(self, rank: int) -> int:
         """Where ``rank``'s staging area starts in the mapping (the ranks' areas follow each other)."""
@@ -324,6 +333,7 @@ class HostArena:
             bell.release()
         self._slots = []
         self._views = {}
+        self._kept = {}
         self.u64 = None  # type: ignore[assignment]
         try:
             self.words.release()
