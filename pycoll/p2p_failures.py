@@ -78,6 +78,13 @@ class FailureHandling:
         st = self._inbound[peer]
         if isinstance(st.target, RecvRequest):
             st.target.fail(st.target.owner.error(PeerFailureError, cause, [peer]))
+        elif isinstance(st.target, Unexpected) and st.target.got < st.target.data.nbytes:
+            # a message cut short before its receive was posted: the receive that took it meanwhile fails, and no
+            # later one may take it (it would wait for the rest of a stream that has ended)
+            cut = st.target
+            self._unexpected[:] = [u for u in self._unexpected if u is not cut]
+            if cut.waiter is not None:
+                cut.waiter.fail(cut.waiter.owner.error(PeerFailureError, cause, [peer]))
         self._closed.add(peer)
         self._drop_lane(peer)
         # The fast paths never look at a closed channel again (its rings may be unmapped once it is closed).

@@ -225,6 +225,38 @@ def test_a_frame_cut_short_by_the_end_of_its_stream_fails_the_eager_receive_inst
         mine.close()
 
 
+def test_a_receive_that_took_a_message_cut_short_before_it_was_posted_fails_when_the_stream_ends() -> None:
+    """A peer killed while its large frame streamed in before the receive was posted (an Alltoall's block that
+    arrived early) leaves an unexpected message in part. The receive that takes it waits for the rest: the end of
+    the stream must fail it, naming the peer (it waited for ever), and no later receive may take the cut message."""
+    import socket
+    import time
+
+    from pycoll.p2p_protocol import HEADER_SIZE, frame_head
+    from pycoll.transport.tcp import TcpChannel
+
+    a, b = socket.socketpair()
+    mine = Engine(0, {1: TcpChannel(1, a)})
+    try:
+        nbytes = 1 << 20  # past the staging area: read into the unexpected message as it comes
+        b.sendall(frame_head(2, 7, nbytes, Sig()).ljust(HEADER_SIZE, b"\0") + b"\1" * 100_000)
+        deadline = time.monotonic() + 5.0
+        while not (mine._unexpected and mine._unexpected[0].got) and time.monotonic() < deadline:
+            mine.progress()  # the header and some payload arrive before any receive is posted
+        assert mine._unexpected and 0 < mine._unexpected[0].got < nbytes
+        dst = np.zeros(nbytes, np.uint8)
+        req = mine.irecv(1, dst, 2, 7, Sig(), owner("Alltoall"))
+        assert not req.done  # it took the message, and waits for the rest
+        b.close()
+        mine.wait_requests([req], 5.0, owner("Alltoall"))  # before: TimeoutError (with no timeout, a hang)
+        assert isinstance(req.error, PeerFailureError) and "rank 1" in str(req.error), req.error
+        assert not mine._unexpected
+        again = mine.irecv(1, dst, 2, 7, Sig(), owner("Alltoall"))
+        assert again.done and isinstance(again.error, PeerFailureError), again.error
+    finally:
+        mine.close()
+
+
 def test_a_reduction_whose_stream_ends_inside_an_element_fails_instead_of_waiting() -> None:
     """Reduce-on-receive takes whole elements only: a stream that ends three bytes into one must fail the
     receive (its peer is gone), not leave the partial element staged while the engine waits for the rest."""
