@@ -48,7 +48,7 @@ class Call:
     def without_buffers(self) -> "Call":
         """This call with no user buffer (a plan's template keeps no user memory alive): every other field as it
         is, without ``dataclasses.replace``'s field-by-field rebuild (a new call shape makes one per plan)."""
-        template = object.__new__(Call)
+        template = object.__new__(type(self))
         template.__dict__.update(self.__dict__)
         template.send = template.recv = None
         return template

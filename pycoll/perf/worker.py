@@ -108,11 +108,12 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
     per_call = metrics.calls_per_iteration(coll)  # a round trip is two one-way times, a window 64 messages
     timed_here = coll not in metrics.P2P or b.rank == 0  # p2p: rank 0's clock; the others report 0
     runs = variants or [{}]
+    envs = [v.get("env", {}) for v in runs]  # each run's environment: a forced algorithm's PYCOLL_ALGO
     b.variants(len(runs))
     prepared = []
     warm: list[float] = []  # each variant's median warm-up call (s)
-    for j, v in enumerate(runs):
-        with environ(v.get("env", {})), b.on(j):
+    for j, env in enumerate(envs):
+        with environ(env), b.on(j):
             run, _ = b.prepare(coll, inplace, count, dtype, op, root)
             took = []
             for _ in range(spec["warmup"]):
@@ -131,7 +132,7 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
         order = list(range(len(runs)))
         random.Random(i).shuffle(order)  # the same order on every rank
         for j in order:
-            env = runs[j].get("env", {})
+            env = envs[j]
             if fresh:
                 with environ(env), b.on(j):
                     prepared[j] = b.prepare(coll, inplace, count, dtype, op, root)[0]
@@ -149,15 +150,14 @@ def measure(b: Backend, spec: dict[str, Any], coll: str, size: int, inplace: boo
                     predicted[j] = predicted_us(b, coll, used[j], root)
     wrong = [0] * len(runs)
     if spec["check"]:
-        for j, v in enumerate(runs):
-            with environ(v.get("env", {})), b.on(j):
+        for j, env in enumerate(envs):
+            with environ(env), b.on(j):
                 run, result = b.prepare(coll, inplace, count, dtype, op, root)  # fresh inputs
                 run()
                 b.sync()
             wrong[j] = check_result(result(), coll, b.rank, n, count, op, root, dtype)
     hosts = (spec.get("hosts") or 1) > 1
-    link = [_link_bytes(b, prepared[j], min(iters, LINK_CALLS), runs[j].get("env", {})) if hosts else None
-            for j in range(len(runs))]
+    link = [_link_bytes(b, prepared[j], min(iters, LINK_CALLS), envs[j]) if hosts else None for j in range(len(runs))]
     gathered = b.gather((times, wrong, used, link, predicted))
     if b.rank != 0:
         return []
