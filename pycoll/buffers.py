@@ -45,12 +45,37 @@ class _InPlace:
 IN_PLACE = _InPlace()
 
 
+# named datatypes that passed the full checks, by their dtype: a spec naming one over an array of that dtype needs
+# none of them again (``_plain``)
+_CHECKED_NAMED: dict[Datatype, np.dtype] = {}
+
+
+def _plain(spec: Any, writable: bool, blocks: int) -> Optional[Buf]:
+    """The Buf of the usual spec, ``[arr, T]`` with a one-dimensional C-ordered NumPy array whose dtype the named
+    datatype ``T`` is, whole, writable where it must be; None for anything else (the full parse then checks it)."""
+    if type(spec) is not list and type(spec) is not tuple or len(spec) != 2 or blocks != 1:
+        return None
+    arr, named = spec
+    if type(arr) is not np.ndarray or type(named) is not Datatype:
+        return None
+    dtype = _CHECKED_NAMED.get(named)
+    if dtype is None or arr.dtype != dtype or arr.ndim != 1:
+        return None
+    flags = arr.flags
+    if not flags.c_contiguous or (writable and not flags.writeable):
+        return None
+    return Buf(arr, dtype, "host", named)
+
+
 def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int = 1) -> Buf:
     """Resolve ``buf``, ``[buf, count]``, ``[buf, dtype]`` or ``[buf, count, dtype]``.
 
     With ``blocks`` > 1 (one block per rank, as in Allgather's recvbuf) an explicit count is per
     block, and without one the buffer must split evenly into blocks, as in mpi4py.
     """
+    quick = _plain(spec, writable, blocks)
+    if quick is not None:
+        return quick
     count: Optional[int] = None
     dtype: Optional[np.dtype] = None
     named: Optional[Datatype] = None
@@ -100,6 +125,8 @@ def parse(spec: Any, what: str, op: str, *, writable: bool = False, blocks: int 
         )
     if writable and not is_writable(arr):
         raise InvalidArgumentError(f"{what} is read-only", op=op)
+    if named is not None and named.is_named and named.dtype == arr.dtype and named not in _CHECKED_NAMED:
+        _CHECKED_NAMED[named] = arr.dtype
     return Buf(arr, arr.dtype, memory_of(arr), named)
 
 

@@ -28,7 +28,7 @@ from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend
 from .p2p_protocol import Schedule, Sig
-from .plans import Plan, Rebind, shape_key
+from .plans import Plan, Rebind, resize_key, shape_key
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -54,6 +54,8 @@ class Executor:
         self.describe = describe  # names a call from its signature, in mismatch reports
         self.engine = comm._engine
         self.plans: dict[tuple, Plan] = {}
+        # (label, resize_key) -> a checked plan that a call of another length is planned from (``Plan.resizable``)
+        self.resizable: dict[tuple, Plan] = {}
         self.chosen: Any = None  # the algorithm ``stage`` selected for a device call (run as is, or on its staged twin)
         self.others = [q for q in range(comm.size) if q != comm.rank]
         # small calls of a communicator across hosts: a call per host and one among the hosts' first ranks
@@ -98,8 +100,13 @@ class Executor:
                             plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
-        call, sig, stage = self._resolve(label, build, args, stream)
-        plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
+        resized = self._resized(label, args, key) if key is not None else None
+        if resized is not None:
+            (plan, call), stage = resized, None
+            sig = plan.sig
+        else:
+            call, sig, stage = self._resolve(label, build, args, stream)
+            plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
         if stage is None:
             if self.composed is not None and self._compose(label, call):
                 return
@@ -173,13 +180,47 @@ class Executor:
             hash(key)
         except TypeError:
             return None
-        if len(self.plans) >= _PLANS:
-            self.plans.pop(next(iter(self.plans)))
-        plan = self.plans[(label, key)] = Plan(label, call, sig, send_rb, recv_rb)
+        plan = self._keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
+        sized = resize_key(args)
+        if sized is not None and plan.resizable(sized[1]):
+            if len(self.resizable) >= _PLANS:
+                self.resizable.pop(next(iter(self.resizable)))
+            self.resizable[(label, sized[0])] = plan
         return plan
+
+    def _keep(self, label: str, key: tuple, plan: Plan) -> Plan:
+        if len(self.plans) >= _PLANS:
+            self.plans.pop(next(iter(self.plans))).retire()
+        self.plans[(label, key)] = plan
+        return plan
+
+    def _resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
+        """A new shape's plan and call, made from a checked plan whose call differs in its arrays' length alone
+        (``Plan.resizable``), without the argument checks; None where there is none (or the views now overlap:
+        the checks name it)."""
+        sized = resize_key(args)
+        if sized is None:
+            return None
+        try:
+            base = self.resizable.get((label, sized[0]))
+            hash(key)
+        except TypeError:  # an unhashable argument (the checks name it)
+            return None
+        views = base.views(args) if base is not None else None
+        if views is None:
+            return None
+        c = self.comm
+        c._live(label, numbered=True)
+        self.chosen = None
+        if self.gate.kernels is None and c._arena is not None:
+            self.gate.open()
+        call = base.make_call(*views)
+        plan = self._keep(label, key, Plan(label, call, base.sig._replace(count=sized[1]), base.send, base.recv))
+        return plan, call
 
     def clear(self) -> None:
         self.plans.clear()
+        self.resizable.clear()
         if self.composed is not None:
             self.composed.free()
 
@@ -248,18 +289,19 @@ class Executor:
             return False
         self._choose(call, plan)
         fast = plan.fast
-        return bool(fast and fast(args)) or self._inline_or_views(plan, args, fast) is True
+        return bool(fast and fast(args)) or self._inline_or_views(plan, args, fast, chosen=True) is True
 
-    def _inline_or_views(self, plan: Plan, args: tuple, fast: Any) -> Any:
+    def _inline_or_views(self, plan: Plan, args: tuple, fast: Any, chosen: bool = False) -> Any:
         """After the plan's fast path (``fast``, as the call found it) did not take the call: True where the
         algorithm's inline form on the arena ran it (its fast path made after a first inline run); else the call's
-        views (None where they now overlap: the checks name it)."""
+        views (None where they now overlap: the checks name it). ``chosen``: the plan's algorithm was chosen for this
+        very call (its choice holds)."""
         if fast:
             plan.fast = None  # it declined (a new arena, algorithm or spin, a busy arena): made again later
         views = plan.views(args)
         if views is not None:
             runner = plan.inline
-            if runner and plan.algo_for == self.choice_key() and runner.run(self, plan, views[0], views[1]):
+            if runner and (chosen or plan.algo_for == self.choice_key()) and runner.run(self, plan, views[0], views[1]):
                 if fast is None:
                     plan.fast = runner.fast_path(self, plan)
                 return True

@@ -9,6 +9,7 @@ it. Where a message cannot move at once, the rest of the call waits through the 
 from __future__ import annotations
 
 import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
@@ -75,21 +76,22 @@ class _Pair:
         arrays; None: no message that way), as the call numbered ``seq``; ``into`` is written only once its message is
         whole. ``local`` (source, target): a copy of the rank's own block into its result, made while the link
         carries a large exchange, or after a small one."""
-        heads, head, ctx, limit, through = self._heads, self.head, self.ctx, self.limit, self._through_engine
+        # the pair keeps its swap: bound methods in it would tie the two in a cycle, which only the cyclic collector
+        # frees once a plan is dropped (its tens of objects in every new shape's plan)
+        me = weakref.proxy(self)
+        heads, ctx, limit = self._heads, self.ctx, self.limit
         frames = self.engine.frame_swapper(self.world_peer)
-
-        large = self._swap_large
 
         def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
                  local: Optional[tuple[np.ndarray, np.ndarray]] = None) -> None:
             if (out is not None and out.nbytes > limit) or (into is not None and into.nbytes > limit):
-                large(seq, out, into, local)
+                me._swap_large(seq, out, into, local)
                 return
-            head_out = None if out is None else heads.get(out.nbytes) or head(out.nbytes)
-            head_in = None if into is None else heads.get(into.nbytes) or head(into.nbytes)
+            head_out = None if out is None else heads.get(out.nbytes) or me.head(out.nbytes)
+            head_in = None if into is None else heads.get(into.nbytes) or me.head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
             if not (sent and got):
-                through(seq, None if sent else payload_bytes(out), None if got else payload_bytes(into))  # type: ignore[arg-type]
+                me._through_engine(seq, None if sent else payload_bytes(out), None if got else payload_bytes(into))  # type: ignore[arg-type]
             if local is not None:
                 HOST.copy(local[1], local[0])
 

@@ -116,6 +116,36 @@ def _compiled_shape_key() -> Optional[Callable[[tuple], Optional[tuple]]]:
 shape_key: Callable[[tuple], Optional[tuple]] = _compiled_shape_key() or shape_key_python
 
 
+def resize_key(args: tuple) -> Optional[tuple[tuple, int]]:
+    """(what a call's arguments are apart from addresses and the length of their arrays, that length), where every
+    array among them is one-dimensional and C-ordered, bare or as ``[arr, T]`` with a ``Datatype`` T, and all have
+    one length, at least 1; else None. Two calls with one such key differ in their arrays' length alone (the
+    executor plans the second from the first: ``Plan.resizable``)."""
+    key = []
+    add = key.append
+    n = -1
+    for a in args:
+        t = type(a)
+        if t is _NDARRAY:
+            arr, named = a, None
+        elif (t is list or t is tuple) and len(a) == 2 and type(a[0]) is _NDARRAY and type(a[1]) is Datatype:
+            arr, named = a
+        elif t is int or t is Op or t is str or a is IN_PLACE or a is None:
+            add(a)
+            continue
+        else:
+            return None
+        if arr.ndim != 1:
+            return None
+        flags = arr.flags
+        size = arr.shape[0]
+        if not flags.c_contiguous or size != n and n >= 0:
+            return None
+        n = size
+        add((t, named, arr.dtype, flags.writeable))
+    return (tuple(key), n) if n > 0 else None
+
+
 def _arrays(args: tuple):
     """(path, array) of every NumPy array among the arguments, one level into buffer specs."""
     for i, a in enumerate(args):
@@ -147,6 +177,10 @@ class Rebind:
             return None
         if type(view) is not np.ndarray or not view.flags.c_contiguous:
             return False
+        if view.size and not view.dtype.hasobject:
+            for (i, j), a in _arrays(args):  # the usual case: an argument's array itself
+                if a is view:
+                    return Rebind(i, j, view.dtype, 0, view.size, True, view.ndim)
         addr = host_address(view) if view.size else -1
         for (i, j), a in _arrays(args):
             if not a.flags.c_contiguous or a.dtype.hasobject:
@@ -190,6 +224,24 @@ class Plan:
         # the runner's whole call for these arguments (``Runner.fast_path``): False where it has none, None untried
         self.fast: Any = None
         self.flat_for: tuple = ()  # the choice key (with PYCOLL_SMP_BYTES) under which it was found not composed
+
+    def retire(self) -> None:
+        """Drop the runner and fast path, which refer back to the plan: a plan the cache let go is then freed at
+        once, not left (with the dozens of objects its closures hold) to the cyclic collector, whose collections a
+        program of ever new shapes would pay for."""
+        self.inline = self.fast = None
+
+    def resizable(self, length: int) -> bool:
+        """Whether a call whose arguments have this plan's ``resize_key`` and arrays of another length is this plan's
+        call on those arrays, its signature counting the new length: true where the call has no counts of its own
+        (an Allreduce, Reduce, Bcast, Scan or Exscan) and its views are the arguments' arrays as they are
+        (``length``: theirs, which the signature counts). Its argument checks then hold for the other length too:
+        they compare the arrays' lengths, and ``resize_key`` found them equal."""
+        t, send, recv = self.template, self.send, self.recv
+        return (not (t.counts or t.displs or t.send_counts or t.send_displs or t.vector) and t.total < 0
+                and (t.op is None or t.op.is_predefined) and self.sig.count == length and self.sig.vhash == 0
+                and (send is not None or recv is not None)
+                and (send is None or send.whole) and (recv is None or recv.whole))
 
     def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
         """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import harness
+from pycoll.netns import unavailable
 
 pytestmark = pytest.mark.ranks
 
@@ -57,3 +58,34 @@ def test_kernels_load_in_the_background(tmp_path, jit_cache) -> None:
     assert res.records("shapes.shapes_background_load", "loaded") == {0: True, 1: True}
     inline = res.records("shapes.shapes_background_load", "inline_after_load")
     assert all(v > 0 for v in inline.values()), inline
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
+def test_resized_plans(n: int, transport: str, tmp_path) -> None:
+    """A call of a new length is planned from the checked plan of another (Allreduce, Reduce, Bcast, Scan, Exscan),
+    right; the calls those checks refuse are still refused; a user-defined op's calls are planned from scratch; and
+    a program of ever new lengths leaves the cyclic collector nothing (dropped plans had been cycles of 30-50
+    objects each)."""
+    res = harness.run_cases(n, ["resized.resized_plans", "resized.resized_plan_errors",
+                                "resized.dropped_plans_leave_no_cycles"], transport=transport, out_dir=str(tmp_path),
+                            job_timeout=260)
+    res.assert_ok()
+    assert all(set(b) == {"Allreduce", "Reduce", "Bcast", "Scan", "Exscan"}
+               for b in res.records("resized.resized_plans", "bases").values())
+    assert all(d >= 40 for d in res.records("resized.resized_plans", "derived").values())
+    assert res.records("resized.resized_plans", "user_op_bases") == dict.fromkeys(range(n), 0)
+    assert res.records("resized.dropped_plans_leave_no_cycles", "garbage") == dict.fromkeys(range(n), {})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(unavailable() is not None, reason=f"no virtual hosts here: {unavailable()}")
+@pytest.mark.parametrize("n", [2, 4])
+def test_resized_plans_across_hosts(n: int, tmp_path) -> None:
+    """The same on two virtual hosts: two ranks straight through their socket, four as calls composed of each
+    host's and the leaders' (whose dropped plans' socket pairs had held themselves in cycles)."""
+    res = harness.run_cases_on_hosts(["resized.resized_plans", "resized.dropped_plans_leave_no_cycles"], hosts=2, n=n,
+                                     out_dir=str(tmp_path), job_timeout=240)
+    res.assert_ok()
+    assert all(d >= 40 for d in res.records("resized.resized_plans", "derived").values())
+    assert res.records("resized.dropped_plans_leave_no_cycles", "garbage") == dict.fromkeys(range(n), {})

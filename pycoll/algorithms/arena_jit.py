@@ -350,6 +350,12 @@ def line_bases(arena: _arena.HostArena, op: int) -> np.ndarray:
                       lambda: np.array([arena.line(r, op) for r in range(arena.size)], np.int64))
 
 
+def every_line_base(arena: _arena.HostArena) -> np.ndarray:
+    """``line_bases`` of every parity, one row each (made once per arena; never written)."""
+    return arena.kept(("line bases", "every"),
+                      lambda: np.array([line_bases(arena, k) for k in range(_arena.DEPTH)], np.int64))
+
+
 def slot_array(arena: _arena.HostArena, dtype: np.dtype) -> np.ndarray:
     """Every rank's slots as one C-contiguous (ranks, DEPTH, slot) array of ``dtype`` (made once per arena and
     dtype)."""

@@ -70,7 +70,7 @@ class Program:
         self.head = _NO_HEAD  # the empty tables are shared: a program's tables are never written after it is made
         self.pack = _NO_PACK
         self.unpack = _EMPTY_I64
-        self.expect = np.full(p, -1, np.int64)
+        self.expect = [-1] * p  # per peer, the bytes it posts (-1: this rank reads nothing of it)
         self.fold = (0, 0, 0, 0, 0)  # (lo, hi, slot offset, recv offset, count), in elements
         self.own = False  # this rank's fold range stays out of its slot: it folds that row from its send buffer
         self.pack_from_recv = False
@@ -131,7 +131,7 @@ class Program:
         else:  # the folds: every rank copies its vector in; the rows it folds depend on the collective
             n = call.send.size
             nbytes = n * isz
-            self.expect[:] = nbytes
+            self.expect = [nbytes] * p
             if coll == "reduce":
                 if me == call.root:
                     self.fold = (0, p, 0, 0, n)
@@ -150,8 +150,9 @@ class Program:
         lo, hi = self.fold[0], self.fold[1]
         peers = set(self.unpack[:, 0].tolist()) | set(range(lo, hi))
         peers.discard(me)
-        self.reads = np.zeros(p, np.int64)
-        self.reads[list(peers)] = 1
+        self.reads = [0] * p
+        for q in peers:
+            self.reads[q] = 1
         self.one_sided = len(peers) < p - 1  # some peer may still be reading this call's slots when it returns
 
 
@@ -167,15 +168,19 @@ def _meta(prog: Program, rank: int, size: int, bases: np.ndarray, code: int, wor
     head = [rank, 0, prog.nbytes, 0, code, lo, hi, s_off, d_off, n, size, prog.head.size, prog.pack.shape[0],
             prog.unpack.shape[0], 0, vhash, 0, 0, int(prog.own)]
     assert len(head) == _M_BASES
-    return np.concatenate([np.array(head, np.int64), bases, prog.expect, prog.reads, prog.head, prog.pack.reshape(-1),
-                           prog.unpack.reshape(-1)], dtype=np.int64)
+    scalars = np.array(head + bases.tolist() + prog.expect + prog.reads, np.int64)
+    if not (prog.head.size or prog.pack.size or prog.unpack.size):
+        return scalars
+    return np.concatenate([scalars, prog.head, prog.pack.reshape(-1), prog.unpack.reshape(-1)], dtype=np.int64)
 
 
-def _rebased(meta: np.ndarray, bases: np.ndarray) -> np.ndarray:
-    """``meta`` for the other slot parity: a copy with that parity's post-line bases."""
-    other = meta.copy()
-    other[_M_BASES:_M_BASES + bases.size] = bases
-    return other
+def _parities(meta: np.ndarray, bases: np.ndarray) -> list[np.ndarray]:
+    """``meta`` (made with the first parity's bases) for every slot parity: rows of one array, each with its parity's
+    post-line bases (``bases``: one row per parity)."""
+    every = np.empty((DEPTH, meta.size), np.int64)
+    every[:] = meta
+    every[:, _M_BASES:_M_BASES + bases.shape[1]] = bases
+    return list(every)
 
 
 class Prepared:
@@ -192,8 +197,8 @@ class Prepared:
         self.words = arena_jit.sig_words(sig)
         self.sig = arena_jit.sig_array(self.words)
         code = call.op.code if call.op is not None else 0
-        first = _meta(self.prog, rank, p, arena_jit.line_bases(arena, 0), code, self.words)
-        self.metas = [first] + [_rebased(first, arena_jit.line_bases(arena, k)) for k in range(1, DEPTH)]
+        bases = arena_jit.every_line_base(arena)
+        self.metas = _parities(_meta(self.prog, rank, p, bases[0], code, self.words), bases)
         self.polls = -1  # the spin the metas carry (set at the first run)
         # a read-only input would need a signature of its own (compiled inside the call): those run in NumPy
         writable = call.send is None or call.send.flags.writeable

@@ -46,6 +46,7 @@ MODULES = (
     "cuda_ipc",
     "scan",
     "shapes",
+    "resized",
     "user_ops",
     "alltoallw",
     "reproducible",

@@ -1,0 +1,152 @@
+"""Programs whose calls change length: a new length's plan made from a checked one (``Plan.resizable``) gives the
+same results and errors as a plan made from scratch, and plans the cache lets go leave no cyclic garbage."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from . import case, sentinel
+
+_LENGTHS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610)
+
+
+def _resizing_calls(ctx, comm, n, k):
+    """One call of every collective with a length of its own (``n``), on fresh arrays, each checked against NumPy."""
+    MPI, r, p = ctx.MPI, ctx.rank, ctx.size
+    dt = np.float64 if k % 2 else np.int32
+    T = MPI.DOUBLE if dt is np.float64 else MPI.INT32_T
+    ins = [np.arange(n, dtype=dt) * (q + 1) + k for q in range(p)]
+    total = sum(ins)
+    send, out = ins[r].copy(), sentinel(dt, n)
+    comm.Allreduce([send, T], [out, T], op=MPI.SUM)
+    ctx.check(f"Allreduce spec n={n}", out, total)
+    out = sentinel(dt, n)
+    comm.Allreduce(send, out, op=MPI.MAX)
+    ctx.check(f"Allreduce bare MAX n={n}", out, ins[-1] if n else out)
+    whole = ins[r].copy()
+    comm.Allreduce(MPI.IN_PLACE, [whole, T], op=MPI.SUM)
+    ctx.check(f"Allreduce in place n={n}", whole, total)
+    root = k % p
+    out = sentinel(dt, n)
+    comm.Reduce([send, T], [out, T] if r == root else None, op=MPI.SUM, root=root)
+    if r == root:
+        ctx.check(f"Reduce root={root} n={n}", out, total)
+    buf = ins[root].copy() if r == root else sentinel(dt, n)
+    comm.Bcast([buf, T], root=root)
+    ctx.check(f"Bcast root={root} n={n}", buf, ins[root])
+    out = sentinel(dt, n)
+    comm.Scan([send, T], [out, T], op=MPI.SUM)
+    ctx.check(f"Scan n={n}", out, sum(ins[:r + 1]))
+    out = sentinel(dt, n)
+    comm.Exscan([send, T], [out, T], op=MPI.SUM)
+    if r:
+        ctx.check(f"Exscan n={n}", out, sum(ins[:r]))
+    ctx.check(f"sendbuf unchanged n={n}", send, ins[r])
+
+
+@case
+def case_resized_plans(ctx):
+    """Every length of each collective after its first is planned from the first, right; a user-defined op's calls
+    are planned from scratch."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's plans")
+    comm = ctx.comm.Dup()
+    MPI = ctx.MPI
+    for k, n in enumerate(_LENGTHS):
+        _resizing_calls(ctx, comm, n, k)
+    x = comm._x
+    bases = list(x.resizable.values())
+    derived = [p for p in x.plans.values() if p not in bases and any(
+        (p.send is not None and p.send is b.send) or (p.recv is not None and p.recv is b.recv) for b in bases)]
+    ctx.record("bases", sorted({b.label for b in bases}))
+    ctx.record("derived", len(derived))
+
+    def halves(invec, inoutvec, datatype):  # a user-defined op: b = (a + b) / 2 elementwise
+        a, b = np.frombuffer(invec, np.float64), np.frombuffer(inoutvec, np.float64)
+        b[...] = (a + b) / 2
+
+    op = MPI.Op.Create(halves, commute=True)
+    try:
+        for n in (3, 4, 9):
+            send, out = np.full(n, float(ctx.rank), np.float64), sentinel(np.float64, n)
+            comm.Allreduce([send, MPI.DOUBLE], [out, MPI.DOUBLE], op=op)
+            ctx.expect(bool(np.all(out >= 0) and np.all(out <= ctx.size - 1)), f"user op Allreduce n={n}",
+                       "a mean of the ranks' values lies between them", got=out.tolist())
+    finally:
+        op.Free()
+    ctx.record("user_op_bases", sum(1 for b in x.resizable.values() if b.template.op is not None
+                                    and not b.template.op.is_predefined))
+    comm.Free()
+
+
+@case
+def case_resized_plan_errors(ctx):
+    """With a plan to resize from, the calls its checks would refuse are still refused, naming the call, their
+    buffers untouched, the communicator usable."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll error semantics")
+    from pycoll import errors
+
+    comm, MPI = ctx.comm.Dup(), ctx.MPI
+    for n in (4, 6):  # the bases
+        a, b = np.ones(n, np.float32), np.empty(n, np.float32)
+        comm.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT], op=MPI.SUM)
+        comm.Bcast([b, MPI.FLOAT], root=0)
+
+    def bad(label, opname, fn, bufs):
+        before = [x.copy() for x in bufs]
+        exc = ctx.raises(label, errors.InvalidArgumentError, fn)
+        if exc is not None:
+            ctx.expect(opname in (exc.op or ""), label + ": .op", f".op does not name {opname}", got=exc.op)
+        for i, (x, x0) in enumerate(zip(bufs, before)):
+            ctx.check(f"{label}: buffer {i} unchanged", x, x0)
+        out = np.empty(3, np.float32)
+        comm.Allreduce([np.ones(3, np.float32), MPI.FLOAT], [out, MPI.FLOAT], op=MPI.SUM)
+        ctx.check(f"{label}: usable afterwards", out, np.full(3, ctx.size, np.float32))
+
+    a, short = np.arange(9, dtype=np.float32), sentinel(np.float32, 8)
+    bad("Allreduce recvbuf one shorter", "Allreduce",
+        lambda: comm.Allreduce([a, MPI.FLOAT], [short, MPI.FLOAT], op=MPI.SUM), [a, short])
+    same = np.arange(9, dtype=np.float32)
+    bad("Allreduce sendbuf is recvbuf", "Allreduce",
+        lambda: comm.Allreduce([same, MPI.FLOAT], [same, MPI.FLOAT], op=MPI.SUM), [same])
+    frozen, c = sentinel(np.float32, 9), np.arange(9, dtype=np.float32)
+    frozen.flags.writeable = False
+    bad("Allreduce into a read-only recvbuf", "Allreduce",
+        lambda: comm.Allreduce([c, MPI.FLOAT], [frozen, MPI.FLOAT], op=MPI.SUM), [c, frozen])
+    comm.Free()
+
+
+@case
+def case_dropped_plans_leave_no_cycles(ctx):
+    """A program of ever new lengths, past the plan cache: the plans let go are freed at once (no object left for
+    the cyclic collector), whatever paths their calls took."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's plans")
+    comm = ctx.comm.Dup()
+    for k, n in enumerate(range(1, 8)):  # every path's first plans and the kernels, outside the count
+        _resizing_calls(ctx, comm, n, k)
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for k, n in enumerate(range(8, 48)):  # 40 lengths of 7 calls: past the cache's 64 plans
+            _resizing_calls(ctx, comm, n, k)
+            a = np.ones(n * ctx.size, np.float32)
+            b = np.empty(n * ctx.size, np.float32)
+            comm.Alltoall([a, ctx.MPI.FLOAT], [b, ctx.MPI.FLOAT])
+            comm.Allgather([a[:n], ctx.MPI.FLOAT], [b, ctx.MPI.FLOAT])
+            ctx.check(f"Allgather n={n}", b, np.ones(n * ctx.size, np.float32))
+        gc.collect()
+        kinds: dict[str, int] = {}
+        for o in gc.garbage:
+            kinds[type(o).__name__] = kinds.get(type(o).__name__, 0) + 1
+        ctx.record("garbage", kinds)
+        ctx.record("plans", len(comm._x.plans))
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    comm.Free()
