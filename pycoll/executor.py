@@ -28,7 +28,7 @@ from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend
 from .p2p_protocol import Schedule, Sig
-from .plans import Plan, Rebind, resize_key, shape_key
+from .plans import Plan, PlanCache, shape_key
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -53,9 +53,8 @@ class Executor:
         self.comm = comm
         self.describe = describe  # names a call from its signature, in mismatch reports
         self.engine = comm._engine
-        self.plans: dict[tuple, Plan] = {}
-        # (label, resize_key) -> a checked plan that a call of another length is planned from (``Plan.resizable``)
-        self.resizable: dict[tuple, Plan] = {}
+        self.cache = PlanCache(_PLANS)
+        self.plans = self.cache.plans  # (label, shape key) -> plan
         self.chosen: Any = None  # the algorithm ``stage`` selected for a device call (run as is, or on its staged twin)
         self.others = [q for q in range(comm.size) if q != comm.rank]
         # small calls of a communicator across hosts: a call per host and one among the hosts' first ranks
@@ -161,66 +160,27 @@ class Executor:
 
     def _plan(self, label: str, args: tuple) -> Optional[Plan]:
         key = shape_key(args)
-        if key is None:
-            return None
-        try:
-            return self.plans.get((label, key))
-        except TypeError:  # an unhashable argument (the checks name it)
-            return None
+        return self.cache.get(label, key) if key is not None else None
 
     def _remember(self, label: str, args: tuple, call: Call, sig: Sig) -> Optional[Plan]:
         """Keep a checked call as the plan of its shape, if its views can be found again in later calls."""
-        key = shape_key(args)
-        if key is None or call.stream is not None:
-            return None
-        send_rb, recv_rb = Rebind.find(call.send, args), Rebind.find(call.recv, args)  # in place: views into recv
-        if send_rb is False or recv_rb is False:
-            return None
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        plan = self._keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
-        sized = resize_key(args)
-        if sized is not None and plan.resizable(sized[1]):
-            if len(self.resizable) >= _PLANS:
-                self.resizable.pop(next(iter(self.resizable)))
-            self.resizable[(label, sized[0])] = plan
-        return plan
-
-    def _keep(self, label: str, key: tuple, plan: Plan) -> Plan:
-        if len(self.plans) >= _PLANS:
-            self.plans.pop(next(iter(self.plans))).retire()
-        self.plans[(label, key)] = plan
-        return plan
+        return self.cache.remember(label, args, call, sig) if call.stream is None else None
 
     def _resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
-        """A new shape's plan and call, made from a checked plan whose call differs in its arrays' length alone
-        (``Plan.resizable``), without the argument checks; None where there is none (or the views now overlap:
-        the checks name it)."""
-        sized = resize_key(args)
-        if sized is None:
-            return None
-        try:
-            base = self.resizable.get((label, sized[0]))
-            hash(key)
-        except TypeError:  # an unhashable argument (the checks name it)
-            return None
-        views = base.views(args) if base is not None else None
-        if views is None:
+        """A new shape's plan and call made from a checked plan whose call differs in its arrays' length alone
+        (``PlanCache.resized``), without the argument checks; None where there is none."""
+        found = self.cache.resized(label, args, key)
+        if found is None:
             return None
         c = self.comm
         c._live(label, numbered=True)
         self.chosen = None
         if self.gate.kernels is None and c._arena is not None:
             self.gate.open()
-        call = base.make_call(*views)
-        plan = self._keep(label, key, Plan(label, call, base.sig._replace(count=sized[1]), base.send, base.recv))
-        return plan, call
+        return found
 
     def clear(self) -> None:
-        self.plans.clear()
-        self.resizable.clear()
+        self.cache.clear()
         if self.composed is not None:
             self.composed.free()
 

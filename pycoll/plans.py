@@ -263,3 +263,68 @@ class Plan:
         """The call for these arguments (same shape), or None if its buffers now overlap (the checks name it)."""
         views = self.views(args)
         return None if views is None else self.make_call(*views)
+
+
+class PlanCache:
+    """A communicator's plans by call shape, at most ``limit`` (the oldest dropped first, ``Plan.retire``), and per
+    call whose arrays' length alone may change, the checked plan a new length is planned from (``Plan.resizable``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.plans: dict[tuple, Plan] = {}  # (label, shape_key) -> plan
+        self.resizable: dict[tuple, Plan] = {}  # (label, resize_key without the length) -> a checked plan
+
+    def get(self, label: str, key: tuple) -> Optional[Plan]:
+        try:
+            return self.plans.get((label, key))
+        except TypeError:  # an unhashable argument (the checks name it)
+            return None
+
+    def keep(self, label: str, key: tuple, plan: Plan) -> Plan:
+        if len(self.plans) >= self.limit:
+            self.plans.pop(next(iter(self.plans))).retire()
+        self.plans[(label, key)] = plan
+        return plan
+
+    def remember(self, label: str, args: tuple, call: Call, sig: Sig) -> Optional[Plan]:
+        """Keep a checked call as the plan of its shape, if its views can be found again in later calls (and as the
+        plan its other lengths are made from, where it is ``resizable``)."""
+        key = shape_key(args)
+        if key is None:
+            return None
+        send_rb, recv_rb = Rebind.find(call.send, args), Rebind.find(call.recv, args)  # in place: views into recv
+        if send_rb is False or recv_rb is False:
+            return None
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        plan = self.keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
+        sized = resize_key(args)
+        if sized is not None and plan.resizable(sized[1]):
+            if len(self.resizable) >= self.limit:
+                self.resizable.pop(next(iter(self.resizable)))
+            self.resizable[(label, sized[0])] = plan
+        return plan
+
+    def resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
+        """The plan of a new shape (``key``) whose call differs from a kept resizable plan's in its arrays' length
+        alone, kept, and its call on ``args``: the kept plan's call on the new arrays, its signature counting their
+        length. None where there is no such plan, or the new arrays overlap (the checks name it)."""
+        sized = resize_key(args)
+        if sized is None:
+            return None
+        try:
+            base = self.resizable.get((label, sized[0]))
+            hash(key)
+        except TypeError:  # an unhashable argument (the checks name it)
+            return None
+        views = base.views(args) if base is not None else None
+        if views is None:
+            return None
+        call = base.make_call(*views)
+        return self.keep(label, key, Plan(label, call, base.sig._replace(count=sized[1]), base.send, base.recv)), call
+
+    def clear(self) -> None:
+        self.plans.clear()
+        self.resizable.clear()

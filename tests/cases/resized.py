@@ -57,7 +57,7 @@ def case_resized_plans(ctx):
     for k, n in enumerate(_LENGTHS):
         _resizing_calls(ctx, comm, n, k)
     x = comm._x
-    bases = list(x.resizable.values())
+    bases = list(x.cache.resizable.values())
     derived = [p for p in x.plans.values() if p not in bases and any(
         (p.send is not None and p.send is b.send) or (p.recv is not None and p.recv is b.recv) for b in bases)]
     ctx.record("bases", sorted({b.label for b in bases}))
@@ -76,7 +76,7 @@ def case_resized_plans(ctx):
                        "a mean of the ranks' values lies between them", got=out.tolist())
     finally:
         op.Free()
-    ctx.record("user_op_bases", sum(1 for b in x.resizable.values() if b.template.op is not None
+    ctx.record("user_op_bases", sum(1 for b in x.cache.resizable.values() if b.template.op is not None
                                     and not b.template.op.is_predefined))
     comm.Free()
 
