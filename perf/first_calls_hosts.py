@@ -9,8 +9,8 @@ buffer-spec calls (`[a, MPI.FLOAT]`) of `--bytes` bytes each on arrays made fres
 array untouched, as `np.empty` gives it: its first touch is timed, as in a program), and reports the slowest rank's
 time for each. Every peer and --env setting (pycoll's) runs --jobs jobs, alternating, and the medians over the jobs
 are printed. With --new-counts, every call has a count of its own (one element more than the call before), each made
-twice: the medians of a new shape's first call and of its second are reported too, as a program whose sizes vary
-sees them. Needs root (network namespaces).
+twice (for the block collectives, one element more per rank's block): the medians of a new shape's first call and of
+its second are reported too, as a program whose sizes vary sees them. Needs root (network namespaces).
 """
 
 from __future__ import annotations
@@ -36,18 +36,20 @@ coll, nbytes, calls, new_counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]
 c = MPI.COMM_WORLD
 times = []
 for i in range(calls * (2 if new_counts else 1)):
-    n = max(nbytes // 4, 1) + (i // 2 if new_counts else 0)  # new counts: each count twice in a row
+    grow = i // 2 if new_counts else 0  # new counts: each count twice in a row
+    n = max(nbytes // 4, 1) + grow
+    m = max(nbytes // 4 // c.size, 1) + grow  # a rank's block (its own count grows by one per new shape)
     if coll == "allreduce":
         a, b = np.ones(n, np.float32), np.empty(n, np.float32)
         call = lambda: c.Allreduce([a, MPI.FLOAT], [b, MPI.FLOAT])
     elif coll == "allgather":  # nbytes is the whole output (nccl-tests' size)
-        a, b = np.ones(max(n // c.size, 1), np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
+        a, b = np.ones(m, np.float32), np.empty(m * c.size, np.float32)
         call = lambda: c.Allgather([a, MPI.FLOAT], [b, MPI.FLOAT])
     elif coll == "reduce_scatter":  # Reduce_scatter_block; nbytes is the whole input (nccl-tests' size)
-        a, b = np.ones(max(n // c.size, 1) * c.size, np.float32), np.empty(max(n // c.size, 1), np.float32)
+        a, b = np.ones(m * c.size, np.float32), np.empty(m, np.float32)
         call = lambda: c.Reduce_scatter_block([a, MPI.FLOAT], [b, MPI.FLOAT])
     elif coll == "alltoall":  # nbytes is a rank's whole input (nccl-tests' size)
-        a, b = np.ones(max(n // c.size, 1) * c.size, np.float32), np.empty(max(n // c.size, 1) * c.size, np.float32)
+        a, b = np.ones(m * c.size, np.float32), np.empty(m * c.size, np.float32)
         call = lambda: c.Alltoall([a, MPI.FLOAT], [b, MPI.FLOAT])
     else:
         b = np.ones(n, np.float32) if c.rank == 0 else np.empty(n, np.float32)

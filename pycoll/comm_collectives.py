@@ -4,9 +4,7 @@ call the executor runs) and its blocking and ``I`` forms: Bcast, the gathers, th
 
 from __future__ import annotations
 
-import hashlib
-import struct
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import numpy as np
 
@@ -14,13 +12,8 @@ from . import arrays, buffers, datatypes, derived_buffers, errors, typemap
 from .algorithms.base import Call
 from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
-from .p2p_protocol import Sig
+from .p2p_protocol import Sig, counts_hash
 from .request import Request
-
-
-def _vhash(values: Sequence[int]) -> int:
-    digest = hashlib.blake2b(struct.pack(f"<{len(values)}q", *values), digest_size=8).digest()
-    return int.from_bytes(digest, "little") or 1
 
 
 class _WSide:
@@ -131,7 +124,7 @@ class CollectiveCalls:
             self._distinct(s.array, rv.array, name)
             send_arr = s.array
         call = Call("allgather", rv.dtype, send_arr, rv.array, counts=rv.counts, displs=rv.displs, in_place=sendbuf is IN_PLACE)
-        return call, self._sig(call, sum(rv.counts), _vhash(rv.counts) if vector else 0)
+        return call, self._sig(call, sum(rv.counts), counts_hash(rv.counts) if vector else 0)
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, stream: Any = None) -> None:  # noqa: N802
         self._x.run("Allgather", self._allgather_call, (sendbuf, recvbuf, False), stream)

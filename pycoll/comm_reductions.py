@@ -11,9 +11,8 @@ from . import ops as _ops
 from .algorithms.base import Call
 from .buffers import IN_PLACE
 from .errors import InvalidArgumentError
-from .p2p_protocol import Sig
+from .p2p_protocol import Sig, counts_hash
 from .request import Request
-from .comm_collectives import _vhash
 
 _ELEMENTWISE = {"allreduce": "Allreduce", "scan": "Scan", "exscan": "Exscan"}  # the calls _allreduce_call checks
 
@@ -158,7 +157,7 @@ class ReductionCalls:
                 raise InvalidArgumentError(f"recvbuf needs {counts[self._rank]} elements, has {recv_arr.shape[0]}", op=name, rank=self._rank)
             self._distinct(send.array, recv.array, name)
         call = Call("reduce_scatter", recv_arr.dtype, send_arr, recv_arr, o, counts=counts, in_place=sendbuf is IN_PLACE)
-        return call, self._sig(call, total, _vhash(counts), op=o)
+        return call, self._sig(call, total, counts_hash(counts), op=o)
 
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = _ops.SUM, *, stream: Any = None) -> None:  # noqa: N802
         self._x.run("Reduce_scatter_block", self._reduce_scatter_call, (sendbuf, recvbuf, None, op, "Reduce_scatter_block"), stream)

@@ -167,7 +167,7 @@ class Executor:
         return self.cache.remember(label, args, call, sig) if call.stream is None else None
 
     def _resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
-        """A new shape's plan and call made from a checked plan whose call differs in its arrays' length alone
+        """A new shape's plan and call made from a checked plan whose call differs in its arrays' scale alone
         (``PlanCache.resized``), without the argument checks; None where there is none."""
         found = self.cache.resized(label, args, key)
         if found is None:

@@ -3,6 +3,7 @@ of operations, send and receive requests, schedules, and the knobs the engine's 
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Generator, Iterable, NamedTuple, Optional, Sequence, Union
@@ -122,6 +123,12 @@ class Sig(NamedTuple):
 
 
 P2P_SIG = Sig()
+
+
+def counts_hash(values: Sequence[int]) -> int:
+    """A vector call's per-rank counts as the one word its signature carries (``Sig.vhash``; never 0)."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(values)}q", *values), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
 
 
 def meta_of(sig: Sig) -> int:

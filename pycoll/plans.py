@@ -3,6 +3,7 @@ are found again in a later call's arguments, and what a plan holds (the executor
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -13,7 +14,7 @@ from .buffers import IN_PLACE
 from .datatypes import Datatype
 from .memory import host_address
 from .ops import Op
-from .p2p_protocol import Sig
+from .p2p_protocol import Sig, counts_hash
 from .p2p_specs import call_key_module
 
 _SCALARS = (int, str, bool, float, type(None), Op, Datatype, np.dtype)
@@ -117,13 +118,14 @@ shape_key: Callable[[tuple], Optional[tuple]] = _compiled_shape_key() or shape_k
 
 
 def resize_key(args: tuple) -> Optional[tuple[tuple, int]]:
-    """(what a call's arguments are apart from addresses and the length of their arrays, that length), where every
-    array among them is one-dimensional and C-ordered, bare or as ``[arr, T]`` with a ``Datatype`` T, and all have
-    one length, at least 1; else None. Two calls with one such key differ in their arrays' length alone (the
-    executor plans the second from the first: ``Plan.resizable``)."""
+    """(what a call's arguments are apart from addresses and their arrays' scale, that scale), where every array among
+    them is one-dimensional and C-ordered, bare or as ``[arr, T]`` with a ``Datatype`` T, at least one element long;
+    else None. The scale is the greatest common divisor of the arrays' lengths, and the key holds each length over
+    it: two calls with one key differ in their arrays' lengths by one factor (the executor plans the second from the
+    first: ``Plan.resizable``)."""
     key = []
     add = key.append
-    n = -1
+    lengths = []
     for a in args:
         t = type(a)
         if t is _NDARRAY:
@@ -133,17 +135,21 @@ def resize_key(args: tuple) -> Optional[tuple[tuple, int]]:
         elif t is int or t is Op or t is str or a is IN_PLACE or a is None:
             add(a)
             continue
+        elif t is bool:  # True == 1: a flag gets an entry no int equals
+            add(_TRUE if a else _FALSE)
+            continue
         else:
             return None
-        if arr.ndim != 1:
-            return None
         flags = arr.flags
-        size = arr.shape[0]
-        if not flags.c_contiguous or size != n and n >= 0:
+        if arr.ndim != 1 or not flags.c_contiguous or not arr.shape[0]:
             return None
-        n = size
+        lengths.append(arr.shape[0])
         add((t, named, arr.dtype, flags.writeable))
-    return (tuple(key), n) if n > 0 else None
+    if not lengths:
+        return None
+    scale = lengths[0] if len(lengths) == 1 else math.gcd(*lengths)
+    add(tuple([n // scale for n in lengths]))
+    return tuple(key), scale
 
 
 def _arrays(args: tuple):
@@ -231,17 +237,21 @@ class Plan:
         program of ever new shapes would pay for."""
         self.inline = self.fast = None
 
-    def resizable(self, length: int) -> bool:
-        """Whether a call whose arguments have this plan's ``resize_key`` and arrays of another length is this plan's
-        call on those arrays, its signature counting the new length: true where the call has no counts of its own
-        (an Allreduce, Reduce, Bcast, Scan or Exscan) and its views are the arguments' arrays as they are
-        (``length``: theirs, which the signature counts). Its argument checks then hold for the other length too:
-        they compare the arrays' lengths, and ``resize_key`` found them equal."""
+    def resizable(self) -> bool:
+        """Whether this plan's call at other lengths (its arguments' ``resize_key`` the same, their scale another) is
+        its call with every count scaled alike: true for the collectives whose counts follow from the arrays'
+        lengths, linearly (``RESIZABLE``, one block size for every rank), with a predefined op, whose views are the
+        arguments' arrays as they are. Their argument checks compare lengths and counts with each other: scaled
+        alike, the checks still hold, where every scaled count is whole (``PlanCache.resized``)."""
         t, send, recv = self.template, self.send, self.recv
-        return (not (t.counts or t.displs or t.send_counts or t.send_displs or t.vector) and t.total < 0
-                and (t.op is None or t.op.is_predefined) and self.sig.count == length and self.sig.vhash == 0
-                and (send is not None or recv is not None)
-                and (send is None or send.whole) and (recv is None or recv.whole))
+        return (self.label in RESIZABLE and not t.vector and self.sig.vhash in (0, self._counts_word(t.counts))
+                and (t.op is None or t.op.is_predefined) and (send is not None or recv is not None)
+                and (send is None or send.whole) and (recv is None or recv.whole)
+                and _uniform(t.counts, t.displs) and _uniform(t.send_counts, t.send_displs))
+
+    def _counts_word(self, counts: list[int]) -> int:
+        """The signature word of these counts, where this plan's signature carries its counts (else 0)."""
+        return counts_hash(counts) if self.sig.vhash else 0
 
     def views(self, args: tuple) -> Optional[tuple[Optional[np.ndarray], Optional[np.ndarray]]]:
         """(send, recv) flat views for these arguments (same shape), or None if they now overlap (the checks name it)."""
@@ -265,6 +275,35 @@ class Plan:
         return None if views is None else self.make_call(*views)
 
 
+# the blocking collectives whose counts follow linearly from their arrays' lengths, one block size for every rank
+RESIZABLE = frozenset({"Allreduce", "Reduce", "Bcast", "Scan", "Exscan", "Allgather", "Alltoall", "Reduce_scatter_block",
+                       "Gather", "Scatter"})
+
+
+def _uniform(counts: list[int], displs: list[int]) -> bool:
+    """Whether every rank's block has one size, one after another from the start (or there are no blocks)."""
+    return all(c == counts[0] for c in counts) and all(d == i * counts[0] for i, d in enumerate(displs))
+
+
+class _Unscalable(Exception):
+    """A count that the new scale does not make whole: the call takes the checks."""
+
+
+def _scaled(value: int, scale: int, base: int) -> int:
+    q, r = divmod(value * scale, base)
+    if r:
+        raise _Unscalable
+    return q
+
+
+def _blocks_scaled(counts: list[int], displs: list[int], scale: int, base: int) -> tuple[list[int], list[int]]:
+    """Uniform blocks (``_uniform``) with their size scaled (``_scaled``), one after another."""
+    if not counts:
+        return counts, displs
+    each = _scaled(counts[0], scale, base)
+    return [each] * len(counts), [i * each for i in range(len(displs))]
+
+
 class PlanCache:
     """A communicator's plans by call shape, at most ``limit`` (the oldest dropped first, ``Plan.retire``), and per
     call whose arrays' length alone may change, the checked plan a new length is planned from (``Plan.resizable``)."""
@@ -272,7 +311,7 @@ class PlanCache:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.plans: dict[tuple, Plan] = {}  # (label, shape_key) -> plan
-        self.resizable: dict[tuple, Plan] = {}  # (label, resize_key without the length) -> a checked plan
+        self.resizable: dict[tuple, tuple[Plan, int]] = {}  # (label, resize_key) -> a checked plan and its scale
 
     def get(self, label: str, key: tuple) -> Optional[Plan]:
         try:
@@ -301,29 +340,46 @@ class PlanCache:
             return None
         plan = self.keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
         sized = resize_key(args)
-        if sized is not None and plan.resizable(sized[1]):
+        if sized is not None and plan.resizable():
             if len(self.resizable) >= self.limit:
                 self.resizable.pop(next(iter(self.resizable)))
-            self.resizable[(label, sized[0])] = plan
+            self.resizable[(label, sized[0])] = (plan, sized[1])
         return plan
 
     def resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
-        """The plan of a new shape (``key``) whose call differs from a kept resizable plan's in its arrays' length
-        alone, kept, and its call on ``args``: the kept plan's call on the new arrays, its signature counting their
-        length. None where there is no such plan, or the new arrays overlap (the checks name it)."""
+        """The plan of a new shape (``key``) whose arguments differ from a kept resizable plan's in their arrays'
+        scale alone, kept, and its call on ``args``: the kept plan's call on the new arrays, every count (the
+        signature's too) scaled alike. None where there is no such plan, a scaled count is not whole, or the new
+        arrays overlap (the checks name each)."""
         sized = resize_key(args)
         if sized is None:
             return None
         try:
-            base = self.resizable.get((label, sized[0]))
+            found = self.resizable.get((label, sized[0]))
             hash(key)
         except TypeError:  # an unhashable argument (the checks name it)
             return None
-        views = base.views(args) if base is not None else None
+        if found is None:
+            return None
+        base, was = found
+        views = base.views(args)
         if views is None:
             return None
-        call = base.make_call(*views)
-        return self.keep(label, key, Plan(label, call, base.sig._replace(count=sized[1]), base.send, base.recv)), call
+        scale, t = sized[1], base.template
+        try:
+            count = _scaled(base.sig.count, scale, was)
+            if t.counts or t.send_counts or t.total >= 0:
+                counts, displs = _blocks_scaled(t.counts, t.displs, scale, was)
+                send_counts, send_displs = _blocks_scaled(t.send_counts, t.send_displs, scale, was)
+                total = _scaled(t.total, scale, was) if t.total >= 0 else -1
+                call = Call(t.coll, t.dtype, views[0], views[1], t.op, t.root, counts, displs, send_counts, send_displs,
+                            t.in_place, t.vector, total)
+            else:
+                call = base.make_call(*views)
+        except _Unscalable:
+            return None
+        sig = base.sig._replace(count=count, vhash=base._counts_word(call.counts))
+        return self.keep(label, key, Plan(label, call, sig, base.send, base.recv)), call
 
     def clear(self) -> None:
         self.plans.clear()

@@ -44,6 +44,26 @@ def _resizing_calls(ctx, comm, n, k):
     if r:
         ctx.check(f"Exscan n={n}", out, sum(ins[:r]))
     ctx.check(f"sendbuf unchanged n={n}", send, ins[r])
+    blocks = [np.arange(n * p, dtype=dt) * (q + 2) - k for q in range(p)]  # rank q's p blocks of n
+    out = sentinel(dt, n * p)
+    comm.Allgather([send, T], [out, T])
+    ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
+    out = sentinel(dt, n * p)
+    comm.Alltoall([blocks[r], T], [out, T])
+    ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
+    part = sentinel(dt, n)
+    comm.Reduce_scatter_block([blocks[r], T], [part, T], op=MPI.SUM)
+    ctx.check(f"Reduce_scatter_block n={n}", part, sum(blocks)[r * n:(r + 1) * n])
+    whole = blocks[r].copy()
+    comm.Reduce_scatter_block(MPI.IN_PLACE, [whole, T], op=MPI.SUM)
+    ctx.check(f"Reduce_scatter_block in place n={n}", whole[:n], sum(blocks)[r * n:(r + 1) * n])
+    out = sentinel(dt, n * p)
+    comm.Gather([send, T], [out, T] if r == root else None, root=root)
+    if r == root:
+        ctx.check(f"Gather root={root} n={n}", out, np.concatenate(ins))
+    part = sentinel(dt, n)
+    comm.Scatter([blocks[root], T] if r == root else None, [part, T], root=root)
+    ctx.check(f"Scatter root={root} n={n}", part, blocks[root][r * n:(r + 1) * n])
 
 
 @case
@@ -57,7 +77,7 @@ def case_resized_plans(ctx):
     for k, n in enumerate(_LENGTHS):
         _resizing_calls(ctx, comm, n, k)
     x = comm._x
-    bases = list(x.cache.resizable.values())
+    bases = [b for b, _ in x.cache.resizable.values()]
     derived = [p for p in x.plans.values() if p not in bases and any(
         (p.send is not None and p.send is b.send) or (p.recv is not None and p.recv is b.recv) for b in bases)]
     ctx.record("bases", sorted({b.label for b in bases}))
@@ -76,7 +96,7 @@ def case_resized_plans(ctx):
                        "a mean of the ranks' values lies between them", got=out.tolist())
     finally:
         op.Free()
-    ctx.record("user_op_bases", sum(1 for b in x.cache.resizable.values() if b.template.op is not None
+    ctx.record("user_op_bases", sum(1 for b, _ in x.cache.resizable.values() if b.template.op is not None
                                     and not b.template.op.is_predefined))
     comm.Free()
 
@@ -112,6 +132,11 @@ def case_resized_plan_errors(ctx):
     same = np.arange(9, dtype=np.float32)
     bad("Allreduce sendbuf is recvbuf", "Allreduce",
         lambda: comm.Allreduce([same, MPI.FLOAT], [same, MPI.FLOAT], op=MPI.SUM), [same])
+    for n in (1, 2):  # a base of each: one block of n per rank
+        comm.Alltoall([np.ones(n * ctx.size, np.float32), MPI.FLOAT], [np.empty(n * ctx.size, np.float32), MPI.FLOAT])
+    odd, into = np.ones(ctx.size + 1, np.float32), sentinel(np.float32, ctx.size + 1)
+    bad("Alltoall of a length that does not split into blocks", "Alltoall",
+        lambda: comm.Alltoall([odd, MPI.FLOAT], [into, MPI.FLOAT]), [odd, into])
     frozen, c = sentinel(np.float32, 9), np.arange(9, dtype=np.float32)
     frozen.flags.writeable = False
     bad("Allreduce into a read-only recvbuf", "Allreduce",
@@ -132,13 +157,14 @@ def case_dropped_plans_leave_no_cycles(ctx):
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        for k, n in enumerate(range(8, 48)):  # 40 lengths of 7 calls: past the cache's 64 plans
+        for k, n in enumerate(range(8, 28)):  # 20 lengths of 17 calls: past the cache's 64 plans
             _resizing_calls(ctx, comm, n, k)
             a = np.ones(n * ctx.size, np.float32)
             b = np.empty(n * ctx.size, np.float32)
-            comm.Alltoall([a, ctx.MPI.FLOAT], [b, ctx.MPI.FLOAT])
+            each = [n] * ctx.size  # a vector call: planned from scratch
+            comm.Alltoallv([a, each, ctx.MPI.FLOAT], [b, each, ctx.MPI.FLOAT])
             comm.Allgather([a[:n], ctx.MPI.FLOAT], [b, ctx.MPI.FLOAT])
-            ctx.check(f"Allgather n={n}", b, np.ones(n * ctx.size, np.float32))
+            ctx.check(f"Allgather of a view n={n}", b, np.ones(n * ctx.size, np.float32))
         gc.collect()
         kinds: dict[str, int] = {}
         for o in gc.garbage:
