@@ -170,14 +170,18 @@ class Executor:
         """A new shape's plan and call made from a checked plan whose call differs in its arrays' scale alone
         (``PlanCache.resized``), without the argument checks; None where there is none."""
         found = self.cache.resized(label, args, key)
-        if found is None:
-            return None
+        if found is not None:
+            self._new_shape(label)
+        return found
+
+    def _new_shape(self, label: str) -> None:
+        """Before a new shape's first call: the communicator must be usable; the compiled kernels are opened now, so
+        that the shape's second call never stalls on them."""
         c = self.comm
         c._live(label, numbered=True)
         self.chosen = None
         if self.gate.kernels is None and c._arena is not None:
             self.gate.open()
-        return found
 
     def clear(self) -> None:
         self.cache.clear()
@@ -294,10 +298,7 @@ class Executor:
         (else None).
         """
         c = self.comm
-        c._live(label, numbered=True)
-        self.chosen = None
-        if self.gate.kernels is None and c._arena is not None:
-            self.gate.open()  # a shape's first call opens the compiled kernels, so its second never stalls on them
+        self._new_shape(label)
         try:
             with derived_buffers.collecting_packed() as unpacking:  # derived datatypes' packed receive buffers
                 call, sig = build(*args)
