@@ -119,19 +119,25 @@ shape_key: Callable[[tuple], Optional[tuple]] = _compiled_shape_key() or shape_k
 
 def resize_key(args: tuple) -> Optional[tuple[tuple, int]]:
     """(what a call's arguments are apart from addresses and their arrays' scale, that scale), where every array among
-    them is one-dimensional and C-ordered, bare or as ``[arr, T]`` with a ``Datatype`` T, at least one element long;
-    else None. The scale is the greatest common divisor of the arrays' lengths, and the key holds each length over
-    it: two calls with one key differ in their arrays' lengths by one factor (the executor plans the second from the
-    first: ``Plan.resizable``)."""
+    them is one-dimensional and C-ordered, bare or as ``[arr, T]`` or ``[arr, count, T]`` with a ``Datatype`` T, at
+    least one element long (a count at least 1); else None. The scale is the greatest common divisor of the arrays'
+    lengths and the specs' counts, and the key holds each over it: two calls with one key differ in their arrays'
+    lengths (and counts) by one factor (the executor plans the second from the first: ``Plan.resizable``)."""
     key = []
     add = key.append
     lengths = []
     for a in args:
         t = type(a)
+        count = None
         if t is _NDARRAY:
             arr, named = a, None
         elif (t is list or t is tuple) and len(a) == 2 and type(a[0]) is _NDARRAY and type(a[1]) is Datatype:
             arr, named = a
+        elif (t is list or t is tuple) and len(a) == 3 and type(a[0]) is _NDARRAY and type(a[1]) is int \
+                and type(a[2]) is Datatype:
+            arr, count, named = a
+            if count <= 0:
+                return None
         elif t is int or t is Op or t is str or a is IN_PLACE or a is None:
             add(a)
             continue
@@ -144,7 +150,9 @@ def resize_key(args: tuple) -> Optional[tuple[tuple, int]]:
         if arr.ndim != 1 or not flags.c_contiguous or not arr.shape[0]:
             return None
         lengths.append(arr.shape[0])
-        add((t, named, arr.dtype, flags.writeable))
+        if count is not None:  # a spec's count scales with its array
+            lengths.append(count)
+        add((t, named, arr.dtype, flags.writeable, count is None))
     if not lengths:
         return None
     scale = lengths[0] if len(lengths) == 1 else math.gcd(*lengths)
@@ -173,8 +181,8 @@ class Rebind:
         if whole and ndim == 1:
             i, j = index, item
             self.view = (lambda args: args[i]) if j < 0 else (lambda args: args[i][j])
-        else:
-            self.view = self._view
+        else:  # a closure, not a bound method: the rebind holding its own method would be a cycle
+            self.view = _ranged_view(index, item, dtype, start, stop, whole)
 
     @staticmethod
     def find(view: Optional[np.ndarray], args: tuple) -> Any:
@@ -203,15 +211,22 @@ class Rebind:
                 return Rebind(i, j, view.dtype, start, start + view.size, whole, a.ndim)
         return False
 
-    def _view(self, args: tuple) -> np.ndarray:
-        a = args[self.index] if self.item < 0 else args[self.index][self.item]
+
+def _ranged_view(index: int, item: int, dtype: np.dtype, start: int, stop: int, whole: bool
+                 ) -> Callable[[tuple], np.ndarray]:
+    """A rebind's view of an argument that is not one whole one-dimensional array: flattened, seen as ``dtype``,
+    elements ``start`` to ``stop``."""
+    def view(args: tuple) -> np.ndarray:
+        a = args[index] if item < 0 else args[index][item]
         if a.ndim != 1:
             a = a.reshape(-1)
-        if self.whole:
+        if whole:
             return a
-        if a.dtype != self.dtype:
-            a = a.view(self.dtype)
-        return a[self.start:self.stop]
+        if a.dtype != dtype:
+            a = a.view(dtype)
+        return a[start:stop]
+
+    return view
 
 
 class Plan:

@@ -23,6 +23,13 @@ def _resizing_calls(ctx, comm, n, k):
     comm.Allreduce([send, T], [out, T], op=MPI.SUM)
     ctx.check(f"Allreduce spec n={n}", out, total)
     out = sentinel(dt, n)
+    comm.Allreduce([send, n, T], [out, n, T], op=MPI.SUM)  # mpi4py's explicit count, the whole array
+    ctx.check(f"Allreduce spec with a count n={n}", out, total)
+    longer = sentinel(dt, n + 2)  # a count short of the array: the rest untouched
+    comm.Allreduce([send, n, T], [longer, n, T], op=MPI.SUM)
+    ctx.check(f"Allreduce spec with a count short of the array n={n}", longer,
+              np.concatenate([total, sentinel(dt, n + 2)[n:]]))
+    out = sentinel(dt, n)
     comm.Allreduce(send, out, op=MPI.MAX)
     ctx.check(f"Allreduce bare MAX n={n}", out, ins[-1] if n else out)
     whole = ins[r].copy()
@@ -48,6 +55,9 @@ def _resizing_calls(ctx, comm, n, k):
     out = sentinel(dt, n * p)
     comm.Allgather([send, T], [out, T])
     ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
+    out = sentinel(dt, n * p)
+    comm.Allgather([send, n, T], [out, n, T])  # a recvbuf spec's count is per block
+    ctx.check(f"Allgather spec with a count n={n}", out, np.concatenate(ins))
     out = sentinel(dt, n * p)
     comm.Alltoall([blocks[r], T], [out, T])
     ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
@@ -137,6 +147,11 @@ def case_resized_plan_errors(ctx):
     odd, into = np.ones(ctx.size + 1, np.float32), sentinel(np.float32, ctx.size + 1)
     bad("Alltoall of a length that does not split into blocks", "Alltoall",
         lambda: comm.Alltoall([odd, MPI.FLOAT], [into, MPI.FLOAT]), [odd, into])
+    for n in (3, 5):  # bases with explicit counts
+        comm.Allreduce([np.ones(n, np.float32), n, MPI.FLOAT], [np.empty(n, np.float32), n, MPI.FLOAT], op=MPI.SUM)
+    past, into = np.ones(9, np.float32), sentinel(np.float32, 9)
+    bad("Allreduce count past the buffer", "Allreduce",
+        lambda: comm.Allreduce([past, 10, MPI.FLOAT], [into, 10, MPI.FLOAT], op=MPI.SUM), [past, into])
     frozen, c = sentinel(np.float32, 9), np.arange(9, dtype=np.float32)
     frozen.flags.writeable = False
     bad("Allreduce into a read-only recvbuf", "Allreduce",
