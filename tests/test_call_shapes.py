@@ -63,10 +63,10 @@ def test_kernels_load_in_the_background(tmp_path, jit_cache) -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
 def test_resized_plans(n: int, transport: str, tmp_path) -> None:
-    """A call of a new length is planned from the checked plan of another (Allreduce, Reduce, Bcast, Scan, Exscan),
-    right; the calls those checks refuse are still refused; a user-defined op's calls are planned from scratch; and
-    a program of ever new lengths leaves the cyclic collector nothing (dropped plans had been cycles of 30-50
-    objects each)."""
+    """A call of a new length is planned from the checked plan of another (ten collectives, specs with and without a
+    count), right; the calls those checks refuse are still refused; a user-defined op's calls are planned from
+    scratch; and a program of ever new lengths leaves the cyclic collector nothing (dropped plans had been cycles of
+    30-50 objects each)."""
     res = harness.run_cases(n, ["resized.resized_plans", "resized.resized_plan_errors",
                                 "resized.dropped_plans_leave_no_cycles"], transport=transport, out_dir=str(tmp_path),
                             job_timeout=260)

@@ -172,7 +172,7 @@ def case_dropped_plans_leave_no_cycles(ctx):
     gc.disable()
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
-        for k, n in enumerate(range(8, 28)):  # 20 lengths of 17 calls: past the cache's 64 plans
+        for k, n in enumerate(range(8, 28)):  # 20 lengths of 18 calls: past the cache's 64 plans
             _resizing_calls(ctx, comm, n, k)
             a = np.ones(n * ctx.size, np.float32)
             b = np.empty(n * ctx.size, np.float32)
