@@ -28,7 +28,7 @@ from .errors import InvalidArgumentError
 from .inline_runners import INLINE
 from .memory import backend
 from .p2p_protocol import Schedule, Sig
-from .plans import Plan, PlanCache, shape_key
+from .plans import Plan, PlanCache, resize_key, shape_key
 from .request import Request
 from .transport.arena import fold_seq
 
@@ -99,13 +99,14 @@ class Executor:
                             plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
-        resized = self._resized(label, args, key) if key is not None else None
+        sized = resize_key(args) if key is not None else None
+        resized = self._resized(label, args, key, sized) if sized is not None else None
         if resized is not None:
             (plan, call), stage = resized, None
             sig = plan.sig
         else:
             call, sig, stage = self._resolve(label, build, args, stream)
-            plan = self._remember(label, args, call, sig) if stage is None and stream is None else None
+            plan = self._remember(label, args, call, sig, key, sized) if stage is None and stream is None else None
         if stage is None:
             if self.composed is not None and self._compose(label, call):
                 return
@@ -140,7 +141,8 @@ class Executor:
 
     def start(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> Request:
         """A nonblocking collective: scheduled now, progressed by the engine, finished by the request."""
-        plan = self._plan(label, args) if stream is None else None
+        key = shape_key(args) if stream is None else None
+        plan = self.cache.get(label, key) if key is not None else None
         if plan is not None and self.comm._size == 1 and plan.fast and plan.fast(args):
             return Request._finished(None)  # alone: copied at once (``solo``)
         call = plan.call(args) if plan is not None else None
@@ -148,8 +150,8 @@ class Executor:
             assert plan is not None
             return Request(self.engine, self.comm, schedule=self._schedule(label, call, plan.sig, plan))
         call, sig, stage = self._resolve(label, build, args, stream)
-        if stage is None and stream is None:
-            plan = self._remember(label, args, call, sig)
+        if stage is None and key is not None:
+            plan = self._remember(label, args, call, sig, key, resize_key(args))
         try:
             sched = self._schedule(label, call, sig, plan if stage is None else None)
         except BaseException:
@@ -158,18 +160,16 @@ class Executor:
             raise
         return Request(self.engine, self.comm, schedule=sched, after=stage)
 
-    def _plan(self, label: str, args: tuple) -> Optional[Plan]:
-        key = shape_key(args)
-        return self.cache.get(label, key) if key is not None else None
+    def _remember(self, label: str, args: tuple, call: Call, sig: Sig, key: Optional[tuple],
+                  sized: Optional[tuple[tuple, int]]) -> Optional[Plan]:
+        """Keep a checked call as the plan of its shape (``key``), if its views can be found again in later calls
+        (``sized``: the arguments' ``resize_key``)."""
+        return self.cache.remember(label, args, call, sig, key, sized) if call.stream is None else None
 
-    def _remember(self, label: str, args: tuple, call: Call, sig: Sig) -> Optional[Plan]:
-        """Keep a checked call as the plan of its shape, if its views can be found again in later calls."""
-        return self.cache.remember(label, args, call, sig) if call.stream is None else None
-
-    def _resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
+    def _resized(self, label: str, args: tuple, key: tuple, sized: tuple[tuple, int]) -> Optional[tuple[Plan, Call]]:
         """A new shape's plan and call made from a checked plan whose call differs in its arrays' scale alone
         (``PlanCache.resized``), without the argument checks; None where there is none."""
-        found = self.cache.resized(label, args, key)
+        found = self.cache.resized(label, args, key, sized)
         if found is not None:
             self._new_shape(label)
         return found

@@ -340,10 +340,11 @@ class PlanCache:
         self.plans[(label, key)] = plan
         return plan
 
-    def remember(self, label: str, args: tuple, call: Call, sig: Sig) -> Optional[Plan]:
-        """Keep a checked call as the plan of its shape, if its views can be found again in later calls (and as the
-        plan its other lengths are made from, where it is ``resizable``)."""
-        key = shape_key(args)
+    def remember(self, label: str, args: tuple, call: Call, sig: Sig, key: Optional[tuple],
+                 sized: Optional[tuple[tuple, int]]) -> Optional[Plan]:
+        """Keep a checked call as the plan of its shape (``key``: ``shape_key``), if its views can be found again in
+        later calls (and as the plan its other lengths are made from, where it is ``resizable``; ``sized``: the
+        arguments' ``resize_key``)."""
         if key is None:
             return None
         send_rb, recv_rb = Rebind.find(call.send, args), Rebind.find(call.recv, args)  # in place: views into recv
@@ -354,21 +355,17 @@ class PlanCache:
         except TypeError:
             return None
         plan = self.keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
-        sized = resize_key(args)
         if sized is not None and plan.resizable():
             if len(self.resizable) >= self.limit:
                 self.resizable.pop(next(iter(self.resizable)))
             self.resizable[(label, sized[0])] = (plan, sized[1])
         return plan
 
-    def resized(self, label: str, args: tuple, key: tuple) -> Optional[tuple[Plan, Call]]:
+    def resized(self, label: str, args: tuple, key: tuple, sized: tuple[tuple, int]) -> Optional[tuple[Plan, Call]]:
         """The plan of a new shape (``key``) whose arguments differ from a kept resizable plan's in their arrays'
         scale alone, kept, and its call on ``args``: the kept plan's call on the new arrays, every count (the
         signature's too) scaled alike. None where there is no such plan, a scaled count is not whole, or the new
-        arrays overlap (the checks name each)."""
-        sized = resize_key(args)
-        if sized is None:
-            return None
+        arrays overlap (the checks name each). ``sized``: the arguments' ``resize_key``."""
         try:
             found = self.resizable.get((label, sized[0]))
             hash(key)
@@ -381,16 +378,14 @@ class PlanCache:
         if views is None:
             return None
         scale, t = sized[1], base.template
+        call = base.make_call(*views)
         try:
             count = _scaled(base.sig.count, scale, was)
-            if t.counts or t.send_counts or t.total >= 0:
-                counts, displs = _blocks_scaled(t.counts, t.displs, scale, was)
-                send_counts, send_displs = _blocks_scaled(t.send_counts, t.send_displs, scale, was)
-                total = _scaled(t.total, scale, was) if t.total >= 0 else -1
-                call = Call(t.coll, t.dtype, views[0], views[1], t.op, t.root, counts, displs, send_counts, send_displs,
-                            t.in_place, t.vector, total)
-            else:
-                call = base.make_call(*views)
+            if t.counts or t.send_counts:
+                call.counts, call.displs = _blocks_scaled(t.counts, t.displs, scale, was)
+                call.send_counts, call.send_displs = _blocks_scaled(t.send_counts, t.send_displs, scale, was)
+            if t.total >= 0:
+                call.total = _scaled(t.total, scale, was)
         except _Unscalable:
             return None
         sig = base.sig._replace(count=count, vhash=base._counts_word(call.counts))
