@@ -52,13 +52,18 @@ def main() -> None:
     if comm.Get_rank() != 0:
         return
     t = np.array([m for m, _ in every]) * 1e6  # [rank, iteration, (left the barrier, left the call)]
-    t -= t[:, :, 0].min(axis=0)[None, :, None]  # from the first rank out of each iteration's barrier
+    first = t[:, :, 0].min(axis=0)  # the first rank out of each iteration's barrier
+    t -= first[None, :, None]
     print(f"{'mpi4py' if args.mpi4py else 'pycoll'} {args.call} {nbytes} B, {comm.Get_size()} ranks, {args.iters} "
           "iterations; µs from the first rank out of the barrier (medians)")
     for r, (_, (vol, invol, cpu)) in enumerate(every):
         print(f"  rank {r}: left the barrier {np.median(t[r, :, 0]):6.1f}  left the call {np.median(t[r, :, 1]):6.1f}"
               f"  (the call {np.median(t[r, :, 1] - t[r, :, 0]):6.1f});  per iteration: {vol:.1f} voluntary and"
               f" {invol:.1f} other switches, {cpu:.1f} µs of CPU")
+    own = t[:, :, 1] - t[:, :, 0]  # each rank's call from its own exit, as `pycoll perf` times it
+    print(f"  slowest rank's own call per iteration (`pycoll perf`'s figure): {np.median(own.max(axis=0)):.1f}"
+          f" (rank {np.bincount(own.argmax(axis=0)).argmax()} most often); an iteration (the Barrier and the call)"
+          f" {np.median(np.diff(first)):.1f}")
 
 
 if __name__ == "__main__":

@@ -28,8 +28,9 @@ LAUNCH_GRACE = float_param(
 BIND = str_param(
     "PYCOLL_BIND",
     "auto",
-    "`pycoll run --hosts`: `auto` binds each rank to one CPU where the virtual hosts' ranks outnumber this machine's "
-    "usable CPUs, the hosts' first ranks (their leaders) on different CPUs; `none` leaves placement to the scheduler.",
+    "`pycoll run --hosts`: `auto` binds each rank of the virtual hosts to one of this machine's usable CPUs, a CPU "
+    "of its own while there are enough, the hosts' first ranks (their leaders) first; `none` leaves placement to the "
+    "scheduler.",
 )
 # What sizes the thread pools a rank's libraries start: OpenMP, OpenBLAS (under NumPy), MKL, torch's intra-op pool.
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -92,13 +93,15 @@ def plan_hosts(n: int, hosts: Optional[int] = None, ranks_per_host: Optional[Seq
 
 def cpu_binding(placement: Sequence[int], cpus: Sequence[int]) -> list[Optional[int]]:
     """The CPU each rank of virtual hosts (``placement``: ranks per host) is bound to, or None for every rank where
-    ``cpus`` holds one for each rank. Where the ranks outnumber the CPUs, every host's first rank (its leader, which
-    carries the host's steps between hosts) gets the next CPU, then every host's second rank, and so on, round the
-    CPUs: leaders never share a CPU while there are CPUs for them. Left to the scheduler, 4 ranks on 2 hosts of a
-    2-core machine ran with both leaders on one CPU in about half the jobs, and each small collective then took
-    1.4-1.9x as long (perf/results/multihost/README.md, "Ranks on CPUs")."""
+    no ``cpus`` are known. Every host's first rank (its leader, which carries the host's steps between hosts) gets
+    the next CPU, then every host's second rank, and so on, round the CPUs: with a CPU for each rank, no two ranks
+    share one, and where the ranks outnumber the CPUs, leaders never share a CPU while there are CPUs for them.
+    Left to the scheduler, 4 ranks on 2 hosts of a 2-core machine ran with both leaders on one CPU in about half
+    the jobs, each small collective then taking 1.4-1.9x as long, and 2 ranks sometimes began on one CPU, where a
+    small call took 10-15x as long until the scheduler moved one (perf/results/multihost/README.md, "Ranks on
+    CPUs")."""
     n = sum(placement)
-    if not cpus or n <= len(cpus):
+    if not cpus:
         return [None] * n
     firsts = [sum(placement[:h]) for h in range(len(placement))]
     order = [firsts[h] + k for k in range(max(placement)) for h in range(len(placement)) if k < placement[h]]

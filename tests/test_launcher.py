@@ -545,21 +545,24 @@ def test_forked_ranks_inherit_the_share_the_launcher_loaded_under():
 
 
 def test_virtual_hosts_leaders_get_cpus_of_their_own():
-    """Where virtual hosts' ranks outnumber the CPUs, every host's first rank gets the next CPU, then every host's
-    second rank, round the CPUs; with a CPU per rank, nothing is bound."""
+    """Every host's first rank gets the next CPU, then every host's second rank, round the CPUs: with a CPU per
+    rank each rank has one of its own; where the ranks outnumber the CPUs, the leaders are apart."""
     from pycoll.launcher import cpu_binding
 
     assert cpu_binding([2, 2], [0, 1]) == [0, 0, 1, 1]  # leaders 0 and 2 apart
     assert cpu_binding([3, 1], [4, 6]) == [4, 4, 6, 6]
     assert cpu_binding([2, 1, 2], [0, 1]) == [0, 1, 1, 0, 0]  # leaders 0, 2, 3 on 0, 1, 0
     assert cpu_binding([2, 2], [0, 1, 2]) == [0, 2, 1, 0]
-    assert cpu_binding([2, 2], [0, 1, 2, 3]) == [None] * 4
+    assert cpu_binding([2, 2], [0, 1, 2, 3]) == [0, 2, 1, 3]
+    assert cpu_binding([1, 1], [0, 1]) == [0, 1]  # two ranks never begin on one CPU
+    assert cpu_binding([1, 1], [3, 5, 7]) == [3, 5]
     assert cpu_binding([1, 1], [0]) == [0, 0]
     assert cpu_binding([2, 2], []) == [None] * 4  # nothing known: the scheduler decides
 
 
 @pytest.mark.timeout(120)
-def test_ranks_on_virtual_hosts_are_bound_where_they_outnumber_the_cpus(tmp_path, monkeypatch):
+@pytest.mark.parametrize("extra", [0, 1])  # a CPU for each rank, and one rank more than CPUs
+def test_ranks_on_virtual_hosts_are_bound(tmp_path, monkeypatch, extra):
     from pycoll import launcher, machine, netns
 
     missing = netns.prerequisite_missing(False)
@@ -569,13 +572,15 @@ def test_ranks_on_virtual_hosts_are_bound_where_they_outnumber_the_cpus(tmp_path
         if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES):
             monkeypatch.delenv(k)
     cpus = sorted(machine.affinity())
-    n = len(cpus) + 1  # one more rank than CPUs: bound
+    n = max(len(cpus) + extra, 2)
     script = ("import os, pathlib; pathlib.Path(os.environ['DIR'], os.environ['PYCOLL_RANK'])"
               ".write_text(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
     assert launch(n, [sys.executable, "-c", script], env={"DIR": str(tmp_path)}, hosts=2, timeout=100) == 0
     got = [(tmp_path / str(r)).read_text() for r in range(n)]
     want = launcher.cpu_binding(launcher.plan_hosts(n, 2), cpus if machine.usable_cores() >= len(cpus) else [])
     assert got == [str(c) if c is not None else ",".join(map(str, cpus)) for c in want]
+    if extra == 0 and len(cpus) >= 2 and machine.usable_cores() >= len(cpus):
+        assert sorted(got) == sorted(map(str, cpus)), got  # a CPU of its own each
     assert launch(n, [sys.executable, "-c", script], env={"DIR": str(tmp_path), "PYCOLL_BIND": "none"}, hosts=2,
                   timeout=100) == 0
     assert {(tmp_path / str(r)).read_text() for r in range(n)} == {",".join(map(str, cpus))}
