@@ -301,7 +301,8 @@ class _Slots(Runner):
         if self.prep is None or self.prep.arena is not arena:
             if arena is None:
                 return False
-            self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank, kern)
+            self.prep = slots.Prepared(arena, plan.make_call(send, recv), self.sig, x.comm._rank, kern,
+                                       (self.words, self.sig_array))
             self.one_sided = self.prep.prog.one_sided
         prep = self.prep
         if not prep.ok:

@@ -190,12 +190,13 @@ class Prepared:
     __slots__ = ("arena", "prog", "words", "sig", "metas", "slots", "ok", "polls", "dtype", "as_bytes", "empty",
                  "kernel", "raw")
 
-    def __init__(self, arena: HostArena, call: Call, sig: Sig, rank: int, kern: Any = None) -> None:
+    def __init__(self, arena: HostArena, call: Call, sig: Sig, rank: int, kern: Any = None,
+                 signed: Optional[tuple[tuple, np.ndarray]] = None) -> None:
         p = arena.size
         self.arena = arena
         self.prog = Program(call, p, rank)
-        self.words = arena_jit.sig_words(sig)
-        self.sig = arena_jit.sig_array(self.words)
+        # ``signed``: the signature's words and array where the caller has them (its runner made them for the plan)
+        self.words, self.sig = signed if signed is not None else (w := arena_jit.sig_words(sig), arena_jit.sig_array(w))
         code = call.op.code if call.op is not None else 0
         bases = arena_jit.every_line_base(arena)
         self.metas = _parities(_meta(self.prog, rank, p, bases[0], code, self.words), bases)
