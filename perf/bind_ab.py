@@ -32,7 +32,26 @@ def summary(folder: str) -> str:
             mid = statistics.median(v)
             lines.append(f"{mode:5s} {coll:14s} {n} ranks {nbytes:7d} B  jobs {len(v):3d}  median {mid:8.1f} µs  "
                          f"range {min(v):8.1f}-{max(v):8.1f}  over 3x the median: {sum(x > 3 * mid for x in v)}")
+    lines += _pairs(folder)
     return "\n".join(lines)
+
+
+def _pairs(folder: str) -> list[str]:
+    """Each point's bound time over the unbound time of the job that followed it: the median, and how often the
+    bound job was faster (the VM's speed moves in spells, which alternating pairs share)."""
+    ratios: dict = {}
+    i = 1
+    while all(os.path.exists(os.path.join(folder, "jobs", f"{m}-{i:02d}.json")) for m in MODES):
+        rows = []
+        for mode in MODES:
+            with open(os.path.join(folder, "jobs", f"{mode}-{i:02d}.json")) as fh:
+                rows.append(json.load(fh)["records"])
+        for bound, free in zip(*rows):
+            key = (bound["collective"], bound["nranks"], bound["bytes"])
+            ratios.setdefault(key, []).append(bound["time_us"] / free["time_us"])
+        i += 1
+    return [f"{coll:14s} {n} ranks {nbytes:7d} B  bound / unbound, job by job: median {statistics.median(r):.3f}, "
+            f"bound faster in {sum(x < 1 for x in r)} of {len(r)}" for (coll, n, nbytes), r in ratios.items()]
 
 
 def main() -> None:
