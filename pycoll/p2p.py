@@ -78,6 +78,10 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         # More ranks on this host than cores: a waiter then sleeps on the arena doorbell right after its
         # spin, leaving the core to a rank with work; otherwise it yields first (a futex wake costs both sides).
         self.oversubscribed = True
+        # what the waits' first yields showed of the peers on other hosts (``seen_cpu``): where they share this CPU
+        # without the rank knowing (placed so by the scheduler), the waits on sockets spin as oversubscribed ones do
+        self.cpu_shared = False
+        self._cpu_votes = 0
         self._last_liveness = 0.0
         self._seen: dict[int, tuple[int, int]] = {}  # world rank -> (ctx, tag) of the last message it sent here
         self._waits: list[Owner] = []

@@ -240,8 +240,21 @@ class EagerPaths:
 
     def _spin_us(self) -> float:
         """How long a wait on a socket polls it before it yields the core (PYCOLL_SPIN_US; 2 µs where the ranks
-        outnumber the cores, unless set)."""
-        return SPIN_US.get() if not self.oversubscribed or SPIN_US.is_set() else OVERSUBSCRIBED_SPIN_US
+        outnumber the cores, or where waits found the peer sharing this CPU, unless set)."""
+        if SPIN_US.is_set() or not (self.oversubscribed or self.cpu_shared):
+            return SPIN_US.get()
+        return OVERSUBSCRIBED_SPIN_US
+
+    def seen_cpu(self, vote: int) -> None:
+        """What a wait's first yield showed (``TcpChannel.swap_frame``'s ``cpu_seen``): 1, another task ran on this
+        CPU and the awaited frame came in meanwhile (the peer may share the CPU, and a spin only keeps it from
+        sending); -1, the yield came back at once with the frame still out (the peer runs elsewhere). Two votes
+        more one way than the other switch the socket waits to the short spin, or back."""
+        votes = self._cpu_votes = max(-2, min(2, self._cpu_votes + vote))
+        if votes == 2:
+            self.cpu_shared = True
+        elif votes == -2:
+            self.cpu_shared = False
 
     def _poller(self, peer: int, ch: Channel) -> Callable[[int], list]:
         """``poll(ms)`` on the socket of ``peer`` alone, for input (and its end), kept per peer."""

@@ -55,7 +55,8 @@ class FramePaths:
         acquire, release = self.lock.acquire, self.lock.release
         swap_frame, spin_us, yield_us, taken, not_yet = ch.swap_frame, self._spin_us, YIELD_US.get, ch.TAKEN, ch.NOT_YET
         engine = self
-        # the wait's budgets in ns, worked out again only when PYCOLL_SPIN_US or PYCOLL_YIELD_US changes
+        # the wait's budgets in ns, worked out again only when PYCOLL_SPIN_US or PYCOLL_YIELD_US changes, or what the
+        # waits found of the peer's CPU (``seen_cpu``)
         read = _ENV_BYTES.get if _ENV_BYTES is not None else lambda key: object()
         spin_key, yield_key, budgets = SPIN_US.env_key, YIELD_US.env_key, [(), 0, 0]
 
@@ -70,10 +71,12 @@ class FramePaths:
                 if into is None:
                     count, status = swap_frame(head_out, out, None, None, 0, 0, tag)
                 else:
-                    raw = (read(spin_key), read(yield_key))
+                    raw = (read(spin_key), read(yield_key), engine.cpu_shared)
                     if raw != budgets[0]:
                         budgets[:] = raw, int(spin_us() * 1e3), int(yield_us() * 1e3)
                     count, status = swap_frame(head_out, out, head_in, into, budgets[1], budgets[2], tag)
+                    if ch.cpu_seen:
+                        engine.seen_cpu(ch.cpu_seen)
             finally:
                 release()
             whole = out is None or count == HEADER_SIZE + out.nbytes + (-out.nbytes % ALIGN)  # ``frame_bytes``

@@ -88,10 +88,19 @@ static Py_ssize_t wanted(const char *frame, Py_ssize_t have, const struct match 
     return (Py_ssize_t)nbytes;
 }
 
+/* what a wait's first sched_yield showed (``take``'s *cpu): another task ran on this CPU meanwhile and the frame
+ * was in as it returned (the peer may share this CPU: spinning only keeps it from sending), or the yield came back
+ * at once with the frame still out (the peer runs elsewhere) */
+#define CPU_SHARED 1
+#define CPU_OWN (-1)
+#define HANDED_NS 4000  /* a yield that took this long ran another task */
+#define KEPT_NS 1000    /* one back this soon ran none */
+
 /* the frame ``m`` wants, its payload into dst (room bytes at most; *got: its size, *tag: its tag); stage[start:end]
- * holds what was read before and not consumed, and is compacted when the frame would not fit behind start */
+ * holds what was read before and not consumed, and is compacted when the frame would not fit behind start; *cpu
+ * (where not NULL): CPU_SHARED, CPU_OWN or 0, as the first yield of the wait, if any, showed */
 static int take(int fd, char *stage, Py_ssize_t cap, Py_ssize_t *pstart, Py_ssize_t *pend, const struct match *m,
-                char *dst, Py_ssize_t room, int64_t spin_ns, int64_t yield_ns, Py_ssize_t *got, int64_t *tag)
+                char *dst, Py_ssize_t room, int64_t spin_ns, int64_t yield_ns, Py_ssize_t *got, int64_t *tag, int *cpu)
 {
     Py_ssize_t start = *pstart, end = *pend;
     int64_t until = 0;
@@ -142,10 +151,16 @@ static int take(int fd, char *stage, Py_ssize_t cap, Py_ssize_t *pstart, Py_ssiz
         while (!(ready = poll(&p, 1, 0)) && now_ns() < until)
             ;
         if (!ready && yield_ns > 0) {  /* then give the core away between looks: the peer may need it to send */
-            int64_t yield_until = until + yield_ns;
-            do
+            int64_t yield_until = until + yield_ns, before = now_ns();
+            sched_yield();
+            int64_t took = now_ns() - before;
+            ready = poll(&p, 1, 0);
+            if (cpu)
+                *cpu = took >= HANDED_NS && ready ? CPU_SHARED : took < KEPT_NS && !ready ? CPU_OWN : 0;
+            while (!ready && now_ns() < yield_until) {
                 sched_yield();
-            while (!(ready = poll(&p, 1, 0)) && now_ns() < yield_until);
+                ready = poll(&p, 1, 0);
+            }
             yield_ns = 0;
         }
         if (!ready) {
@@ -204,10 +219,12 @@ static const char *tagged(const char *head, Py_ssize_t hlen, int64_t tag, char *
     return copy;
 }
 
-/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end)
+/* swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end,
+ * cpu)
  * sent: bytes the socket took of the outgoing frame (-1: none to send; below -1: minus the errno of a failed send);
  * status: TAKEN, NOT_YET (nothing consumed after spin_ns of polling, then yield_ns of polling between sched_yields,
- * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None). ``tag``, unless None,
+ * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None); cpu: what the wait's first
+ * yield showed of the peer (1: it may share this CPU, -1: it runs elsewhere, 0: no yield, or neither). ``tag``, unless None,
  * replaces the tag field of both headers (a plan's headers made once, each call its own tag); out and into are
  * any contiguous buffers, taken as their bytes */
 static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -242,7 +259,7 @@ static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (receiving && PyObject_GetBuffer(args[7], &into, PyBUF_WRITABLE) < 0)
         goto done;
     Py_ssize_t sent = -1;
-    int status = NOTHING_ASKED;
+    int status = NOTHING_ASKED, cpu = 0;
     Py_BEGIN_ALLOW_THREADS
     if (sending) {
         struct iovec iov[4] = {
@@ -266,10 +283,10 @@ static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         int64_t tag = 0;
         int whole = !sending || sent == HEADER_SIZE + padded(out.len);  /* else the rest must go out first */
         status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, whole ? yield_ns : 0,
-                      &got, &tag);
+                      &got, &tag, &cpu);
     }
     Py_END_ALLOW_THREADS
-    result = Py_BuildValue("ninn", sent, status, start, end);
+    result = Py_BuildValue("ninni", sent, status, start, end, cpu);
 done:
     PyBuffer_Release(&stage);
     if (out.obj)
@@ -304,7 +321,7 @@ static PyObject *take_message(PyObject *module, PyObject *const *args, Py_ssize_
     int64_t tag = 0;
     int status;
     Py_BEGIN_ALLOW_THREADS
-    status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, 0, &got, &tag);
+    status = take(fd, stage.buf, stage.len, &start, &end, &m, into.buf, into.len, spin_ns, 0, &got, &tag, NULL);
     Py_END_ALLOW_THREADS
     result = Py_BuildValue("inLnn", status, got, (long long)tag, start, end);
 done:
@@ -897,7 +914,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"swap", (PyCFunction)(void (*)(void))swap, METH_FASTCALL,
-     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end)"},
+     "swap(fd, stage, start, end, head_out, out, head_in, into, spin_ns[, yield_ns[, tag]]) -> (sent, status, start, end, "
+     "cpu)"},
     {"take_message", (PyCFunction)(void (*)(void))take_message, METH_FASTCALL,
      "take_message(fd, stage, start, end, ctx, tag, any_tag, meta, into, spin_ns) -> "
      "(status, nbytes, tag, start, end)"},

@@ -133,6 +133,7 @@ class TcpChannel(Channel):
         self._view = memoryview(self._stage)
         self._start = 0
         self._end = 0
+        self.cpu_seen = 0  # what the last swap's first yield showed of the peer (``swap_frame``)
         self._fd = sock.fileno()
         self.push_slice = PUSH_SLICE.get()  # read by the engine's push (p2p_progress) and the C exchange (p2p_frames)
         self._ended: Optional[PeerFailureError] = None  # how the stream ended, while staged bytes precede the end
@@ -153,8 +154,10 @@ class TcpChannel(Channel):
         became of the incoming one: TAKEN, NOT_YET with nothing consumed, OTHER where another frame is next,
         anything else where the stream ended). ``tag``, where given, replaces the tag field of both headers; ``out``
         and ``into`` may be any contiguous arrays, taken as their bytes. The caller holds the engine's lock; in C,
-        without the GIL."""
-        sent, status, self._start, self._end = _tcpframe.swap(
+        without the GIL. ``cpu_seen`` then holds what the wait's first yield showed of the peer: 1 where another task
+        ran on this CPU meanwhile and the frame came in (the peer may share it), -1 where the yield came back at once
+        with the frame still out (the peer runs elsewhere), else 0."""
+        sent, status, self._start, self._end, self.cpu_seen = _tcpframe.swap(
             self.sock.fileno(), self._stage, self._start, self._end, head_out, out, head_in, into, spin_ns, yield_ns, tag)
         return sent, status
 

@@ -50,6 +50,7 @@ MODULES = (
     "user_ops",
     "alltoallw",
     "reproducible",
+    "placement",
 )
 
 
