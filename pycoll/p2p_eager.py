@@ -36,6 +36,10 @@ from .p2p_protocol import (
 from .transport.base import Channel
 
 
+# a first yield that took this long ran another task; one back this soon ran none (as ``_tcpframe.c``'s take)
+_HANDED_S = 4e-6
+_KEPT_S = 1e-6
+
 class EagerPaths:
     """The engine's eager calls, which move one small message without a request (mixed into ``p2p.Engine``)."""
 
@@ -219,6 +223,7 @@ class EagerPaths:
                 yield_until = spin_until + (0.0 if yielded else YIELD_US.get() * 1e-6)
                 deadline = yield_until + TCP_EAGER_WAIT_MS.get() * 1e-3
                 ready = self._readable.get(peer) or self._poller(peer, ch)
+                voting = not yielded  # the first yield tells where the peer runs (``seen_cpu``)
             # until more bytes are in: a poll of the socket costs a third of a failed read
             while not ready(0):
                 now = time.monotonic()
@@ -228,6 +233,13 @@ class EagerPaths:
                     return None
                 if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
                     os.sched_yield()
+                    if voting:
+                        voting = False
+                        took, came = time.monotonic() - now, bool(ready(0))
+                        if took >= _HANDED_S and came:
+                            self.seen_cpu(1)
+                        elif took < _KEPT_S and not came:
+                            self.seen_cpu(-1)
                     continue
                 ready(max(1, int((deadline - now) * 1e3)))
                 break
@@ -246,10 +258,11 @@ class EagerPaths:
         return OVERSUBSCRIBED_SPIN_US
 
     def seen_cpu(self, vote: int) -> None:
-        """What a wait's first yield showed (``TcpChannel.swap_frame``'s ``cpu_seen``): 1, another task ran on this
-        CPU and the awaited frame came in meanwhile (the peer may share the CPU, and a spin only keeps it from
-        sending); -1, the yield came back at once with the frame still out (the peer runs elsewhere). Two votes
-        more one way than the other switch the socket waits to the short spin, or back."""
+        """What a wait's first yield showed (``TcpChannel.swap_frame``'s ``cpu_seen``, or a receive's own in
+        ``_recv_eager_tcp``): 1, another task ran on this CPU and the awaited frame came in meanwhile (the peer may
+        share the CPU, and a spin only keeps it from sending); -1, the yield came back at once with the frame still
+        out (the peer runs elsewhere). Two votes more one way than the other switch the socket waits to the short
+        spin, or back."""
         votes = self._cpu_votes = max(-2, min(2, self._cpu_votes + vote))
         if votes == 2:
             self.cpu_shared = True

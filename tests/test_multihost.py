@@ -650,12 +650,14 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
 def test_ranks_the_scheduler_put_on_one_cpu_spin_briefly_until_they_run_apart(tmp_path: Path) -> None:
     """Two ranks on two hosts, moved onto one CPU after start-up (as a launcher that does not bind may leave them):
     their socket waits see each first yield hand the CPU to the peer and switch to the short spin, and switch back
-    once the ranks run apart again (``Engine.seen_cpu``); every result matches NumPy meanwhile."""
-    res = harness.run_cases_on_hosts(["placement.peer_on_this_cpu"], hosts=2, n=2, out_dir=str(tmp_path),
-                                     job_timeout=160)
+    once the ranks run apart again (``Engine.seen_cpu``), in collectives and in point-to-point calls alike; every
+    result matches NumPy meanwhile."""
+    cases = ["placement.peer_on_this_cpu", "placement.peer_on_this_cpu_p2p"]
+    res = harness.run_cases_on_hosts(cases, hosts=2, n=2, out_dir=str(tmp_path), job_timeout=160)
     res.assert_ok()
-    seen = res.records("placement.peer_on_this_cpu", "cpu_shared")
-    if not seen:
-        why = {d.get("skipped", {}).get("placement.peer_on_this_cpu") for d in res.ranks.values()}
-        pytest.skip(f"the case skipped: {sorted(map(str, why))}")
-    assert seen == dict.fromkeys(range(2), [False, True, False]), seen
+    for case in cases:  # the collectives' frame swaps, then the point-to-point waits alone
+        seen = res.records(case, "cpu_shared")
+        if not seen:
+            why = {d.get("skipped", {}).get(case) for d in res.ranks.values()}
+            pytest.skip(f"the case skipped: {sorted(map(str, why))}")
+        assert seen == dict.fromkeys(range(2), [False, True, False]), (case, seen)
