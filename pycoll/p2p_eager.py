@@ -40,6 +40,7 @@ from .transport.base import Channel
 _HANDED_S = 4e-6
 _KEPT_S = 1e-6
 
+
 class EagerPaths:
     """The engine's eager calls, which move one small message without a request (mixed into ``p2p.Engine``)."""
 

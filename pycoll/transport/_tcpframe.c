@@ -224,9 +224,9 @@ static const char *tagged(const char *head, Py_ssize_t hlen, int64_t tag, char *
  * sent: bytes the socket took of the outgoing frame (-1: none to send; below -1: minus the errno of a failed send);
  * status: TAKEN, NOT_YET (nothing consumed after spin_ns of polling, then yield_ns of polling between sched_yields,
  * which only a frame sent whole waits through), OTHER, ENDED or NOTHING_ASKED (into None); cpu: what the wait's first
- * yield showed of the peer (1: it may share this CPU, -1: it runs elsewhere, 0: no yield, or neither). ``tag``, unless None,
- * replaces the tag field of both headers (a plan's headers made once, each call its own tag); out and into are
- * any contiguous buffers, taken as their bytes */
+ * yield showed of the peer (1: it may share this CPU, -1: it runs elsewhere, 0: no yield, or neither). ``tag``,
+ * unless None, replaces the tag field of both headers (a plan's headers made once, each call its own tag); out and
+ * into are any contiguous buffers, taken as their bytes */
 static PyObject *swap(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
