@@ -20,33 +20,39 @@ DEFAULT = ["--np", "2", "--hosts", "2", "-C", "allreduce,broadcast", "-b", "8", 
 MODES = ("auto", "none")
 
 
+def _jobs(folder: str) -> dict[str, dict[int, list[dict]]]:
+    """Each mode's jobs in ``folder``/jobs: {mode: {job number: its records}}."""
+    jobs: dict[str, dict[int, list[dict]]] = {mode: {} for mode in MODES}
+    for mode in MODES:
+        for f in sorted(glob.glob(os.path.join(folder, "jobs", f"{mode}-*.json"))):
+            with open(f) as fh:
+                jobs[mode][int(os.path.basename(f)[len(mode) + 1:-len(".json")])] = json.load(fh)["records"]
+    return jobs
+
+
 def summary(folder: str) -> str:
+    jobs = _jobs(folder)
     lines = []
     for mode in MODES:
         points: dict = {}
-        for f in sorted(glob.glob(os.path.join(folder, "jobs", f"{mode}-*.json"))):
-            with open(f) as fh:
-                for r in json.load(fh)["records"]:
-                    points.setdefault((r["collective"], r["nranks"], r["bytes"]), []).append(r["time_us"])
+        for i in sorted(jobs[mode]):
+            for r in jobs[mode][i]:
+                points.setdefault((r["collective"], r["nranks"], r["bytes"]), []).append(r["time_us"])
         for (coll, n, nbytes), v in points.items():
             mid = statistics.median(v)
             lines.append(f"{mode:5s} {coll:14s} {n} ranks {nbytes:7d} B  jobs {len(v):3d}  median {mid:8.1f} µs  "
                          f"range {min(v):8.1f}-{max(v):8.1f}  over 3x the median: {sum(x > 3 * mid for x in v)}")
-    lines += _pairs(folder)
-    return "\n".join(lines)
+    return "\n".join(lines + _pairs(jobs))
 
 
-def _pairs(folder: str) -> list[str]:
+def _pairs(jobs: dict[str, dict[int, list[dict]]]) -> list[str]:
     """Each point's bound time over the unbound time of the job that followed it: the median, and how often the
     bound job was faster (the VM's speed moves in spells, which alternating pairs share)."""
     ratios: dict = {}
+    bound_jobs, free_jobs = (jobs[mode] for mode in MODES)
     i = 1
-    while all(os.path.exists(os.path.join(folder, "jobs", f"{m}-{i:02d}.json")) for m in MODES):
-        rows = []
-        for mode in MODES:
-            with open(os.path.join(folder, "jobs", f"{mode}-{i:02d}.json")) as fh:
-                rows.append(json.load(fh)["records"])
-        for bound, free in zip(*rows):
+    while i in bound_jobs and i in free_jobs:
+        for bound, free in zip(bound_jobs[i], free_jobs[i]):
             key = (bound["collective"], bound["nranks"], bound["bytes"])
             ratios.setdefault(key, []).append(bound["time_us"] / free["time_us"])
         i += 1
