@@ -37,10 +37,12 @@ def table(folder: str) -> list[str]:
                 pairs = [(j[key], j[("mpi",) + key[1:]]) for j in jobs[t]]
                 ratios = [r["time_us"] / m["time_us"] for r, m in pairs]
                 summary[t] += ratios
-                link = max(r["link_bytes"] / r["link_min_bytes"] for r, _ in pairs)
+                counted = [r["link_bytes"] / r["link_min_bytes"] for r, _ in pairs if r.get("link_min_bytes")]
+                link = f"{max(counted):.2f}" if counted else "-"  # point-to-point rows count no link bytes
                 algos = "/".join(sorted({r["algo_used"] or "-" for r, _ in pairs}))
-                cells.append(f"{t} {algos:12s} {' '.join(f'{x:.2f}' for x in ratios):15s} {link:.2f}")
-            lines.append(f"{key[1]:15s} {key[2] >> 20:3d} MiB  " + " | ".join(cells))
+                cells.append(f"{t} {algos:12s} {' '.join(f'{x:.2f}' for x in ratios):15s} {link}")
+            size = f"{key[2] >> 20:3d} MiB" if key[2] >= 1 << 20 else f"{key[2] >> 10:3d} KiB"
+            lines.append(f"{key[1]:15s} {size}  " + " | ".join(cells))
         for t in TREES:
             r = summary[t]
             mean = math.exp(sum(map(math.log, r)) / len(r))

@@ -287,6 +287,12 @@ class PointToPointCalls:
                     elif status is not None:
                         status.source, status.tag, status.nbytes = source, got[1], got[0]
                     return
+            elif dest == source and sendtag == recvtag and engine.swaps_with(self._world[dest]):  # over a socket
+                owner = self._p2p_ready("Sendrecv").call("Sendrecv", "dest", dest, sendtag)
+                got = engine.sendrecv_frames(self._world[dest], sarr, rarr, self._ctx, sendtag, owner, self.timeout)
+                if status is not None:
+                    status.source, status.tag, status.nbytes = source, recvtag, got
+                return
             else:  # announce (or queue) the send, take the peer's message straight from its ring, then the ack
                 sreq = self._isend_array(sarr, dest, sendtag, "Sendrecv")
                 got = engine.recv_eager(self._world[source], rarr, self._ctx, recvtag)

@@ -12,6 +12,7 @@ import numpy as np
 from .p2p_protocol import (
     ALIGN,
     HEADER_SIZE,
+    P2P_SIG,
     SPIN_US,
     TCP_EAGER_WAIT_MS,
     YIELD_US,
@@ -168,6 +169,26 @@ class FramePaths:
         finally:
             self.lock.release()
         return results
+
+    def sendrecv_frames(self, peer: int, out: np.ndarray, into: np.ndarray, ctx: int, tag: int, owner: Owner,
+                        timeout: Optional[float]) -> int:
+        """A point-to-point Sendrecv with ``peer`` over a socket, one tag both ways: both frames in one call into C
+        (``exchange_frames``), the way a two-rank collective moves its blocks. The peer's message is taken there only
+        where its header is the one expected (``tag``, ``into``'s length) and nothing posted or buffered earlier could
+        match it; else the engine's receive takes it, as it does whatever C moved in part. Waits for both within
+        ``timeout`` and returns the bytes received; raises a request's error."""
+        sent, got = self.exchange_frames([(peer, out, into)], ctx, tag, P2P_SIG, owner)[0]
+        reqs = [self.isend(peer, out, ctx, tag, P2P_SIG, owner) if sent is None else sent]
+        if got is not True:
+            reqs.insert(0, self.irecv(peer, into, ctx, tag, None, owner) if got is None else got)
+        reqs = [r for r in reqs if r is not True]
+        pending = [r for r in reqs if not r.done]
+        if pending:
+            self.wait_requests(pending, timeout, owner)
+        for req in reqs:  # the receive's error first
+            if req.error is not None:
+                raise req.error
+        return into.nbytes if got is True else reqs[0].nbytes
 
     def _settle_flow(self, peer: int, ch: Any, socket: bool, head_out: Optional[bytes], out: Any,
                      head_in: Optional[bytes], into: Any, state: tuple, ctx: int, tag: int, sig: Sig,

@@ -646,6 +646,27 @@ def test_blocks_to_other_hosts_move_together_in_c(tmp_path: Path) -> None:
     assert len(moved) == 2 and all(k > 0 for k in moved.values()), moved
 
 
+def test_a_large_sendrecv_with_one_peer_on_another_host_is_one_exchange_in_c(tmp_path: Path) -> None:
+    """Sendrecv past the eager size with a partner on the other host, dest and source the same and one tag: both frames
+    move in one call into C (``Engine.sendrecv_frames``), and every case the engine must take instead (a shorter
+    message, another tag's message ahead, a partner's Recv then Send, Sendrecv_replace) matches. With C's waits cut
+    and the sockets' buffers at 64 KiB, frames that C moved in part are finished by the engine."""
+    from pycoll.transport import tcp
+
+    if tcp.exchange is None:
+        pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
+    case = "p2p.sendrecv_large_one_peer"
+    res = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path / "a"), job_timeout=120)
+    res.assert_ok()
+    moved = res.records(case, "frames exchanged")
+    assert len(moved) == 4 and all(k >= 6 for k in moved.values()), moved  # three rounds both ways at least
+    cut = {"PYCOLL_TCP_EAGER_WAIT_MS": "0", "PYCOLL_YIELD_US": "0", "PYCOLL_SPIN_US": "0", "PYCOLL_SOCKET_BUFFER": "64K"}
+    res = harness.run_cases_on_hosts([case], hosts=2, n=2, env=cut, out_dir=str(tmp_path / "b"), job_timeout=120)
+    res.assert_ok()
+    handed_on = res.records(case, "frames handed on")
+    assert len(handed_on) == 2 and sum(handed_on.values()) > 0, handed_on
+
+
 @pytest.mark.timeout(200)
 def test_ranks_the_scheduler_put_on_one_cpu_spin_briefly_until_they_run_apart(tmp_path: Path) -> None:
     """Two ranks on two hosts, moved onto one CPU after start-up (as a launcher that does not bind may leave them):

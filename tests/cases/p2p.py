@@ -198,6 +198,67 @@ def case_large_bidirectional(ctx):
 
 
 @case
+def case_sendrecv_large_one_peer(ctx):
+    """Sendrecv of messages past the eager size with one partner (dest == source, one tag), as a halo exchange makes
+    them, and the cases a one-call exchange must hand to the engine: a shorter message than the buffer, a message of
+    another tag ahead in the stream, a partner that answers with Recv then Send, and Sendrecv_replace. Records the
+    engine's frames exchanged and handed on, where it has them."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    partner = (r + n // 2) % n if n % 2 == 0 else r ^ 1  # the other half: on other hosts where hosts hold blocks
+    if partner >= n:
+        ctx.skip("no partner")
+    engine = getattr(comm, "_engine", None)
+    before = (engine.frames_exchanged, engine.frames_handed_on) if engine is not None else None
+    count = (1 << 18) + 3  # int32: 1 MiB and 12 bytes
+    for round_ in range(3):
+        out = ctx.data(np.int32, count, r, "even", round_)
+        inbuf = sentinel(np.int32, count)
+        st = MPI.Status()
+        comm.Sendrecv([out, MPI.INT], partner, 40, [inbuf, MPI.INT], partner, 40, st)
+        ctx.check(f"Sendrecv 1 MiB, round {round_}", inbuf, ctx.data(np.int32, count, partner, "even", round_))
+        ctx.check_equal("Sendrecv 1 MiB: status", (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)),
+                        (partner, 40, count))
+    # the partner's message shorter than the buffer: the buffer's tail is left as it was
+    short = count - 1000 if r > partner else count
+    out = ctx.data(np.int32, short, r, "short")
+    inbuf = sentinel(np.int32, count)
+    st = MPI.Status()
+    comm.Sendrecv(out, partner, 41, inbuf, partner, 41, st)
+    theirs = count - 1000 if partner > r else count
+    ctx.check("Sendrecv, a shorter message", inbuf[:theirs], ctx.data(np.int32, theirs, partner, "short"))
+    ctx.check("Sendrecv, a shorter message: the rest untouched", inbuf[theirs:], sentinel(np.int32, count)[theirs:])
+    ctx.check_equal("Sendrecv, a shorter message: status count", st.Get_count(MPI.INT), theirs)
+    # a message of another tag ahead of the exchanged one: it waits for its own Recv
+    ahead = ctx.data(np.float64, 1 << 16, r, "ahead")
+    req = comm.Isend(ahead, partner, 42)
+    out = ctx.data(np.int32, count, r, "after")
+    inbuf = sentinel(np.int32, count)
+    comm.Sendrecv(out, partner, 43, inbuf, partner, 43)
+    ctx.check("Sendrecv behind a message of another tag", inbuf, ctx.data(np.int32, count, partner, "after"))
+    got = np.zeros(1 << 16, np.float64)
+    comm.Recv(got, partner, 42)
+    req.Wait()
+    ctx.check("the message of another tag, received after", got, ctx.data(np.float64, 1 << 16, partner, "ahead"))
+    # the partner answers with Recv then Send (4 MiB: past the sockets' buffers)
+    big = 1 << 20
+    out = ctx.data(np.float32, big, r, "one-sided")
+    inbuf = sentinel(np.float32, big)
+    if r < partner:
+        comm.Sendrecv(out, partner, 44, inbuf, partner, 44)
+    else:
+        comm.Recv(inbuf, partner, 44)
+        comm.Send(out, partner, 44)
+    ctx.check("Sendrecv against Recv then Send, 4 MiB", inbuf, ctx.data(np.float32, big, partner, "one-sided"))
+    buf = ctx.data(np.float64, 1 << 17, r, "replace")
+    comm.Sendrecv_replace(buf, partner, 45, partner, 45)
+    ctx.check("Sendrecv_replace 1 MiB", buf, ctx.data(np.float64, 1 << 17, partner, "replace"))
+    if before is not None:
+        ctx.record("frames exchanged", engine.frames_exchanged - before[0])
+        ctx.record("frames handed on", engine.frames_handed_on - before[1])
+
+
+@case
 def case_irecv_test_poll(ctx):
     """Irecv completed by polling Test(); Status of a wildcard Wait."""
     comm, MPI = ctx.comm, ctx.MPI
