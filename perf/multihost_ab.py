@@ -41,7 +41,7 @@ def table(folder: str) -> list[str]:
                 link = f"{max(counted):.2f}" if counted else "-"  # point-to-point rows count no link bytes
                 algos = "/".join(sorted({r["algo_used"] or "-" for r, _ in pairs}))
                 cells.append(f"{t} {algos:12s} {' '.join(f'{x:.2f}' for x in ratios):15s} {link}")
-            size = f"{key[2] >> 20:3d} MiB" if key[2] >= 1 << 20 else f"{key[2] >> 10:3d} KiB"
+            size = next(f"{key[2] >> s:3d} {u}" for s, u in ((20, "MiB"), (10, "KiB"), (0, "B  ")) if key[2] >= 1 << s)
             lines.append(f"{key[1]:15s} {size}  " + " | ".join(cells))
         for t in TREES:
             r = summary[t]

@@ -21,7 +21,7 @@ def call_table(comm, MPI, nbytes: int) -> dict:
     """The small calls by name, each as (function, its size in bytes), on float32 buffer specs of ``nbytes`` as
     `pycoll perf` sizes them: the whole vector (reduce, allreduce, bcast), a rank's whole input (reduce_scatter,
     alltoall), the whole output (allgather), rounded down to whole blocks of at least one element."""
-    p = comm.Get_size()
+    p, me = comm.Get_size(), comm.Get_rank()
     n = max(nbytes // 4, 1)
     a, b = np.ones(n, np.float32), np.empty(n, np.float32)
     whole = max(n // p, 1) * p  # p blocks of at least one element
@@ -36,13 +36,15 @@ def call_table(comm, MPI, nbytes: int) -> dict:
         "reduce_scatter": (lambda: comm.Reduce_scatter_block([x, F], [y[:block], F], op=MPI.SUM), 4 * whole),
         "alltoall": (lambda: comm.Alltoall([x, F], [y, F]), 4 * whole),
         "allgather": (lambda: comm.Allgather([x[:block], F], [y, F]), 4 * whole),
+        # nccl-tests' sendrecv: to the next rank, from the one before
+        "sendrecv": (lambda: comm.Sendrecv([a, F], (me + 1) % p, 7, [b, F], (me - 1) % p, 7), 4 * n),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier",
-                    help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather")
+                    help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather, sendrecv")
     ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")

@@ -656,7 +656,9 @@ def test_a_large_sendrecv_with_one_peer_on_another_host_is_one_exchange_in_c(tmp
     if tcp.exchange is None:
         pytest.skip("pycoll/transport/_tcpframe.c was not compiled: the engine moves these frames")
     case = "p2p.sendrecv_large_one_peer"
-    res = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path / "a"), job_timeout=120)
+    # with it, the eager Sendrecv round a ring of hosts of two ranks (one partner on the host, one off it)
+    res = harness.run_cases_on_hosts([case, "p2p.sendrecv_ring_late_peer"], hosts=2, n=4, out_dir=str(tmp_path / "a"),
+                                     job_timeout=120)
     res.assert_ok()
     moved = res.records(case, "frames exchanged")
     assert len(moved) == 4 and all(k >= 6 for k in moved.values()), moved  # three rounds both ways at least

@@ -111,7 +111,7 @@ def case_any_source_status(ctx):
 @case
 def case_self_send(ctx):
     """A rank sends to itself (Isend + Recv, Irecv + Send, Sendrecv)."""
-    comm, MPI = ctx.comm, ctx.MPI
+    comm = ctx.comm
     r = ctx.rank
     for count in (0, 5, 300000):
         out = ctx.data(np.float32, count, r)
@@ -195,6 +195,31 @@ def case_large_bidirectional(ctx):
         inbuf = np.zeros(count, np.int32)
         comm.Sendrecv(out, dest=right, sendtag=24, recvbuf=inbuf, source=left, recvtag=24)
         ctx.check("Sendrecv ring 4 MB", inbuf, ctx.data(np.int32, count, left, "d"))
+
+
+@case
+def case_sendrecv_ring_late_peer(ctx):
+    """Sendrecv round a ring (send right, receive left: on hosts of several ranks one partner shares the host and the
+    other does not) while one rank comes late, so the others wait for its message: values, and the status of each
+    receive (named tag, ANY_TAG), for eager sizes."""
+    comm, MPI = ctx.comm, ctx.MPI
+    n, r = ctx.size, ctx.rank
+    if n < 2:
+        ctx.skip("needs 2 ranks")
+    right, left = (r + 1) % n, (r - 1) % n
+    for count in (1, 1000, 30000):
+        for late in range(n):
+            tag = 50 + late
+            if r == late:
+                time.sleep(0.02)
+            out = ctx.data(np.int32, count, r, "ring", late)
+            inbuf = sentinel(np.int32, count)
+            st = MPI.Status()
+            recvtag = tag if late % 2 == 0 else MPI.ANY_TAG
+            comm.Sendrecv([out, MPI.INT], right, tag, [inbuf, MPI.INT], left, recvtag, st)
+            ctx.check(f"ring Sendrecv count={count}, rank {late} late", inbuf, ctx.data(np.int32, count, left, "ring", late))
+            ctx.check_equal(f"ring Sendrecv count={count}, rank {late} late: status",
+                            (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)), (left, tag, count))
 
 
 @case
