@@ -16,20 +16,26 @@ from multihost_table import human  # perf/, first on the path of `python perf/lo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("columns", nargs="+", metavar="LABEL=FILE", help="a column's heading and its JSON lines")
+    ap.add_argument("--us", action="store_true", help="cells in microseconds with one decimal (default: ms, two)")
     args = ap.parse_args()
     columns = [c.split("=", 1) for c in args.columns]
+    unit, scale, digits = ("µs", 1.0, 1) if args.us else ("ms", 1000.0, 2)
     cells: dict = collections.defaultdict(list)
     for label, path in columns:
         with open(path) as f:
             for line in f:
                 row = json.loads(line)
-                cells[(row["call"], row["bytes"], row["mode"], label)].append(row["slowest_us"] / 1000)
-    keys = sorted({k[:3] for k in cells})
-    print("| call, size | mode | " + " | ".join(f"{label} ms" for label, _ in columns) + " |")
-    print("|---|---|" + "---|" * len(columns))
-    for call, nbytes, mode in keys:
-        row = [", ".join(f"{v:.2f}" for v in cells[(call, nbytes, mode, label)]) or "-" for label, _ in columns]
-        print(f"| {call} {human(nbytes)} | {mode} | " + " | ".join(row) + " |")
+                cells[(row["call"], row["bytes"], row.get("ranks", 0), row["mode"], label)].append(
+                    row["slowest_us"] / scale)
+    keys = sorted({k[:4] for k in cells})
+    ranked = len({k[2] for k in keys}) > 1  # a ranks column where the files hold several rank counts
+    print("| call, size |" + (" ranks |" if ranked else "") + " mode | "
+          + " | ".join(f"{label} {unit}" for label, _ in columns) + " |")
+    print("|---|" + ("---:|" if ranked else "") + "---|" + "---|" * len(columns))
+    for call, nbytes, ranks, mode in keys:
+        row = [", ".join(f"{v:.{digits}f}" for v in cells[(call, nbytes, ranks, mode, label)]) or "-"
+               for label, _ in columns]
+        print(f"| {call} {human(nbytes)} |" + (f" {ranks} |" if ranked else "") + f" {mode} | " + " | ".join(row) + " |")
 
 
 if __name__ == "__main__":

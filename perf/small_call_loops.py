@@ -38,13 +38,17 @@ def call_table(comm, MPI, nbytes: int) -> dict:
         "allgather": (lambda: comm.Allgather([x[:block], F], [y, F]), 4 * whole),
         # nccl-tests' sendrecv: to the next rank, from the one before
         "sendrecv": (lambda: comm.Sendrecv([a, F], (me + 1) % p, 7, [b, F], (me - 1) % p, 7), 4 * n),
+        # a halo exchange's form: Irecv, Isend, Waitall with the rank half the ranks away (on another host)
+        "exchange": (lambda: MPI.Request.Waitall([comm.Irecv([b, F], (me + p // 2) % p, 8),
+                                                  comm.Isend([a, F], (me + p // 2) % p, 8)]), 4 * n),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier",
-                    help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather, sendrecv")
+                    help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather, sendrecv, "
+                         "exchange")
     ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")

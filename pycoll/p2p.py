@@ -124,6 +124,7 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         # Peers on other hosts: small point-to-point messages go straight through their sockets (one call each way)
         self._tcp_socks = {p: ch.sock for p, ch in channels.items() if ch.kind == "tcp" and TCP_EAGER.get()}
         self.tcp_eager_sends = self.tcp_eager_recvs = self.tcp_eager_queued = 0  # counts, for tests and tuning
+        self.posted_socket_takes = 0  # posted receives whose wait took their message in C (take_posted_from_socket)
         # exchange_frames' frames (counts): moved whole in C, and moved in part there and finished by the engine
         self.frames_exchanged = self.frames_handed_on = 0
         self.ring_frames_exchanged = self.ring_frames_handed_on = 0  # of each, those of this host's peers (rings)

@@ -322,6 +322,31 @@ class EagerPaths:
         finally:
             self.lock.release()
 
+    def take_posted_from_socket(self, req: Any) -> bool:
+        """A posted point-to-point receive ``req``, first in the posted list, from a peer on another host: its message
+        of up to ``frame_room`` taken in C from the socket as a fresh receive takes it (``recv_eager``: the spin, the
+        yields, then the kernel's wait for up to PYCOLL_TCP_EAGER_WAIT_MS), where nothing else could match it first (nothing
+        unexpected buffered, no schedule running, the stream at a frame boundary) and nothing this rank owes a peer
+        is queued (the peer may wait for it before it sends). Posted again, first, where the message did not come
+        or another frame is next. Whether it completed; the engine's lock is held."""
+        posted, peer = self._posted, req.peer
+        if (not posted or posted[0] is not req or req.peer not in self._tcp_socks or type(req.dst) is not np.ndarray
+                or req.dst.nbytes > self.frame_room(peer) or req.local is not None or req.sig is not None
+                or self._unexpected or self._schedules or self._abort_requests or any(self._sendq.values())):
+            return False  # a frame past the staging area is read straight into place by the engine
+        st = self._inbound.get(peer)
+        if st is None or st.have or st.target is not None:
+            return False
+        del posted[0]
+        got = self._recv_eager_tcp(peer, req.dst, req.ctx, req.tag, True)
+        if got is None:
+            posted.insert(0, req)
+            return False
+        req.source, req.recv_tag, req.nbytes = peer, got[1], got[0]
+        req.done = True
+        self.posted_socket_takes += 1
+        return True
+
     def _can_take(self, peer: int, schedules_may_run: bool = False) -> bool:
         """Whether an eager receive from ``peer`` keeps MPI's matching order: no receive posted, nothing unexpected
         buffered, no schedule running (unless ``schedules_may_run``: a collective's frames, which only its own

@@ -332,26 +332,31 @@ class FastP2P(SendRecv):
         return None
 
     def wait_posted(self, reqs: list) -> None:
-        """Complete, in posting order, the receives among ``reqs`` that this path posted, each waiting (compiled)
-        for its message as the next frame of its source's ring; stop at the first that cannot go this way (the
-        engine's wait does the rest)."""
-        lanes = self.lanes
-        if lanes is None or not self.lock.acquire(False):
+        """Complete, in posting order, the receives among ``reqs`` at the head of the posted list, each waiting in C
+        for its message: as the next frame of its source's ring (receives this path posted), or of its socket (a
+        source on another host); stop at the first that cannot go this way (the engine's wait does the rest)."""
+        if not self.lock.acquire(False):
             return
         try:
             posted = self.posted
             for req in reqs:
                 if req.done:
                     continue
-                if (type(req) is not RecvRequest or not req.addr or not posted or posted[0] is not req
+                if (type(req) is not RecvRequest or not posted or posted[0] is not req
                         or self.unexpected or self.schedules or self.aborts or self._dead()):
                     return
                 peer = req.peer
-                d = lanes[peer]
-                st = self.inbound[peer]
-                if not d or st.have or st.target is not None:
+                st = self.inbound.get(peer)
+                if st is None or st.have or st.target is not None:
                     return
-                self._complete_posted(peer, d, self.polls)
+                if req.addr:
+                    lanes = self.lanes
+                    d = lanes[peer] if lanes is not None else 0
+                    if not d:
+                        return
+                    self._complete_posted(peer, d, self.polls)
+                else:
+                    self.engine.take_posted_from_socket(req)
                 if not req.done:
                     return
         finally:

@@ -22,6 +22,7 @@ from .p2p_protocol import (
     STALL_WARN,
     YIELD_US,
     Owner,
+    RecvRequest,
     Request,
     Schedule,
     SendRequest,
@@ -106,6 +107,8 @@ class Waiting:
             return
         if not self._abort_requests and self.lock.acquire(blocking=False):
             try:
+                if type(req) is RecvRequest and self.take_posted_from_socket(req):
+                    return
                 progress = self.progress
                 for _ in range(self._tight_polls if not self.oversubscribed else 4):
                     progress()

@@ -669,6 +669,20 @@ def test_a_large_sendrecv_with_one_peer_on_another_host_is_one_exchange_in_c(tmp
     assert len(handed_on) == 2 and sum(handed_on.values()) > 0, handed_on
 
 
+def test_a_posted_receive_from_another_host_waits_for_its_message_in_c(tmp_path: Path) -> None:
+    """Irecv posted before the partner on the other host sends, then Isend and Waitall or Wait: the wait takes the
+    message from the socket in C (``Engine.take_posted_from_socket``) on every rank, and the cases it must leave to
+    the engine (another tag's message ahead, ANY_TAG with a status, a longer buffer) match. The wait in C is let run
+    past the partner's 5 ms lateness, so that each of the three exchanges where the partner comes late counts."""
+    case = "p2p.exchange_posted_first"
+    for n in (2, 4):
+        res = harness.run_cases_on_hosts([case], hosts=2, n=n, env={"PYCOLL_TCP_EAGER_WAIT_MS": "200"},
+                                         out_dir=str(tmp_path / f"n{n}"), job_timeout=120)
+        res.assert_ok()
+        took = res.records(case, "posted socket takes")
+        assert len(took) == n and all(k >= 3 for k in took.values()), took
+
+
 @pytest.mark.timeout(200)
 def test_ranks_the_scheduler_put_on_one_cpu_spin_briefly_until_they_run_apart(tmp_path: Path) -> None:
     """Two ranks on two hosts, moved onto one CPU after start-up (as a launcher that does not bind may leave them):

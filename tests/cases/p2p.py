@@ -197,6 +197,62 @@ def case_large_bidirectional(ctx):
         ctx.check("Sendrecv ring 4 MB", inbuf, ctx.data(np.int32, count, left, "d"))
 
 
+def _partner_across(ctx) -> int:
+    """This rank's partner in the other half of the ranks (on another host where hosts hold blocks of ranks); an odd
+    count pairs neighbours and the last rank skips."""
+    n, r = ctx.size, ctx.rank
+    partner = (r + n // 2) % n if n % 2 == 0 else r ^ 1
+    if partner >= n:
+        ctx.skip("no partner")
+    return partner
+
+
+@case
+def case_exchange_posted_first(ctx):
+    """Irecv posted before the partner's message is sent (the partner comes late), then Isend and a wait, as halo
+    exchanges write it: Waitall, Wait with a status, ANY_TAG, a buffer longer than the message, and a message of
+    another tag ahead of the awaited one. Records the engine's posted receives whose wait took their message in C."""
+    comm, MPI = ctx.comm, ctx.MPI
+    r, partner = ctx.rank, _partner_across(ctx)
+    engine = getattr(comm, "_engine", None)
+    before = engine.posted_socket_takes if engine is not None else None
+    for count in (1, 1000, 16000):
+        for late in (min(r, partner), max(r, partner)):
+            out = ctx.data(np.float64, count, r, "x", late)
+            inbuf = sentinel(np.float64, count + 3)
+            req = comm.Irecv(inbuf, partner, 60)
+            if r == late:
+                time.sleep(0.005)
+            MPI.Request.Waitall([req, comm.Isend(out, partner, 60)])
+            ctx.check(f"Irecv/Isend/Waitall count={count}, rank {late} late", inbuf[:count],
+                      ctx.data(np.float64, count, partner, "x", late))
+            ctx.check(f"Irecv/Isend/Waitall count={count}: the rest untouched", inbuf[count:],
+                      sentinel(np.float64, count + 3)[count:])
+    st = MPI.Status()
+    inbuf = sentinel(np.int32, 500)
+    req = comm.Irecv(inbuf, partner, MPI.ANY_TAG)
+    if r > partner:
+        time.sleep(0.005)
+    sreq = comm.Isend(ctx.data(np.int32, 400, r, "status"), partner, 61 + (r > partner))
+    req.Wait(st)
+    sreq.Wait()
+    ctx.check("Irecv ANY_TAG, Wait(status)", inbuf[:400], ctx.data(np.int32, 400, partner, "status"))
+    ctx.check_equal("Irecv ANY_TAG, Wait(status): status",
+                    (st.Get_source(), st.Get_tag(), st.Get_count(MPI.INT)), (partner, 61 + (partner > r), 400))
+    # the partner's message of tag 63 comes first; this rank waits for tag 64 before it receives tag 63
+    first, second = sentinel(np.int16, 99), sentinel(np.int16, 99)
+    req = comm.Irecv(second, partner, 64)
+    a = comm.Isend(ctx.data(np.int16, 99, r, "63"), partner, 63)
+    b = comm.Isend(ctx.data(np.int16, 99, r, "64"), partner, 64)
+    req.Wait()
+    comm.Recv(first, partner, 63)
+    MPI.Request.Waitall([a, b])
+    ctx.check("the awaited message behind another tag's", second, ctx.data(np.int16, 99, partner, "64"))
+    ctx.check("the other tag's message, received after", first, ctx.data(np.int16, 99, partner, "63"))
+    if before is not None:
+        ctx.record("posted socket takes", engine.posted_socket_takes - before)
+
+
 @case
 def case_sendrecv_ring_late_peer(ctx):
     """Sendrecv round a ring (send right, receive left: on hosts of several ranks one partner shares the host and the
@@ -229,10 +285,7 @@ def case_sendrecv_large_one_peer(ctx):
     another tag ahead in the stream, a partner that answers with Recv then Send, and Sendrecv_replace. Records the
     engine's frames exchanged and handed on, where it has them."""
     comm, MPI = ctx.comm, ctx.MPI
-    n, r = ctx.size, ctx.rank
-    partner = (r + n // 2) % n if n % 2 == 0 else r ^ 1  # the other half: on other hosts where hosts hold blocks
-    if partner >= n:
-        ctx.skip("no partner")
+    r, partner = ctx.rank, _partner_across(ctx)
     engine = getattr(comm, "_engine", None)
     before = (engine.frames_exchanged, engine.frames_handed_on) if engine is not None else None
     count = (1 << 18) + 3  # int32: 1 MiB and 12 bytes
