@@ -324,11 +324,11 @@ class EagerPaths:
 
     def take_posted_from_socket(self, req: Any) -> bool:
         """A posted point-to-point receive ``req``, first in the posted list, from a peer on another host: its message
-        of up to ``frame_room`` taken in C from the socket as a fresh receive takes it (``recv_eager``: the spin, the
-        yields, then the kernel's wait for up to PYCOLL_TCP_EAGER_WAIT_MS), where nothing else could match it first (nothing
-        unexpected buffered, no schedule running, the stream at a frame boundary) and nothing this rank owes a peer
-        is queued (the peer may wait for it before it sends). Posted again, first, where the message did not come
-        or another frame is next. Whether it completed; the engine's lock is held."""
+        of up to ``frame_room`` taken in C from the socket as a fresh receive takes it (``recv_eager``: the spin,
+        the yields, then the kernel's wait for up to PYCOLL_TCP_EAGER_WAIT_MS), where nothing else could match it
+        first (nothing unexpected buffered, no schedule running, the stream at a frame boundary) and nothing this
+        rank owes a peer is queued (the peer may wait for it before it sends). Posted again, first, where the
+        message did not come or another frame is next. Whether it completed; the engine's lock is held."""
         posted, peer = self._posted, req.peer
         if (not posted or posted[0] is not req or req.peer not in self._tcp_socks or type(req.dst) is not np.ndarray
                 or req.dst.nbytes > self.frame_room(peer) or req.local is not None or req.sig is not None
