@@ -1,6 +1,7 @@
-"""The engine's collective frames to peers on other hosts moved in C (``transport/_tcpframe.c``): a two-rank call's
-frame each way in one call (``frame_swapper``, for ``pycoll.paired``), and a direct collective's large frames to
-several hosts at once (``exchange_frames``). What C could not finish is handed to the engine's queues and parser."""
+"""The engine's frames to peers on other hosts moved in C (``transport/_tcpframe.c``): a two-rank call's frame each
+way in one call (``frame_swapper``, for ``pycoll.paired``), a direct collective's large frames to several hosts at
+once (``exchange_frames``), and a large point-to-point Sendrecv with one partner (``sendrecv_frames``). What C could
+not finish is handed to the engine's queues and parser."""
 
 from __future__ import annotations
 
