@@ -14,6 +14,8 @@ import json
 import math
 import os
 
+from multihost_table import human  # perf/, first on the path of `python perf/multihost_ab.py`
+
 RATES = ("unshaped", "10gbit", "1gbit")
 TREES = ("after", "before")
 
@@ -41,8 +43,7 @@ def table(folder: str) -> list[str]:
                 link = f"{max(counted):.2f}" if counted else "-"  # point-to-point rows count no link bytes
                 algos = "/".join(sorted({r["algo_used"] or "-" for r, _ in pairs}))
                 cells.append(f"{t} {algos:12s} {' '.join(f'{x:.2f}' for x in ratios):15s} {link}")
-            size = next(f"{key[2] >> s:3d} {u}" for s, u in ((20, "MiB"), (10, "KiB"), (0, "B  ")) if key[2] >= 1 << s)
-            lines.append(f"{key[1]:15s} {size}  " + " | ".join(cells))
+            lines.append(f"{key[1]:15s} {human(key[2]):>7s}  " + " | ".join(cells))
         for t in TREES:
             r = summary[t]
             mean = math.exp(sum(map(math.log, r)) / len(r))

@@ -22,6 +22,7 @@ def call_table(comm, MPI, nbytes: int) -> dict:
     `pycoll perf` sizes them: the whole vector (reduce, allreduce, bcast), a rank's whole input (reduce_scatter,
     alltoall), the whole output (allgather), rounded down to whole blocks of at least one element."""
     p, me = comm.Get_size(), comm.Get_rank()
+    across = (me + p // 2) % p  # the rank half the ranks away: on another host where hosts hold blocks of ranks
     n = max(nbytes // 4, 1)
     a, b = np.ones(n, np.float32), np.empty(n, np.float32)
     whole = max(n // p, 1) * p  # p blocks of at least one element
@@ -38,9 +39,8 @@ def call_table(comm, MPI, nbytes: int) -> dict:
         "allgather": (lambda: comm.Allgather([x[:block], F], [y, F]), 4 * whole),
         # nccl-tests' sendrecv: to the next rank, from the one before
         "sendrecv": (lambda: comm.Sendrecv([a, F], (me + 1) % p, 7, [b, F], (me - 1) % p, 7), 4 * n),
-        # a halo exchange's form: Irecv, Isend, Waitall with the rank half the ranks away (on another host)
-        "exchange": (lambda: MPI.Request.Waitall([comm.Irecv([b, F], (me + p // 2) % p, 8),
-                                                  comm.Isend([a, F], (me + p // 2) % p, 8)]), 4 * n),
+        # a halo exchange's form: Irecv, Isend, Waitall with the rank across
+        "exchange": (lambda: MPI.Request.Waitall([comm.Irecv([b, F], across, 8), comm.Isend([a, F], across, 8)]), 4 * n),
     }
 
 

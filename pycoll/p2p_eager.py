@@ -330,7 +330,7 @@ class EagerPaths:
         rank owes a peer is queued (the peer may wait for it before it sends). Posted again, first, where the
         message did not come or another frame is next. Whether it completed; the engine's lock is held."""
         posted, peer = self._posted, req.peer
-        if (not posted or posted[0] is not req or req.peer not in self._tcp_socks or type(req.dst) is not np.ndarray
+        if (not posted or posted[0] is not req or peer not in self._tcp_socks or type(req.dst) is not np.ndarray
                 or req.dst.nbytes > self.frame_room(peer) or req.local is not None or req.sig is not None
                 or self._unexpected or self._schedules or self._abort_requests or any(self._sendq.values())):
             return False  # a frame past the staging area is read straight into place by the engine

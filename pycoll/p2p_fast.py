@@ -345,17 +345,14 @@ class FastP2P(SendRecv):
                 if (type(req) is not RecvRequest or not posted or posted[0] is not req
                         or self.unexpected or self.schedules or self.aborts or self._dead()):
                     return
-                peer = req.peer
-                st = self.inbound.get(peer)
-                if st is None or st.have or st.target is not None:
-                    return
                 if req.addr:
-                    lanes = self.lanes
-                    d = lanes[peer] if lanes is not None else 0
-                    if not d:
+                    peer = req.peer
+                    d = self.lanes[peer] if self.lanes is not None else 0
+                    st = self.inbound[peer]
+                    if not d or st.have or st.target is not None:
                         return
                     self._complete_posted(peer, d, self.polls)
-                else:
+                else:  # a source on another host: the engine checks the stream and the head of the list itself
                     self.engine.take_posted_from_socket(req)
                 if not req.done:
                     return

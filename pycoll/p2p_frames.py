@@ -179,17 +179,16 @@ class FramePaths:
         match it; else the engine's receive takes it, as it does whatever C moved in part. Waits for both within
         ``timeout`` and returns the bytes received; raises a request's error."""
         sent, got = self.exchange_frames([(peer, out, into)], ctx, tag, P2P_SIG, owner)[0]
-        reqs = [self.isend(peer, out, ctx, tag, P2P_SIG, owner) if sent is None else sent]
-        if got is not True:
-            reqs.insert(0, self.irecv(peer, into, ctx, tag, None, owner) if got is None else got)
-        reqs = [r for r in reqs if r is not True]
+        send = self.isend(peer, out, ctx, tag, P2P_SIG, owner) if sent is None else sent
+        recv = self.irecv(peer, into, ctx, tag, None, owner) if got is None else got
+        reqs = [r for r in (recv, send) if r is not True]  # the receive's error first
         pending = [r for r in reqs if not r.done]
         if pending:
             self.wait_requests(pending, timeout, owner)
-        for req in reqs:  # the receive's error first
+        for req in reqs:
             if req.error is not None:
                 raise req.error
-        return into.nbytes if got is True else reqs[0].nbytes
+        return into.nbytes if recv is True else recv.nbytes
 
     def _settle_flow(self, peer: int, ch: Any, socket: bool, head_out: Optional[bytes], out: Any,
                      head_in: Optional[bytes], into: Any, state: tuple, ctx: int, tag: int, sig: Sig,
