@@ -41,13 +41,11 @@ import numpy as np
 from . import ops as _ops
 from .algorithms import cost as cost_model
 from .algorithms.base import Call, Layout, offsets
-from .algorithms.check import CHECK_CALLS
-from .algorithms.registry import (ALGO, LINK_MINIMAL, LINK_TOLERANCE, REPRODUCIBLE, link_tolerance, preferred, ranked,
-                                  ranked_cached)
+from .algorithms.registry import LINK_MINIMAL, link_tolerance, preferred, ranked, ranked_cached
 from .buffers import IN_PLACE
 from .composed_failures import guarded
 from .composed_segments import SegmentedSteps
-from .config import _ENV_BYTES, int_param, size_param
+from .config import int_param, size_param
 from .transport.arena import shared_core_slot_bytes
 
 SMP_BYTES = size_param(
@@ -60,6 +58,7 @@ SMP_BYTES = size_param(
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
+SPANNED = ("allreduce", "reduce", "broadcast")  # their parts take any length (``composed_plans``)
 _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
@@ -282,48 +281,7 @@ class HostComposition(SegmentedSteps):
             return 1
         return segments(cost_model.current(), call.coll, call.size_bytes, self.comm._layout, call.op, call.root)[0]
 
-    def plan_closure(self, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
-        """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within
-        PYCOLL_SMP_BYTES: what decided to compose it (``takes``, a forced algorithm, the checks, reproducibility)
-        depends on the plan's shape and on environment words the closure rechecks, so a call only rebinds its
-        views and runs the composition, and ``ran(collective, bytes)`` records it; the closure declines (False,
-        nothing done) once any of them changed. A larger call, composed because the cost model priced it so, also
-        declines once the model in force or PYCOLL_LINK_TOLERANCE changed."""
-        env, c = _ENV_BYTES, self.comm
-        if env is None:
-            return False
-        priced = call.size_bytes > SMP_BYTES.get()
-        model = cost_model._current if priced else None
-        if priced and model is None:
-            return False
-        keys = (ALGO.env_key, CHECK_CALLS.env_key, REPRODUCIBLE.env_key, SMP_BYTES.env_key, LINK_TOLERANCE.env_key,
-                SEGMENTS.env_key)
-        ka, kc, kr, ks, kt, kg = keys
-        va, vc, vr, vs, vt, vg = (env.get(k) for k in keys)
-        mine, coll, nbytes = c._reproducible, call.coll, call.size_bytes
-        views, make_call, live, run = plan.views, plan.make_call, c._live, self.run
-        part, host, leaders, column, enter = self._part(call), self.host_comm, self.leaders, self.column, self._enter
-
-        def fast(args: tuple) -> bool:
-            if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or env.get(ks) != vs or env.get(kt) != vt
-                    or env.get(kg) != vg
-                    or c._reproducible is not mine or (model is not None and cost_model._current is not model)):
-                return False
-            bound = views(args)
-            if bound is None:
-                return False  # the buffers overlap: the checks name it
-            live(label, numbered=True)
-            if part is not None:
-                enter()
-                guarded(c, label, (host, leaders, column), part, *bound)
-            else:
-                run(make_call(*bound), label)
-            ran(coll, nbytes)
-            return True
-
-        return fast
-
-    def _part(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
+    def part_of(self, call: Call) -> Optional[Callable[[Any, Any], None]]:
         """This rank's whole part of a composed Barrier, Bcast, Reduce or Allreduce as a function of its (send,
         recv) views, chosen for the rank's role (a host's leader, or another rank of it) and the call's op and
         root: ``run`` calls it, and a plan's closure binds it once (no call object or dispatch per call: the small
@@ -381,12 +339,12 @@ class HostComposition(SegmentedSteps):
     def run(self, call: Call, label: str) -> None:
         """``call``, the user's ``label`` call on the parent, as this rank's part of its composition."""
         self._comms()
-        self._enter()
-        part = self._part(call)
+        self.enter()
+        part = self.part_of(call)
         guarded(self.comm, label, (self.host_comm, self.leaders, self.column),
                 part or (lambda send, recv: getattr(self, "_" + call.coll)(call)), call.send, call.recv)
 
-    def _enter(self) -> None:
+    def enter(self) -> None:
         """A call begins: the parent's next call number (its errors name it), and the parent's timeout inside."""
         c = self.comm
         c._seq += 1

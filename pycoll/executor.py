@@ -16,7 +16,7 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from . import arrays, derived_buffers, exchanged, paired, solo
+from . import arrays, composed_plans, derived_buffers, exchanged, paired, solo, span_runners
 from .algorithms.base import Call, Steps
 from .algorithms.check import CHECK_CALLS, verify_call
 from .algorithms.registry import ALGO, select
@@ -62,6 +62,7 @@ class Executor:
         # collective -> (algorithm, bytes as selection saw them) of this communicator's last call that chose one;
         # a process-wide record (``last_choice``) also holds the choices of the communicators an algorithm calls
         self.ran: dict[str, tuple[str, int]] = {}
+        self.span_calls = 0  # calls of a new shape run by their span's fast path (``span_runners``)
         # ranks sharing cores spin only briefly for each other: the rank we wait for may need this core
         self.spin_s = _OVERSUBSCRIBED_SPIN_S if self.engine.oversubscribed else _FAST_SPIN_S
         self.retry_s = _YIELD_RETRY_S if self.engine.oversubscribed else 0.0
@@ -94,12 +95,15 @@ class Executor:
                         if plan.flat_for != flat_key:
                             if self._compose(label, call):
                                 if not fast:  # None, or False where an earlier call of the plan ran another way
-                                    plan.fast = self.composed.plan_closure(label, plan, call, self._ran_composed)
+                                    plan.fast = composed_plans.plan_closure(self.composed, label, plan, call, self._ran_composed)
                                 return
                             plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
         sized = resize_key(args) if key is not None else None
+        if sized is not None and self.cache.spans and self.cache.run_spanned(label, args, sized):
+            self.span_calls += 1
+            return
         resized = self._resized(label, args, key, sized) if sized is not None else None
         if resized is not None:
             (plan, call), stage = resized, None
@@ -109,8 +113,13 @@ class Executor:
             plan = self._remember(label, args, call, sig, key, sized) if stage is None and stream is None else None
         if stage is None:
             if self.composed is not None and self._compose(label, call):
+                if plan is not None and sized is not None:
+                    plan.fast = plan.fast or composed_plans.plan_closure(self.composed, label, plan, call, self._ran_composed)
+                    span_runners.keep(self, label, plan, call, sized, composed=True)
                 return
             if plan is not None and self._first_as_planned(plan, call, args):
+                if sized is not None:
+                    span_runners.keep(self, label, plan, call, sized)
                 return
             self._finish(self._schedule(label, call, sig, plan, True))
             return

@@ -1,6 +1,6 @@
 """The inline forms of the algorithms that have one on a host's shared arena: a ``Runner`` per algorithm posts, spins
 briefly for the peers and finishes a planned call as one compiled kernel call, and keeps the whole call as a
-closure (``_fast_call``) for the plan's later calls; a late peer hands the rest to a schedule (``Executor.rest``)."""
+closure (``fast_call``) for the plan's later calls; a late peer hands the rest to a schedule (``Executor.rest``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # annotations only: the executor runs these
 
 # ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------
 
-def _fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int],
+def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int],
                lags: bool = False) -> Any:
     """A plan's whole inline call as one closure (see ``Runner.fast_path``): what the plan, the arena and the choice
     of algorithm settled is bound once; a call rebinds its views, numbers itself and runs ``kernel(send, recv,
@@ -153,15 +153,8 @@ class _Oneshot(Runner):
         prep = self.prep
         if prep is None or prep.raw is None:
             return False
-        a, fn, sig, code, polls = prep.arena, prep.raw, prep.sig, prep.code, x.gate.polls
-        u64, me, rows, y, yf = a.u64, a.rank, prep.views[0][0], x.gate.yields, x.gate.yield_fn
-        bases = [b for _, b in prep.views]
-
-        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:  # the plan's size fits the slot
-            return fn(u64, rows, send, recv, me, bases[opno % DEPTH], sig, opno, code, polls, seq, y, yf)
-
-        self.kernel = kernel
-        return _fast_call(x, plan, self, kernel)
+        self.kernel = oneshot_kernel(x, prep, prep.sig)  # the plan's size fits the slot
+        return fast_call(x, plan, self, self.kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, send, recv)
@@ -170,6 +163,19 @@ class _Oneshot(Runner):
         call = plan.make_call(send, recv)
         mine = self.prep.words
         x.rest(self.label, self.sig, lambda st: shared.oneshot_rest(st, arena, opno, call, mine))
+
+
+def oneshot_kernel(x: Executor, prep: Any, sig: np.ndarray) -> Callable[[Any, Any, int, int], int]:
+    """A one-shot Allreduce's kernel step (send, recv, opno, seq) -> status, its arrays bound (``sig``: the
+    signature words it posts)."""
+    a, fn, code, polls = prep.arena, prep.raw, prep.code, x.gate.polls
+    u64, me, rows, y, yf = a.u64, a.rank, prep.views[0][0], x.gate.yields, x.gate.yield_fn
+    bases = [b for _, b in prep.views]
+
+    def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+        return fn(u64, rows, send, recv, me, bases[opno % DEPTH], sig, opno, code, polls, seq, y, yf)
+
+    return kernel
 
 
 class _Pipe(Runner):
@@ -276,7 +282,7 @@ class _Barrier(Runner):
             return fn(u64, me, bases[opno % DEPTH], sig, opno, polls, seq, y, yf)
 
         self.kernel = kernel
-        return _fast_call(x, plan, self, kernel)
+        return fast_call(x, plan, self, kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, None, None)
@@ -324,31 +330,42 @@ class _Slots(Runner):
         prep = self.prep
         if prep is None or prep.raw is None or prep.as_bytes or prep.polls != x.gate.polls:
             return False
-        fn, a, sl, metas, sig, empty = prep.raw, prep.arena, prep.slots, prep.metas, prep.sig, prep.empty
-        u64 = a.u64
-        if prep.prog.pack_from_recv:  # the root's Bcast, an in-place Allgather: packed from the receive buffer
-            def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-                return fn(u64, sl, recv, recv, metas[opno % DEPTH], sig, opno, seq, a.lagging)
-        else:
-            def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
-                return fn(u64, sl, empty if send is None else send, empty if recv is None else recv,
-                          metas[opno % DEPTH], sig, opno, seq, a.lagging)
-
-        return _fast_call(x, plan, self, kernel, lags=True)
+        return fast_call(x, plan, self, slots_kernel(prep), lags=True)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        prep = self.prep
-        if x.retry_s:
-            status = x.retry(arena, status, lambda: slots.run_kernel(None, prep, arena, opno, send, recv, x.gate))
-        if arena_jit.finished(arena, opno, status, x.gate):
-            arena.lagging = self.one_sided
-            return
-        call = plan.make_call(send, recv)
-        if status & arena_jit.UNPOSTED:  # nothing posted: wait for the peers' last calls, then the whole call
-            x.rest(self.label, self.sig, lambda st: slots.slots_unposted(st, arena, opno, call))
-            return
-        arena.lagging = False  # the rest meets every peer
-        x.rest(self.label, self.sig, lambda st: slots.slots_rest(st, arena, opno, call, prep.words))
+        slots_tail(x, self.label, self.sig, self.prep, self.one_sided, arena, opno, status, plan.make_call(send, recv))
+
+
+def slots_kernel(prep: Any) -> Callable[[Any, Any, int, int], int]:
+    """A ``slots`` program's kernel step (send, recv, opno, seq) -> status, its arrays bound."""
+    fn, a, sl, metas, sig, empty = prep.raw, prep.arena, prep.slots, prep.metas, prep.sig, prep.empty
+    u64 = a.u64
+    if prep.prog.pack_from_recv:  # the root's Bcast, an in-place Allgather: packed from the receive buffer
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+            return fn(u64, sl, recv, recv, metas[opno % DEPTH], sig, opno, seq, a.lagging)
+    else:
+        def kernel(send: Any, recv: Any, opno: int, seq: int) -> int:
+            return fn(u64, sl, empty if send is None else send, empty if recv is None else recv,
+                      metas[opno % DEPTH], sig, opno, seq, a.lagging)
+    return kernel
+
+
+def slots_tail(x: Executor, label: str, sig: Any, prep: Any, one_sided: bool, arena: Any, opno: int, status: int,
+                call: Any) -> None:
+    """After a ``slots`` kernel status other than DONE: retry while ranks share the cores, else the rest (or, where
+    nothing was posted, the whole call) as a schedule."""
+    send, recv = call.send, call.recv
+    if x.retry_s:
+        status = x.retry(arena, status, lambda: slots.run_kernel(None, prep, arena, opno, send, recv, x.gate))
+    if arena_jit.finished(arena, opno, status, x.gate):
+        arena.lagging = one_sided
+        return
+    if status & arena_jit.UNPOSTED:  # nothing posted: wait for the peers' last calls, then the whole call
+        x.rest(label, sig, lambda st: slots.slots_unposted(st, arena, opno, call))
+        return
+    arena.lagging = False  # the rest meets every peer
+    words = prep.words
+    x.rest(label, sig, lambda st: slots.slots_rest(st, arena, opno, call, words))
 
 
 # where an array's first byte is (0: None or no bytes), in C where built
@@ -497,7 +514,7 @@ class _Cma(Runner):
             return fn(u64, bases[opno % DEPTH], sig, packed, opno, seq, address(send), address(recv), a.lagging)
 
         self.kernel = kernel
-        return _fast_call(x, plan, self, kernel, lags=True)
+        return fast_call(x, plan, self, kernel, lags=True)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
         status = self.retried(x, arena, opno, status, send, recv)

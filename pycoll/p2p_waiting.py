@@ -53,6 +53,12 @@ class Waiting:
         if skipped is not None:
             sched.fail(self._with_rank(skipped, sched.owner))
             return sched
+        broken = self._broken.get(sched.owner.ctx & ~1)
+        if broken is not None and self._is_broken_for(sched.owner):
+            # a peer's report came while this call ran inline (its kernel does not read reports): it fails as the
+            # calls pending then did
+            sched.fail(self._with_rank(broken[0], sched.owner))
+            return sched
         if self._dead:  # a member already died: this collective cannot finish
             dead = [m for m in sched.owner.members if m in self._dead and m not in self._left]
             if dead:

@@ -34,6 +34,8 @@ _EMPTY = np.zeros(0, np.uint8)
 # pairwise Alltoall's one frame, and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
 _ANY_SIZE = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
                        ("reduce_scatter", "ring"), ("alltoall", "pairwise")})
+# the forms whose every call takes its buffers' lengths as they come (no count bound when the form is made)
+_SPANNED = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allreduce", "doubling")})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
 
 
@@ -60,8 +62,9 @@ class _Pair:
         # the largest message a call sends as one (the algorithm's chunk): past ``limit``, one exchange in C straight
         # into place (``Engine.frame_exchanger``) where it is built
         self.most = chunk if self.engine.exchanges_blocks_with(self.world_peer) else self.limit
-        self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0
-        self._exchangers: dict[tuple[int, int], Any] = {}  # (out bytes, into bytes) -> its exchanger, or None
+        self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0 (of the call's count now)
+        self._counted: dict[int, dict[int, bytes]] = {plan.sig.count: self._heads}  # count -> its headers
+        self._exchangers: dict[tuple[int, int, int], Any] = {}  # (count, out bytes, into bytes) -> its exchanger, or None
         self.swap = self._swapper()
 
     def head(self, nbytes: int) -> bytes:
@@ -71,6 +74,15 @@ class _Pair:
             head = self._heads[nbytes] = frame_head(self.ctx, 0, nbytes, self.sig)
         return head
 
+    def count(self, count: int) -> None:
+        """The call's element count from now on, as its frames' headers and its errors name it: a plan's own calls
+        have its count; a call of another length in its size span (``fast_path``'s ``spanning``) has its own."""
+        if count != self.sig.count:
+            if len(self._counted) > 64:
+                self._counted.clear()
+            self.sig = self.sig._replace(count=count)
+            self._heads = self._counted.setdefault(count, {})
+
     def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
         """``swap(seq, out, into[, local])``: send ``out`` to the peer and receive ``into`` from it (contiguous
         arrays; None: no message that way), as the call numbered ``seq``; ``into`` is written only once its message is
@@ -79,7 +91,7 @@ class _Pair:
         # the pair keeps its swap: bound methods in it would tie the two in a cycle, which only the cyclic collector
         # frees once a plan is dropped (its tens of objects in every new shape's plan)
         me = weakref.proxy(self)
-        heads, ctx, limit = self._heads, self.ctx, self.limit
+        ctx, limit = self.ctx, self.limit
         frames = self.engine.frame_swapper(self.world_peer)
 
         def swap(seq: int, out: Optional[np.ndarray], into: Optional[np.ndarray],
@@ -87,6 +99,7 @@ class _Pair:
             if (out is not None and out.nbytes > limit) or (into is not None and into.nbytes > limit):
                 me._swap_large(seq, out, into, local)
                 return
+            heads = me._heads
             head_out = None if out is None else heads.get(out.nbytes) or me.head(out.nbytes)
             head_in = None if into is None else heads.get(into.nbytes) or me.head(into.nbytes)
             sent, got = frames(ctx, seq * LANES, head_out, out, head_in, into, limit)
@@ -106,9 +119,11 @@ class _Pair:
         engine, tag = self.engine, seq * LANES
         reqs = None
         if out is not None and into is not None:
-            key = (out.nbytes, into.nbytes)
+            key = (self.sig.count, out.nbytes, into.nbytes)
             if key not in self._exchangers:
-                self._exchangers[key] = engine.frame_exchanger([(self.world_peer, 0, key[0], 0, key[1])], self.ctx,
+                if len(self._exchangers) > 64:
+                    self._exchangers.clear()
+                self._exchangers[key] = engine.frame_exchanger([(self.world_peer, 0, key[1], 0, key[2])], self.ctx,
                                                                self.sig)
             run = self._exchangers[key]
             if run is not None:
@@ -180,8 +195,9 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     if largest is not None and largest > limit:
         return False
     sendq, dead = engine._sendq[peer], engine._dead
+    own = plan.sig.count
 
-    def fast(args: tuple) -> bool:
+    def fast(args: tuple, count: int = own) -> bool:
         bound = views(args) if holds() else None
         if bound is None:
             return False  # something it relies on changed, or the buffers overlap (the checks name it)
@@ -190,11 +206,26 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
             return False
         if c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead:
             return False
+        if count != pair.sig.count:
+            pair.count(count)
         seq = c._seq + 1
         c._seq = seq
         body(seq, send, recv)
         return True
 
+    if largest is None and (t.coll, algo.name) in _SPANNED:
+        ref = weakref.ref(fast)  # the closure holds this function: a strong reference would make a cycle
+
+        def spanning(call: Any, scale: int) -> Optional[Callable[[tuple, int], bool]]:
+            """Every length of the call's size span (``span_runners.keep``): the forms take their buffers' lengths as
+            they come, and the frames carry each call's own count."""
+            run = ref()
+            if own % scale or run is None:
+                return None
+            per = own // scale
+            return lambda args, at: run(args, per * at)
+
+        fast.spanning = spanning  # type: ignore[attr-defined]
     return fast
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import arrays
 from .algorithms.base import Call
+from .algorithms.registry import size_span
 from .buffers import IN_PLACE
 from .datatypes import Datatype
 from .memory import host_address
@@ -289,6 +290,24 @@ class Plan:
         views = self.views(args)
         return None if views is None else self.make_call(*views)
 
+    def scaled_call(self, send: Optional[np.ndarray], recv: Optional[np.ndarray], scale: int, was: int
+                    ) -> Optional[tuple[Call, Sig]]:
+        """(call, signature) of this resizable plan's call on ``send`` and ``recv``, arrays of its family at ``scale``
+        where the plan's are at ``was``: every count (the signature's too) scaled alike; None where a scaled count is
+        not whole."""
+        t = self.template
+        call = self.make_call(send, recv)
+        try:
+            count = _scaled(self.sig.count, scale, was)
+            if t.counts or t.send_counts:
+                call.counts, call.displs = _blocks_scaled(t.counts, t.displs, scale, was)
+                call.send_counts, call.send_displs = _blocks_scaled(t.send_counts, t.send_displs, scale, was)
+            if t.total >= 0:
+                call.total = _scaled(t.total, scale, was)
+        except _Unscalable:
+            return None
+        return call, self.sig._replace(count=count, vhash=self._counts_word(call.counts))
+
 
 # the blocking collectives whose counts follow linearly from their arrays' lengths, one block size for every rank
 RESIZABLE = frozenset({"Allreduce", "Reduce", "Bcast", "Scan", "Exscan", "Allgather", "Alltoall", "Reduce_scatter_block",
@@ -327,6 +346,12 @@ class PlanCache:
         self.limit = limit
         self.plans: dict[tuple, Plan] = {}  # (label, shape_key) -> plan
         self.resizable: dict[tuple, tuple[Plan, int]] = {}  # (label, resize_key) -> a checked plan and its scale
+        # (label, resize_key, the first size of a span) -> a function (args, scale) -> bool that runs any call of that
+        # family whose size lies in the span, or declines having done nothing (``Executor.span``)
+        self.spans: dict[tuple, Callable[[tuple, int], bool]] = {}
+        self.units: dict[tuple, int] = {}  # (label, resize_key) -> the call's bytes per unit of scale
+        # (label, resize_key) -> the family's latest span function and whether it holds for another span's size
+        self.latest: dict[tuple, tuple[Callable[[tuple, int], bool], Callable[[int], bool]]] = {}
 
     def get(self, label: str, key: tuple) -> Optional[Plan]:
         try:
@@ -361,6 +386,43 @@ class PlanCache:
             self.resizable[(label, sized[0])] = (plan, sized[1])
         return plan
 
+    def span_key(self, label: str, sized: tuple[tuple, int], nbytes: Optional[int] = None) -> Optional[tuple]:
+        """The key of the size span a call of this family (``sized``: its ``resize_key``) falls in, from the family's
+        bytes per unit of scale (learnt from ``nbytes``, a call's size, where given); None where not known."""
+        family = (label, sized[0])
+        unit = self.units.get(family)
+        if unit is None:
+            if nbytes is None or nbytes % sized[1]:
+                return None
+            unit = self.units[family] = nbytes // sized[1]
+        return label, sized[0], size_span(unit * sized[1])[0]
+
+    def run_spanned(self, label: str, args: tuple, sized: tuple[tuple, int]) -> bool:
+        """Whether a span's function (``spans``) ran this call of a new shape. A span without one takes its family's
+        latest where that function's choice holds for this span too (``keep_span``'s ``holds``)."""
+        try:
+            key = self.span_key(label, sized)
+            if key is None:
+                return False
+            run = self.spans.get(key)
+            if run is None:
+                latest = self.latest.get(key[:2])
+                if latest is None or not latest[1](self.units[key[:2]] * sized[1]):
+                    return False
+                run = latest[0]
+                self.keep_span(key, run, latest[1])
+        except TypeError:  # an unhashable argument (the checks name it)
+            return False
+        return run(args, sized[1])
+
+    def keep_span(self, key: tuple, run: Callable[[tuple, int], bool], holds: Callable[[int], bool]) -> None:
+        """``run`` as the function of the span ``key`` and its family's latest, good for another span whose calls
+        of ``nbytes`` it ``holds(nbytes)`` for."""
+        if len(self.spans) >= self.limit and key not in self.spans:
+            self.spans.pop(next(iter(self.spans)))
+        self.spans[key] = run
+        self.latest[key[:2]] = (run, holds)
+
     def resized(self, label: str, args: tuple, key: tuple, sized: tuple[tuple, int]) -> Optional[tuple[Plan, Call]]:
         """The plan of a new shape (``key``) whose arguments differ from a kept resizable plan's in their arrays'
         scale alone, kept, and its call on ``args``: the kept plan's call on the new arrays, every count (the
@@ -377,20 +439,15 @@ class PlanCache:
         views = base.views(args)
         if views is None:
             return None
-        scale, t = sized[1], base.template
-        call = base.make_call(*views)
-        try:
-            count = _scaled(base.sig.count, scale, was)
-            if t.counts or t.send_counts:
-                call.counts, call.displs = _blocks_scaled(t.counts, t.displs, scale, was)
-                call.send_counts, call.send_displs = _blocks_scaled(t.send_counts, t.send_displs, scale, was)
-            if t.total >= 0:
-                call.total = _scaled(t.total, scale, was)
-        except _Unscalable:
+        scaled = base.scaled_call(views[0], views[1], sized[1], was)
+        if scaled is None:
             return None
-        sig = base.sig._replace(count=count, vhash=base._counts_word(call.counts))
+        call, sig = scaled
         return self.keep(label, key, Plan(label, call, sig, base.send, base.recv)), call
 
     def clear(self) -> None:
         self.plans.clear()
         self.resizable.clear()
+        self.spans.clear()
+        self.units.clear()
+        self.latest.clear()

@@ -90,3 +90,40 @@ def test_resized_plans_across_hosts(n: int, tmp_path) -> None:
     res.assert_ok()
     assert all(d >= 60 for d in res.records("resized.resized_plans", "derived").values())
     assert res.records("resized.dropped_plans_leave_no_cycles", "garbage") == dict.fromkeys(range(n), {})
+
+
+_SPAN_CASES = ["resized.span_plans", "resized.span_plan_late_peer", "resized.span_plan_mismatch"]
+
+
+def _check_span_records(res, n: int, least: int) -> None:
+    res.assert_ok()
+    spans = res.records("resized.span_plans", "span_calls")
+    assert all(v >= least for v in spans.values()), spans
+    late = res.records("resized.span_plan_late_peer", "span_calls")
+    assert all(v > 0 for v in late.values()), late
+    assert all(v > 0 for v in res.records("resized.span_plan_mismatch", "span_calls_before").values())
+    assert all(v is not None for v in res.records("resized.span_plan_mismatch", "mismatch").values())
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
+def test_span_plans(n: int, transport: str, tmp_path) -> None:
+    """A call whose length changes inside a size span runs on the span's fast path without a plan of its own (on one
+    host: the slots' Reduce, Bcast, Scan, Allgather and Gather), right; a late peer's rest is made for the call's own
+    length; ranks whose lengths differ get a mismatch, not a hang. Over TCP two ranks have no arena and no socket
+    path of their own: nothing is spanned there, and the cases check the results alone."""
+    res = harness.run_cases(n, _SPAN_CASES, transport=transport, out_dir=str(tmp_path), job_timeout=200)
+    if transport == "tcp":
+        res.assert_ok()
+        return
+    _check_span_records(res, n, 40)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(unavailable() is not None, reason=f"no virtual hosts here: {unavailable()}")
+@pytest.mark.parametrize("n", [2, 4])
+def test_span_plans_across_hosts(n: int, tmp_path) -> None:
+    """The same on two virtual hosts: two ranks straight through their socket (the frames carry each call's own
+    count), four as composed calls whose host and leaders' steps are spanned too."""
+    res = harness.run_cases_on_hosts(_SPAN_CASES, hosts=2, n=n, out_dir=str(tmp_path), job_timeout=200)
+    _check_span_records(res, n, 20)

@@ -370,6 +370,12 @@ def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algori
     return _spans[key]
 
 
+def span_chooser(call: Call) -> Callable[[int, Layout, CostModel], Optional[Algorithm]]:
+    """``span_choice`` for calls of ``call``'s shape of any size in bytes (the function keeps no buffer alive)."""
+    shape = _shape(call)
+    return lambda nbytes, layout, model: span_choice(_probe(shape, nbytes), layout, model)
+
+
 def link_tolerance(coll: str, layout: Layout) -> float:
     """How much slower a link-minimal algorithm of ``coll`` may be priced and still be chosen on ``layout`` (0: not
     here, or none known for ``coll``)."""

@@ -223,7 +223,64 @@ class Prepared:
             m[_M_POLLS], m[_M_YIELDS], m[_M_YIELD_FN] = gate.polls, gate.yields, gate.yield_fn
 
 
-_M_POLLS, _M_YIELDS, _M_YIELD_FN = 3, 16, 17  # as _arena_kernels.M_POLLS, M_YIELDS, M_YIELD_FN
+class Span:
+    """A ``Prepared`` for every length of a resizable plan's family (``plans.Plan.scaled_call``) within one size span: the
+    plan's program with the entries that grow with the call (bytes posted, the fold's count, the rows' sizes and
+    offsets) patched for each call's scale, and the signature's count with them. The entries are found by making the
+    program at two more scales: each must move by the same step (linear in the scale), else there is no span."""
+
+    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits")
+
+    def __init__(self, prep: Prepared, idx: np.ndarray, base: np.ndarray, step: np.ndarray, scale: int, count: int) -> None:
+        self.prep, self.idx, self.base, self.step, self.scale, self.count = prep, idx, base, step, scale, count
+        self.at, self.fits = scale, prep.ok
+
+    @classmethod
+    def of(cls, prep: Prepared, plan: Any, call: Call, scale: int, rank: int) -> Optional["Span"]:
+        """The span program of ``prep``, the plan's for ``call`` at ``scale``; None where its program is not linear in
+        the scale, or a probe's counts are not whole."""
+        if call.in_place or call.vector or plan.sig.vhash or plan.sig.count % scale or not prep.ok:
+            return None
+        size, code = prep.arena.size, call.op.code if call.op is not None else 0
+        bases = arena_jit.every_line_base(prep.arena)[0]
+        rows, progs = [], []
+        for at in (scale, scale + 1, scale + 2):
+            grown = [None if a is None else np.empty(a.size // scale * at, a.dtype) for a in (call.send, call.recv)]
+            probe = plan.scaled_call(grown[0], grown[1], at, scale)
+            if probe is None:
+                return None
+            progs.append(Program(probe[0], size, rank))
+            rows.append(_meta(progs[-1], rank, size, bases, code, prep.words))
+        if len({r.size for r in rows}) != 1 or len({(p.own, p.one_sided, tuple(p.reads)) for p in progs}) != 1:
+            return None
+        step = rows[1] - rows[0]
+        if not np.array_equal(rows[2] - rows[1], step):
+            return None
+        idx = np.flatnonzero(step)
+        clone = object.__new__(Prepared)
+        for name in Prepared.__slots__:
+            setattr(clone, name, getattr(prep, name))
+        clone.metas = [m.copy() for m in prep.metas]  # its own program and signature, patched call by call
+        clone.sig = prep.sig.copy()
+        return cls(clone, idx, rows[0][idx], step[idx], scale, plan.sig.count)
+
+    def scaled(self, at: int) -> bool:
+        """Patch the program for a call at scale ``at``; whether that call's contribution fits the slot."""
+        if at != self.at:
+            prep = self.prep
+            values = self.base + self.step * (at - self.scale)
+            for m in prep.metas:
+                m[self.idx] = values
+            count = self.count // self.scale * at
+            prep.sig[2] = count
+            w = prep.words
+            prep.words = (w[0], w[1], count, w[3])
+            self.at = at
+            self.fits = int(prep.metas[0][_M_NBYTES]) <= prep.arena.slot_bytes
+        return self.fits
+
+
+_M_NBYTES, _M_POLLS, _M_YIELDS, _M_YIELD_FN = 2, 3, 16, 17  # as _arena_kernels.M_NBYTES, M_POLLS, M_YIELDS, M_YIELD_FN
 _M_BASES = 19  # where the post-line bases start, after the scalars
 
 

@@ -78,8 +78,8 @@ def _resizing_calls(ctx, comm, n, k):
 
 @case
 def case_resized_plans(ctx):
-    """Every length of each collective after its first is planned from the first, right; a user-defined op's calls
-    are planned from scratch."""
+    """Every length of each collective after its first is planned from the first (or runs on its size span's fast
+    path, with no plan of its own), right; a user-defined op's calls are planned from scratch."""
     if ctx.impl != "pycoll":
         ctx.skip("pycoll's plans")
     comm = ctx.comm.Dup()
@@ -91,7 +91,7 @@ def case_resized_plans(ctx):
     derived = [p for p in x.plans.values() if p not in bases and any(
         (p.send is not None and p.send is b.send) or (p.recv is not None and p.recv is b.recv) for b in bases)]
     ctx.record("bases", sorted({b.label for b in bases}))
-    ctx.record("derived", len(derived))
+    ctx.record("derived", len(derived) + _span_calls(comm))  # a plan of its own, or its span's fast path
 
     def halves(invec, inoutvec, datatype):  # a user-defined op: b = (a + b) / 2 elementwise
         a, b = np.frombuffer(invec, np.float64), np.frombuffer(inoutvec, np.float64)
@@ -191,3 +191,113 @@ def case_dropped_plans_leave_no_cycles(ctx):
         gc.garbage.clear()
         gc.enable()
     comm.Free()
+
+
+def _span_calls(comm) -> int:
+    """Calls of a new shape that ran on their size span's fast path, on ``comm`` and the host and leaders'
+    communicators its composed calls run on."""
+    x = comm._x
+    subs = [x] + ([s._x for s in (x.composed.host_comm, x.composed.leaders) if s is not None]
+                  if x.composed is not None else [])
+    return sum(s.span_calls for s in subs)
+
+
+# float32 lengths inside two size spans (256-319 and 320-383 bytes), out of order and some again
+_SPANNED_LENGTHS = (64, 65, 79, 66, 70, 64, 80, 95, 81, 88, 70, 79)
+
+
+@case
+def case_span_plans(ctx):
+    """Calls whose lengths change inside a size span run on the span's fast path, with no plan of their own, right:
+    Allreduce, Reduce and Bcast (on one host through the arena's slots, between two hosts through the socket, across
+    hosts as composed calls), and on one host the slots' other collectives."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's plans")
+    comm, MPI, r, p = ctx.comm.Dup(), ctx.MPI, ctx.rank, ctx.size
+    T = MPI.FLOAT
+    for k, n in enumerate(_SPANNED_LENGTHS):
+        ins = [np.arange(n, dtype=np.float32) * (q + 1) - k for q in range(p)]
+        send, out = ins[r].copy(), sentinel(np.float32, n)
+        comm.Allreduce([send, T], [out, T], op=MPI.SUM)
+        ctx.check(f"Allreduce n={n}", out, sum(ins))
+        out = sentinel(np.float32, n)
+        comm.Allreduce([send, T], [out, T], op=MPI.MAX)
+        ctx.check(f"Allreduce MAX n={n}", out, ins[-1] if k >= 0 and n else out)
+        out = sentinel(np.float32, n)
+        comm.Reduce([send, T], [out, T] if r == p - 1 else None, op=MPI.SUM, root=p - 1)
+        if r == p - 1:
+            ctx.check(f"Reduce n={n}", out, sum(ins))
+        buf = ins[0].copy() if r == 0 else sentinel(np.float32, n)
+        comm.Bcast([buf, T], root=0)
+        ctx.check(f"Bcast n={n}", buf, ins[0])
+        if len(set(comm._layout.host_of)) == 1:  # one host: the slots' other collectives
+            out = sentinel(np.float32, n)
+            comm.Scan([send, T], [out, T], op=MPI.SUM)
+            ctx.check(f"Scan n={n}", out, sum(ins[:r + 1]))
+            out = sentinel(np.float32, n * p)
+            comm.Allgather([send, T], [out, T])
+            ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
+            out = sentinel(np.float32, n * p)
+            comm.Gather([send, T], [out, T] if r == 0 else None, root=0)
+            if r == 0:
+                ctx.check(f"Gather n={n}", out, np.concatenate(ins))
+        ctx.check(f"sendbuf unchanged n={n}", send, ins[r])
+    ctx.record("span_calls", _span_calls(comm))
+    ctx.record("plans", len(comm._x.plans))
+    comm.Free()
+
+
+@case
+def case_span_plan_late_peer(ctx):
+    """A call on its span's fast path whose peer comes late finishes as a call of its own length (the rest runs as
+    a schedule made for that length)."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's plans")
+    import time
+
+    comm, MPI, r, p = ctx.comm.Dup(), ctx.MPI, ctx.rank, ctx.size
+    T = MPI.FLOAT
+    for k, n in enumerate((64, 66, 70, 75, 68, 77)):
+        if r == k % p and k >= 2:
+            time.sleep(0.05)  # past every spin: the others' kernels hand their calls to the schedule
+        ins = [np.arange(n, dtype=np.float32) + 10 * q + k for q in range(p)]
+        out = sentinel(np.float32, n)
+        comm.Reduce([ins[r], T], [out, T] if r == 0 else None, op=MPI.SUM, root=0)
+        if r == 0:
+            ctx.check(f"Reduce after a late rank n={n}", out, sum(ins))
+        buf = ins[1 % p].copy() if r == 1 % p else sentinel(np.float32, n)
+        comm.Bcast([buf, T], root=1 % p)
+        ctx.check(f"Bcast after a late rank n={n}", buf, ins[1 % p])
+        out = sentinel(np.float32, n)
+        comm.Allreduce([ins[r], T], [out, T], op=MPI.SUM)
+        ctx.check(f"Allreduce after a late rank n={n}", out, sum(ins))
+    ctx.record("span_calls", _span_calls(comm))
+    comm.Free()
+
+
+@case
+def case_span_plan_mismatch(ctx):
+    """Ranks that pass different lengths of one size span, on its fast path, get a MismatchError naming the call,
+    on every rank, rather than a result of the wrong length or a hang."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll error semantics")
+    from pycoll import errors
+
+    comm, MPI, r = ctx.comm.Dup(), ctx.MPI, ctx.rank
+    comm.timeout = 20.0
+    for n in (64, 65, 66):  # the span's fast path, made and used
+        out = np.empty(n, np.float32)
+        comm.Allreduce([np.ones(n, np.float32), MPI.FLOAT], [out, MPI.FLOAT], op=MPI.SUM)
+    before = _span_calls(comm)
+    n = 70 if r == 0 else 71
+    send, out = np.ones(n, np.float32), sentinel(np.float32, n)
+    exc = ctx.raises("Allreduce of 70 against 71 elements", errors.PycollError,
+                     lambda: comm.Allreduce([send, MPI.FLOAT], [out, MPI.FLOAT], op=MPI.SUM))
+    if exc is not None:
+        ctx.expect("Allreduce" in str(exc), "the error names the call", "Allreduce not named", got=str(exc))
+        ctx.expect(isinstance(exc, errors.MismatchError), "a mismatch (or a peer's report of it)", "another error class",
+                   got=f"{type(exc).__name__}: {exc}")
+    ctx.check("sendbuf unchanged", send, np.ones(n, np.float32))
+    ctx.comm.Barrier()  # no rank leaves (and exits) before every rank had its error
+    ctx.record("span_calls_before", before)
+    ctx.record("mismatch", type(exc).__name__ if exc is not None else None)
