@@ -25,6 +25,8 @@ def keep(x: "Executor", label: str, plan: "Plan", call: Call, sized: tuple[tuple
     (``registry.size_span``), so that such a call needs no plan of its own; and of another span's calls while the
     same choice holds there. Only where the algorithm chosen for this size holds for the whole span
     (``registry.span_choice``); a composed call: where the whole span is within PYCOLL_SMP_BYTES."""
+    if not plan.resizable():  # its views a part of an argument, its counts not uniform, a user-defined op, ...
+        return
     spanning = getattr(plan.fast, "spanning", None)
     runner = plan.inline
     if spanning is None and runner and plan.fast and type(runner) in _MAKERS:

@@ -230,6 +230,9 @@ def case_span_plans(ctx):
         buf = ins[0].copy() if r == 0 else sentinel(np.float32, n)
         comm.Bcast([buf, T], root=0)
         ctx.check(f"Bcast n={n}", buf, ins[0])
+        longer, twice = sentinel(np.float32, 2 * n), np.concatenate([send, send])
+        comm.Allreduce([twice, n, T], [longer, n, T], op=MPI.SUM)  # a count short of its array: a view, never spanned
+        ctx.check(f"Allreduce of half the array n={n}", longer, np.concatenate([sum(ins), sentinel(np.float32, n)]))
         if len(set(comm._layout.host_of)) == 1:  # one host: the slots' other collectives
             out = sentinel(np.float32, n)
             comm.Scan([send, T], [out, T], op=MPI.SUM)
