@@ -1,5 +1,7 @@
 """Plans by call shape: the key a call's arguments make apart from their addresses, how a planned call's flat views
-are found again in a later call's arguments, and what a plan holds (the executor's cache, ``pycoll.executor``)."""
+are found again in a later call's arguments, and what a plan holds (the executor's cache, ``pycoll.executor``); and
+per family of calls that differ in their arrays' lengths alone, a checked plan to scale and the fast paths that
+run any length of a size span (``pycoll.span_runners``)."""
 
 from __future__ import annotations
 
@@ -394,6 +396,8 @@ class PlanCache:
         if unit is None:
             if nbytes is None or nbytes % sized[1]:
                 return None
+            if len(self.units) >= self.limit:
+                self.units.pop(next(iter(self.units)))
             unit = self.units[family] = nbytes // sized[1]
         return label, sized[0], size_span(unit * sized[1])[0]
 
@@ -407,7 +411,7 @@ class PlanCache:
             run = self.spans.get(key)
             if run is None:
                 latest = self.latest.get(key[:2])
-                if latest is None or not latest[1](self.units[key[:2]] * sized[1]):
+                if latest is None or not latest[1](self.units.get(key[:2], 0) * sized[1]):
                     return False
                 run = latest[0]
                 self.keep_span(key, run, latest[1])
@@ -421,6 +425,8 @@ class PlanCache:
         if len(self.spans) >= self.limit and key not in self.spans:
             self.spans.pop(next(iter(self.spans)))
         self.spans[key] = run
+        if len(self.latest) >= self.limit and key[:2] not in self.latest:
+            self.latest.pop(next(iter(self.latest)))
         self.latest[key[:2]] = (run, holds)
 
     def resized(self, label: str, args: tuple, key: tuple, sized: tuple[tuple, int]) -> Optional[tuple[Plan, Call]]:
