@@ -354,6 +354,7 @@ class PlanCache:
         self.units: dict[tuple, int] = {}  # (label, resize_key) -> the call's bytes per unit of scale
         # (label, resize_key) -> the family's latest span function and whether it holds for another span's size
         self.latest: dict[tuple, tuple[Callable[[tuple, int], bool], Callable[[int], bool]]] = {}
+        self.unspanned: set[tuple] = set()  # spans whose plan's fast path could not take other lengths
 
     def get(self, label: str, key: tuple) -> Optional[Plan]:
         try:
@@ -398,6 +399,7 @@ class PlanCache:
                 return None
             if len(self.units) >= self.limit:
                 self.units.pop(next(iter(self.units)))
+                self.unspanned.clear()
             unit = self.units[family] = nbytes // sized[1]
         return label, sized[0], size_span(unit * sized[1])[0]
 
@@ -457,3 +459,4 @@ class PlanCache:
         self.spans.clear()
         self.units.clear()
         self.latest.clear()
+        self.unspanned.clear()

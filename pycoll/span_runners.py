@@ -48,9 +48,13 @@ def keep(x: "Executor", label: str, plan: "Plan", call: Call, sized: tuple[tuple
         def holds(nbytes: int) -> bool:  # the same algorithm chosen for that span's every size
             return choice(nbytes, layout, model) is algo
     key = x.cache.span_key(label, sized, call.size_bytes)
-    run = spanning(call, sized[1]) if key is not None else None
+    if key is None or key in x.cache.unspanned:
+        return
+    run = spanning(call, sized[1])
     if run:
         x.cache.keep_span(key, run, holds)
+    else:  # not tried again for this span: a failed try costs a kernel program's probes
+        x.cache.unspanned.add(key)
 
 
 class _OneshotSpan(Runner):

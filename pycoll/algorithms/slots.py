@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import MismatchError
 from ..memory import HOST
-from ..p2p_protocol import Sig
+from ..p2p_protocol import Sig, counts_hash
 from ..transport.arena import DEPTH, HostArena, slot_bytes_for
 from . import arena_jit
 from .base import Call, Layout, Schedule, Steps, offsets
@@ -227,24 +227,29 @@ class Span:
     """A ``Prepared`` for every length of a resizable plan's family (``plans.Plan.scaled_call``) within one size span: the
     plan's program with the entries that grow with the call (bytes posted, the fold's count, the rows' sizes and
     offsets) patched for each call's scale, and the signature's count with them. The entries are found by making the
-    program at two more scales: each must move by the same step (linear in the scale), else there is no span."""
+    program at twice and three times the plan's scale: each must move by the same step (linear in the scale), else
+    there is no span. A scale at which an entry or the count would not be whole (an Alltoall's length that does not
+    split into blocks) is declined: the checks take that call."""
 
-    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits")
+    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits", "blocks")
 
-    def __init__(self, prep: Prepared, idx: np.ndarray, base: np.ndarray, step: np.ndarray, scale: int, count: int) -> None:
+    def __init__(self, prep: Prepared, idx: np.ndarray, base: np.ndarray, step: np.ndarray, scale: int, count: int,
+                 blocks: Optional[list[int]]) -> None:
         self.prep, self.idx, self.base, self.step, self.scale, self.count = prep, idx, base, step, scale, count
+        self.blocks = blocks  # the call's block counts where its signature carries their hash (else None)
         self.at, self.fits = scale, prep.ok
 
     @classmethod
     def of(cls, prep: Prepared, plan: Any, call: Call, scale: int, rank: int) -> Optional["Span"]:
         """The span program of ``prep``, the plan's for ``call`` at ``scale``; None where its program is not linear in
-        the scale, or a probe's counts are not whole."""
-        if call.in_place or call.vector or plan.sig.vhash or plan.sig.count % scale or not prep.ok:
+        the scale."""
+        hashed = bool(plan.sig.vhash)  # the counts' hash: patched apart, it is not linear in the scale
+        if call.in_place or call.vector or not prep.ok or (hashed and plan.sig.vhash != counts_hash(call.counts)):
             return None
         size, code = prep.arena.size, call.op.code if call.op is not None else 0
         bases = arena_jit.every_line_base(prep.arena)[0]
         rows, progs = [], []
-        for at in (scale, scale + 1, scale + 2):
+        for at in (scale, 2 * scale, 3 * scale):
             grown = [None if a is None else np.empty(a.size // scale * at, a.dtype) for a in (call.send, call.recv)]
             probe = plan.scaled_call(grown[0], grown[1], at, scale)
             if probe is None:
@@ -253,7 +258,10 @@ class Span:
             rows.append(_meta(progs[-1], rank, size, bases, code, prep.words))
         if len({r.size for r in rows}) != 1 or len({(p.own, p.one_sided, tuple(p.reads)) for p in progs}) != 1:
             return None
-        step = rows[1] - rows[0]
+        if hashed:
+            for r in rows:
+                r[_M_VHASH] = 0
+        step = rows[1] - rows[0]  # per ``scale`` more
         if not np.array_equal(rows[2] - rows[1], step):
             return None
         idx = np.flatnonzero(step)
@@ -262,25 +270,37 @@ class Span:
             setattr(clone, name, getattr(prep, name))
         clone.metas = [m.copy() for m in prep.metas]  # its own program and signature, patched call by call
         clone.sig = prep.sig.copy()
-        return cls(clone, idx, rows[0][idx], step[idx], scale, plan.sig.count)
+        return cls(clone, idx, rows[0][idx], step[idx], scale, plan.sig.count, list(call.counts) if hashed else None)
 
     def scaled(self, at: int) -> bool:
-        """Patch the program for a call at scale ``at``; whether that call's contribution fits the slot."""
+        """Patch the program for a call at scale ``at``; whether that call's entries are whole and its contribution
+        fits the slot."""
         if at != self.at:
+            count, left = divmod(self.count * at, self.scale)
+            grown, parts = np.divmod(self.step * (at - self.scale), self.scale)
+            self.at = at
+            if left or parts.any():
+                self.fits = False
+                return False
             prep = self.prep
-            values = self.base + self.step * (at - self.scale)
+            values = self.base + grown
             for m in prep.metas:
                 m[self.idx] = values
-            count = self.count // self.scale * at
             prep.sig[2] = count
             w = prep.words
-            prep.words = (w[0], w[1], count, w[3])
-            self.at = at
+            vhash = w[3]
+            if self.blocks is not None:
+                vhash = counts_hash([c * at // self.scale for c in self.blocks])
+                prep.sig[3] = prep.sig[4] = vhash
+                signed = np.array([vhash], np.uint64).view(np.int64)[0]
+                for m in prep.metas:
+                    m[_M_VHASH] = signed
+            prep.words = (w[0], w[1], count, vhash)
             self.fits = int(prep.metas[0][_M_NBYTES]) <= prep.arena.slot_bytes
         return self.fits
 
 
-_M_NBYTES, _M_POLLS, _M_YIELDS, _M_YIELD_FN = 2, 3, 16, 17  # as _arena_kernels.M_NBYTES, M_POLLS, M_YIELDS, M_YIELD_FN
+_M_NBYTES, _M_POLLS, _M_VHASH, _M_YIELDS, _M_YIELD_FN = 2, 3, 15, 16, 17  # as _arena_kernels.M_NBYTES, M_POLLS, ...
 _M_BASES = 19  # where the post-line bases start, after the scalars
 
 

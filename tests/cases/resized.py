@@ -210,7 +210,8 @@ _SPANNED_LENGTHS = (64, 65, 79, 66, 70, 64, 80, 95, 81, 88, 70, 79)
 def case_span_plans(ctx):
     """Calls whose lengths change inside a size span run on the span's fast path, with no plan of their own, right:
     Allreduce, Reduce and Bcast (on one host through the arena's slots, between two hosts through the socket, across
-    hosts as composed calls), and on one host the slots' other collectives."""
+    hosts as composed calls), and on one host the slots' other collectives (Scan, Allgather, Gather,
+    Reduce_scatter_block, Alltoall)."""
     if ctx.impl != "pycoll":
         ctx.skip("pycoll's plans")
     comm, MPI, r, p = ctx.comm.Dup(), ctx.MPI, ctx.rank, ctx.size
@@ -244,6 +245,13 @@ def case_span_plans(ctx):
             comm.Gather([send, T], [out, T] if r == 0 else None, root=0)
             if r == 0:
                 ctx.check(f"Gather n={n}", out, np.concatenate(ins))
+            blocks = [np.arange(n * p, dtype=np.float32) * (q + 2) - k for q in range(p)]  # rank q's p blocks of n
+            part = sentinel(np.float32, n)
+            comm.Reduce_scatter_block([blocks[r], T], [part, T], op=MPI.SUM)  # its counts' hash in the signature
+            ctx.check(f"Reduce_scatter_block n={n}", part, sum(blocks)[r * n:(r + 1) * n])
+            out = sentinel(np.float32, n * p)
+            comm.Alltoall([blocks[r], T], [out, T])  # a table of block places ahead of the blocks
+            ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
         ctx.check(f"sendbuf unchanged n={n}", send, ins[r])
     ctx.record("span_calls", _span_calls(comm))
     ctx.record("plans", len(comm._x.plans))
