@@ -123,8 +123,9 @@ class Executor:
                 return
             self._finish(self._schedule(label, call, sig, plan, True))
             return
-        try:
-            self._finish(self._schedule(label, call, sig, blocking=True))
+        try:  # composed as on the ranks without a copy (a Bcast root's packed input): every rank decides alike
+            if self.composed is None or not self._compose(label, call):
+                self._finish(self._schedule(label, call, sig, blocking=True))
         except BaseException:
             stage.discard()
             raise

@@ -123,17 +123,19 @@ def _merge(run: FileRun, ranks: Dict[int, dict]) -> None:
 
 
 def run_file(testdir: Path, module: str, n: int, *, timeout: float = 600.0, comm_timeout: float = 20.0,
-             backends: Optional[str] = None, impl: str = "pycoll") -> FileRun:
-    """Run mpi4py's ``module`` (e.g. "test_cco_buf") on ``n`` ranks: pycoll through `pycoll run --mpi4py`, or
-    with impl="mpi4py" the installed mpi4py under mpiexec (the reference the job is judged against)."""
+             backends: Optional[str] = None, impl: str = "pycoll", hosts: int = 1) -> FileRun:
+    """Run mpi4py's ``module`` (e.g. "test_cco_buf") on ``n`` ranks: pycoll through `pycoll run --mpi4py` (on
+    ``hosts`` virtual hosts, network namespaces, where more than one), or with impl="mpi4py" the installed mpi4py
+    under mpiexec (the reference the job is judged against)."""
     out_dir = tempfile.mkdtemp(prefix=f"pycoll-mpi4py-{module}-{n}-")
     try:
         argv = [harness.PYTHON, RANK_SCRIPT, "--testdir", str(testdir), "--out", out_dir, "--impl", impl, module]
         if backends:
             argv += ["--backends", backends]
         if impl == "pycoll":
-            cmd = [harness.PYTHON, "-m", "pycoll", "run", "-n", str(n), "--mpi4py", "--timeout", str(int(timeout)),
-                   "--"] + argv
+            spread = ["--hosts", str(hosts)] if hosts > 1 else []
+            cmd = [harness.PYTHON, "-m", "pycoll", "run", "-n", str(n), *spread, "--mpi4py", "--timeout",
+                   str(int(timeout)), "--"] + argv
         else:
             cmd = harness.launcher_cmd(n, argv, "mpiexec")
         proc = harness.launch(cmd, harness.rank_env("shm", comm_timeout=comm_timeout), timeout=timeout + 30)

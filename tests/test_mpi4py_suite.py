@@ -12,7 +12,8 @@ that fail in some runs only (races): either outcome passes. A test that failed o
 
 Rank counts: the five large files (BIG_FILES) run at 1 and 3 ranks, the others at 1, 2, 3 and 4 (about 2 minutes
 on 2 cores). PYCOLL_MPI4PY_RANKS=1,2,3,4 runs every file at the rank counts given (that full matrix: about 6
-minutes). perf/mpi4py_suite.py prints the pass/fail/skip counts of every file at every rank count.
+minutes). The large files also run at 4 ranks on two virtual hosts (network namespaces; about 45 s). perf/mpi4py_suite.py
+prints the pass/fail/skip counts of every file at every rank count.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import harness
 import mpi4py_runner
 from mpi4py_rank import DEFAULT_BACKENDS
 from pycoll.launcher import MPI4PY_ALIAS_DIR, mpi4py_path_first
+from pycoll.netns import unavailable
 
 BIG_FILES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_p2p_buf"]
 SMALL_FILES = ["test_cco_obj", "test_p2p_obj", "test_request", "test_status", "test_op",
@@ -82,8 +84,24 @@ def _first_line(message: str) -> str:
 @pytest.mark.timeout(700)
 @pytest.mark.parametrize("module,n", CASES)
 def test_mpi4py_file(testdir, module, n):
-    run = mpi4py_runner.run_file(testdir, module, n, timeout=600)
-    where = f"mpi4py {mpi4py_runner.MPI4PY_VERSION} {module} at {n} rank(s)"
+    _judge(mpi4py_runner.run_file(testdir, module, n, timeout=600), module, n,
+           f"mpi4py {mpi4py_runner.MPI4PY_VERSION} {module} at {n} rank(s)")
+
+
+@pytest.mark.ranks
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(unavailable() is not None, reason=f"no virtual hosts here: {unavailable()}")
+@pytest.mark.parametrize("module", BIG_FILES)
+def test_mpi4py_file_across_hosts(testdir, module):
+    """The large files at 4 ranks on two virtual hosts, 2 a host: the small collectives composed of each host's and
+    the leaders' calls, the two-rank socket paths among the leaders, point-to-point between hosts; judged by the
+    same expected-failure list (at 4 ranks)."""
+    _judge(mpi4py_runner.run_file(testdir, module, 4, timeout=300, hosts=2), module, 4,
+           f"mpi4py {mpi4py_runner.MPI4PY_VERSION} {module} at 4 ranks on 2 hosts")
+
+
+def _judge(run: "mpi4py_runner.FileRun", module: str, n: int, where: str) -> None:
+    """Fail with a report where ``run`` went wrong or its outcomes differ from EXPECTED_FAILURES (and FLAKY)."""
     if run.problems:
         pytest.fail(f"{where}: the job went wrong: {'; '.join(run.problems)}\ncommand: {' '.join(run.proc.cmd)}\n"
                     f"---- stderr (tail) ----\n{run.proc.stderr[-5000:]}", pytrace=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import harness
+from pycoll.netns import unavailable
 
 pytestmark = pytest.mark.ranks
 
@@ -22,4 +23,15 @@ def test_user_ops_cases(n: int, transport: str, tmp_path) -> None:
 def test_user_ops_cases_agree_with_mpich(tmp_path) -> None:
     """The same expectations hold for mpi4py on MPICH (the pycoll-only parts skip themselves there)."""
     res = harness.run_cases(3, ["user_ops.*"], launcher="mpiexec", impl="mpi4py", out_dir=str(tmp_path), job_timeout=90)
+    res.assert_ok()
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.skipif(unavailable() is not None, reason=f"no virtual hosts here: {unavailable()}")
+def test_user_ops_cases_across_hosts(tmp_path) -> None:
+    """On 4 ranks on two virtual hosts, where small calls are composed of each host's and the leaders': a derived
+    datatype's packed copy is made on some ranks only (a Bcast root packs its input, the others unpack their
+    output), and every rank still composes the call alike (the others had scheduled it flat and waited for ever)."""
+    res = harness.run_cases_on_hosts(["user_ops.*"], hosts=2, n=4, out_dir=str(tmp_path), job_timeout=150,
+                                     env={"PYCOLL_TIMEOUT": "20"})
     res.assert_ok()
