@@ -18,10 +18,10 @@ from .config import _ENV_BYTES
 
 def plan_closure(comp: HostComposition, label: str, plan: Any, call: Call, ran: Callable[[str, int], None]) -> Any:
     """A plan's composed call as one closure (``Plan.fast``), for a call of it just composed within
-    PYCOLL_SMP_BYTES: what decided to compose it (``HostComposition.takes``, a forced algorithm, the checks, reproducibility)
-    depends on the plan's shape and on environment words the closure rechecks, so a call only rebinds its
-    views and runs the composition, and ``ran(collective, bytes)`` records it; the closure declines (False,
-    nothing done) once any of them changed. A larger call, composed because the cost model priced it so, also
+    PYCOLL_SMP_BYTES: what decided to compose it (``HostComposition.takes``, a forced algorithm, the checks,
+    reproducibility) depends on the plan's shape and on environment words the closure rechecks, so a call only
+    rebinds its views and runs the composition, and ``ran(collective, bytes)`` records it; the closure declines
+    (False, nothing done) once any of them changed. A larger call, composed because the cost model priced it so, also
     declines once the model in force or PYCOLL_LINK_TOLERANCE changed."""
     env, c = _ENV_BYTES, comp.comm
     if env is None:
@@ -58,6 +58,7 @@ def plan_closure(comp: HostComposition, label: str, plan: Any, call: Call, ran: 
     if part is not None and coll in SPANNED and not priced:
         fast.spanning = _spanning(fast)  # type: ignore[attr-defined]
     return fast
+
 
 def _spanning(fast: Callable[..., bool]) -> Callable[[Call, int], Any]:
     """For a composed Allreduce, Reduce or Bcast within PYCOLL_SMP_BYTES: its closure as the runner of every

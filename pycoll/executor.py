@@ -95,7 +95,8 @@ class Executor:
                         if plan.flat_for != flat_key:
                             if self._compose(label, call):
                                 if not fast:  # None, or False where an earlier call of the plan ran another way
-                                    plan.fast = composed_plans.plan_closure(self.composed, label, plan, call, self._ran_composed)
+                                    plan.fast = composed_plans.plan_closure(self.composed, label, plan, call,
+                                                                            self._ran_composed)
                                 return
                             plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
@@ -114,7 +115,8 @@ class Executor:
         if stage is None:
             if self.composed is not None and self._compose(label, call):
                 if plan is not None and sized is not None:
-                    plan.fast = plan.fast or composed_plans.plan_closure(self.composed, label, plan, call, self._ran_composed)
+                    plan.fast = plan.fast or composed_plans.plan_closure(self.composed, label, plan, call,
+                                                                         self._ran_composed)
                     span_runners.keep(self, label, plan, call, sized, composed=True)
                 return
             if plan is not None and self._first_as_planned(plan, call, args):

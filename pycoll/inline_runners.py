@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # annotations only: the executor runs these
 # ---- inline runners: one per algorithm that has an inline form on the arena --------------------------------------
 
 def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, Any, int, int], int],
-               lags: bool = False) -> Any:
+              lags: bool = False) -> Any:
     """A plan's whole inline call as one closure (see ``Runner.fast_path``): what the plan, the arena and the choice
     of algorithm settled is bound once; a call rebinds its views, numbers itself and runs ``kernel(send, recv,
     opno, seq)``, whose status it acts on. The choice is rechecked from the raw environment words it depends on.

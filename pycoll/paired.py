@@ -64,7 +64,8 @@ class _Pair:
         self.most = chunk if self.engine.exchanges_blocks_with(self.world_peer) else self.limit
         self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0 (of the call's count now)
         self._counted: dict[int, dict[int, bytes]] = {plan.sig.count: self._heads}  # count -> its headers
-        self._exchangers: dict[tuple[int, int, int], Any] = {}  # (count, out bytes, into bytes) -> its exchanger, or None
+        # (count, out bytes, into bytes) -> its exchanger, or None
+        self._exchangers: dict[tuple[int, int, int], Any] = {}
         self.swap = self._swapper()
 
     def head(self, nbytes: int) -> bytes:

@@ -109,9 +109,10 @@ def _check_span_records(res, n: int, least: int) -> None:
 @pytest.mark.parametrize("n,transport", [(2, "shm"), (3, "shm"), (2, "tcp")])
 def test_span_plans(n: int, transport: str, tmp_path) -> None:
     """A call whose length changes inside a size span runs on the span's fast path without a plan of its own (on one
-    host: the slots' Reduce, Bcast, Scan, Allgather, Gather, Reduce_scatter_block and Alltoall), right; a late peer's rest is made for the call's own
-    length; ranks whose lengths differ get a mismatch, not a hang. Over TCP two ranks have no arena and no socket
-    path of their own: nothing is spanned there, and the cases check the results alone."""
+    host: the slots' Reduce, Bcast, Scan, Allgather, Gather, Reduce_scatter_block and Alltoall), right; a late
+    peer's rest is made for the call's own length; ranks whose lengths differ get a mismatch, not a hang. Over TCP
+    two ranks have no arena and no socket path of their own: nothing is spanned there, and the cases check the
+    results alone."""
     res = harness.run_cases(n, _SPAN_CASES, transport=transport, out_dir=str(tmp_path), job_timeout=200)
     if transport == "tcp":
         res.assert_ok()

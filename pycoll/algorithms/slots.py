@@ -224,8 +224,8 @@ class Prepared:
 
 
 class Span:
-    """A ``Prepared`` for every length of a resizable plan's family (``plans.Plan.scaled_call``) within one size span: the
-    plan's program with the entries that grow with the call (bytes posted, the fold's count, the rows' sizes and
+    """A ``Prepared`` for every length of a resizable plan's family (``plans.Plan.scaled_call``) within one size span:
+    the plan's program with the entries that grow with the call (bytes posted, the fold's count, the rows' sizes and
     offsets) patched for each call's scale, and the signature's count with them. The entries are found by making the
     program at twice and three times the plan's scale: each must move by the same step (linear in the scale), else
     there is no span. A scale at which an entry or the count would not be whole (an Alltoall's length that does not
