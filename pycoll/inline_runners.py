@@ -157,12 +157,19 @@ class _Oneshot(Runner):
         return fast_call(x, plan, self, self.kernel)
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        status = self.retried(x, arena, opno, status, send, recv)
-        if arena_jit.finished(arena, opno, status, x.gate):
-            return
-        call = plan.make_call(send, recv)
-        mine = self.prep.words
-        x.rest(self.label, self.sig, lambda st: shared.oneshot_rest(st, arena, opno, call, mine))
+        oneshot_tail(x, self, arena, opno, status, send, recv,
+                     lambda: (plan.make_call(send, recv), self.sig, self.prep.words))
+
+
+def oneshot_tail(x: Executor, runner: Runner, arena: Any, opno: int, status: int, send: Any, recv: Any,
+                 rested: Callable[[], tuple[Any, Any, tuple]]) -> None:
+    """After a one-shot Allreduce's kernel status other than DONE: retry while ranks share the cores, else the rest as
+    a schedule, of the call, signature and posted words ``rested()`` gives."""
+    status = runner.retried(x, arena, opno, status, send, recv)
+    if arena_jit.finished(arena, opno, status, x.gate):
+        return
+    call, sig, mine = rested()
+    x.rest(runner.label, sig, lambda st: shared.oneshot_rest(st, arena, opno, call, mine))
 
 
 def oneshot_kernel(x: Executor, prep: Any, sig: np.ndarray) -> Callable[[Any, Any, int, int], int]:

@@ -321,6 +321,12 @@ def _uniform(counts: list[int], displs: list[int]) -> bool:
     return all(c == counts[0] for c in counts) and all(d == i * counts[0] for i, d in enumerate(displs))
 
 
+def _make_room(table: dict, key: Any, limit: int) -> None:
+    """Drop ``table``'s oldest entry where it holds ``limit`` and ``key`` would be a new one."""
+    if len(table) >= limit and key not in table:
+        table.pop(next(iter(table)))
+
+
 class _Unscalable(Exception):
     """A count that the new scale does not make whole: the call takes the checks."""
 
@@ -349,7 +355,7 @@ class PlanCache:
         self.plans: dict[tuple, Plan] = {}  # (label, shape_key) -> plan
         self.resizable: dict[tuple, tuple[Plan, int]] = {}  # (label, resize_key) -> a checked plan and its scale
         # (label, resize_key, the first size of a span) -> a function (args, scale) -> bool that runs any call of that
-        # family whose size lies in the span, or declines having done nothing (``Executor.span``)
+        # family whose size lies in the span, or declines having done nothing (``span_runners.keep``)
         self.spans: dict[tuple, Callable[[tuple, int], bool]] = {}
         self.units: dict[tuple, int] = {}  # (label, resize_key) -> the call's bytes per unit of scale
         # (label, resize_key) -> the family's latest span function and whether it holds for another span's size
@@ -397,9 +403,9 @@ class PlanCache:
         if unit is None:
             if nbytes is None or nbytes % sized[1]:
                 return None
-            if len(self.units) >= self.limit:
-                self.units.pop(next(iter(self.units)))
+            if len(self.units) >= self.limit:  # the spans found unfit are keyed by family too
                 self.unspanned.clear()
+            _make_room(self.units, family, self.limit)
             unit = self.units[family] = nbytes // sized[1]
         return label, sized[0], size_span(unit * sized[1])[0]
 
@@ -413,7 +419,7 @@ class PlanCache:
             run = self.spans.get(key)
             if run is None:
                 latest = self.latest.get(key[:2])
-                if latest is None or not latest[1](self.units.get(key[:2], 0) * sized[1]):
+                if latest is None or not latest[1](self.units[key[:2]] * sized[1]):
                     return False
                 run = latest[0]
                 self.keep_span(key, run, latest[1])
@@ -424,11 +430,9 @@ class PlanCache:
     def keep_span(self, key: tuple, run: Callable[[tuple, int], bool], holds: Callable[[int], bool]) -> None:
         """``run`` as the function of the span ``key`` and its family's latest, good for another span whose calls
         of ``nbytes`` it ``holds(nbytes)`` for."""
-        if len(self.spans) >= self.limit and key not in self.spans:
-            self.spans.pop(next(iter(self.spans)))
+        _make_room(self.spans, key, self.limit)
         self.spans[key] = run
-        if len(self.latest) >= self.limit and key[:2] not in self.latest:
-            self.latest.pop(next(iter(self.latest)))
+        _make_room(self.latest, key[:2], self.limit)
         self.latest[key[:2]] = (run, holds)
 
     def resized(self, label: str, args: tuple, key: tuple, sized: tuple[tuple, int]) -> Optional[tuple[Plan, Call]]:

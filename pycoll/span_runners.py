@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .algorithms import arena_jit, shared, slots
+from .algorithms import slots
 from .algorithms import cost as cost_model
 from .algorithms.base import Call
-from .algorithms.registry import size_span, span_choice, span_chooser
+from .algorithms.registry import size_span, span_chooser
 from .composed import SMP_BYTES
-from .inline_runners import Runner, _Oneshot, _Slots, fast_call, oneshot_kernel, slots_kernel, slots_tail
+from .inline_runners import Runner, _Oneshot, _Slots, fast_call, oneshot_kernel, oneshot_tail, slots_kernel, slots_tail
 
 if TYPE_CHECKING:  # annotations only: the executor runs these
     from .executor import Executor
@@ -40,10 +40,9 @@ def keep(x: "Executor", label: str, plan: "Plan", call: Call, sized: tuple[tuple
         def holds(nbytes: int) -> bool:  # a whole span within the limit (the closure declines once it changes)
             return size_span(nbytes)[1] <= SMP_BYTES.get()
     else:
-        algo, layout, model = plan.algo, x.comm._layout, cost_model.current()
-        if algo is None or plan.algo_for != x.choice_key() or span_choice(call, layout, model) is not algo:
+        algo, layout, model, choice = plan.algo, x.comm._layout, cost_model.current(), span_chooser(call)
+        if algo is None or plan.algo_for != x.choice_key() or choice(call.size_bytes, layout, model) is not algo:
             return
-        choice = span_chooser(call)
 
         def holds(nbytes: int) -> bool:  # the same algorithm chosen for that span's every size
             return choice(nbytes, layout, model) is algo
@@ -90,20 +89,18 @@ class _OneshotSpan(Runner):
         return run
 
     def tail(self, x: Executor, plan: Plan, arena: Any, opno: int, status: int, send: Any, recv: Any) -> None:
-        status = self.retried(x, arena, opno, status, send, recv)
-        if arena_jit.finished(arena, opno, status, x.gate):
-            return
-        call, sig = plan.scaled_call(send, recv, self.at, self.scale)  # whole: it ran at this scale
-        mine = self.words
-        x.rest(self.label, sig, lambda st: shared.oneshot_rest(st, arena, opno, call, mine))
+        def rested() -> tuple[Any, Any, tuple]:  # whole: it ran at this scale
+            return (*plan.scaled_call(send, recv, self.at, self.scale), self.words)
+
+        oneshot_tail(x, self, arena, opno, status, send, recv, rested)
 
 
 class _SlotsSpan:
     """A ``slots`` plan's fast path for every length of its size span (``keep``): its program patched for
     each call's scale (``slots.Span``); a late peer's rest runs the call as its own length makes it."""
 
-    def __init__(self, runner: Any, plan: Plan, span: Any) -> None:
-        self.label, self.one_sided, self.plan, self.span = runner.label, runner.one_sided, plan, span
+    def __init__(self, runner: Any, span: Any) -> None:
+        self.label, self.one_sided, self.span = runner.label, runner.one_sided, span
 
     @classmethod
     def make(cls, x: Executor, plan: Plan, runner: Any, call: Any, scale: int) -> Any:
@@ -111,7 +108,7 @@ class _SlotsSpan:
         span = slots.Span.of(runner.prep, plan, call, scale, x.comm._rank)
         if span is None:
             return None
-        fast = fast_call(x, plan, cls(runner, plan, span), slots_kernel(span.prep), lags=True)
+        fast = fast_call(x, plan, cls(runner, span), slots_kernel(span.prep), lags=True)
         if not fast:
             return None
         scaled = span.scaled
