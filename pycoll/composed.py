@@ -58,7 +58,8 @@ SMP_BYTES = size_param(
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 _REDUCING = ("allreduce", "reduce", "reduce_scatter")
-SPANNED = ("allreduce", "reduce", "broadcast")  # their parts take any length (``composed_plans``)
+# their parts take any length (``composed_plans``); the block collectives' read their block from their buffers
+SPANNED = ("allreduce", "reduce", "broadcast", "allgather", "reduce_scatter", "alltoall")
 _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts among the leaders: even, host-major layouts only
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
@@ -310,16 +311,26 @@ class HostComposition(SegmentedSteps):
         if coll == "allreduce":
             allreduce = self._leader_allreduce if lead else self._member_allreduce
             return lambda send, recv: allreduce(send, recv, op, in_place)
+        if coll not in _BY_HOST:
+            return None
+        p = self.comm._size  # below, a call's block is its buffers' length over the ranks': any length of its family
         if coll == "reduce_scatter" and not in_place:
-            block = call.counts[0]
             if call.size_bytes > SMP_BYTES.get():
                 rails = self._rails_reduce_scatter
-                return lambda send, recv: rails(send, recv, block, op, False)
+                return lambda send, recv: rails(send, recv, send.shape[0] // p, op, False)
             small = self._leader_reduce_scatter if lead else self._member_reduce_scatter
-            return lambda send, recv: small(send, recv, block, op)
-        if coll == "allgather" and not in_place and call.size_bytes > SMP_BYTES.get():
-            gather, block = self._host_first_allgather, call.counts[0]
-            return lambda send, recv: gather(send, recv, block, False)
+            return lambda send, recv: small(send, recv, send.shape[0] // p, op)
+        if coll == "allgather":
+            if call.size_bytes > SMP_BYTES.get():
+                if in_place:
+                    return None
+                gather = self._host_first_allgather
+                return lambda send, recv: gather(send, recv, recv.shape[0] // p, False)
+            small_allgather = self._small_allgather
+            return lambda send, recv: small_allgather(send, recv, recv.shape[0] // p, in_place)
+        if coll == "alltoall":
+            alltoall = self._alltoall_parts
+            return lambda send, recv: alltoall(send, recv, recv.shape[0] // p)
         return None
 
     def _comms(self) -> None:
@@ -466,15 +477,18 @@ class HostComposition(SegmentedSteps):
         recv, block, me = call.recv, call.counts[0], self.comm._rank
         assert recv is not None
         mine = recv[me * block: (me + 1) * block] if call.in_place else call.send
-        if call.size_bytes > SMP_BYTES.get():
-            self._host_first_allgather(mine, recv, block, call.in_place)
-            return
+        self._host_first_allgather(mine, recv, block, call.in_place)  # a larger one (``part_of`` has the small)
+
+    def _small_allgather(self, send: Any, recv: np.ndarray, block: int, in_place: bool) -> None:
+        """A small Allgather: the host's blocks gathered to the leader, the leaders' over whole hosts' runs, then
+        the other hosts' blocks broadcast in the host."""
+        mine = recv[self.comm._rank * block:][:block] if in_place else send
         if self.leader:  # straight into the output, as the flat algorithms write it (the input stays as it was)
-            self.host_comm.Gather(IN_PLACE if call.in_place else mine, self._host_region(recv, block), 0)
+            self.host_comm.Gather(IN_PLACE if in_place else mine, self._host_region(recv, block), 0)
             self.leaders.Allgather(IN_PLACE, recv)
         else:
             self.host_comm.Gather(mine, None, 0)
-        self._host_bcast(recv, 0, call.size_bytes - call.size_bytes // len(self.groups))  # the other hosts' blocks
+        self._host_bcast(recv, 0, recv.nbytes - recv.nbytes // len(self.groups))  # the other hosts' blocks
 
     def _host_first_allgather(self, mine: np.ndarray, recv: np.ndarray, block: int, in_place: bool) -> None:
         """A larger Allgather: the host's blocks to all of its ranks first (an Allgather in the host, where every
@@ -532,21 +546,20 @@ class HostComposition(SegmentedSteps):
         if in_place:
             recv[:block] = out
 
-    def _alltoall(self, call: Call) -> None:
-        assert call.send is not None and call.recv is not None
-        block, k, hosts = call.counts[0], len(self.groups[self.host]), len(self.groups)
+    def _alltoall_parts(self, send: np.ndarray, recv: np.ndarray, block: int) -> None:
+        k, hosts = len(self.groups[self.host]), len(self.groups)
         p = k * hosts
-        out = np.empty(p * block, call.recv.dtype)  # the user's buffer is written once all of it is here
+        out = np.empty(p * block, recv.dtype)  # the user's buffer is written once all of it is here
         if self.leader:
             # [local source][destination host][its local rank][block] -> by destination host for the leaders
-            gathered = np.empty((k, hosts, k, block), call.send.dtype)
-            self.host_comm.Gather(call.send, gathered.reshape(-1), 0)
+            gathered = np.empty((k, hosts, k, block), send.dtype)
+            self.host_comm.Gather(send, gathered.reshape(-1), 0)
             outgoing = np.ascontiguousarray(gathered.transpose(1, 0, 2, 3))
             incoming = np.empty_like(outgoing)  # [source host][its local rank][local destination][block]
             self.leaders.Alltoall(outgoing.reshape(-1), incoming.reshape(-1))
             by_destination = np.ascontiguousarray(incoming.transpose(2, 0, 1, 3))
             self.host_comm.Scatter(by_destination.reshape(-1), out, 0)
         else:
-            self.host_comm.Gather(call.send, None, 0)
+            self.host_comm.Gather(send, None, 0)
             self.host_comm.Scatter(None, out, 0)
-        call.recv[: p * block] = out
+        recv[: p * block] = out

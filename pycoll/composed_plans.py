@@ -61,15 +61,19 @@ def plan_closure(comp: HostComposition, label: str, plan: Any, call: Call, ran: 
 
 
 def _spanning(fast: Callable[..., bool]) -> Callable[[Call, int], Any]:
-    """For a composed Allreduce, Reduce or Bcast within PYCOLL_SMP_BYTES: its closure as the runner of every
-    length of its size span (``span_runners.keep``), where the whole span is within that limit too: this rank's part
-    takes its buffers' lengths as they come (the closure declines once PYCOLL_SMP_BYTES changes)."""
+    """For a composed call within PYCOLL_SMP_BYTES whose parts take any length (``composed.SPANNED``): its closure
+    as the runner of every length of its size span (``span_runners.keep``), where the whole span is within that limit
+    too: this rank's part takes its buffers' lengths as they come (the closure declines once PYCOLL_SMP_BYTES
+    changes). A block collective's call whose blocks would not be whole at its scale takes the checks, which name it."""
     ref = weakref.ref(fast)  # the closure holds this function: a strong reference would make a cycle
 
     def spanning(call: Call, scale: int) -> Optional[Callable[[tuple, int], bool]]:
         unit, run = call.size_bytes // scale, ref()
         if run is None or size_span(call.size_bytes)[1] > SMP_BYTES.get():
             return None
-        return lambda args, at: run(args, unit * at)
+        blocks = [c[0] for c in (call.counts, call.send_counts) if c]
+        if not blocks:
+            return lambda args, at: run(args, unit * at)
+        return lambda args, at: all(b * at % scale == 0 for b in blocks) and run(args, unit * at)
 
     return spanning

@@ -76,11 +76,13 @@ class Executor:
     def run(self, label: str, build: Callable[..., tuple[Call, Sig]], args: tuple, stream: Any = None) -> None:
         """A blocking collective: inline on the arena where its plan allows, else as a schedule waited for here."""
         key = shape_key(args) if stream is None else None
+        shaped = None
         if key is not None:
+            shaped = (label, key)
             try:
-                plan = self.plans.get((label, key))
+                plan = self.plans.get(shaped)
             except TypeError:  # an unhashable argument (the checks name it)
-                plan = None
+                plan, shaped = None, None
             if plan is not None:
                 fast = plan.fast
                 if fast and fast(args):
@@ -101,8 +103,12 @@ class Executor:
                             plan.flat_for = flat_key  # the shape, the key and the size limit decide it alike
                     self._finish(self._schedule(label, call, plan.sig, plan, True))
                     return
+            spanned = self.cache.shaped.get(shaped) if shaped is not None else None
+            if spanned is not None and spanned[0](args, spanned[1]):  # this shape's last call ran on its span
+                self.span_calls += 1
+                return
         sized = resize_key(args) if key is not None else None
-        if sized is not None and self.cache.spans and self.cache.run_spanned(label, args, sized):
+        if sized is not None and self.cache.spans and self.cache.run_spanned(label, args, sized, shaped):
             self.span_calls += 1
             return
         resized = self._resized(label, args, key, sized) if sized is not None else None

@@ -47,7 +47,7 @@ def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, 
     recv_view = plan.recv.view if plan.recv is not None else None
     overlap = not plan.template.in_place and send_view is not None and recv_view is not None
     overlaps = arrays.overlaps
-    one_sided = lags and runner.one_sided
+    one_sided, others = lags and runner.one_sided, x.others
 
     def fast(args: tuple) -> bool:
         if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or c._reproducible is not mine
@@ -59,8 +59,12 @@ def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, 
                 and overlaps(send, recv):
             return False  # the checks name it
         if (state.arena is not a or a.finished != state.ops or state.status != "ready" or c._freed
-                or c._aborted is not None or engine.broken_ctxs or (a.lagging and not lags)):
+                or c._aborted is not None or engine.broken_ctxs):
             return False
+        if a.lagging and not lags:  # after a one-sided call: on once every peer finished the call two back
+            if a.waiting_for("done", state.ops - 1, others):
+                return False  # the schedule's ``lag_wait`` waits for them
+            a.lagging = False
         seq = c._seq + 1
         c._seq = a.seq = seq
         opno = state.ops + 1

@@ -21,7 +21,7 @@ from .algorithms.registry import ALGO, REPRODUCIBLE
 from .config import _ENV_BYTES
 from .errors import PycollError
 from .memory import HOST
-from .p2p_protocol import frame_head, payload_bytes
+from .p2p_protocol import counts_hash, frame_head, payload_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor
@@ -34,8 +34,12 @@ _EMPTY = np.zeros(0, np.uint8)
 # pairwise Alltoall's one frame, and the others' chunks one call each (``_swap_in_chunks``), as their schedules cut them
 _ANY_SIZE = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
                        ("reduce_scatter", "ring"), ("alltoall", "pairwise")})
-# the forms whose every call takes its buffers' lengths as they come (no count bound when the form is made)
-_SPANNED = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allreduce", "doubling")})
+# the forms whose every call takes its buffers' lengths as they come (no count bound when the form is made); the
+# block collectives' where every rank's block has one size (``Plan.resizable``: its views' lengths give the block)
+_SPANNED = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allreduce", "doubling"),
+                      ("allgather", "doubling"), ("alltoall", "pairwise"), ("reduce_scatter", "ring")})
+# the blocked forms' signature count: the whole vector (so the span's count must split into the two ranks' blocks)
+_COUNTS_TOTAL = frozenset({"allgather", "reduce_scatter"})
 _FORMS: dict[tuple[str, str], Callable[["_Pair", Any], Optional[Callable[[int, Any, Any], None]]]] = {}
 
 
@@ -77,11 +81,13 @@ class _Pair:
 
     def count(self, count: int) -> None:
         """The call's element count from now on, as its frames' headers and its errors name it: a plan's own calls
-        have its count; a call of another length in its size span (``fast_path``'s ``spanning``) has its own."""
+        have its count; a call of another length in its size span (``fast_path``'s ``spanning``) has its own (a
+        Reduce_scatter_block's signature also carries its blocks' hash: two blocks of half the count)."""
         if count != self.sig.count:
             if len(self._counted) > 64:
                 self._counted.clear()
-            self.sig = self.sig._replace(count=count)
+            vhash = counts_hash([count // 2] * 2) if self.sig.vhash else 0
+            self.sig = self.sig._replace(count=count, vhash=vhash)
             self._heads = self._counted.setdefault(count, {})
 
     def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
@@ -214,20 +220,42 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         body(seq, send, recv)
         return True
 
-    if largest is None and (t.coll, algo.name) in _SPANNED:
-        ref = weakref.ref(fast)  # the closure holds this function: a strong reference would make a cycle
-
-        def spanning(call: Any, scale: int) -> Optional[Callable[[tuple, int], bool]]:
-            """Every length of the call's size span (``span_runners.keep``): the forms take their buffers' lengths as
-            they come, and the frames carry each call's own count."""
-            run = ref()
-            if own % scale or run is None:
-                return None
-            per = own // scale
-            return lambda args, at: run(args, per * at)
-
-        fast.spanning = spanning  # type: ignore[attr-defined]
+    if (t.coll, algo.name) in _SPANNED and (largest is None or _one_block_size(t)):
+        fast.spanning = _spanning(fast, own, largest, limit, t.coll in _COUNTS_TOTAL)  # type: ignore[attr-defined]
     return fast
+
+
+def _spanning(fast: Callable[..., bool], own: int, largest: Optional[int], limit: int, halves: bool
+              ) -> Callable[[Any, int], Optional[Callable[[tuple, int], bool]]]:
+    """Every length of a call's size span (``span_runners.keep``) on the fast path ``fast`` made for the plan's
+    count ``own``: the forms take their buffers' lengths as they come, and the frames carry each call's own count.
+    A call at scale ``at`` (the plan's at ``scale``) whose count is not whole, or whose two blocks (``halves``: the
+    count is the whole vector) are not, takes the checks; one whose largest message would pass ``limit`` declines."""
+    ref = weakref.ref(fast)  # the closure holds this function: a strong reference would make a cycle
+
+    def spanning(call: Any, scale: int) -> Optional[Callable[[tuple, int], bool]]:
+        run = ref()
+        if run is None:
+            return None
+
+        def at_scale(args: tuple, at: int) -> bool:
+            count, rest = divmod(own * at, scale)
+            if rest or (halves and count % 2) or (largest is not None and largest * at > limit * scale):
+                return False
+            return run(args, count)
+
+        return at_scale
+
+    return spanning
+
+
+def _one_block_size(t: Any) -> bool:
+    """Whether every rank's block of a blocked call has one size, one after another from the start (its views'
+    lengths then give the block: the forms below read it from them for a call of another length)."""
+    for counts, displs in ((t.counts, t.displs), (t.send_counts, t.send_displs)):
+        if counts and (counts[0] != counts[-1] or (displs and list(displs) != offsets(list(counts)))):
+            return False
+    return bool(t.counts)
 
 
 def choice_holds(c: Any, *knobs: Any) -> Optional[Callable[[], bool]]:
@@ -269,9 +297,12 @@ class _Scratch:
         self.array = _EMPTY
 
     def like(self, a: np.ndarray) -> np.ndarray:
+        return self.sized(a.size, a.dtype)
+
+    def sized(self, n: int, dtype: np.dtype) -> np.ndarray:
         have = self.array
-        if have.size != a.size or have.dtype != a.dtype:
-            have = self.array = np.empty(a.size, a.dtype)
+        if have.size != n or have.dtype != dtype:
+            have = self.array = np.empty(n, dtype)
         return have
 
 
@@ -367,21 +398,38 @@ def _reduce(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     return body
 
 
+class _Blocks:
+    """A blocked form's two blocks in a flat vector of ``n`` elements: (this rank's, the peer's, chunks a block is cut
+    into), fixed for the plan's own length and worked out (two equal blocks) for another length of its span."""
+
+    __slots__ = ("me", "peer", "item", "n", "fixed")
+
+    def __init__(self, pair: _Pair, t: Any, counts: list[int], displs: Optional[list[int]]) -> None:
+        me, peer = pair.me, pair.peer
+        starts = offsets(list(counts)) if not displs else displs
+        self.me, self.peer, self.item = me, peer, t.dtype.itemsize
+        self.n = sum(counts) if _one_block_size(t) else -1  # -1: every call has the plan's blocks
+        self.fixed = (slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]),
+                      chunks(max(counts[me], counts[peer]) * t.dtype.itemsize))  # as the schedules cut a block
+
+    def of(self, n: int) -> tuple[slice, slice, int]:
+        if n == self.n or self.n < 0:
+            return self.fixed
+        b = n // 2
+        return slice(self.me * b, self.me * b + b), slice(self.peer * b, self.peer * b + b), chunks(b * self.item)
+
+
 @_form("allgather", "doubling")
 def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
-    me, peer, counts, displs = pair.me, pair.peer, t.counts, t.displs or None
-    if not counts:
+    if not t.counts:
         return None
-
-    starts = offsets(list(counts)) if displs is None else displs
-    mine, theirs = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer])
-
-    k = chunks(max(counts[me], counts[peer]) * t.dtype.itemsize)  # as the doubling's exchange cuts its round
+    blocks, in_place = _Blocks(pair, t, t.counts, t.displs or None), t.in_place
     large = pair.limit  # a block past it goes through the exchange in C, which can make the own copy meanwhile
 
     def body(seq: int, send: Optional[np.ndarray], recv: np.ndarray) -> None:
+        mine, theirs, k = blocks.of(recv.shape[0])
         block = recv[mine]
-        if t.in_place or send is None:
+        if in_place or send is None:
             _swap_in_chunks(pair.swap, seq, k, block, recv[theirs])
         elif (block.nbytes > large and send.dtype == block.dtype and send.size == block.size
               and send.flags.c_contiguous):
@@ -396,19 +444,16 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
 @_form("alltoall", "pairwise")
 def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
-    me, peer = pair.me, pair.peer
-    counts, displs, send_counts, send_displs = t.counts, t.displs, t.send_counts, t.send_displs
-    if not (counts and displs and send_counts and send_displs):
+    if not (t.counts and t.displs and t.send_counts and t.send_displs):
         return None
-
+    ins, outs, in_place = _Blocks(pair, t, t.counts, t.displs), _Blocks(pair, t, t.send_counts, t.send_displs), t.in_place
     large = pair.limit  # a frame past it goes through the exchange in C, which can make the own copy meanwhile
-    mine_in = slice(send_displs[me], send_displs[me] + send_counts[me])
-    mine_out = slice(displs[me], displs[me] + counts[me])
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
-        source = send.copy() if t.in_place else send  # in place, the blocks still to send are overwritten
-        out = source[send_displs[peer]: send_displs[peer] + send_counts[peer]]
-        into = recv[displs[peer]: displs[peer] + counts[peer]]
+        mine_out, theirs_in, _ = ins.of(recv.shape[0])
+        mine_in, theirs_out, _ = outs.of(send.shape[0])
+        source = send.copy() if in_place else send  # in place, the blocks still to send are overwritten
+        out, into = source[theirs_out], recv[theirs_in]
         # one frame each way, as the pairwise schedule sends each block whole
         if out.nbytes > large or into.nbytes > large:
             pair.swap(seq, out, into, (source[mine_in], recv[mine_out]))  # the own block copied during the exchange
@@ -421,21 +466,18 @@ def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 
 @_form("reduce_scatter", "ring")
 def _reduce_scatter(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
-    me, peer, counts, ufunc = pair.me, pair.peer, t.counts, t.op.ufunc
-    if not counts:
+    if not t.counts:
         return None
-
-    starts = offsets(list(counts))  # the blocks' places, fixed for the plan: no per-call list of views
-    mine, theirs, n = slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]), counts[me]
-    incoming, in_place = np.empty(n, t.dtype), t.in_place
-    k = chunks(max(counts[me], counts[peer]) * t.dtype.itemsize)  # as the ring cuts its blocks
+    blocks, ufunc, in_place, scratch = _Blocks(pair, t, t.counts, None), t.op.ufunc, t.in_place, _Scratch()
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
+        mine, theirs, k = blocks.of(send.shape[0])
+        incoming = scratch.sized(mine.stop - mine.start, send.dtype)
         # in place, the result's place overlaps the inputs still to send: the sums kept apart until the end
-        result = incoming if in_place else recv[:n]
+        result = incoming if in_place else recv[:incoming.shape[0]]
         _swap_in_chunks(pair.swap, seq, k, send[theirs], incoming, send[mine], ufunc, result)
         if in_place:
-            recv[:n] = incoming
+            recv[:incoming.shape[0]] = incoming
 
     return body
 

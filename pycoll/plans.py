@@ -361,6 +361,9 @@ class PlanCache:
         # (label, resize_key) -> the family's latest span function and whether it holds for another span's size
         self.latest: dict[tuple, tuple[Callable[[tuple, int], bool], Callable[[int], bool]]] = {}
         self.unspanned: set[tuple] = set()  # spans whose plan's fast path could not take other lengths
+        # (label, shape_key) -> the span function that last ran a call of that shape, and the call's scale: the shape's
+        # next call goes straight to it (its family and span need not be worked out again)
+        self.shaped: dict[tuple, tuple[Callable[[tuple, int], bool], int]] = {}
 
     def get(self, label: str, key: tuple) -> Optional[Plan]:
         try:
@@ -409,9 +412,10 @@ class PlanCache:
             unit = self.units[family] = nbytes // sized[1]
         return label, sized[0], size_span(unit * sized[1])[0]
 
-    def run_spanned(self, label: str, args: tuple, sized: tuple[tuple, int]) -> bool:
-        """Whether a span's function (``spans``) ran this call of a new shape. A span without one takes its family's
-        latest where that function's choice holds for this span too (``keep_span``'s ``holds``)."""
+    def run_spanned(self, label: str, args: tuple, sized: tuple[tuple, int], shaped: Optional[tuple] = None) -> bool:
+        """Whether a span's function (``spans``) ran this call of a new shape (``shaped``: (label, its shape_key), where
+        the function is then kept for that shape). A span without one takes its family's latest where that function's
+        choice holds for this span too (``keep_span``'s ``holds``)."""
         try:
             key = self.span_key(label, sized)
             if key is None:
@@ -425,7 +429,12 @@ class PlanCache:
                 self.keep_span(key, run, latest[1])
         except TypeError:  # an unhashable argument (the checks name it)
             return False
-        return run(args, sized[1])
+        if not run(args, sized[1]):
+            return False
+        if shaped is not None:
+            _make_room(self.shaped, shaped, 4 * self.limit)
+            self.shaped[shaped] = (run, sized[1])
+        return True
 
     def keep_span(self, key: tuple, run: Callable[[tuple, int], bool], holds: Callable[[int], bool]) -> None:
         """``run`` as the function of the span ``key`` and its family's latest, good for another span whose calls
@@ -461,6 +470,7 @@ class PlanCache:
         self.plans.clear()
         self.resizable.clear()
         self.spans.clear()
+        self.shaped.clear()
         self.units.clear()
         self.latest.clear()
         self.unspanned.clear()

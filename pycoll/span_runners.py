@@ -69,7 +69,7 @@ class _OneshotSpan(Runner):
     @classmethod
     def make(cls, x: Executor, plan: Plan, runner: Any, call: Any, scale: int) -> Any:
         """The function (args, scale) -> bool that runs a call of the span, or None."""
-        if call.in_place or plan.sig.count % scale:
+        if plan.sig.count % scale:
             return None
         me = cls(x, plan, runner, scale)
         fast = fast_call(x, plan, me, me.kernel)

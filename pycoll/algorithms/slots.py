@@ -231,20 +231,25 @@ class Span:
     there is no span. A scale at which an entry or the count would not be whole (an Alltoall's length that does not
     split into blocks) is declined: the checks take that call."""
 
-    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits", "blocks")
+    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits", "blocks", "origin", "kept")
 
     def __init__(self, prep: Prepared, idx: np.ndarray, base: np.ndarray, step: np.ndarray, scale: int, count: int,
                  blocks: Optional[list[int]]) -> None:
         self.prep, self.idx, self.base, self.step, self.scale, self.count = prep, idx, base, step, scale, count
         self.blocks = blocks  # the call's block counts where its signature carries their hash (else None)
         self.at, self.fits = scale, prep.ok
+        self.origin = list(prep.metas)  # the parities' programs at the plan's scale, never written
+        # scale -> (the parities' programs, signature count, counts' hash, fits), or None (declined): a program whose
+        # lengths come back (most do) swaps its arrays in rather than patching them again (4 us a call)
+        self.kept: dict[int, Optional[tuple[list[np.ndarray], int, int, bool]]] = {
+            scale: (self.origin, count, prep.words[3], prep.ok)}
 
     @classmethod
     def of(cls, prep: Prepared, plan: Any, call: Call, scale: int, rank: int) -> Optional["Span"]:
         """The span program of ``prep``, the plan's for ``call`` at ``scale``; None where its program is not linear in
         the scale."""
         hashed = bool(plan.sig.vhash)  # the counts' hash: patched apart, it is not linear in the scale
-        if call.in_place or call.vector or not prep.ok or (hashed and plan.sig.vhash != counts_hash(call.counts)):
+        if call.vector or not prep.ok or (hashed and plan.sig.vhash != counts_hash(call.counts)):
             return None
         size, code = prep.arena.size, call.op.code if call.op is not None else 0
         bases = arena_jit.every_line_base(prep.arena)[0]
@@ -273,33 +278,51 @@ class Span:
         return cls(clone, idx, rows[0][idx], step[idx], scale, plan.sig.count, list(call.counts) if hashed else None)
 
     def scaled(self, at: int) -> bool:
-        """Patch the program for a call at scale ``at``; whether that call's entries are whole and its contribution
-        fits the slot."""
+        """Make the program the one for a call at scale ``at``; whether that call's entries are whole and its
+        contribution fits the slot."""
         if at != self.at:
-            count, left = divmod(self.count * at, self.scale)
-            grown, parts = np.divmod(self.step * (at - self.scale), self.scale)
             self.at = at
-            if left or parts.any():
+            kept = self.kept.get(at, False)
+            if kept is False:
+                kept = self._patched(at)
+                if len(self.kept) >= _KEPT_SCALES:
+                    self.kept.clear()
+                self.kept[at] = kept
+            if kept is None:
                 self.fits = False
                 return False
+            metas, count, vhash, self.fits = kept
             prep = self.prep
-            values = self.base + grown
-            for m in prep.metas:
-                m[self.idx] = values
+            prep.metas[:] = metas  # the kernel reads the list's arrays call by call
             prep.sig[2] = count
-            w = prep.words
-            vhash = w[3]
             if self.blocks is not None:
-                vhash = counts_hash([c * at // self.scale for c in self.blocks])
                 prep.sig[3] = prep.sig[4] = vhash
-                signed = np.array([vhash], np.uint64).view(np.int64)[0]
-                for m in prep.metas:
-                    m[_M_VHASH] = signed
+            w = prep.words
             prep.words = (w[0], w[1], count, vhash)
-            self.fits = int(prep.metas[0][_M_NBYTES]) <= prep.arena.slot_bytes
         return self.fits
 
+    def _patched(self, at: int) -> Optional[tuple[list[np.ndarray], int, int, bool]]:
+        """The program, signature count, counts' hash and fit at scale ``at``, in arrays of their own; None where an
+        entry or the count would not be whole there."""
+        count, left = divmod(self.count * at, self.scale)
+        grown, parts = np.divmod(self.step * (at - self.scale), self.scale)
+        if left or parts.any():
+            return None
+        prep = self.prep
+        values = self.base + grown
+        metas = [m.copy() for m in self.origin]
+        for m in metas:
+            m[self.idx] = values
+        vhash = prep.words[3]
+        if self.blocks is not None:
+            vhash = counts_hash([c * at // self.scale for c in self.blocks])
+            signed = np.array([vhash], np.uint64).view(np.int64)[0]
+            for m in metas:
+                m[_M_VHASH] = signed
+        return metas, count, vhash, int(metas[0][_M_NBYTES]) <= prep.arena.slot_bytes
 
+
+_KEPT_SCALES = 32  # the scales a span keeps programs for (past it they are made again)
 _M_NBYTES, _M_POLLS, _M_VHASH, _M_YIELDS, _M_YIELD_FN = 2, 3, 15, 16, 17  # as _arena_kernels.M_NBYTES, M_POLLS, ...
 _M_BASES = 19  # where the post-line bases start, after the scalars
 

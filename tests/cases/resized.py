@@ -209,9 +209,9 @@ _SPANNED_LENGTHS = (64, 65, 79, 66, 70, 64, 80, 95, 81, 88, 70, 79)
 @case
 def case_span_plans(ctx):
     """Calls whose lengths change inside a size span run on the span's fast path, with no plan of their own, right:
-    Allreduce, Reduce and Bcast (on one host through the arena's slots, between two hosts through the socket, across
-    hosts as composed calls), and on one host the slots' other collectives (Scan, Allgather, Gather,
-    Reduce_scatter_block, Alltoall)."""
+    Allreduce, Reduce, Bcast, Allgather, Reduce_scatter_block and Alltoall (on one host through the arena's slots,
+    between two hosts through the socket, across hosts as composed calls), and on one host the slots' Scan and
+    Gather."""
     if ctx.impl != "pycoll":
         ctx.skip("pycoll's plans")
     comm, MPI, r, p = ctx.comm.Dup(), ctx.MPI, ctx.rank, ctx.size
@@ -239,23 +239,60 @@ def case_span_plans(ctx):
             comm.Scan([send, T], [out, T], op=MPI.SUM)
             ctx.check(f"Scan n={n}", out, sum(ins[:r + 1]))
             out = sentinel(np.float32, n * p)
-            comm.Allgather([send, T], [out, T])
-            ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
-            out = sentinel(np.float32, n * p)
             comm.Gather([send, T], [out, T] if r == 0 else None, root=0)
             if r == 0:
                 ctx.check(f"Gather n={n}", out, np.concatenate(ins))
-            blocks = [np.arange(n * p, dtype=np.float32) * (q + 2) - k for q in range(p)]  # rank q's p blocks of n
-            part = sentinel(np.float32, n)
-            comm.Reduce_scatter_block([blocks[r], T], [part, T], op=MPI.SUM)  # its counts' hash in the signature
-            ctx.check(f"Reduce_scatter_block n={n}", part, sum(blocks)[r * n:(r + 1) * n])
-            out = sentinel(np.float32, n * p)
-            comm.Alltoall([blocks[r], T], [out, T])  # a table of block places ahead of the blocks
-            ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
+            _in_place_span_calls(ctx, comm, n, k, ins)
+        # the block collectives (across hosts: between two hosts through the socket, else composed by host)
+        out = sentinel(np.float32, n * p)
+        comm.Allgather([send, T], [out, T])
+        ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
+        out = np.concatenate([sentinel(np.float32, n * r), ins[r], sentinel(np.float32, n * (p - r - 1))])
+        comm.Allgather(MPI.IN_PLACE, [out, T])
+        ctx.check(f"Allgather in place n={n}", out, np.concatenate(ins))
+        blocks = [np.arange(n * p, dtype=np.float32) * (q + 2) - k for q in range(p)]  # rank q's p blocks of n
+        part = sentinel(np.float32, n)
+        comm.Reduce_scatter_block([blocks[r], T], [part, T], op=MPI.SUM)  # its counts' hash in the signature
+        ctx.check(f"Reduce_scatter_block n={n}", part, sum(blocks)[r * n:(r + 1) * n])
+        out = sentinel(np.float32, n * p)
+        comm.Alltoall([blocks[r], T], [out, T])  # a table of block places ahead of the blocks
+        ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
         ctx.check(f"sendbuf unchanged n={n}", send, ins[r])
+        ctx.check(f"blocks unchanged n={n}", blocks[r], np.arange(n * p, dtype=np.float32) * (r + 2) - k)
     ctx.record("span_calls", _span_calls(comm))
     ctx.record("plans", len(comm._x.plans))
+    planned: dict[str, int] = {}
+    for label, _ in comm._x.plans:  # the calls that made a plan of their own, by collective
+        planned[label] = planned.get(label, 0) + 1
+    ctx.record("planned", planned)
     comm.Free()
+
+
+def _in_place_span_calls(ctx, comm, n, k, ins):
+    """The slots' calls in place at length ``n``, each against NumPy (a span's program reads and writes one buffer)."""
+    MPI, r, p = ctx.MPI, ctx.rank, ctx.size
+    T, root = MPI.FLOAT, k % p
+    whole = ins[r].copy()
+    comm.Allreduce(MPI.IN_PLACE, [whole, T], op=MPI.SUM)
+    ctx.check(f"Allreduce in place n={n}", whole, sum(ins))
+    whole = ins[r].copy()
+    comm.Reduce(MPI.IN_PLACE if r == root else [whole, T], [whole, T] if r == root else None, op=MPI.MAX, root=root)
+    if r == root:
+        ctx.check(f"Reduce in place root={root} n={n}", whole, np.maximum.reduce(ins))
+    whole = ins[r].copy()
+    comm.Scan(MPI.IN_PLACE, [whole, T], op=MPI.SUM)
+    ctx.check(f"Scan in place n={n}", whole, sum(ins[:r + 1]))
+    out = np.concatenate([sentinel(np.float32, n * r), ins[r], sentinel(np.float32, n * (p - r - 1))])
+    comm.Gather(MPI.IN_PLACE if r == root else [ins[r], T], [out, T] if r == root else None, root=root)
+    if r == root:
+        ctx.check(f"Gather in place root={root} n={n}", out, np.concatenate(ins))
+    blocks = [np.arange(n * p, dtype=np.float32) * (q + 3) + k for q in range(p)]
+    whole = blocks[r].copy()
+    comm.Reduce_scatter_block(MPI.IN_PLACE, [whole, T], op=MPI.SUM)
+    ctx.check(f"Reduce_scatter_block in place n={n}", whole[:n], sum(blocks)[r * n:(r + 1) * n])
+    whole = blocks[r].copy()
+    comm.Alltoall(MPI.IN_PLACE, [whole, T])
+    ctx.check(f"Alltoall in place n={n}", whole, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
 
 
 @case
