@@ -11,6 +11,7 @@ never rewritten before all peers read it.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional
 
 import numpy as np
@@ -231,18 +232,23 @@ class Span:
     there is no span. A scale at which an entry or the count would not be whole (an Alltoall's length that does not
     split into blocks) is declined: the checks take that call."""
 
-    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits", "blocks", "origin", "kept")
+    __slots__ = ("prep", "scale", "at", "idx", "base", "step", "count", "fits", "blocks", "kept", "whole", "unit",
+                 "posted_at")
 
     def __init__(self, prep: Prepared, idx: np.ndarray, base: np.ndarray, step: np.ndarray, scale: int, count: int,
                  blocks: Optional[list[int]]) -> None:
-        self.prep, self.idx, self.base, self.step, self.scale, self.count = prep, idx, base, step, scale, count
+        self.prep, self.idx, self.base, self.scale, self.count = prep, idx, base, scale, count
         self.blocks = blocks  # the call's block counts where its signature carries their hash (else None)
         self.at, self.fits = scale, prep.ok
-        self.origin = list(prep.metas)  # the parities' programs at the plan's scale, never written
-        # scale -> (the parities' programs, signature count, counts' hash, fits), or None (declined): a program whose
-        # lengths come back (most do) swaps its arrays in rather than patching them again (4 us a call)
-        self.kept: dict[int, Optional[tuple[list[np.ndarray], int, int, bool]]] = {
-            scale: (self.origin, count, prep.words[3], prep.ok)}
+        # every entry moves by step * (at - scale) / scale: whole where (at - scale) is a multiple of ``whole``; the
+        # entries then move by (step / g) times (at - scale) * g / scale, g the steps' greatest common divisor
+        g = math.gcd(*(int(v) for v in step)) if step.size else 1
+        self.whole, self.unit, self.step = scale // math.gcd(scale, g), g, step // g
+        nbytes = np.flatnonzero(idx == _M_NBYTES)  # where the bytes posted move with the scale
+        self.posted_at = int(nbytes[0]) if nbytes.size else -1
+        # scale -> (the moving entries' values, signature count, counts' hash and its signed word, fits), or None
+        # (declined): a length that comes back (most do) is written in without working it out again
+        self.kept: dict[int, Optional[tuple[np.ndarray, int, int, Any, bool]]] = {}
 
     @classmethod
     def of(cls, prep: Prepared, plan: Any, call: Call, scale: int, rank: int) -> Optional["Span"]:
@@ -278,48 +284,46 @@ class Span:
         return cls(clone, idx, rows[0][idx], step[idx], scale, plan.sig.count, list(call.counts) if hashed else None)
 
     def scaled(self, at: int) -> bool:
-        """Make the program the one for a call at scale ``at``; whether that call's entries are whole and its
-        contribution fits the slot."""
+        """Patch the program for a call at scale ``at``; whether that call's entries are whole and its contribution
+        fits the slot."""
         if at != self.at:
             self.at = at
             kept = self.kept.get(at, False)
             if kept is False:
-                kept = self._patched(at)
+                kept = self._entries(at)
                 if len(self.kept) >= _KEPT_SCALES:
                     self.kept.clear()
                 self.kept[at] = kept
             if kept is None:
                 self.fits = False
                 return False
-            metas, count, vhash, self.fits = kept
-            prep = self.prep
-            prep.metas[:] = metas  # the kernel reads the list's arrays call by call
+            values, count, vhash, signed, self.fits = kept
+            prep, idx = self.prep, self.idx
+            for m in prep.metas:
+                m[idx] = values
+                if signed is not None:
+                    m[_M_VHASH] = signed
             prep.sig[2] = count
-            if self.blocks is not None:
+            if signed is not None:
                 prep.sig[3] = prep.sig[4] = vhash
             w = prep.words
             prep.words = (w[0], w[1], count, vhash)
         return self.fits
 
-    def _patched(self, at: int) -> Optional[tuple[list[np.ndarray], int, int, bool]]:
-        """The program, signature count, counts' hash and fit at scale ``at``, in arrays of their own; None where an
-        entry or the count would not be whole there."""
+    def _entries(self, at: int) -> Optional[tuple[np.ndarray, int, int, Any, bool]]:
+        """The moving entries' values, the signature's count, the counts' hash (with its word as the program holds
+        it, where the signature carries one) and whether the contribution fits the slot, at scale ``at``; None where
+        an entry or the count would not be whole there."""
         count, left = divmod(self.count * at, self.scale)
-        grown, parts = np.divmod(self.step * (at - self.scale), self.scale)
-        if left or parts.any():
+        if left or (at - self.scale) % self.whole:
             return None
-        prep = self.prep
-        values = self.base + grown
-        metas = [m.copy() for m in self.origin]
-        for m in metas:
-            m[self.idx] = values
-        vhash = prep.words[3]
+        values, prep = self.base + self.step * ((at - self.scale) * self.unit // self.scale), self.prep
+        vhash, signed = prep.words[3], None
         if self.blocks is not None:
             vhash = counts_hash([c * at // self.scale for c in self.blocks])
             signed = np.array([vhash], np.uint64).view(np.int64)[0]
-            for m in metas:
-                m[_M_VHASH] = signed
-        return metas, count, vhash, int(metas[0][_M_NBYTES]) <= prep.arena.slot_bytes
+        posted = int(values[self.posted_at] if self.posted_at >= 0 else prep.metas[0][_M_NBYTES])
+        return values, count, vhash, signed, posted <= prep.arena.slot_bytes
 
 
 _KEPT_SCALES = 32  # the scales a span keeps programs for (past it they are made again)
