@@ -1,7 +1,8 @@
 """First calls of a program across virtual hosts: the first, second and slowest of a program's first calls.
 
 Usage: python perf/first_calls_hosts.py [--np 4] [--hosts 2] [--jobs 5] [--coll allreduce] [--bytes 8]
-       [--calls 300] [--new-counts] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...]
+       [--calls 300] [--new-counts] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...] [--json F]
+       python perf/first_calls_hosts.py --table F [F ...]
 
 Each job is a fresh program on `--hosts` network namespaces (`pycoll run -n NP --hosts H` for pycoll; MPICH's
 hydra through `python -m pycoll.perf.mpi_hosts` for mpi, its traffic on the same links) that makes `--calls`
@@ -10,7 +11,9 @@ array untouched, as `np.empty` gives it: its first touch is timed, as in a progr
 time for each. Every peer and --env setting (pycoll's) runs --jobs jobs, alternating, and the medians over the jobs
 are printed. With --new-counts, every call has a count of its own (one element more than the call before), each made
 twice (for the block collectives, one element more per rank's block): the medians of a new shape's first call and of
-its second are reported too, as a program whose sizes vary sees them. Needs root (network namespaces).
+its second are reported too, as a program whose sizes vary sees them (and in the --json file the 90th percentile
+of the first calls: the first call of a new size span, ``registry.size_span``, costs a choice of algorithm). Needs
+root (network namespaces).
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ if c.rank == 0:
            "worst_after_first_ms": float(slowest[1:].max()) * 1e3, "median_us": float(np.median(slowest[1:])) * 1e6}
     if new_counts:  # the shapes after the program's first: each one's first call, and its second
         row.update(new_shape_first_us=float(np.median(slowest[2::2])) * 1e6,
-                   new_shape_second_us=float(np.median(slowest[3::2])) * 1e6)
+                   new_shape_second_us=float(np.median(slowest[3::2])) * 1e6,
+                   new_shape_first_p90_us=float(np.percentile(slowest[2::2], 90)) * 1e6)
     print("FIRST " + json.dumps(row))
 """
 
@@ -95,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peers", default="pycoll", help="comma-separated: pycoll, mpi (MPICH through mpi4py)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a pycoll setting to compare with the default")
     p.add_argument("--json", default=None, help="write every job's figures here")
+    p.add_argument("--table", nargs="+", metavar="JSON", help="print a Markdown table of these --json files and exit")
     args = p.parse_args(argv)
+    if args.table:
+        print_table(args.table)
+        return 0
     peers = args.peers.split(",")
     settings = [(peer, peer, {}) for peer in peers]
     settings += [(f"pycoll {e}", "pycoll", dict([e.split("=", 1)])) for e in args.env]
@@ -124,6 +132,24 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"np": args.np, "hosts": args.hosts, "coll": args.coll, "bytes": args.bytes,
                        "calls": args.calls, "new_counts": args.new_counts, "jobs": results}, f, indent=1)
     return 0
+
+
+def print_table(files: list[str]) -> None:
+    """One row per --json file (--new-counts): each side's medians over its jobs of a new shape's first call, its
+    90th percentile (a new size span's first calls) and the shape's second call; the first side against the others."""
+    print("| ranks, hosts, call | side | new shape's 1st us | 90th pct us | its 2nd us | first side / this side, 1st |")
+    print("|---|---|---:|---:|---:|---:|")
+    for name in files:
+        with open(name) as f:
+            d = json.load(f)
+        sides = list(d["jobs"].items())
+        base = statistics.median(r["new_shape_first_us"] for r in sides[0][1])
+        for side, rows in sides:
+            med = {k: statistics.median(r.get(k, float("nan")) for r in rows) for k in
+                   ("new_shape_first_us", "new_shape_first_p90_us", "new_shape_second_us")}
+            print(f"| {d['np']}, {d['hosts']}, {d['coll']} | {side} | {med['new_shape_first_us']:.1f} | "
+                  f"{med['new_shape_first_p90_us']:.0f} | {med['new_shape_second_us']:.1f} | "
+                  f"{base / med['new_shape_first_us']:.2f} |")
 
 
 if __name__ == "__main__":

@@ -64,7 +64,8 @@ def test_the_choice_by_span_is_the_model_choice_at_every_size() -> None:
     assert checked > 10000
 
 
-def test_a_span_prices_its_two_ends_once_for_all_its_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_span_prices_its_first_size_and_the_next_spans_once_for_all_its_sizes(monkeypatch: pytest.MonkeyPatch
+                                                                                  ) -> None:
     cost.use(CostModel(cores=1))
     lay = Layout((0, 0, 1, 1))
     priced = []
@@ -77,7 +78,10 @@ def test_a_span_prices_its_two_ends_once_for_all_its_sizes(monkeypatch: pytest.M
     monkeypatch.setattr(registry, "ranked", counting)
     for n in range(1024, 1280):
         select(_call("allreduce", n), lay)
-    assert sorted(priced) == [1024, 1279]
+    assert sorted(priced) == [1024, 1280]
+    for n in range(1280, 1536):  # the next span: only its own next span's first size is new
+        select(_call("allreduce", n), lay)
+    assert sorted(priced) == [1024, 1280, 1536]
 
 
 def test_a_span_whose_ends_differ_chooses_at_each_size() -> None:
@@ -91,7 +95,7 @@ def test_a_span_whose_ends_differ_chooses_at_each_size() -> None:
                     for quarter in range(4):
                         lo = (1 << k) + quarter * (1 << k >> 2)
                         hi = lo + (1 << k >> 2) - 1
-                        if exact(coll, lo, lay) == exact(coll, hi, lay):
+                        if exact(coll, lo, lay) == exact(coll, hi + 1, lay):  # the next span's first size
                             continue
                         found += 1
                         assert registry.span_choice(_call(coll, lo), lay, cost.current()) is None
@@ -117,6 +121,7 @@ def test_sizes_from_the_span_limit_are_chosen_at_their_own_size(monkeypatch: pyt
     lay = Layout((0, 1))
     below = registry.span_choice(_call("allreduce", SPAN_LIMIT - 1), lay, cost.current())
     assert below is not None  # its span ends below the limit
+    registry._cache.clear()  # that span priced the limit's size too (the next span's first): priced again below
     priced = []
     real = registry.ranked
     monkeypatch.setattr(registry, "ranked", lambda call, layout, model=None: priced.append(call.size_bytes) or real(

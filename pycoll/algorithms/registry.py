@@ -344,10 +344,12 @@ def _probe(shape: tuple, nbytes: int) -> Call:
 
 
 def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algorithm]:
-    """The model's choice for every size of the call's span, where its two ends agree on it and accept the same
-    algorithms (None: they differ, or the call is too large; choose at its own size). A program whose sizes vary
-    then prices each span once, not each size (a choice costs 50-100 us of Python). Every rank answers alike: the
-    answer depends on the span, not on which of its sizes came first."""
+    """The model's choice for every size of the call's span, where its first size and the next span's first agree on
+    it and accept the same algorithms (None: they differ, or the call is too large; choose at its own size). A
+    program whose sizes vary then prices each span once, not each size (a choice costs 20-60 us of Python a
+    collective), and neighbouring spans share a priced size (``ranked_cached``): a program whose sizes grow prices
+    one size a new span. Every rank answers alike: the answer depends on the span, not on which of its sizes came
+    first."""
     nbytes = call.size_bytes
     lo, hi = size_span(nbytes)
     if lo == hi or hi >= SPAN_LIMIT:
@@ -360,7 +362,7 @@ def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algori
     if key in _spans:
         return _spans[key]
     ends, shape = [], _shape(call)
-    for n in (lo, hi):
+    for n in (lo, hi + 1):  # the next span's first size: one byte past this span's last, and priced for that span
         options = ranked_cached(call.coll, n, layout, model, _probe(shape, n))
         ends.append((_cheapest(options, call.coll, layout) if options else None, {a.name for _, a in options}))
     (first, accepted), (last, also) = ends
