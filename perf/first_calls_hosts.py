@@ -1,7 +1,7 @@
 """First calls of a program across virtual hosts: the first, second and slowest of a program's first calls.
 
 Usage: python perf/first_calls_hosts.py [--np 4] [--hosts 2] [--jobs 5] [--coll allreduce] [--bytes 8]
-       [--calls 300] [--new-counts] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...] [--json F]
+       [--calls 300] [--new-counts | --cycle K] [--peers pycoll,mpi] [--env PYCOLL_SMP_BYTES=0 ...] [--json F]
        python perf/first_calls_hosts.py --table F [F ...]
 
 Each job is a fresh program on `--hosts` network namespaces (`pycoll run -n NP --hosts H` for pycoll; MPICH's
@@ -13,7 +13,8 @@ are printed. With --new-counts, every call has a count of its own (one element m
 twice (for the block collectives, one element more per rank's block): the medians of a new shape's first call and of
 its second are reported too, as a program whose sizes vary sees them (and in the --json file the 90th percentile
 of the first calls: the first call of a new size span, ``registry.size_span``, costs a choice of algorithm). Needs
-root (network namespaces).
+root (network namespaces). With --cycle K the counts cycle through K lengths instead (each call the next): the
+median is then that of calls whose lengths came before, as in a program that buckets its sizes.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ if os.environ.get("FIRST_CALLS_PEER") == "mpi":
 else:
     from pycoll import MPI
 coll, nbytes, calls, new_counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "new"
+cycle = int(sys.argv[4][5:]) if sys.argv[4].startswith("cycle") else 0
 c = MPI.COMM_WORLD
 times = []
 for i in range(calls * (2 if new_counts else 1)):
-    grow = i // 2 if new_counts else 0  # new counts: each count twice in a row
+    # new counts: each count twice in a row; a cycle: the next of its counts each call
+    grow = i // 2 if new_counts else i % cycle if cycle else 0
     n = max(nbytes // 4, 1) + grow
     m = max(nbytes // 4 // c.size, 1) + grow  # a rank's block (its own count grows by one per new shape)
     if coll == "allreduce":
@@ -96,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="bytes a call moves (Allgather: its whole output; Alltoall: a rank's whole input)")
     p.add_argument("--calls", type=int, default=300, help="calls a program makes (at least 2); with --new-counts, shapes")
     p.add_argument("--new-counts", action="store_true", help="a new count each call, each made twice")
+    p.add_argument("--cycle", type=int, default=0, metavar="K",
+                   help="the counts cycle through K lengths, one element apart (lengths that come back)")
     p.add_argument("--peers", default="pycoll", help="comma-separated: pycoll, mpi (MPICH through mpi4py)")
     p.add_argument("--env", action="append", default=[], metavar="K=V", help="a pycoll setting to compare with the default")
     p.add_argument("--json", default=None, help="write every job's figures here")
@@ -113,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         with open(script, "w") as f:
             f.write(PROGRAM)
         job_argv = [sys.executable, script, args.coll, str(args.bytes), str(max(args.calls, 2)),
-                    "new" if args.new_counts else "same"]
+                    "new" if args.new_counts else f"cycle{args.cycle}" if args.cycle else "same"]
         for _ in range(args.jobs):
             for name, peer, env in settings:
                 results[name].append(one_job(peer, args.np, args.hosts, env, job_argv))
     print(f"{args.np} ranks on {args.hosts} virtual hosts, {args.coll} of {args.bytes} B, {args.calls} calls on fresh "
-          f"arrays; {args.jobs} jobs each, medians over the jobs")
+          f"arrays{f', counts cycling through {args.cycle}' if args.cycle else ''}; {args.jobs} jobs each, medians over "
+          f"the jobs")
     shapes = f" {'new shape 1st us':>16s} {'its 2nd us':>10s}" if args.new_counts else ""
     print(f"{'peer / setting':28s} {'first ms':>9s} {'second ms':>10s} {'worst of the rest ms':>21s} {'median us':>10s}"
           + shapes)
@@ -130,19 +136,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"np": args.np, "hosts": args.hosts, "coll": args.coll, "bytes": args.bytes,
-                       "calls": args.calls, "new_counts": args.new_counts, "jobs": results}, f, indent=1)
+                       "calls": args.calls, "new_counts": args.new_counts, "cycle": args.cycle, "jobs": results}, f,
+                      indent=1)
     return 0
 
 
 def print_table(files: list[str]) -> None:
-    """One row per --json file (--new-counts): each side's medians over its jobs of a new shape's first call, its
-    90th percentile (a new size span's first calls) and the shape's second call; the first side against the others."""
-    print("| ranks, hosts, call | side | new shape's 1st us | 90th pct us | its 2nd us | first side / this side, 1st |")
-    print("|---|---|---:|---:|---:|---:|")
+    """One row per --json file and side: with --new-counts, the side's medians over its jobs of a new shape's first
+    call, its 90th percentile (a new size span's first calls) and the shape's second call; else of the calls after the
+    first. The last column: the first side's figure over this side's."""
     for name in files:
         with open(name) as f:
             d = json.load(f)
         sides = list(d["jobs"].items())
+        if not d.get("new_counts"):
+            if name == files[0]:
+                print("| ranks, hosts, call | side | median us | first side / this side |\n|---|---|---:|---:|")
+            base = statistics.median(r["median_us"] for r in sides[0][1])
+            for side, rows in sides:
+                med = statistics.median(r["median_us"] for r in rows)
+                print(f"| {d['np']}, {d['hosts']}, {d['coll']} | {side} | {med:.1f} | {base / med:.2f} |")
+            continue
+        if name == files[0]:
+            print("| ranks, hosts, call | side | new shape's 1st us | 90th pct us | its 2nd us | first side / this side, "
+                  "1st |\n|---|---|---:|---:|---:|---:|")
         base = statistics.median(r["new_shape_first_us"] for r in sides[0][1])
         for side, rows in sides:
             med = {k: statistics.median(r.get(k, float("nan")) for r in rows) for k in

@@ -67,7 +67,8 @@ class _Pair:
         # into place (``Engine.frame_exchanger``) where it is built
         self.most = chunk if self.engine.exchanges_blocks_with(self.world_peer) else self.limit
         self._heads: dict[int, bytes] = {}  # payload bytes -> the frame header, tag 0 (of the call's count now)
-        self._counted: dict[int, dict[int, bytes]] = {plan.sig.count: self._heads}  # count -> its headers
+        # count -> (the call's signature at that count, its frames' headers)
+        self._counted: dict[int, tuple[Any, dict[int, bytes]]] = {plan.sig.count: (plan.sig, self._heads)}
         # (count, out bytes, into bytes) -> its exchanger, or None
         self._exchangers: dict[tuple[int, int, int], Any] = {}
         self.swap = self._swapper()
@@ -84,11 +85,13 @@ class _Pair:
         have its count; a call of another length in its size span (``fast_path``'s ``spanning``) has its own (a
         Reduce_scatter_block's signature also carries its blocks' hash: two blocks of half the count)."""
         if count != self.sig.count:
-            if len(self._counted) > 64:
-                self._counted.clear()
-            vhash = counts_hash([count // 2] * 2) if self.sig.vhash else 0
-            self.sig = self.sig._replace(count=count, vhash=vhash)
-            self._heads = self._counted.setdefault(count, {})
+            known = self._counted.get(count)
+            if known is None:
+                if len(self._counted) > 64:
+                    self._counted.clear()
+                vhash = counts_hash([count // 2] * 2) if self.sig.vhash else 0
+                known = self._counted[count] = (self.sig._replace(count=count, vhash=vhash), {})
+            self.sig, self._heads = known
 
     def _swapper(self) -> Callable[[int, Optional[np.ndarray], Optional[np.ndarray]], None]:
         """``swap(seq, out, into[, local])``: send ``out`` to the peer and receive ``into`` from it (contiguous
@@ -402,7 +405,7 @@ class _Blocks:
     """A blocked form's two blocks in a flat vector of ``n`` elements: (this rank's, the peer's, chunks a block is cut
     into), fixed for the plan's own length and worked out (two equal blocks) for another length of its span."""
 
-    __slots__ = ("me", "peer", "item", "n", "fixed")
+    __slots__ = ("me", "peer", "item", "n", "fixed", "others")
 
     def __init__(self, pair: _Pair, t: Any, counts: list[int], displs: Optional[list[int]]) -> None:
         me, peer = pair.me, pair.peer
@@ -411,12 +414,19 @@ class _Blocks:
         self.n = sum(counts) if _one_block_size(t) else -1  # -1: every call has the plan's blocks
         self.fixed = (slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]),
                       chunks(max(counts[me], counts[peer]) * t.dtype.itemsize))  # as the schedules cut a block
+        self.others: dict[int, tuple[slice, slice, int]] = {}  # n -> its blocks, for the lengths of a span
 
     def of(self, n: int) -> tuple[slice, slice, int]:
         if n == self.n or self.n < 0:
             return self.fixed
-        b = n // 2
-        return slice(self.me * b, self.me * b + b), slice(self.peer * b, self.peer * b + b), chunks(b * self.item)
+        known = self.others.get(n)
+        if known is None:
+            if len(self.others) > 64:
+                self.others.clear()
+            b = n // 2
+            known = self.others[n] = (slice(self.me * b, self.me * b + b), slice(self.peer * b, self.peer * b + b),
+                                      chunks(b * self.item))
+        return known
 
 
 @_form("allgather", "doubling")

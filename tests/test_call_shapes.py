@@ -92,7 +92,12 @@ def test_resized_plans_across_hosts(n: int, tmp_path) -> None:
     assert res.records("resized.dropped_plans_leave_no_cycles", "garbage") == dict.fromkeys(range(n), {})
 
 
-_SPAN_CASES = ["resized.span_plans", "resized.span_plan_late_peer", "resized.span_plan_mismatch"]
+# the mismatch last: a communicator a peer's report broke keeps the process's fast paths off (``Engine.broken_ctxs``)
+_SPAN_CASES = ["resized.span_plans", "resized.span_plan_late_peer", "resized.span_plan_against_planned_peer",
+               "resized.span_plan_mismatch"]
+
+
+_SPANNED_SIX = ("allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
 
 
 def _check_span_records(res, n: int, least: int, one_host: bool = True) -> None:
@@ -105,6 +110,12 @@ def _check_span_records(res, n: int, least: int, one_host: bool = True) -> None:
     for rank, planned in res.records("resized.span_plans", "planned").items():
         over = {label: planned.get(label, 0) for label, k in families.items() if planned.get(label, 0) > 5 * k}
         assert not over, (rank, planned)
+    if n == 2:  # the span's calls on rank 0 alone: its peer planned each for its length
+        against = res.records("resized.span_plan_against_planned_peer", "span_calls")
+        # rank 1 planned each family's first call after the change, for its own length, then spanned from that plan
+        assert against[0] >= 20 and against[1] <= against[0] - 6, against
+        forced = res.records("resized.span_plan_against_planned_peer", "forced")[0]
+        assert {c for c, _ in forced} == set(_SPANNED_SIX), forced
     late = res.records("resized.span_plan_late_peer", "span_calls")
     assert all(v > 0 for v in late.values()), late
     assert all(v > 0 for v in res.records("resized.span_plan_mismatch", "span_calls_before").values())

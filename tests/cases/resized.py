@@ -323,6 +323,73 @@ def case_span_plan_late_peer(ctx):
     comm.Free()
 
 
+_COLLECTIVE_OF = {"Allreduce": "allreduce", "Bcast": "broadcast", "Reduce": "reduce", "Allgather": "allgather",
+                  "Reduce_scatter_block": "reduce_scatter", "Alltoall": "alltoall"}
+
+
+def _spanned_calls(ctx, comm, n, k):
+    """One call of each of the six at length ``n`` (a rank's block of ``n`` for the block collectives), each checked."""
+    MPI, r, p = ctx.MPI, ctx.rank, ctx.size
+    T = MPI.FLOAT
+    ins = [np.arange(n, dtype=np.float32) * (q + 1) - k for q in range(p)]
+    out = sentinel(np.float32, n)
+    comm.Allreduce([ins[r], T], [out, T], op=MPI.SUM)
+    ctx.check(f"Allreduce n={n}", out, sum(ins))
+    buf = ins[0].copy() if r == 0 else sentinel(np.float32, n)
+    comm.Bcast([buf, T], root=0)
+    ctx.check(f"Bcast n={n}", buf, ins[0])
+    out = sentinel(np.float32, n)
+    comm.Reduce([ins[r], T], [out, T] if r == p - 1 else None, op=MPI.MAX, root=p - 1)
+    if r == p - 1:
+        ctx.check(f"Reduce n={n}", out, np.maximum.reduce(ins))
+    out = sentinel(np.float32, n * p)
+    comm.Allgather([ins[r], T], [out, T])
+    ctx.check(f"Allgather n={n}", out, np.concatenate(ins))
+    blocks = [np.arange(n * p, dtype=np.float32) * (q + 2) + k for q in range(p)]
+    part = sentinel(np.float32, n)
+    comm.Reduce_scatter_block([blocks[r], T], [part, T], op=MPI.SUM)
+    ctx.check(f"Reduce_scatter_block n={n}", part, sum(blocks)[r * n:(r + 1) * n])
+    out = sentinel(np.float32, n * p)
+    comm.Alltoall([blocks[r], T], [out, T])
+    ctx.check(f"Alltoall n={n}", out, np.concatenate([b[r * n:(r + 1) * n] for b in blocks]))
+
+
+@case
+def case_span_plan_against_planned_peer(ctx):
+    """Two ranks: one runs its calls on their spans' fast paths (each call's count, and a Reduce_scatter_block's
+    counts' hash, patched into a path made for another length) while its peer, its PYCOLL_ALGO set to the very
+    algorithms chosen (so its fast paths decline), plans each family's next call for that call's own length: they
+    match, and give NumPy's results."""
+    if ctx.impl != "pycoll":
+        ctx.skip("pycoll's plans")
+    if ctx.size != 2:
+        ctx.skip("two ranks (a composed call would be flat on the forced rank alone)")
+    import os
+
+    comm, r = ctx.comm.Dup(), ctx.rank
+    for k, n in enumerate((64, 65, 66)):  # each family's plan and its span, on both ranks
+        _spanned_calls(ctx, comm, n, k)
+    chosen = {}
+    for (label, _), plan in comm._x.plans.items():
+        if label in _COLLECTIVE_OF and plan.algo is not None:
+            chosen[_COLLECTIVE_OF[label]] = plan.algo.name
+    ctx.record("forced", sorted(chosen.items()))
+    before, had = _span_calls(comm), os.environ.get("PYCOLL_ALGO")
+    if r == 1:
+        os.environ["PYCOLL_ALGO"] = ",".join(f"{c}:{a}" for c, a in sorted(chosen.items()))
+    try:
+        for k, n in enumerate((70, 75, 79, 68)):  # new lengths of the same spans
+            _spanned_calls(ctx, comm, n, k + 3)
+    finally:
+        if r == 1:
+            if had is None:
+                os.environ.pop("PYCOLL_ALGO", None)
+            else:
+                os.environ["PYCOLL_ALGO"] = had
+    ctx.record("span_calls", _span_calls(comm) - before)
+    comm.Free()
+
+
 @case
 def case_span_plan_mismatch(ctx):
     """Ranks that pass different lengths of one size span, on its fast path, get a MismatchError naming the call,
