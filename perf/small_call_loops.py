@@ -37,6 +37,8 @@ def call_table(comm, MPI, nbytes: int) -> dict:
         "reduce_scatter": (lambda: comm.Reduce_scatter_block([x, F], [y[:block], F], op=MPI.SUM), 4 * whole),
         "alltoall": (lambda: comm.Alltoall([x, F], [y, F]), 4 * whole),
         "allgather": (lambda: comm.Allgather([x[:block], F], [y, F]), 4 * whole),
+        # a Bcast followed by an Allreduce (a one-sided call, then one that meets every rank), as one step
+        "bcast_allreduce": (lambda: (comm.Bcast([a, F], root=0), comm.Allreduce([a, F], [b, F])), 4 * n),
         # nccl-tests' sendrecv: to the next rank, from the one before
         "sendrecv": (lambda: comm.Sendrecv([a, F], (me + 1) % p, 7, [b, F], (me - 1) % p, 7), 4 * n),
         # a halo exchange's form: Irecv, Isend, Waitall with the rank across
@@ -48,7 +50,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", default="reduce,allreduce,bcast,barrier",
                     help="comma-separated: reduce, allreduce, bcast, barrier, reduce_scatter, alltoall, allgather, sendrecv, "
-                         "exchange")
+                         "exchange, bcast_allreduce (the two one after the other)")
     ap.add_argument("--bytes", type=int, default=8, help="message size (float32 elements, default 8 B)")
     ap.add_argument("--iters", type=int, default=400)
     ap.add_argument("--mpi4py", action="store_true", help="run on an installed mpi4py (MPICH) instead of pycoll")
