@@ -456,7 +456,8 @@ def _allgather(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
 def _alltoall(pair: _Pair, t: Any) -> Callable[[int, Any, Any], None]:
     if not (t.counts and t.displs and t.send_counts and t.send_displs):
         return None
-    ins, outs, in_place = _Blocks(pair, t, t.counts, t.displs), _Blocks(pair, t, t.send_counts, t.send_displs), t.in_place
+    ins, outs = _Blocks(pair, t, t.counts, t.displs), _Blocks(pair, t, t.send_counts, t.send_displs)
+    in_place = t.in_place
     large = pair.limit  # a frame past it goes through the exchange in C, which can make the own copy meanwhile
 
     def body(seq: int, send: np.ndarray, recv: np.ndarray) -> None:
