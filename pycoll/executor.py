@@ -375,10 +375,8 @@ class Executor:
         arena = state.arena
         if arena is None or arena.finished != state.ops:
             return None
-        if arena.lagging and not handles_lag:
-            if arena.waiting_for("done", state.ops - 1, self.others):
-                return None  # the schedule's ``lag_wait`` waits for them
-            arena.lagging = False
+        if not handles_lag and not arena.caught_up(state.ops, self.others):
+            return None  # the schedule's ``lag_wait`` waits for them
         if c._freed or c._aborted is not None or c._engine.broken_ctxs:
             c._live(label, numbered=True)  # raises, unless only a later call failed
         c._seq += 1

@@ -61,10 +61,8 @@ def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, 
         if (state.arena is not a or a.finished != state.ops or state.status != "ready" or c._freed
                 or c._aborted is not None or engine.broken_ctxs):
             return False
-        if a.lagging and not lags:  # after a one-sided call: on once every peer finished the call two back
-            if a.waiting_for("done", state.ops - 1, others):
-                return False  # the schedule's ``lag_wait`` waits for them
-            a.lagging = False
+        if a.lagging and not lags and not a.caught_up(state.ops, others):  # after a one-sided call, a peer behind
+            return False  # the schedule's ``lag_wait`` waits for them
         seq = c._seq + 1
         c._seq = a.seq = seq
         opno = state.ops + 1

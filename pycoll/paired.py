@@ -22,6 +22,7 @@ from .config import _ENV_BYTES
 from .errors import PycollError
 from .memory import HOST
 from .p2p_protocol import counts_hash, frame_head, payload_bytes
+from .plans import one_block_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor import Executor
@@ -35,7 +36,7 @@ _EMPTY = np.zeros(0, np.uint8)
 _ANY_SIZE = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allgather", "doubling"),
                        ("reduce_scatter", "ring"), ("alltoall", "pairwise")})
 # the forms whose every call takes its buffers' lengths as they come (no count bound when the form is made); the
-# block collectives' where every rank's block has one size (``Plan.resizable``: its views' lengths give the block)
+# block collectives' where every rank's block has one size (``plans.one_block_size``: its views' lengths give the block)
 _SPANNED = frozenset({("broadcast", "chain"), ("reduce", "chain"), ("allreduce", "ring"), ("allreduce", "doubling"),
                       ("allgather", "doubling"), ("alltoall", "pairwise"), ("reduce_scatter", "ring")})
 # the blocked forms' signature count: the whole vector (so the span's count must split into the two ranks' blocks)
@@ -223,7 +224,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         body(seq, send, recv)
         return True
 
-    if (t.coll, algo.name) in _SPANNED and (largest is None or _one_block_size(t)):
+    if (t.coll, algo.name) in _SPANNED and (largest is None or (t.counts and one_block_size(t))):
         fast.spanning = _spanning(fast, own, largest, limit, t.coll in _COUNTS_TOTAL)  # type: ignore[attr-defined]
     return fast
 
@@ -250,15 +251,6 @@ def _spanning(fast: Callable[..., bool], own: int, largest: Optional[int], limit
         return at_scale
 
     return spanning
-
-
-def _one_block_size(t: Any) -> bool:
-    """Whether every rank's block of a blocked call has one size, one after another from the start (its views'
-    lengths then give the block: the forms below read it from them for a call of another length)."""
-    for counts, displs in ((t.counts, t.displs), (t.send_counts, t.send_displs)):
-        if counts and (counts[0] != counts[-1] or (displs and list(displs) != offsets(list(counts)))):
-            return False
-    return bool(t.counts)
 
 
 def choice_holds(c: Any, *knobs: Any) -> Optional[Callable[[], bool]]:
@@ -411,7 +403,7 @@ class _Blocks:
         me, peer = pair.me, pair.peer
         starts = offsets(list(counts)) if not displs else displs
         self.me, self.peer, self.item = me, peer, t.dtype.itemsize
-        self.n = sum(counts) if _one_block_size(t) else -1  # -1: every call has the plan's blocks
+        self.n = sum(counts) if one_block_size(t) else -1  # -1: every call has the plan's blocks
         self.fixed = (slice(starts[me], starts[me] + counts[me]), slice(starts[peer], starts[peer] + counts[peer]),
                       chunks(max(counts[me], counts[peer]) * t.dtype.itemsize))  # as the schedules cut a block
         self.others: dict[int, tuple[slice, slice, int]] = {}  # n -> its blocks, for the lengths of a span

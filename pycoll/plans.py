@@ -264,8 +264,7 @@ class Plan:
         t, send, recv = self.template, self.send, self.recv
         return (self.label in RESIZABLE and not t.vector and self.sig.vhash in (0, self._counts_word(t.counts))
                 and (t.op is None or t.op.is_predefined) and (send is not None or recv is not None)
-                and (send is None or send.whole) and (recv is None or recv.whole)
-                and _uniform(t.counts, t.displs) and _uniform(t.send_counts, t.send_displs))
+                and (send is None or send.whole) and (recv is None or recv.whole) and one_block_size(t))
 
     def _counts_word(self, counts: list[int]) -> int:
         """The signature word of these counts, where this plan's signature carries its counts (else 0)."""
@@ -314,6 +313,12 @@ class Plan:
 # the blocking collectives whose counts follow linearly from their arrays' lengths, one block size for every rank
 RESIZABLE = frozenset({"Allreduce", "Reduce", "Bcast", "Scan", "Exscan", "Allgather", "Alltoall", "Reduce_scatter_block",
                        "Gather", "Scatter"})
+
+
+def one_block_size(t: Call) -> bool:
+    """Whether every rank's block of ``t`` has one size, one after another from the start, on both sides (or ``t``
+    has no blocks): its arrays' lengths then give the block at any length."""
+    return _uniform(t.counts, t.displs) and _uniform(t.send_counts, t.send_displs)
 
 
 def _uniform(counts: list[int], displs: list[int]) -> bool:
@@ -393,9 +398,9 @@ class PlanCache:
             return None
         plan = self.keep(label, key, Plan(label, call, sig, send_rb, recv_rb))
         if sized is not None and plan.resizable():
-            if len(self.resizable) >= self.limit:
-                self.resizable.pop(next(iter(self.resizable)))
-            self.resizable[(label, sized[0])] = (plan, sized[1])
+            family = (label, sized[0])
+            _make_room(self.resizable, family, self.limit)
+            self.resizable[family] = (plan, sized[1])
         return plan
 
     def span_key(self, label: str, sized: tuple[tuple, int], nbytes: Optional[int] = None) -> Optional[tuple]:

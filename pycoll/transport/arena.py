@@ -315,6 +315,15 @@ class HostArena:
         """Whether ``rank`` has posted for call ``op`` (it has entered that call)."""
         return self.words[self.line(rank, op) + POST] == op
 
+    def caught_up(self, ops: int, others: Iterable[int]) -> bool:
+        """Whether the operation after ``ops`` may start: the arena is not ``lagging``, or every one of ``others``
+        finished operation ``ops - 1``, whose slots and lines it reuses (the arena then stops lagging)."""
+        if self.lagging:
+            if self.waiting_for("done", ops - 1, others):
+                return False
+            self.lagging = False
+        return True
+
     def waiting_for(self, what: str, op: int, ranks: Iterable[int]) -> list[int]:
         """The ranks among ``ranks`` not yet at ``what`` for ``op``: post and ready match exactly, counters reach it."""
         w = self.words
