@@ -233,14 +233,18 @@ class EagerPaths:
                 if now >= deadline or self._abort_requests or any(self._sendq.values()):
                     return None
                 if now < yield_until:  # a sleeper's wake-up costs tens of µs: the peer's answer is usually sooner
+                    if not voting:
+                        os.sched_yield()
+                        continue
+                    voting = False
+                    began = time.monotonic()  # the yield alone: the checks above cost half its time in Python
                     os.sched_yield()
-                    if voting:
-                        voting = False
-                        took, came = time.monotonic() - now, bool(ready(0))
-                        if took >= _HANDED_S and came:
-                            self.seen_cpu(1)
-                        elif took < _KEPT_S and not came:
-                            self.seen_cpu(-1)
+                    took = time.monotonic() - began
+                    came = bool(ready(0))
+                    if took >= _HANDED_S and came:
+                        self.seen_cpu(1)
+                    elif took < _KEPT_S and not came:
+                        self.seen_cpu(-1)
                     continue
                 ready(max(1, int((deadline - now) * 1e3)))
                 break
