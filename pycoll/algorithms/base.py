@@ -126,7 +126,13 @@ class Layout:
 
     @staticmethod
     def flat(size: int) -> "Layout":
-        return Layout((0,) * size)
+        """``size`` ranks on one host (kept: the cost functions ask for a few in every ranking)."""
+        return _flat_layout(size)
+
+    @staticmethod
+    def one_per_host(hosts: int) -> "Layout":
+        """One rank on each of ``hosts`` hosts (kept, as ``flat``)."""
+        return _one_per_host_layout(hosts)
 
     @property
     def size(self) -> int:
@@ -165,6 +171,16 @@ class Layout:
             pos = {m: i for i, m in enumerate(members)}
             ring = tuple(pos[r] for r in self.ring if r in pos)
         return Layout.from_ids([str(self.host_of[m]) for m in members], ring)
+
+
+@functools.lru_cache(maxsize=64)
+def _flat_layout(size: int) -> Layout:
+    return Layout((0,) * size)
+
+
+@functools.lru_cache(maxsize=64)
+def _one_per_host_layout(hosts: int) -> Layout:
+    return Layout(tuple(range(hosts)))
 
 
 # Message lanes within one call: a schedule that runs phases or trees side by side gives each its own

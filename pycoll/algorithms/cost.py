@@ -202,12 +202,17 @@ class CostModel:
 
     # ---- building blocks the algorithms' cost functions use -------------------------------------
     def sharing_links(self, flows: int) -> "CostModel":
-        """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link."""
-        return dataclasses.replace(self, net_GBps=self.net_GBps / max(flows, 1))
+        """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link (kept per
+        ``flows``: a ranking asks for a few, and building a model costs 14 us)."""
+        shared = self.__dict__.setdefault("_sharing", {})
+        model = shared.get(flows)
+        if model is None:
+            model = shared[flows] = dataclasses.replace(self, net_GBps=self.net_GBps / max(flows, 1))
+        return model
 
     def over(self, lay: Layout) -> float:
         """How much CPU-bound work stretches when a host runs more ranks than it has cores."""
-        cores = self.cores or os.cpu_count() or 1
+        cores = self.cores or machine_cores()
         return max(1.0, max(lay.local_sizes, default=1) / cores)
 
     def cached(self, footprint: float) -> float:
@@ -347,18 +352,9 @@ class CostModel:
              depth: Optional[float] = None, messages: Optional[float] = None) -> float:
         """A ring in the layout's ring order: each host's link carries one flow per place the ring leaves the host
         (``messages``: as ``phase``'s, the messages the bytes go in; default, one per chunk)."""
-        order = lay.order
-        p = len(order)
-        leaving, arriving = [0] * max(lay.hosts, 1), [0] * max(lay.hosts, 1)
-        for i in range(p if depth is None else p - 1):  # a chain's (``depth`` given) last rank sends to no one
-            a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
-            if a != b:
-                leaving[a] += 1
-                arriving[b] += 1
-        # the directions a host's link carries the bytes in: a ring's both, a chain's one
-        sides = max((o + i) / max(o, i, 1) for o, i in zip(leaving, arriving))
-        return self.phase(lay, steps, nbytes, reduced=reduced, flows=max(leaving + [1]), messages=messages,
-                          footprint=footprint, depth=depth, sides=max(sides, 1.0))
+        flows, sides = _ring_flows(lay, depth is not None)
+        return self.phase(lay, steps, nbytes, reduced=reduced, flows=flows, messages=messages,
+                          footprint=footprint, depth=depth, sides=sides)
 
     def flows(self, lay: Layout) -> float:
         """Flows sharing a host link when every rank may talk off-host at once."""
@@ -422,6 +418,29 @@ class CostModel:
             json.dump(self.to_json(), f, indent=2)
         os.replace(tmp, path)
         return path
+
+
+@functools.lru_cache(maxsize=256)
+def _ring_flows(lay: Layout, chain: bool) -> tuple[int, float]:
+    """(flows, sides) of a ring in the layout's ring order (``CostModel.ring``; a chain's last rank sends to no
+    one): the most places the ring leaves one host, and the directions a host's link carries the bytes in (a ring's
+    both, a chain's one)."""
+    order = lay.order
+    p = len(order)
+    leaving, arriving = [0] * max(lay.hosts, 1), [0] * max(lay.hosts, 1)
+    for i in range(p - 1 if chain else p):
+        a, b = lay.host_of[order[i]], lay.host_of[order[(i + 1) % p]]
+        if a != b:
+            leaving[a] += 1
+            arriving[b] += 1
+    sides = max((o + i) / max(o, i, 1) for o, i in zip(leaving, arriving))
+    return max(leaving + [1]), max(sides, 1.0)
+
+
+@functools.lru_cache(maxsize=None)
+def machine_cores() -> int:
+    """``os.cpu_count()``, read once (it reads sysfs: 6 us, and a ranking asks a few dozen times)."""
+    return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)

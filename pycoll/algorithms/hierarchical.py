@@ -49,11 +49,13 @@ def _column(lay: Layout, j: int) -> list[int]:
 
 def _inner_allreduce(m: CostModel, n: float, hosts: int, flows: int) -> tuple[float, str]:
     """Cheapest flat allreduce among ``hosts`` ranks (one per host) for ``n`` bytes."""
-    lay = Layout(tuple(range(hosts)))
-    probe = Call("allreduce", np.dtype(np.uint8), recv=np.empty(0, np.uint8))
-    options = [(a.predict(m.sharing_links(flows), n, lay), a.name) for a in ALGORITHMS["allreduce"].values()
-               if a.name != "hierarchical" and a.refusal(probe, lay) is None]
+    lay, shared = Layout.one_per_host(hosts), m.sharing_links(flows)
+    options = [(a.predict(shared, n, lay), a.name) for a in ALGORITHMS["allreduce"].values()
+               if a.name != "hierarchical" and a.refusal(_INNER_PROBE, lay) is None]
     return min(options) if options else (0.0, "ring")
+
+
+_INNER_PROBE = Call("allreduce", np.dtype(np.uint8), recv=np.empty(0, np.uint8))  # what the refusals read: no buffer
 
 
 def _through_pipeline(in_hosts: list[float], between: float, segments: int, between_cpu: float = 0.0) -> float:
@@ -160,7 +162,7 @@ def _hier_grid_cost(m: CostModel, n: float, lay: Layout, reduced: bool) -> float
                  reduced=((local - 1) / local * piece) if reduced else 0)
     net_model = m.sharing_links(local)
     chunk = piece / local
-    net = net_model.ring(Layout(tuple(range(hosts))), hosts - 1, (hosts - 1) / hosts * chunk,
+    net = net_model.ring(Layout.one_per_host(hosts), hosts - 1, (hosts - 1) / hosts * chunk,
                          reduced=((hosts - 1) / hosts * chunk) if reduced else 0)
     cpu = m.socket_copies(Layout.flat(local), (hosts - 1) / hosts * chunk)
     return _through_pipeline([shm], net, segments, cpu)

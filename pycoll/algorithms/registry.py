@@ -118,7 +118,7 @@ class Algorithm:
         and on a layout that tune timed, its measured residual at this size."""
         if self.cost is None:
             return 0.0
-        a, b = model.correction(f"{self.key}@{model.scope(layout)}")
+        a, b = model.correction(f"{self.key}@{model.scope(layout)}") if model.corrections else (1.0, 1.0)
         if a == b == 1.0:
             t = self.cost(model, nbytes, layout)
         else:
