@@ -434,6 +434,24 @@ static int is_empty(PyObject *obj)
     return full < 0 ? -1 : !full;
 }
 
+/* 1 where the gate's communicator is not broken: the engine's broken contexts (keyed by a communicator's even
+ * context) hold none, or not this one's; 0 where it is, -1 on an error */
+static int not_broken(PyObject *gate)
+{
+    PyObject *broken = PyTuple_GET_ITEM(gate, G_BROKEN);
+    int ok = is_empty(broken);
+    if (ok != 0)
+        return ok;
+    if (!PyDict_Check(broken))
+        return 0;
+    PyObject *base = PyLong_FromLongLong(PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_CTX)) & ~1LL);
+    if (base == NULL)
+        return -1;
+    int found = PyDict_Contains(broken, base);
+    Py_DECREF(base);
+    return found < 0 ? -1 : !found;
+}
+
 /* The lane to communicator rank ``rank``'s process (its world rank in *peer) where an eager call may use it now:
  * the kernels loaded, the peer on this host and alive, the communicator neither freed, aborted nor broken, nothing
  * queued to the peer ahead. 0 where not, -1 on an error. */
@@ -467,7 +485,7 @@ static int64_t lane_to(PyObject *gate, PyObject *rank, PyObject **peer)
     if (aborted == NULL)
         return -1;
     Py_DECREF(aborted);
-    if (aborted != Py_None || (ok = is_empty(PyTuple_GET_ITEM(gate, G_BROKEN))) <= 0)
+    if (aborted != Py_None || (ok = not_broken(gate)) <= 0)
         return aborted != Py_None ? 0 : ok;
     PyObject *queue = PyDict_GetItemWithError(PyTuple_GET_ITEM(gate, G_SENDQ), *peer);
     if (queue == NULL)

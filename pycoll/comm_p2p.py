@@ -55,7 +55,7 @@ class PointToPointCalls:
 
     def _p2p_ready(self, opname: str) -> Owner:
         """The communicator's point-to-point base owner, after the liveness checks (cheap while nothing failed)."""
-        if self._freed or self._aborted is not None or self._engine.broken_ctxs:
+        if self._freed or self._aborted is not None or self._engine.broken_here(self._ctx):
             self._live(opname)
         try:
             return self._p2p_base
@@ -68,7 +68,7 @@ class PointToPointCalls:
         engine's eager path: plain ints in range on a live communicator; anything else goes through the checks of
         the posted path."""
         return (type(peer) is int and type(tag) is int and 0 <= peer < self._size and (0 <= tag <= TAG_MAX or any_tag and tag == ANY_TAG)
-                and not (self._freed or self._aborted is not None or self._engine.broken_ctxs))
+                and not (self._freed or self._aborted is not None or self._engine.broken_here(self._ctx)))
 
     def _isend_array(self, arr: np.ndarray, dest: int, tag: int, opname: str) -> Any:
         """The engine's send request (None for PROC_NULL); arguments checked in the common case by type alone."""

@@ -47,7 +47,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     # its own block, in elements of the flat views
     own = (t.send_displs[me], t.send_displs[me] + t.send_counts[me], t.displs[me], t.displs[me] + t.counts[me])
     ctx, sig, label, views, copy = c._ctx | 1, plan.sig, plan.label, plan.views, HOST.copy
-    exchange, sendq, dead = engine.exchange_or_post, engine._sendq, engine._dead
+    exchange, sendq, dead, broken, base = engine.exchange_or_post, engine._sendq, engine._dead, engine.broken_ctxs, c._ctx & ~1
     # the exchange made once for these blocks, each call its tag and buffers (None: the general one every call)
     steady = engine.frame_exchanger(places, ctx, sig)
 
@@ -57,7 +57,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
             return False  # something it relies on changed, or the buffers overlap (the checks name it)
         send, recv = bound
         if (not send.flags.c_contiguous or not recv.flags.c_contiguous or c._freed or c._aborted is not None
-                or engine.broken_ctxs or dead or any(sendq.values())):
+                or (broken and base in broken) or dead or any(sendq.values())):
             return False
         seq = c._seq + 1
         c._seq = seq

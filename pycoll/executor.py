@@ -377,7 +377,7 @@ class Executor:
             return None
         if not handles_lag and not arena.caught_up(state.ops, self.others):
             return None  # the schedule's ``lag_wait`` waits for them
-        if c._freed or c._aborted is not None or c._engine.broken_ctxs:
+        if c._freed or c._aborted is not None or c._engine.broken_here(c._ctx):
             c._live(label, numbered=True)  # raises, unless only a later call failed
         c._seq += 1
         state.ops += 1

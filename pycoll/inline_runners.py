@@ -48,6 +48,7 @@ def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, 
     overlap = not plan.template.in_place and send_view is not None and recv_view is not None
     overlaps = arrays.overlaps
     one_sided, others = lags and runner.one_sided, x.others
+    broken, base = engine.broken_ctxs, c._ctx & ~1
 
     def fast(args: tuple) -> bool:
         if (env.get(ka) != va or env.get(kc) != vc or env.get(kr) != vr or c._reproducible is not mine
@@ -59,7 +60,7 @@ def fast_call(x: Executor, plan: Plan, runner: "Runner", kernel: Callable[[Any, 
                 and overlaps(send, recv):
             return False  # the checks name it
         if (state.arena is not a or a.finished != state.ops or state.status != "ready" or c._freed
-                or c._aborted is not None or engine.broken_ctxs):
+                or c._aborted is not None or (broken and base in broken)):
             return False
         if a.lagging and not lags and not a.caught_up(state.ops, others):  # after a one-sided call, a peer behind
             return False  # the schedule's ``lag_wait`` waits for them

@@ -63,7 +63,9 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         self._unexpected: list[Unexpected] = []
         self._dead: dict[int, str] = {}  # world rank -> why its channel failed
         self._broken: dict[int, tuple[PycollError, int]] = {}  # ctx base -> (the abort, first failed call)
-        self.broken_ctxs = self._broken  # read-only to callers: empty while no communicator failed
+        # read-only to callers: empty while no communicator failed; a fast path asks for its own communicator's key
+        # (its even context: ``broken_here``), so that one communicator's failure leaves the others' calls alone
+        self.broken_ctxs = self._broken
         self._left: set[int] = set()  # world ranks that said goodbye (a normal shutdown)
         self._told: set[int] = set()  # ctx bases whose failure this rank reported to the other members
         self._pulling: set[int] = set()  # peers whose stream a _pull on the stack is reading

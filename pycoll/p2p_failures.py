@@ -246,6 +246,11 @@ class FailureHandling:
         entry = self._broken.get(ctx & ~1)
         return 0 if entry is None else entry[1]
 
+    def broken_here(self, ctx: int) -> bool:
+        """Whether a failure broke the communicator of context ``ctx`` (cheap while none broke)."""
+        broken = self._broken
+        return bool(broken) and ctx & ~1 in broken
+
     def broken(self, ctx: int) -> Optional[PycollError]:
         entry = self._broken.get(ctx & ~1)
         return entry[0] if entry is not None else None

@@ -72,7 +72,7 @@ class FastP2P(SendRecv):
     only while nothing else could match it first."""
 
     __slots__ = ("comm", "engine", "ctx", "size", "world", "lanes", "words", "k", "posted", "unexpected",
-                 "schedules", "aborts", "sendq", "inbound", "lock", "broken", "eager_max", "polls", "owners", "linger_s",
+                 "schedules", "aborts", "sendq", "inbound", "lock", "broken", "base", "eager_max", "polls", "owners", "linger_s",
                  "linger_polls", "send_now", "take_now", "take_object_now")
 
     def __init__(self, comm: Any) -> None:
@@ -88,6 +88,7 @@ class FastP2P(SendRecv):
         self.posted, self.unexpected, self.schedules = engine._posted, engine._unexpected, engine._schedules
         self.aborts, self.sendq, self.inbound = engine._abort_requests, engine._sendq, engine._inbound
         self.broken = engine.broken_ctxs
+        self.base = comm._ctx & ~1  # the key of this communicator's entry in ``broken``
         self.lock = engine.lock
         self.eager_max = engine.eager_max
         self.polls = 0
@@ -116,10 +117,15 @@ class FastP2P(SendRecv):
         self.lanes = engine.lane_of
         return self.lanes
 
+    def _broken(self) -> bool:
+        """Whether a failure broke this communicator (another communicator's leaves its calls alone)."""
+        broken = self.broken
+        return bool(broken) and self.base in broken
+
     def _dead(self) -> bool:
         """Whether the communicator was freed, torn down or broken (the general path raises the error)."""
         comm = self.comm
-        return comm._freed or comm._aborted is not None or bool(self.broken)
+        return comm._freed or comm._aborted is not None or self._broken()
 
     def _quiet(self, peer: int) -> bool:
         """Whether the next frame from ``peer`` is a receive's to take: nothing posted, buffered or running that
@@ -278,12 +284,12 @@ class FastP2P(SendRecv):
             d = lanes[peer]
             comm = self.comm
             if (d and self.unexpected and not self.aborts and not comm._freed and comm._aborted is None
-                    and not self.broken):
+                    and not self._broken()):
                 got = self._take_buffered(peer, e, tag)
                 if got is not None:
                     return got
             elif (d and not self.schedules and not self.aborts and not comm._freed
-                    and comm._aborted is None and not self.broken and self.lock.acquire(False)):
+                    and comm._aborted is None and not self._broken() and self.lock.acquire(False)):
                 try:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:

@@ -205,7 +205,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
     largest = _largest_message(t, pair.me, pair.peer)
     if largest is not None and largest > limit:
         return False
-    sendq, dead = engine._sendq[peer], engine._dead
+    sendq, dead, broken, base = engine._sendq[peer], engine._dead, engine.broken_ctxs, c._ctx & ~1
     own = plan.sig.count
 
     def fast(args: tuple, count: int = own) -> bool:
@@ -215,7 +215,7 @@ def fast_path(x: "Executor", plan: "Plan", algo: Any) -> Any:
         send, recv = bound
         if largest is None and ((send is not None and send.nbytes > limit) or (recv is not None and recv.nbytes > limit)):
             return False
-        if c._freed or c._aborted is not None or engine.broken_ctxs or sendq or peer in dead:
+        if c._freed or c._aborted is not None or (broken and base in broken) or sendq or peer in dead:
             return False
         if count != pair.sig.count:
             pair.count(count)

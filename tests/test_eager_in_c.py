@@ -142,7 +142,7 @@ def _engine_states():
         ("a stream's message part in", lambda s: setattr(s.engine._inbound[0], "target", object())),
         ("the communicator freed", lambda s: setattr(s.comm, "_freed", True)),
         ("the communicator aborted", lambda s: setattr(s.comm, "_aborted", RuntimeError("x"))),
-        ("a communicator broken", lambda s: s.engine.broken_ctxs.update({8: None})),
+        ("the communicator broken", lambda s: s.engine.broken_ctxs.update({CTX & ~1: None})),
         ("the peer's lane dropped", lambda s: s.engine.lane_of.__setitem__(0, 0)),
         ("the kernels not in yet", lambda s: setattr(s.engine, "lane_of", None)),
     ]
@@ -163,7 +163,7 @@ def test_a_receive_goes_the_python_way_while_the_engine_has_anything_that_could_
     ("a frame queued ahead", lambda s: s.engine._sendq[1].append(object())),
     ("the communicator freed", lambda s: setattr(s.comm, "_freed", True)),
     ("the communicator aborted", lambda s: setattr(s.comm, "_aborted", RuntimeError("x"))),
-    ("a communicator broken", lambda s: s.engine.broken_ctxs.update({8: None})),
+    ("the communicator broken", lambda s: s.engine.broken_ctxs.update({CTX & ~1: None})),
     ("the peer's lane dropped", lambda s: s.engine.lane_of.__setitem__(1, 0)),
 ])
 def test_a_send_goes_the_python_way_while_the_engine_must_see_it(what, state):
@@ -171,6 +171,18 @@ def test_a_send_goes_the_python_way_while_the_engine_must_see_it(what, state):
     a = Side(p, 0)
     state(a)
     assert a.send_now(spec(data(8, 1), False), 1, 2) is False and p.tail("ab") == 0
+
+
+def test_another_communicators_failure_leaves_the_eager_path_to_this_one():
+    """A failure breaks the communicator it happened on (the engine keys it by its even context); the eager calls of
+    another communicator on the same engine go on in C."""
+    p = Pair()
+    a, b = Side(p, 0), Side(p, 1)
+    for side in (a, b):
+        side.engine.broken_ctxs.update({(CTX & ~1) + 2: None})
+    src, dst = data(8, 3), np.zeros(8, np.uint8)
+    assert a.send_now(spec(src, False), 1, 4)
+    assert b.take_now(spec(dst, True), 0, 4) and (dst == src).all()
 
 
 def test_arguments_the_python_path_must_check_or_reject_never_move_a_byte():
