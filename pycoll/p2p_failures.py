@@ -37,6 +37,7 @@ from .p2p_protocol import (
     Schedule,
     SendRequest,
     Sig,
+    drop_unreachable,
 )
 
 log = logging.getLogger("pycoll")
@@ -185,6 +186,7 @@ class FailureHandling:
         if entry is not None and (entry[1] < 0 or 0 <= entry[1] <= seq):
             return  # already broken from this call on
         self._broken[base] = (err, seq)  # a failure in an earlier call than the one known: from there on
+        drop_unreachable(self._unexpected, self._broken, self.tags_per_call)
         broken = [s for s in self._schedules if self._is_broken_for(s.owner)]
         stalled = [self._stalled(err, s) for s in broken]  # before their receives fail below
         for req in [r for r in self._posted if self._is_broken_for(r.owner)]:
@@ -305,6 +307,7 @@ class FailureHandling:
             self._told.add(base)
             self._tell_members(owner, err, ABORT_TAG, base)
             self._broken.setdefault(base, (err, owner.tag))
+            drop_unreachable(self._unexpected, self._broken, self.tags_per_call)
         self.flush(1.0, delivered=True)  # best effort: a peer that does not drain is probably dead
         for sched in self._schedules:
             if self._is_broken_for(sched.owner):

@@ -31,6 +31,7 @@ from .p2p_protocol import (
     SendRequest,
     Sig,
     fits,
+    unreachable,
 )
 from .transport.base import Channel
 
@@ -270,6 +271,9 @@ class Progress:
         self._seen[src] = (ctx, tag)
         req = self._match(src, ctx, tag)
         if req is None:
+            if self._broken and unreachable(self._broken, self.tags_per_call, ctx, tag):  # a broken communicator's: its bytes are read and dropped
+                st.target = None
+                return
             u = Unexpected(src, ctx, tag, sig, nbytes)
             self._unexpected.append(u)
             st.target = u

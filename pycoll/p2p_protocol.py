@@ -310,6 +310,26 @@ class Inbound:
         self.sig = P2P_SIG
 
 
+def unreachable(broken: dict, tags_per_call: int, ctx: int, tag: int) -> bool:
+    """Whether no receive can take a message of ``ctx`` and ``tag`` any more: ``broken`` (the engine's, by even
+    context: (error, first failed call)) holds its communicator from a call at or before the message's, or it is a
+    point-to-point message there (an even context), whose receives all fail."""
+    entry = broken.get(ctx & ~1)
+    if entry is None:
+        return False
+    return not ctx & 1 or entry[1] < 0 or tag // tags_per_call >= entry[1]
+
+
+def drop_unreachable(unexpected: list, broken: dict, tags_per_call: int) -> None:
+    """Forget the buffered messages that no receive can take (``unreachable``): while any is buffered, the fast paths
+    of every communicator leave their receives to the engine, for MPI's matching order. A rendezvous announcement or a
+    synchronous send stays: its sender waits for an answer."""
+    keep = [u for u in unexpected if u.rdv is not None or u.sync or u.waiter is not None
+            or not unreachable(broken, tags_per_call, u.ctx, u.tag)]
+    if len(keep) != len(unexpected):
+        unexpected[:] = keep
+
+
 def fits(req: RecvRequest, src: int, ctx: int, tag: int) -> bool:
     return req.ctx == ctx and req.peer in (src, ANY_SOURCE) and req.tag in (tag, ANY_TAG)
 

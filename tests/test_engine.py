@@ -490,3 +490,28 @@ def test_a_plans_frame_swapper_tags_each_call_and_leaves_what_it_cannot_take(mon
     finally:
         mine.close()
         theirs.close()
+
+
+def test_a_broken_communicators_messages_are_dropped_and_the_others_kept() -> None:
+    """Messages that no receive can take any more (their communicator broke from an earlier call, or they are its
+    point-to-point messages) leave the buffer, and later ones are read and dropped: while any stayed, every fast path
+    left its receives to the engine. Another communicator's messages, and the broken one's from calls before the
+    failed one, stay and are received."""
+    eng = engine()
+    eng.tags_per_call = 4  # collective message tags: call number x 4 + lane
+    eng.isend(1, np.arange(3, dtype=np.int32), 3, 4 * 6, Sig(), owner(ctx=3))  # call 6 of the broken communicator
+    eng.isend(1, np.arange(3, dtype=np.int32), 3, 4 * 7 + 1, Sig(), owner(ctx=3))  # its call 7
+    eng.isend(1, np.arange(3, dtype=np.int32), 2, 9, Sig(), owner(ctx=2))  # its point-to-point
+    eng.isend(1, np.arange(4, 7, dtype=np.int32), 5, 4 * 9, Sig(), owner(ctx=5))  # another communicator's
+    eng.progress()
+    assert len(eng._unexpected) == 4
+    eng.break_ctx(2, ProtocolError("broken for the test"), 7)  # from call 7 on
+    assert sorted((u.ctx, u.tag) for u in eng._unexpected) == [(3, 24), (5, 36)]
+    assert eng.broken_here(3) and eng.broken_here(2) and not eng.broken_here(5)
+    eng.isend(1, np.arange(3, dtype=np.int32), 3, 4 * 8, Sig(), owner(ctx=3))  # arrives after the break
+    eng.progress()
+    assert sorted((u.ctx, u.tag) for u in eng._unexpected) == [(3, 24), (5, 36)]
+    got = np.empty(3, np.int32)
+    r = eng.irecv(1, got, 5, 4 * 9, None, owner(ctx=5))
+    eng.wait_requests([r], 5.0, owner(ctx=5))
+    np.testing.assert_array_equal(got, [4, 5, 6])
