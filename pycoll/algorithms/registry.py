@@ -338,9 +338,21 @@ def _shape(call: Call) -> tuple:
 
 
 def _probe(shape: tuple, nbytes: int) -> Call:
-    """A call of ``shape`` (``_shape``) moving ``nbytes``, without buffers: what refusals and prices read."""
+    """A call of ``shape`` (``_shape``) moving ``nbytes``, without buffers: what refusals and prices read (a copy of
+    the shape's first probe with its size changed: building a ``Call`` costs 3 us, and a new span makes several)."""
     coll, _, op, root, vector, reproducible = shape
-    return Call(coll, _BYTES, op=op, root=root, vector=vector, total=nbytes, reproducible=reproducible)
+    key = (coll, op, root, vector, reproducible)
+    template = _probes.get(key)
+    if template is None:
+        if len(_probes) > 256:
+            _probes.clear()
+        template = _probes[key] = Call(coll, _BYTES, op=op, root=root, vector=vector, reproducible=reproducible)
+    probe = template.without_buffers()
+    probe.total = nbytes
+    return probe
+
+
+_probes: dict[tuple, Call] = {}
 
 
 def span_choice(call: Call, layout: Layout, model: CostModel) -> Optional[Algorithm]:
