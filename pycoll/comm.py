@@ -172,7 +172,9 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
             if isinstance(err, PeerFailureError) and err.peers:  # a death: name the dead rank, as its witnesses do
                 dead = ", ".join(map(str, err.peers))
                 raise CommunicatorLostError(f"rank {dead} failed earlier ({err.cause})", op=op, rank=self._rank, peers=err.peers)
-            raise CommunicatorBrokenError(f"an earlier failure broke this communicator: {err}", op=op, rank=self._rank)
+            since = self._engine.broken_since(self._ctx)
+            when = f" from its call #{since} on" if since > 0 else ""  # -1: every call (a death, an abort)
+            raise CommunicatorBrokenError(f"a failure broke this communicator{when}: {err}", op=op, rank=self._rank)
 
     def _owner(self, opname: str, ctx: int, tag: int = -1) -> Owner:
         return Owner(opname, ctx, self._rank, self._to_comm.__getitem__, self._world, _describe, tag)
