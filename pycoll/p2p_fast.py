@@ -117,15 +117,11 @@ class FastP2P(SendRecv):
         self.lanes = engine.lane_of
         return self.lanes
 
-    def _broken(self) -> bool:
-        """Whether a failure broke this communicator (another communicator's leaves its calls alone)."""
-        broken = self.broken
-        return bool(broken) and self.base in broken
-
     def _dead(self) -> bool:
         """Whether the communicator was freed, torn down or broken (the general path raises the error)."""
         comm = self.comm
-        return comm._freed or comm._aborted is not None or self._broken()
+        broken = self.broken
+        return comm._freed or comm._aborted is not None or bool(broken) and self.base in broken
 
     def _quiet(self, peer: int) -> bool:
         """Whether the next frame from ``peer`` is a receive's to take: nothing posted, buffered or running that
@@ -284,12 +280,13 @@ class FastP2P(SendRecv):
             d = lanes[peer]
             comm = self.comm
             if (d and self.unexpected and not self.aborts and not comm._freed and comm._aborted is None
-                    and not self._broken()):
+                    and not (self.broken and self.base in self.broken)):
                 got = self._take_buffered(peer, e, tag)
                 if got is not None:
                     return got
             elif (d and not self.schedules and not self.aborts and not comm._freed
-                    and comm._aborted is None and not self._broken() and self.lock.acquire(False)):
+                    and comm._aborted is None and not (self.broken and self.base in self.broken)
+                    and self.lock.acquire(False)):
                 try:
                     st = self.inbound[peer]
                     if st.have or st.target is not None:
