@@ -444,7 +444,10 @@ static int not_broken(PyObject *gate)
         return ok;
     if (!PyDict_Check(broken))
         return 0;
-    PyObject *base = PyLong_FromLongLong(PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_CTX)) & ~1LL);
+    long long ctx = PyLong_AsLongLong(PyTuple_GET_ITEM(gate, G_CTX));
+    if (ctx == -1 && PyErr_Occurred())
+        return -1;
+    PyObject *base = PyLong_FromLongLong(ctx & ~1LL);
     if (base == NULL)
         return -1;
     int found = PyDict_Contains(broken, base);

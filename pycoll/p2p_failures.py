@@ -37,6 +37,7 @@ from .p2p_protocol import (
     Schedule,
     SendRequest,
     Sig,
+    broken_from,
     drop_unreachable,
 )
 
@@ -176,9 +177,9 @@ class FailureHandling:
             self._tell_members(fwd, err, ABORT_TAG, base & ~1)
 
     def _is_broken_for(self, owner: Owner) -> bool:
-        """Calls numbered before the failed one finish normally; that one, later ones and p2p fail."""
-        entry = self._broken.get(owner.ctx & ~1)
-        return entry is not None and (owner.tag < 0 or entry[1] < 0 or owner.tag >= entry[1])
+        """Calls numbered before the failed one finish normally; that one, later ones and p2p fail (``broken_from``;
+        an owner's tag is its call number, -1 for point-to-point)."""
+        return broken_from(self._broken, owner.ctx, owner.tag)
 
     def break_ctx(self, base: int, err: PycollError, seq: int) -> None:
         """Fail what is pending on a communicator from collective ``seq`` on (all of it if seq < 0)."""

@@ -310,14 +310,18 @@ class Inbound:
         self.sig = P2P_SIG
 
 
-def unreachable(broken: dict, tags_per_call: int, ctx: int, tag: int) -> bool:
-    """Whether no receive can take a message of ``ctx`` and ``tag`` any more: ``broken`` (the engine's, by even
-    context: (error, first failed call)) holds its communicator from a call at or before the message's, or it is a
-    point-to-point message there (an even context), whose receives all fail."""
+def broken_from(broken: dict, ctx: int, call: int) -> bool:
+    """Whether ``broken`` (the engine's, by even context: (error, first failed call, -1 for all)) breaks call number
+    ``call`` on context ``ctx`` (-1: point-to-point, which fails on a broken communicator whatever its calls): calls
+    numbered before the failed one finish normally; that one and later ones fail."""
     entry = broken.get(ctx & ~1)
-    if entry is None:
-        return False
-    return not ctx & 1 or entry[1] < 0 or tag // tags_per_call >= entry[1]
+    return entry is not None and (call < 0 or entry[1] < 0 or call >= entry[1])
+
+
+def unreachable(broken: dict, tags_per_call: int, ctx: int, tag: int) -> bool:
+    """Whether no receive can take a message of ``ctx`` and ``tag`` any more (``broken_from``): a collective's
+    message (an odd context) of a broken call, or a broken communicator's point-to-point message."""
+    return broken_from(broken, ctx, tag // tags_per_call if ctx & 1 else -1)
 
 
 def drop_unreachable(unexpected: list, broken: dict, tags_per_call: int) -> None:

@@ -204,11 +204,15 @@ class CostModel:
     def sharing_links(self, flows: int) -> "CostModel":
         """The model as seen by one of ``flows`` concurrent inter-host groups that share each host's link (kept per
         ``flows``: a ranking asks for a few, and building a model costs 14 us)."""
-        shared = self.__dict__.setdefault("_sharing", {})
-        model = shared.get(flows)
+        model = self._sharing.get(flows)
         if model is None:
-            model = shared[flows] = dataclasses.replace(self, net_GBps=self.net_GBps / max(flows, 1))
+            model = self._sharing[flows] = dataclasses.replace(self, net_GBps=self.net_GBps / max(flows, 1))
         return model
+
+    @functools.cached_property
+    def _sharing(self) -> dict[int, "CostModel"]:
+        """``sharing_links``'s models, by flow count."""
+        return {}
 
     def over(self, lay: Layout) -> float:
         """How much CPU-bound work stretches when a host runs more ranks than it has cores."""
