@@ -18,14 +18,19 @@ def guarded(comm: Any, label: str, inner: Sequence[Any], part: Callable[[Any, An
             recv: Any) -> None:
     """``part(send, recv)``, a rank's part of the composed call ``label`` on ``comm``, run on the ``inner``
     communicators; where a step fails here, every one of them this rank belongs to is broken (unless only that call
-    failed and the communicators work), and the error is raised again as ``comm``'s call."""
+    failed and the communicators work), and the error is raised again as ``comm``'s call.
+
+    Each is broken from the first call this composed call makes on it: a peer that has not yet reached its step
+    there then fails that very call with this cause (a mismatch stays a mismatch), not as a communicator broken
+    before it; the calls before, which every rank finished, stay as they were."""
+    firsts = [None if sub is None else sub._seq + 1 for sub in inner]
     try:
         part(send, recv)
     except PycollError as err:
         if not getattr(err, "contained", False):  # contained: only this call failed, the communicators work
-            for sub in inner:
+            for sub, first in zip(inner, firsts):
                 if sub is not None and sub._size > 1:
-                    sub._engine.request_abort(sub._ctx & ~1, err, list(sub._world))
+                    sub._engine.request_abort(sub._ctx & ~1, err, list(sub._world), first)
         raise as_outer_call(err, comm, label, step_of(err, inner)) from err
 
 

@@ -89,7 +89,7 @@ class Engine(EagerPaths, FramePaths, CompiledLanes, Progress, FailureHandling, W
         self._waits: list[Owner] = []
         self._asked: set[int] = set()  # world ranks asked for their status that have not answered yet
         self.tags_per_call = 1  # collective tags per call number (set by the layer above), for stall reports  # owners of the waits in progress (the stall report's answer)
-        self._abort_requests: deque[tuple[int, PycollError, list[int]]] = deque()  # from Comm.Abort, any thread
+        self._abort_requests: deque[tuple[int, PycollError, list[int], int]] = deque()  # Comm.Abort's, a composed call's
         self.lock = threading.RLock()  # held by the thread inside a wait; Comm.Abort acts directly when it is free
         self.closed = False
         # Fast paths: channels that let a small frame be written in place, or say cheaply whether input waits.

@@ -314,10 +314,11 @@ class FailureHandling:
             if self._is_broken_for(sched.owner):
                 sched.fail(err)
 
-    def request_abort(self, base: int, err: PycollError, members: Sequence[int]) -> bool:
-        """Break communicator ``base`` (world ranks ``members``) from any thread: at once if no thread is waiting
-        in this engine (True), else the waiting thread does it within one sleep (at most 50 ms)."""
-        self._abort_requests.append((base, err, list(members)))
+    def request_abort(self, base: int, err: PycollError, members: Sequence[int], seq: int = -1) -> bool:
+        """Break communicator ``base`` (world ranks ``members``) from its collective ``seq`` on (every call where
+        ``seq`` < 0), from any thread: at once if no thread is waiting in this engine (True), else the waiting
+        thread does it within one sleep (at most 50 ms)."""
+        self._abort_requests.append((base, err, list(members), seq))
         if self.lock.acquire(blocking=False):
             try:
                 self.take_aborts()
@@ -329,12 +330,12 @@ class FailureHandling:
     def take_aborts(self) -> None:
         """Carry out the aborts other threads asked for: tell the peers, fail everything pending on the communicator."""
         while self._abort_requests:
-            base, err, members = self._abort_requests.popleft()
+            base, err, members, seq = self._abort_requests.popleft()
             rank = err.rank if err.rank is not None else -1
-            owner = Owner(err.op or "Abort", base | 1, rank, lambda w: w, members, tag=-1)
+            owner = Owner(err.op or "Abort", base | 1, rank, lambda w: w, members, tag=seq)
             self._told.add(base)
             reqs = self._tell_members(owner, err, ABORT_TAG, base)
-            self.break_ctx(base, err, -1)  # earlier calls too: nothing on this communicator completes any more
+            self.break_ctx(base, err, seq)  # seq < 0: earlier calls too, nothing on this communicator completes any more
             deadline = time.monotonic() + 1.0  # best effort, as in abort()
             told = {r.peer for r in reqs}
             while time.monotonic() < deadline and not (

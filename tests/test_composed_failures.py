@@ -14,10 +14,11 @@ from pycoll.composed_failures import as_outer_call, guarded, step_of
 class _Inner:
     """An inner communicator: world ranks of its members, an engine that records aborts."""
 
-    def __init__(self, world: list[int]) -> None:
-        self._world, self._size, self._ctx = world, len(world), 8
+    def __init__(self, world: list[int], seq: int = 0) -> None:
+        self._world, self._size, self._ctx, self._seq = world, len(world), 8, seq
         self.aborted: list[Any] = []
-        self._engine = SimpleNamespace(request_abort=lambda ctx, err, members: self.aborted.append((ctx, members)))
+        self._engine = SimpleNamespace(
+            request_abort=lambda ctx, err, members, first: self.aborted.append((ctx, members, first)))
 
     def Reduce(self, fail: BaseException) -> None:  # noqa: N802 - as the communicator's method
         raise fail
@@ -43,6 +44,24 @@ def test_a_failed_step_is_raised_as_the_users_call_in_its_numbering() -> None:
     assert "[in its step Reduce #3 among ranks 2, 3 (numbered 0-1 there)" in err.cause
     assert err.__cause__ is inner_err
     assert host.aborted and leaders.aborted  # both broken, so the other hosts' ranks fail at once
+
+
+def test_each_inner_communicator_is_broken_from_the_first_call_the_composed_call_makes_on_it() -> None:
+    """The host's step ran (its call #4 failed) before the leaders' (#10 next, not reached): each is broken from the
+    call number this composed call began on it, not for all its calls, so a peer that reaches its step on the
+    leaders' communicator after the report fails that call with the report's own error (a mismatch stays one),
+    not as a communicator broken earlier, and calls that every rank finished before stay done."""
+    parent = _parent([0, 1, 2, 3], rank=1, seq=5)
+    host, leaders = _Inner([0, 1], seq=3), _Inner([0, 2], seq=9)
+    inner_err = errors.MismatchError("counts differ", op="Reduce #4", rank=1, peers=[0])
+
+    def part(send: Any, recv: Any) -> None:
+        host._seq += 1  # the step's call takes the host communicator's next number
+        host.Reduce(inner_err)
+
+    with pytest.raises(errors.MismatchError):
+        guarded(parent, "Allreduce", (host, leaders, None), part, None, None)
+    assert host.aborted == [(8, [0, 1], 4)] and leaders.aborted == [(8, [0, 2], 10)]
 
 
 def test_a_contained_failure_breaks_nothing_and_keeps_its_flag() -> None:

@@ -555,6 +555,24 @@ def test_a_composed_allreduce_in_segments_fails_and_leaves_nothing_waiting(tmp_p
         _named_as_the_users_call(res.records(case, "outcome"), lambda rank: "Allreduce")
 
 
+@pytest.mark.timeout(180)
+def test_a_composed_mismatch_is_a_mismatch_on_a_leader_that_arrives_after_the_report(tmp_path: Path) -> None:
+    """4 ranks on 2 hosts, a small composed Allreduce that rank 0 calls with one element fewer, the second host's
+    leader 0.5 s late. The first host's ranks find the mismatch in their host's step and break the leaders' and the
+    rails' communicators before that leader reaches its step there. It and its host-mate still raise the mismatch
+    (they had raised CommunicatorBrokenError and RemoteError: the report had broken every call, the one they were
+    about to make as if it came after the failure)."""
+    case = "errors.mismatch_composed_leader_arrives_late"
+    res = harness.run_cases_on_hosts([case], hosts=2, n=4, out_dir=str(tmp_path), job_timeout=120)
+    res.assert_ok()
+    outcomes = res.records(case, "outcome")
+    assert len(outcomes) == 4, outcomes
+    for o in outcomes.values():
+        assert o["class"] in ("MismatchError", "PeerMismatchError"), outcomes
+        assert "count=4" in o["cause"] and "count=5" in o["cause"], outcomes
+    _named_as_the_users_call(outcomes, lambda rank: "Allreduce")
+
+
 def _named_as_the_users_call(outcomes: dict, call_of: Any) -> None:
     """Each failed rank's error names the call it made on the world communicator (``call_of(rank)``), numbered as
     that communicator's calls, this rank, peers among the world's ranks, and the composed call's inner step."""

@@ -294,6 +294,30 @@ def case_mismatch_allreduce_segments(ctx):
 
 
 @case
+def case_mismatch_composed_leader_arrives_late(ctx):
+    """Every rank runs a 5-float Allreduce twice (composed across hosts: host steps, then the leaders'), then rank 0
+    calls it with 4 floats, and the second host's leader (rank 2) comes 0.5 s late: by then it has taken in the
+    first host's reports (a probe), which broke its leaders' communicator. Every rank raises the mismatch, the late leader too (it
+    fails its step's very call with the report, not as a communicator broken earlier), the inputs intact."""
+    def make(count):
+        s, o = np.full(count, ctx.rank + 1, np.float32), sentinel(np.float32, count)
+        return (lambda: ctx.comm.Allreduce(s, o)), [s, o]
+
+    for _ in range(2):
+        call, (s, o) = make(5)
+        call()
+        ctx.check("warm Allreduce", o, np.full(5, ctx.size * (ctx.size + 1) / 2, np.float32))
+
+    def late(r):
+        call, bufs = make(4 if r == 0 else 5)
+        if r == 2:  # the reports arrive meanwhile, and a probe takes them in, as a wait in an earlier step would
+            return (lambda: (time.sleep(0.5), ctx.comm.Iprobe(source=ctx.MPI.ANY_SOURCE), call())), bufs
+        return call, bufs
+
+    _mismatch(ctx, late)
+
+
+@case
 def case_timeout_allreduce_segments(ctx):
     """comm.timeout = 2: as timeout_allreduce, for the segmented Allreduce every rank ran twice; the absent rank is
     the second host's other rank, so its leader waits in the host's step and the first host's leader on the link."""
