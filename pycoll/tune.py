@@ -116,12 +116,16 @@ def _both_ways(pair: Any, out: np.ndarray, into: np.ndarray) -> float:
 
 
 def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 16 << 20,
-                  rounds: int = 3) -> list[HostLink]:
+                  rounds: int = 9) -> list[HostLink]:
     """Latency and rates between every pair of hosts, measured by their first ranks one pair at a time (the other
     ranks wait): half the median round trip of 1 byte; the median rate of ``stream_bytes`` sent one way as one frame,
     in each direction (the slower kept); and each way's rate with as many bytes sent both ways at once. Out of the
     caches, the last two tell the link from the cores: where the link is the bound, both ways cross as fast as one;
-    where the cores' socket copies are, each way takes half of them. Every rank returns the links."""
+    where the cores' socket copies are, each way takes half of them. Every rank returns the links.
+
+    Each rate is the median of ``rounds`` frames (about 0.1 s for 16 MiB on a 10 Gbit/s link): on this VM's unshaped
+    namespace link, four runs a few seconds apart read 3.2-4.8 GB/s one way with 3 frames, five with 9 read 3.7-3.9
+    (perf/results/multihost/targets-three-links-span-plans/)."""
     from . import MPI
 
     leaders: dict[int, int] = {}
