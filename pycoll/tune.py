@@ -115,6 +115,9 @@ def _both_ways(pair: Any, out: np.ndarray, into: np.ndarray) -> float:
     return time.perf_counter() - t0
 
 
+FRAMES_S = 0.5  # about how long each of a host pair's rates is timed (``measure_links``)
+
+
 def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 16 << 20,
                   rounds: int = 9) -> list[HostLink]:
     """Latency and rates between every pair of hosts, measured by their first ranks one pair at a time (the other
@@ -123,8 +126,9 @@ def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int
     caches, the last two tell the link from the cores: where the link is the bound, both ways cross as fast as one;
     where the cores' socket copies are, each way takes half of them. Every rank returns the links.
 
-    Each rate is the median of ``rounds`` frames (about 0.1 s for 16 MiB on a 10 Gbit/s link): on this VM's unshaped
-    namespace link, four runs a few seconds apart read 3.2-4.8 GB/s one way with 3 frames, five with 9 read 3.7-3.9
+    Each rate is the median of up to ``rounds`` frames, as many as fit in about FRAMES_S and 3 at least (on a 1 Gbit/s
+    link a 16 MiB frame takes 0.14 s, and a cluster has many pairs): on this VM's unshaped namespace link, four runs a
+    few seconds apart read 3.2-4.8 GB/s one way with 3 frames, five with 9 read 3.7-3.9
     (perf/results/multihost/targets-three-links-span-plans/)."""
     from . import MPI
 
@@ -147,8 +151,10 @@ def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int
                 latency = trips_s[len(trips_s) // 2] / 2
 
                 def rate(timed: Any) -> float:
-                    timed()  # a shape's first call takes the schedule; the next ones the path being measured
-                    times = sorted(timed() for _ in range(rounds))
+                    first = timed()  # a shape's first call takes the schedule; the next ones the path being measured
+                    # as many frames as fit in about FRAMES_S (3 at least, ``rounds`` at most), the pair agreeing
+                    count = pair.bcast(max(3, min(rounds, int(FRAMES_S / max(first, 1e-6)))), root=0)
+                    times = sorted(timed() for _ in range(count))
                     return stream_bytes / max(times[len(times) // 2] - latency, 1e-9)
 
                 one_way = min(rate(lambda: _one_way(pair, root, out if pair.Get_rank() == root else into))
