@@ -166,13 +166,13 @@ class Comm(ReductionCalls, CollectiveCalls, PointToPointCalls, ObjectCalls, Comm
 
             op = f"{opname} #{self._seq + 1}"
             self._engine.flush(1.0, delivered=True)  # reports this rank passes on leave before it raises (and perhaps exits)
-            if isinstance(err, RemoteError) and self._engine.broken_since(self._ctx) == self._seq + 1:
+            since = self._engine.broken_since(self._ctx)  # after the flush: a report it took may name an earlier call
+            if isinstance(err, RemoteError) and since == self._seq + 1:
                 self._seq += 1  # the failure was in this very call (a peer found it first): report it as such
                 raise type(err)(err.cause, op=f"{opname} #{self._seq}", rank=self._rank, peers=err.peers)
             if isinstance(err, PeerFailureError) and err.peers:  # a death: name the dead rank, as its witnesses do
                 dead = ", ".join(map(str, err.peers))
                 raise CommunicatorLostError(f"rank {dead} failed earlier ({err.cause})", op=op, rank=self._rank, peers=err.peers)
-            since = self._engine.broken_since(self._ctx)
             when = f" from its call #{since} on" if since > 0 else ""  # -1: every call (a death, an abort)
             raise CommunicatorBrokenError(f"a failure broke this communicator{when}: {err}", op=op, rank=self._rank)
 
