@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from pycoll import composed
+from pycoll import composed, machine
 from pycoll.algorithms import cost, cost_topology
 from pycoll.algorithms.base import Layout
 from pycoll.algorithms.registry import ALGORITHMS
@@ -58,6 +58,9 @@ def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel
 
 def price(model: cost.CostModel, record: dict[str, Any], nbytes: int) -> float:
     lay = Layout(tuple(r * record.get("hosts", 2) // record["nranks"] for r in range(record["nranks"])))
+    # the machine's load as the job's runtime set it: its ranks against its cores (oversubscribed hosts get larger
+    # arena slots, so the slots and oneshot kernels price host steps that 64 KiB slots would refuse)
+    machine.set_load(record["nranks"], os.cpu_count() or 1)
     if record["algo_used"] == "composed":
         return composed.predict(model, record["collective"], nbytes, lay, root=max(record.get("root", 0), 0)) * 1e6
     return ALGORITHMS[record["collective"]][record["algo_used"]].predict(model, nbytes, lay) * 1e6
