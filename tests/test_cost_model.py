@@ -818,3 +818,49 @@ def test_two_ranks_allgather_pays_its_own_copy_in_either_algorithm_and_the_one_f
         assert ranked(call, pair, m)[0][1].name == "doubling", n
     free = dataclasses.replace(m, copy_GBps=float("inf"))
     assert doubling(m, 16 << 20, pair) - doubling(free, 16 << 20, pair) == pytest.approx(m.copy_s(8 << 20, 48 << 20))
+
+
+BOTH_WAYS_SLOWED = r"""
+import json, sys, time
+from pycoll import MPI, tune
+
+slowed, out, calls = int(sys.argv[1]), sys.argv[2], [0]
+real = tune._both_ways
+
+
+def both_ways(pair, out, into):  # the first ``slowed`` readings (one rate's frames) run beside a busy moment
+    calls[0] += 1
+    t = real(pair, out, into)
+    return t + 0.05 if calls[0] <= slowed else t
+
+
+tune._both_ways = both_ways
+tune.FRAMES_S = 0.0  # 3 frames a rate, after the shape's first call
+links = tune.measure_links(MPI.COMM_WORLD, ["a", "b"], [0, 1], trips=5, stream_bytes=1 << 20)
+with open(f"{out}/rank{MPI.COMM_WORLD.Get_rank()}.json", "w") as f:
+    json.dump({"calls": calls[0], "GBps": links[0].GBps, "both_ways_GBps": links[0].both_ways_GBps}, f)
+"""
+
+
+@pytest.mark.parametrize("slowed", [4, 12])
+def test_tune_times_both_ways_again_where_a_busy_moment_reads_like_cores_that_bound_the_link(tmp_path, slowed) -> None:
+    """Two local ranks stand for two hosts. A both-ways reading slowed far under the one-way rate is taken again,
+    and the fastest reading kept; readings that stay slow (cores that really bound the link) are timed three times
+    in all and kept."""
+    from pycoll.algorithms.cost_topology import tcp_rate
+    from pycoll.tune import BOTH_WAYS_RETRIES
+
+    script = tmp_path / "both_ways.py"
+    script.write_text(BOTH_WAYS_SLOWED)
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script),
+                           str(slowed), str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    frames = 4  # a rate: the shape's first call and 3 timed frames
+    for row in rows:
+        if slowed == frames:  # the first rate only: the second reads the link, and no third is taken
+            assert row["calls"] == 2 * frames
+            assert tcp_rate(row["GBps"], row["both_ways_GBps"]) is None, row
+        else:  # every reading slowed: the cores bound it, each time
+            assert row["calls"] == (1 + BOTH_WAYS_RETRIES) * frames
+            assert tcp_rate(row["GBps"], row["both_ways_GBps"]) is not None, row
