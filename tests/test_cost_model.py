@@ -821,7 +821,7 @@ def test_two_ranks_allgather_pays_its_own_copy_in_either_algorithm_and_the_one_f
 
 
 BOTH_WAYS_SLOWED = r"""
-import json, sys, time
+import json, sys
 from pycoll import MPI, tune
 
 slowed, out, calls = int(sys.argv[1]), sys.argv[2], [0]
