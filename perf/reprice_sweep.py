@@ -34,8 +34,8 @@ MIB = 1 << 20
 
 
 def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel:
-    """The model a job of namespace hosts on this one machine builds: the built-in constants, the link from the
-    topology file (measured) or the built-in one, the user's rate where given, and each host's share of the
+    """The model a job of namespace hosts on this one machine builds: the built-in constants, the link (and the
+    hosts' memory rates, where measured) from the topology file or the built-in one, the user's rate where given, and each host's share of the
     machine's cores and memory."""
     base = cost.CostModel()
     link_GBps, link_us = base.net_GBps, base.net_latency_us  # a veth reports no speed the topology takes
@@ -47,6 +47,10 @@ def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel
         link_GBps, link_us = link.GBps, link.latency_us
         cores_rate = cost_topology.tcp_rate(link.GBps, link.both_ways_GBps)
         base = dataclasses.replace(base, tcp_GBps=cores_rate or base.tcp_GBps)
+        # (a tree from before the hosts' memory was measured, under --recorded-tree, has none)
+        memory = topo.memory_rates(range(len(topo.hosts))) if hasattr(topo, "memory_rates") else None
+        if memory is not None:  # the hosts' memory as `pycoll tune --hosts` measured it
+            base = base.at_memory_speed(*memory)
     model = dataclasses.replace(base, net_GBps=link_GBps, net_latency_us=link_us)
     if record.get("link_rate"):  # the launcher's --link-rate, as PYCOLL_LINK_RATE
         model = with_link_rate(model, record["link_rate"])

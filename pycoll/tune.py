@@ -9,8 +9,9 @@ Last, it keeps each algorithm's measured / predicted ratio at every timed size o
 that on this layout selection follows the timings where the model's shape cannot.
 
 Across hosts it first measures every host pair (one-way latency, the rates one way and both ways at once) between
-the hosts' first ranks and writes them into a topology file (``--topology``, default $PYCOLL_TOPO_FILE or
-~/.cache/pycoll/topology.json); jobs that load that file price their links, and the cores' socket copies, from it.
+the hosts' first ranks, and each host's memory (one core's copy and reduction rates), and writes them into a topology
+file (``--topology``, default $PYCOLL_TOPO_FILE or ~/.cache/pycoll/topology.json); untuned jobs that load that file
+price their links, the cores' socket copies and their memory-bound work from it.
 On a real cluster the in-job part runs under any launcher:
 ``mpiexec -n N python -m pycoll.tune --links-only --topology FILE``.
 """
@@ -25,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +35,7 @@ from .algorithms.base import CHUNK_SIZE, Call, Layout
 from .algorithms.registry import ALGORITHMS
 from .algorithms.cost import CostModel
 from .perf import metrics
-from .topology.model import HostLink, Topology
+from .topology.model import HostLink, HostMemory, Topology
 from .topology import files as topology_files
 from .topology.discover import TOPO_FILE
 
@@ -178,15 +179,43 @@ def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int
     return [HostLink(source=stamp, **row) for row in merged]
 
 
-def save_links(links: list[HostLink], cluster: Topology, path: str) -> str:
-    """Write ``links`` into the topology file at ``path``: the file's own hosts are kept when it exists, else the
-    job's merged topology is written. Replaces earlier measurements of the same pairs."""
+def measure_memory(comm: Any, names: list[str], host_of: list[int], machine_of: list[str]) -> list[HostMemory]:
+    """Each host's memory copy and reduction rates out of cache (`pycoll perf`'s limit line), measured by its first
+    rank while the host's other ranks wait. Hosts that share a machine (network namespaces of one kernel) take turns,
+    so that each reads one core's rate, as a host of its own would; separate machines measure at once. Every rank
+    returns every host's."""
+    from .perf.sweep import measure_limits
+
+    leaders: dict[int, int] = {}
+    for rank, h in enumerate(host_of):
+        leaders.setdefault(h, rank)
+    turn: dict[int, int] = {}  # leader rank -> its turn among its machine's hosts
+    seen: dict[str, int] = {}
+    for h in sorted(leaders):
+        machine_id = machine_of[leaders[h]]
+        turn[leaders[h]] = seen.get(machine_id, 0)
+        seen[machine_id] = turn[leaders[h]] + 1
+    me = comm.Get_rank()
+    found: list[HostMemory] = []
+    stamp = f"pycoll tune, {time.strftime('%Y-%m-%d %H:%M')}"
+    for k in range(max(seen.values(), default=0)):
+        if turn.get(me) == k:
+            limits = measure_limits()
+            found.append(HostMemory(names[host_of[me]], limits["copy_GBps"], limits["reduce_GBps"], stamp))
+        comm.Barrier()
+    return [m for part in comm.allgather(found) for m in part]
+
+
+def save_links(links: list[HostLink], cluster: Topology, path: str, memory: Sequence[HostMemory] = ()) -> str:
+    """Write ``links`` (and the hosts' ``memory`` rates) into the topology file at ``path``: the file's own hosts are
+    kept when it exists, else the job's merged topology is written. Replaces earlier measurements of the same pairs
+    and hosts."""
     try:
         base = topology_files.load(path)
     except FileNotFoundError:
         base = dataclasses.replace(cluster, source="")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    base.with_links(links).dump(path)
+    base.with_links(links).with_memory(memory).dump(path)
     return path
 
 
@@ -290,15 +319,21 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     base = cost.current()
     rt = get_runtime()
     links: list[HostLink] = []
+    host_memory: list[HostMemory] = []
     if layout.hosts > 1:
         names = [h.name for h in rt.topology.hosts]
-        links = measure_links(comm, names, [d.host for d in rt.placement])
+        host_of = [d.host for d in rt.placement]
+        links = measure_links(comm, names, host_of)
+        host_memory = measure_memory(comm, names, host_of, [p.machine or p.host_id for p in rt.peers])
         if comm.Get_rank() == 0:
-            path = save_links(links, rt.topology, topology_out or default_topology_path())
-            print(f"pycoll tune: measured {len(links)} host pair(s); saved in topology {path}")
+            path = save_links(links, rt.topology, topology_out or default_topology_path(), host_memory)
+            print(f"pycoll tune: measured {len(links)} host pair(s) and {len(host_memory)} hosts' memory; saved in "
+                  f"topology {path}")
             for lk in links:
                 print(f"  {lk.a} - {lk.b}: {lk.latency_us:.1f} us one way, {lk.GBps:.3f} GB/s one way, "
                       f"{lk.both_ways_GBps:.3f} GB/s each way both ways at once")
+            for m in host_memory:
+                print(f"  {m.host}: memory copies {m.copy_GBps:.2f} GB/s, reduces {m.reduce_GBps:.2f} GB/s (one core)")
             if os.path.abspath(path) != os.path.abspath(TOPO_FILE.get() or "/nonexistent"):
                 print(f"  jobs use it with PYCOLL_TOPO_FILE={path}")
     if links_only:
@@ -317,6 +352,8 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)
+    elif host_memory:  # the fit starts from the hosts' measured memory, the slowest host's
+        start = start.at_memory_speed(min(m.copy_GBps for m in host_memory), min(m.reduce_GBps for m in host_memory))
     before = misfit(start, points, layout)
     model = fit(dataclasses.replace(start, corrections=()), points, layout, params)
     model = fit_corrections(dataclasses.replace(model, corrections=start.corrections, residuals=()), points, layout)

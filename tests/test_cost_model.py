@@ -863,3 +863,47 @@ def test_tune_times_both_ways_again_where_a_busy_moment_reads_like_cores_that_bo
         else:  # every reading slowed: the cores bound it, each time
             assert row["calls"] == (1 + BOTH_WAYS_RETRIES) * frames
             assert tcp_rate(row["GBps"], row["both_ways_GBps"]) is not None, row
+
+
+MEMORY_TURNS = r"""
+import json, sys, time
+from pycoll import MPI, tune
+from pycoll.perf import sweep
+
+out, machines = sys.argv[1], sys.argv[2].split(",")
+comm = MPI.COMM_WORLD
+
+
+def limits():  # a reading that takes 0.3 s, its span kept; each host reads its own rates
+    start = time.time()
+    time.sleep(0.3)
+    return {"copy_GBps": 10.0 + comm.Get_rank(), "reduce_GBps": 5.0 + comm.Get_rank(), "span": [start, time.time()]}
+
+
+sweep.measure_limits = lambda: spans.append(limits()) or spans[-1]
+spans = []
+rates = {m.host: [m.copy_GBps, m.reduce_GBps] for m in tune.measure_memory(comm, ["a", "b"], [0, 1], machines)}
+with open(f"{out}/rank{comm.Get_rank()}.json", "w") as f:
+    json.dump({"rates": rates, "spans": [s["span"] for s in spans]}, f)
+"""
+
+
+@pytest.mark.parametrize("machines", ["m,m", "m,n"])
+def test_tune_measures_each_hosts_memory_alone_where_hosts_share_a_machine(tmp_path, machines) -> None:
+    """Two local ranks stand for two hosts. On one machine (network namespaces of one kernel) they read their memory
+    in turn, so each reads one core's rate as a host of its own would; on two machines at once. Every rank gets every
+    host's rates."""
+    script = tmp_path / "memory.py"
+    script.write_text(MEMORY_TURNS)
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script),
+                           str(tmp_path), machines], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for row in rows:
+        assert row["rates"] == {"a": [10.0, 5.0], "b": [11.0, 6.0]}
+    (a_start, a_end), (b_start, b_end) = rows[0]["spans"][0], rows[1]["spans"][0]
+    overlap = min(a_end, b_end) - max(a_start, b_start)
+    if machines == "m,m":
+        assert overlap <= 0, (rows[0]["spans"], rows[1]["spans"])
+    else:
+        assert overlap > 0.1, (rows[0]["spans"], rows[1]["spans"])

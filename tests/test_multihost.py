@@ -325,7 +325,7 @@ MODEL_OF_RANK_0 = textwrap.dedent("""
     m = cost.current()
     if comm.Get_rank() == 0:
         print("MODEL " + json.dumps({"net_GBps": m.net_GBps, "net_latency_us": m.net_latency_us, "tcp_GBps": m.tcp_GBps,
-                                     "source": m.source}))
+                                     "copy_GBps": m.copy_GBps, "reduce_GBps": m.reduce_GBps, "source": m.source}))
 """)
 
 
@@ -349,6 +349,9 @@ def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_link
         assert 0.08 < lk["GBps"] < 0.125, lk  # 1 Gbit/s less TCP's headers: the link, not memory
         assert 0.08 < lk["both_ways_GBps"] < 0.125, lk  # the link carries each way at its rate: the cores keep up
         assert 0 < lk["latency_us"] < 5000 and lk["source"].startswith("pycoll tune"), lk
+    assert sorted(m["host"] for m in data["memory"]) == sorted(h["name"] for h in data["hosts"])
+    for m in data["memory"]:  # and each host's memory, one core's copies and reductions
+        assert m["copy_GBps"] > 0.1 and m["reduce_GBps"] > 0.1 and m["source"].startswith("pycoll tune"), m
     # a job that loads the file prices its links from the slowest measured pair, unless the user gives a rate
     env = {"PYCOLL_TOPO_FILE": str(topo), "PYCOLL_TUNE_FILE": "builtin", "PYCOLL_LINK_RATE": ""}
     job = harness.run_on_hosts(MODEL_OF_RANK_0, hosts=3, n=3, env=env, timeout=90)
@@ -357,6 +360,8 @@ def test_tune_measures_each_host_pair_into_the_topology_file_and_jobs_price_link
     assert model["net_GBps"] == min(lk["GBps"] for lk in data["links"])
     assert model["net_latency_us"] == max(lk["latency_us"] for lk in data["links"])
     assert model["tcp_GBps"] == cost.CostModel().tcp_GBps  # the link bound both ways: the cores' rate stays the built-in
+    assert model["copy_GBps"] == min(m["copy_GBps"] for m in data["memory"])  # the slowest host's memory
+    assert model["reduce_GBps"] == min(m["reduce_GBps"] for m in data["memory"])
     given = harness.run_on_hosts(MODEL_OF_RANK_0, hosts=3, n=3, env=dict(env, PYCOLL_LINK_RATE="10gbit"), timeout=90)
     model = json.loads(next(ln[6:] for ln in given.stdout.splitlines() if ln.startswith("MODEL ")))
     assert model["net_GBps"] > 1.0 and "PYCOLL_LINK_RATE" in model["source"]

@@ -13,6 +13,7 @@ import pytest
 from pycoll.algorithms import CostModel, Layout
 from pycoll.algorithms import cost, cost_topology
 from pycoll.perf.plot import load_sweep
+from pycoll.topology import files as topology_files
 from pycoll.topology.model import Topology
 from pycoll.perf.simulate import main, placement_of, simulate
 
@@ -288,6 +289,37 @@ def test_a_measured_link_whose_two_ways_at_once_halve_gives_the_cores_socket_rat
                                          placement, "cpu")
         assert (shaped.net_GBps, shaped.tcp_GBps) == (0.118, CostModel().tcp_GBps)
     assert cost_topology.tcp_rate(3.67, 1.78) == pytest.approx(3.56) and cost_topology.tcp_rate(1.18, 1.12) is None
+
+
+def test_the_hosts_measured_memory_sets_the_memory_bound_rates_where_every_host_of_the_job_has_it(tmp_path: Path) -> None:
+    from pycoll.topology import HostMemory
+
+    """`pycoll tune --hosts` writes each host's memory copy and reduction rates into the topology; an untuned job's
+    model takes the slowest of its hosts', and the other memory-bound rates (cma, the host's total) in proportion. A
+    host left unmeasured leaves the built-in rates; the file keeps the rates."""
+    ns = CHECK.namespace_hosts(3, 1, "10gbit")
+    placement, _ = placement_of(ns, 3, "cpu", per_host=1)
+    names = [h.name for h in ns.hosts]
+    built_in = CostModel()
+    measured = ns.with_memory([HostMemory(names[0], 16.0, 11.0), HostMemory(names[1], 14.0, 12.0),
+                               HostMemory(names[2], 15.0, 10.5)])
+    m = CostModel.from_topology(measured, placement, "cpu")
+    assert (m.copy_GBps, m.reduce_GBps) == (14.0, 10.5)
+    assert m.cma_GBps == pytest.approx(built_in.cma_GBps * 14.0 / built_in.copy_GBps)
+    assert m.host_memory_GBps == pytest.approx(built_in.host_memory_GBps * 14.0 / built_in.copy_GBps)
+    two, _ = placement_of(measured, 2, "cpu", per_host=1)  # only the job's own hosts count
+    assert CostModel.from_topology(measured, two, "cpu").copy_GBps == 14.0
+    partial = ns.with_memory(measured.memory[:2])
+    left = CostModel.from_topology(partial, placement, "cpu")
+    assert (left.copy_GBps, left.reduce_GBps, left.cma_GBps) == (built_in.copy_GBps, built_in.reduce_GBps,
+                                                                 built_in.cma_GBps)
+    out = tmp_path / "topology.json"
+    measured.dump(str(out))
+    loaded = topology_files.load(str(out))
+    assert loaded.memory == measured.memory and loaded.memory_rates(range(3)) == (14.0, 10.5)
+    assert ns.memory_rates(range(3)) is None and "memory" not in ns.to_dict()  # files without it read as before
+    again = measured.with_memory([HostMemory(names[1], 9.0, 8.0)])  # a new measurement replaces the host's old one
+    assert len(again.memory) == 3 and again.memory_rates(range(3)) == (9.0, 8.0)
 
 
 def test_measured_links_replace_the_nics_when_every_host_pair_has_one() -> None:

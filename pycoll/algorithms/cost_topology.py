@@ -1,6 +1,6 @@
 """The cost model's terms taken from a topology (``CostModel.from_topology``): links from the paths between ranks, the
-hosts' NICs and measured host pairs, and device constants for GPU ranks; docs/simulator.md gives every constant's
-source."""
+hosts' NICs and measured host pairs, the hosts' measured memory rates, and device constants for GPU ranks;
+docs/simulator.md gives every constant's source."""
 
 from __future__ import annotations
 
@@ -140,6 +140,9 @@ def model_from_topology(topo: "Topology", placement: Sequence["Device"], kind: s
             fused=True, call_us=GPU_LAUNCH_US, source=where,
         )
     cores = [topo.hosts[h].cores for h in counts if topo.hosts[h].cores > 0]
+    memory = topo.memory_rates(sorted(counts))
+    if memory is not None:  # the hosts' measured memory, not the built-in machine's (`pycoll tune --hosts`)
+        plain = plain.at_memory_speed(*memory)
     return dataclasses.replace(
         plain,
         shm_GBps=min(base.shm_GBps, intra_GBps) if intra_GBps is not None else base.shm_GBps,

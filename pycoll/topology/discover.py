@@ -16,7 +16,7 @@ from typing import Any, Optional, Sequence
 
 from ..config import bool_param, str_param
 from . import files as topology_files
-from .model import Gpu, Host, HostLink, Nic, Numa, NvLink, PciNode, Topology
+from .model import Gpu, Host, HostLink, HostMemory, Nic, Numa, NvLink, PciNode, Topology
 from .values import DEFAULT_NVLINK_GBPS, format_cpulist, normalize_bus_id, nvlink_GBps, parse_cpulist, parse_link_speed
 
 log = logging.getLogger("pycoll.topology")
@@ -434,6 +434,9 @@ def merge(parts: Sequence[Topology], host_ids: Sequence[str]) -> tuple[Topology,
         rank_host.append(index[hid])
     source = parts[0].source if parts else ""
     links: list[HostLink] = []
-    for topo in parts:  # measured links, each pair once (a file of several hosts gives every rank the same ones)
+    memory: list[HostMemory] = []
+    for topo in parts:  # measurements, each pair and host once (a file of several hosts gives every rank the same)
         links += [lk for lk in topo.links if not any(have.joins(lk.a, lk.b) for have in links)]
-    return Topology(hosts=hosts, source=f"merged from {len(parts)} ranks ({source})", links=links), rank_host
+        memory += [m for m in topo.memory if not any(have.host == m.host for have in memory)]
+    return Topology(hosts=hosts, source=f"merged from {len(parts)} ranks ({source})", links=links,
+                    memory=memory), rank_host

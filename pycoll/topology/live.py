@@ -72,7 +72,8 @@ def _find_local() -> Topology:
     # a file of several hosts: this host is the one named like it, else the first
     host = next((h for h in topo.hosts if h.name == name), topo.hosts[0])
     log.info("topology %s has %d hosts; this host is %s", topo.source, len(topo.hosts), host.name)
-    return Topology(hosts=[host], net_latency_us=topo.net_latency_us, source=topo.source, links=topo.links)
+    return Topology(hosts=[host], net_latency_us=topo.net_latency_us, source=topo.source, links=topo.links,
+                    memory=topo.memory)
 
 
 def reset() -> None:

@@ -197,12 +197,26 @@ class HostLink:
         return {self.a, self.b} == {x, y}
 
 
+@dataclass(frozen=True)
+class HostMemory:
+    """One core's memory copy and reduction rates on a host (by name), out of cache, in GB/s of bytes copied or
+    reduced; ``pycoll tune --hosts`` measures them with the links, and an untuned job prices its memory-bound work
+    with them. Kept beside the links, by name, because namespace hosts of one machine share a hostname and are told
+    apart only when the job's topologies merge (``vm``, ``vm#1``)."""
+
+    host: str
+    copy_GBps: float
+    reduce_GBps: float
+    source: str = ""
+
+
 @dataclass
 class Topology:
     hosts: list[Host] = field(default_factory=list)
     net_latency_us: float = LATENCY_US[PathType.NET]
     source: str = ""  # where it came from: "discovered", a file, "nccl-xml:<file>", a fixture name
     links: list[HostLink] = field(default_factory=list)  # measured host pairs; unmeasured ones follow the NICs
+    memory: list[HostMemory] = field(default_factory=list)  # measured hosts' memory; unmeasured: the built-in rates
 
     def link(self, a: int, b: int) -> Optional[HostLink]:
         """The measured link between hosts ``a`` and ``b`` (indices), None when not measured (or the same host)."""
@@ -216,6 +230,20 @@ class Topology:
         fresh = list(links)
         kept = [old for old in self.links if not any(new.joins(old.a, old.b) for new in fresh)]
         return dataclasses.replace(self, links=kept + fresh)
+
+    def with_memory(self, memory: Iterable[HostMemory]) -> "Topology":
+        """A copy whose hosts' memory rates are ``memory`` in place of any it had for the same hosts."""
+        fresh = list(memory)
+        kept = [old for old in self.memory if not any(new.host == old.host for new in fresh)]
+        return dataclasses.replace(self, memory=kept + fresh)
+
+    def memory_rates(self, hosts: Iterable[int]) -> Optional[tuple[float, float]]:
+        """The slowest (copy, reduction) memory rates of ``hosts`` (indices); None unless every one was measured."""
+        rates = {m.host: m for m in self.memory}
+        chosen = [rates.get(self.hosts[h].name) for h in hosts]
+        if not chosen or any(m is None for m in chosen):
+            return None
+        return min(m.copy_GBps for m in chosen), min(m.reduce_GBps for m in chosen)  # type: ignore[union-attr]
 
     # ---- paths ---------------------------------------------------------------------------------
     def path(self, a: Device, b: Device) -> Path:
@@ -344,8 +372,9 @@ class Topology:
     # ---- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict:
         out = {"format": FORMAT, "version": VERSION, **dataclasses.asdict(self)}
-        if not self.links:  # files without measured links read as they always did
-            del out["links"]
+        for key in ("links", "memory"):  # files without measurements read as they always did
+            if not out[key]:
+                del out[key]
         return out
 
     @classmethod
@@ -365,7 +394,8 @@ class Topology:
                 nics=[Nic(**n) for n in h.get("nics", [])],
             ))
         return cls(hosts=hosts, net_latency_us=float(data.get("net_latency_us", LATENCY_US[PathType.NET])),
-                   source=str(data.get("source", "")), links=[HostLink(**lk) for lk in data.get("links", [])])
+                   source=str(data.get("source", "")), links=[HostLink(**lk) for lk in data.get("links", [])],
+                   memory=[HostMemory(**m) for m in data.get("memory", [])])
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
