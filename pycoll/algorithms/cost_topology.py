@@ -143,6 +143,7 @@ def model_from_topology(topo: "Topology", placement: Sequence["Device"], kind: s
     memory = topo.memory_rates(sorted(counts))
     if memory is not None:  # the hosts' measured memory, not the built-in machine's (`pycoll tune --hosts`)
         plain = plain.at_memory_speed(*memory)
+        where += f"; memory {memory[0]:.3g} GB/s copies, {memory[1]:.3g} reductions (measured)"
     return dataclasses.replace(
         plain,
         shm_GBps=min(base.shm_GBps, intra_GBps) if intra_GBps is not None else base.shm_GBps,
