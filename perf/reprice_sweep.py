@@ -35,8 +35,8 @@ MIB = 1 << 20
 
 def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel:
     """The model a job of namespace hosts on this one machine builds: the built-in constants, the link (and the
-    hosts' memory rates, where measured) from the topology file or the built-in one, the user's rate where given, and each host's share of the
-    machine's cores and memory."""
+    hosts' memory rates, where measured) from the topology file or the built-in one, the user's rate where given, and
+    each host's share of the machine's cores and memory."""
     base = cost.CostModel()
     link_GBps, link_us = base.net_GBps, base.net_latency_us  # a veth reports no speed the topology takes
     if topology:

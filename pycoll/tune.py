@@ -120,6 +120,14 @@ FRAMES_S = 0.5  # about how long each of a host pair's rates is timed (``measure
 BOTH_WAYS_RETRIES = 2  # more readings of both ways at once where the first says the cores bound the link
 
 
+def host_leaders(host_of: list[int]) -> dict[int, int]:
+    """Each host's first rank, by host index (``host_of``: each rank's host)."""
+    leaders: dict[int, int] = {}
+    for rank, h in enumerate(host_of):
+        leaders.setdefault(h, rank)
+    return leaders
+
+
 def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int = 200, stream_bytes: int = 16 << 20,
                   rounds: int = 9) -> list[HostLink]:
     """Latency and rates between every pair of hosts, measured by their first ranks one pair at a time (the other
@@ -137,9 +145,7 @@ def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int
     (perf/results/multihost/targets-three-links-span-plans/)."""
     from . import MPI
 
-    leaders: dict[int, int] = {}
-    for rank, h in enumerate(host_of):
-        leaders.setdefault(h, rank)
+    leaders = host_leaders(host_of)
     me = comm.Get_rank()
     small = np.zeros(1, np.uint8)
     found: list[dict[str, Any]] = []
@@ -186,9 +192,7 @@ def measure_memory(comm: Any, names: list[str], host_of: list[int], machine_of: 
     returns every host's."""
     from .perf.sweep import measure_limits
 
-    leaders: dict[int, int] = {}
-    for rank, h in enumerate(host_of):
-        leaders.setdefault(h, rank)
+    leaders = host_leaders(host_of)
     turn: dict[int, int] = {}  # leader rank -> its turn among its machine's hosts
     seen: dict[str, int] = {}
     for h in sorted(leaders):
@@ -352,8 +356,10 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)
-    elif host_memory:  # the fit starts from the hosts' measured memory, the slowest host's
-        start = start.at_memory_speed(min(m.copy_GBps for m in host_memory), min(m.reduce_GBps for m in host_memory))
+    else:  # the fit starts from the hosts' measured memory, the slowest host's, as the job's model does
+        slowest = rt.topology.with_memory(host_memory).memory_rates(range(len(rt.topology.hosts)))
+        if slowest is not None:
+            start = start.at_memory_speed(*slowest)
     before = misfit(start, points, layout)
     model = fit(dataclasses.replace(start, corrections=()), points, layout, params)
     model = fit_corrections(dataclasses.replace(model, corrections=start.corrections, residuals=()), points, layout)

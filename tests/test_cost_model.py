@@ -841,6 +841,16 @@ with open(f"{out}/rank{MPI.COMM_WORLD.Get_rank()}.json", "w") as f:
 """
 
 
+def _two_ranks(tmp_path, source: str, *args: str) -> list[dict]:
+    """Run ``source`` on two local ranks (standing for two hosts) with ``args``; each rank's JSON row (rankN.json)."""
+    script = tmp_path / "ranks.py"
+    script.write_text(source)
+    proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script), *args],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
 @pytest.mark.parametrize("slowed", [4, 12])
 def test_tune_times_both_ways_again_where_a_busy_moment_reads_like_cores_that_bound_the_link(tmp_path, slowed) -> None:
     """Two local ranks stand for two hosts, their frames' times given (1 ms a frame each way, 10 ms where slowed).
@@ -849,12 +859,7 @@ def test_tune_times_both_ways_again_where_a_busy_moment_reads_like_cores_that_bo
     from pycoll.algorithms.cost_topology import tcp_rate
     from pycoll.tune import BOTH_WAYS_RETRIES
 
-    script = tmp_path / "both_ways.py"
-    script.write_text(BOTH_WAYS_SLOWED)
-    proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script),
-                           str(slowed), str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    rows = _two_ranks(tmp_path, BOTH_WAYS_SLOWED, str(slowed), str(tmp_path))
     frames = 4  # a rate: the shape's first call and 3 timed frames
     for row in rows:
         if slowed == frames:  # the first rate only: the second reads the link, and no third is taken
@@ -893,12 +898,7 @@ def test_tune_measures_each_hosts_memory_alone_where_hosts_share_a_machine(tmp_p
     """Two local ranks stand for two hosts. On one machine (network namespaces of one kernel) they read their memory
     in turn, so each reads one core's rate as a host of its own would; on two machines at once. Every rank gets every
     host's rates."""
-    script = tmp_path / "memory.py"
-    script.write_text(MEMORY_TURNS)
-    proc = subprocess.run([sys.executable, "-m", "pycoll", "run", "-n", "2", "--", sys.executable, str(script),
-                           str(tmp_path), machines], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    rows = _two_ranks(tmp_path, MEMORY_TURNS, str(tmp_path), machines)
     for row in rows:
         assert row["rates"] == {"a": [10.0, 5.0], "b": [11.0, 6.0]}
     (a_start, a_end), (b_start, b_end) = rows[0]["spans"][0], rows[1]["spans"][0]

@@ -292,11 +292,11 @@ def test_a_measured_link_whose_two_ways_at_once_halve_gives_the_cores_socket_rat
 
 
 def test_the_hosts_measured_memory_sets_the_memory_bound_rates_where_every_host_of_the_job_has_it(tmp_path: Path) -> None:
-    from pycoll.topology import HostMemory
-
     """`pycoll tune --hosts` writes each host's memory copy and reduction rates into the topology; an untuned job's
     model takes the slowest of its hosts', and the other memory-bound rates (cma, the host's total) in proportion. A
     host left unmeasured leaves the built-in rates; the file keeps the rates."""
+    from pycoll.topology import HostMemory
+
     ns = CHECK.namespace_hosts(3, 1, "10gbit")
     placement, _ = placement_of(ns, 3, "cpu", per_host=1)
     names = [h.name for h in ns.hosts]
