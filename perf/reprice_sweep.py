@@ -35,8 +35,8 @@ MIB = 1 << 20
 
 def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel:
     """The model a job of namespace hosts on this one machine builds: the built-in constants, the link (and the
-    hosts' memory rates, where measured) from the topology file or the built-in one, the user's rate where given, and
-    each host's share of the machine's cores and memory."""
+    hosts' memory rates, where measured) from the topology file or the built-in one, the user's rate where given (a job
+    without a topology file), and each host's share of the machine's cores and memory."""
     base = cost.CostModel()
     link_GBps, link_us = base.net_GBps, base.net_latency_us  # a veth reports no speed the topology takes
     if topology:
@@ -45,6 +45,8 @@ def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel
         topo = files.load(topology)
         link = topo.links[0]
         link_GBps, link_us = link.GBps, link.latency_us
+        if hasattr(cost_topology, "wire_GBps"):  # (a tree from before it, under --recorded-tree, priced the reading)
+            link_GBps = cost_topology.wire_GBps(link, base.tcp_cache_speedup)
         cores_rate = cost_topology.tcp_rate(link.GBps, link.both_ways_GBps)
         base = dataclasses.replace(base, tcp_GBps=cores_rate or base.tcp_GBps)
         # (a tree from before the hosts' memory was measured, under --recorded-tree, has none)
@@ -52,7 +54,8 @@ def job_model(record: dict[str, Any], topology: Optional[str]) -> cost.CostModel
         if memory is not None:  # the hosts' memory as `pycoll tune --hosts` measured it
             base = base.at_memory_speed(*memory)
     model = dataclasses.replace(base, net_GBps=link_GBps, net_latency_us=link_us)
-    if record.get("link_rate"):  # the launcher's --link-rate, as PYCOLL_LINK_RATE
+    if record.get("link_rate") and not topology:  # the launcher's --link-rate, as PYCOLL_LINK_RATE (a job given a
+        # topology file runs with PYCOLL_LINK_RATE= exported empty, so that the measured link prices it)
         model = with_link_rate(model, record["link_rate"])
     machine = os.cpu_count() or 1
     per_host = record["nranks"] // record.get("hosts", 2)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -65,7 +66,9 @@ def test_without_a_topology_the_model_is_as_before() -> None:
     lay = Layout((0, 0, 1, 1))
     # phase without wire/local: the per-rank bytes times the flows over the host link, as it always was
     lat, bw = m.link(lay)
-    expected = (2 * lat + 2 * m.messages(1e6 / 2) * m.msg_us * 1e-6 + 5e5 / (m.reduce_GBps * 1e9)) * m.over(lay) + 1e6 * 2 / bw
+    hit = m.cached(2 * 1e6 * 2)  # the fold of what arrived, faster while the host's buffers stay in cache
+    fold = 5e5 / (m.reduce_GBps * 1e9) * (1 - hit + hit / m.cache_speedup)
+    expected = (2 * lat + 2 * m.messages(1e6 / 2) * m.msg_us * 1e-6 + fold) * m.over(lay) + 1e6 * 2 / bw
     assert m.phase(lay, 2, 1e6, reduced=5e5, flows=2) == pytest.approx(expected, rel=1e-12)
     assert CostModel.from_json(m.to_json()) == m
 
@@ -274,16 +277,26 @@ def test_a_file_tuned_before_the_host_memory_bound_takes_the_built_in_cma_terms_
 def test_a_measured_link_whose_two_ways_at_once_halve_gives_the_cores_socket_rate() -> None:
     """An unshaped veth pair, as `pycoll tune --links-only` measured it: 3.67 GB/s one way and 1.78 each way both ways
     at once, so the cores' socket copies bound it, each core copying both ways: ``tcp_GBps`` is twice each way's rate.
-    A link that carries both ways as fast as one (1 Gbit/s) bounds them itself, and the built-in rate stays; as it
-    does for a link measured before both ways were (0)."""
+    Its wire hid behind the cores: it is priced at what they feed a socket in cache (``tcp_cache_speedup`` times their
+    rate), or at the NICs' line rate where the hosts name one, so the copies bound the call. A link that carries both
+    ways as fast as one (1 Gbit/s) bounds them itself: its reading is its wire's, and the built-in socket rate stays;
+    as for a link measured before both ways were (0)."""
     from pycoll.topology import HostLink
 
     ns = CHECK.namespace_hosts(2, 1, "10gbit")
     placement, _ = placement_of(ns, 2, "cpu", per_host=1)
     a, b = (h.name for h in ns.hosts)
-    unshaped = CostModel.from_topology(ns.with_links([HostLink(a, b, GBps=3.67, latency_us=9.0, both_ways_GBps=1.78)]),
-                                       placement, "cpu")
-    assert (unshaped.net_GBps, unshaped.tcp_GBps) == (3.67, pytest.approx(3.56))
+    cores_bound = HostLink(a, b, GBps=3.67, latency_us=9.0, both_ways_GBps=1.78)
+    in_cache = 3.56 * CostModel().tcp_cache_speedup
+    assert cost_topology.wire_GBps(cores_bound, CostModel().tcp_cache_speedup) == pytest.approx(in_cache)
+    assert cost_topology.wire_GBps(cores_bound, 1.5, nic_GBps=11.0) == 11.0
+    assert cost_topology.wire_GBps(cores_bound, 0.5) == 3.67  # never below the reading
+    unshaped = CostModel.from_topology(ns.with_links([cores_bound]), placement, "cpu")
+    assert (unshaped.net_GBps, unshaped.tcp_GBps) == (3.67, pytest.approx(3.56))  # the fixture's 10 Gbit/s NICs
+    for host in ns.hosts:  # a veth pair reports no speed
+        host.nics = [dataclasses.replace(nic, speed_Gbps=0.0) for nic in host.nics]
+    unshaped = CostModel.from_topology(ns.with_links([cores_bound]), placement, "cpu")
+    assert (unshaped.net_GBps, unshaped.tcp_GBps) == (pytest.approx(in_cache), pytest.approx(3.56))
     for both in (0.117, 0.0):
         shaped = CostModel.from_topology(ns.with_links([HostLink(a, b, GBps=0.118, latency_us=9.0, both_ways_GBps=both)]),
                                          placement, "cpu")
