@@ -49,8 +49,8 @@ BUILTIN = "builtin"
 # lets the cores' work hide behind the link across hosts, and pipelines pay the latency of their hops only (``phase``).
 # Version 6 charges a rank's core for the bytes it moves through sockets (``tcp_GBps``), which bounds a call where
 # the link is faster than the cores (an unshaped veth pair). Version 7 charges a Reduce tree's folds across hosts to
-# the cores of the host that does most of them, not two vectors to every rank. Version 8 folds across hosts faster in
-# cache, and prices a link whose measured rate the cores bounded at the cores' rate in cache (``cost_topology.wire_GBps``).
+# the cores of the host that does most of them, not two vectors to every rank. Version 8 prices a link whose measured
+# rate the cores bounded at the cores' rate in cache (``cost_topology.wire_GBps``).
 FORMULA = 8
 log = logging.getLogger("pycoll")
 
@@ -317,10 +317,6 @@ class CostModel:
                 moved += local / (self.shm_GBps * 1e9)
             if self.fused:
                 return cpu * over + max(moved, red * over)
-            # the host's ranks' buffers, sent and received: while they stay in cache, the sockets' copies run faster
-            # (``tcp_cache_speedup``) and so do the folds of what just arrived (``cache_speedup``)
-            hit = self.cached(2 * nbytes * max(lay.local_sizes))
-            red *= 1.0 - hit + hit / self.cache_speedup
             hops = steps if depth is None else depth
             # a pipeline folds chunk k while chunk k+1 arrives; a step that exchanges whole frames folds them after
             hidden_red, after = (red * over, 0.0) if depth is not None else (0.0, red * over)
@@ -337,6 +333,7 @@ class CostModel:
             # many arriving, for ``sides`` 2) over its cores, less what the hidden hand-overs above already hold (the
             # peer a rank waits on runs meanwhile, copying)
             leaving = (nbytes - local) * flows if wire is None else wire
+            hit = self.cached(2 * nbytes * max(lay.local_sizes))  # the host's ranks' buffers, sent and received
             copies = (sides * leaving / max(lay.local_sizes) / (self.tcp_GBps * 1e9) * over
                       * (1.0 - hit + hit / self.tcp_cache_speedup))
             copies = max(copies - hidden_handovers, 0.0)
