@@ -350,10 +350,8 @@ def worker(out: str, sizes: tuple[int, ...], iters: int, topology_out: str = "",
     start = dataclasses.replace(base, chunk_bytes=CHUNK_SIZE.get(), cores=cores,
                                 host_memory_GBps=base.host_memory_GBps * (memory or 1.0))
     if links:  # the fit starts from the measured links
-        wire = min(cost_topology.wire_GBps(lk, start.tcp_cache_speedup) for lk in links)
-        start = dataclasses.replace(start, net_GBps=wire,
-                                    net_latency_us=max(lk.latency_us for lk in links),
-                                    tcp_GBps=cost_topology.slowest_tcp_rate(links) or start.tcp_GBps)
+        wire, latency, sockets = cost_topology.link_terms(links, start.tcp_cache_speedup)
+        start = dataclasses.replace(start, net_GBps=wire, net_latency_us=latency, tcp_GBps=sockets or start.tcp_GBps)
     params = NET_PARAMS if layout.hosts > 1 else LOCAL_PARAMS
     if layout.hosts == 1:
         start = memory_rates(start)

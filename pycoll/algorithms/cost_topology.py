@@ -91,8 +91,15 @@ def _measured_links(topo: "Topology", hosts: Sequence[int], cache_speedup: float
     links = [topo.link(a, b) for a, b in pairs]
     if not pairs or any(lk is None for lk in links):
         return None, None, None
-    return (min(wire_GBps(lk, cache_speedup, nic_GBps) for lk in links if lk),
-            max(lk.latency_us for lk in links if lk), slowest_tcp_rate([lk for lk in links if lk]))
+    return link_terms([lk for lk in links if lk], cache_speedup, nic_GBps)
+
+
+def link_terms(links: Sequence[Any], cache_speedup: float,
+               nic_GBps: Optional[float] = None) -> tuple[float, float, Optional[float]]:
+    """(wire GB/s, latency us, socket GB/s) that measured ``links`` give the model: the slowest wire (``wire_GBps``),
+    the longest latency, and the slowest socket rate the cores were found to bound (None where none was)."""
+    return (min(wire_GBps(lk, cache_speedup, nic_GBps) for lk in links), max(lk.latency_us for lk in links),
+            slowest_tcp_rate(links))
 
 
 def wire_GBps(link: Any, cache_speedup: float, nic_GBps: Optional[float] = None) -> float:
