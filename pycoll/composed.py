@@ -25,7 +25,7 @@ segment runs while the next crosses (``segments``).
 
 Every rank decides alike (the layout, the call's kind, size and op are the same everywhere), so every rank takes
 the composed path or none does. ``PYCOLL_SMP_BYTES`` bounds the size; 0 turns it off. A larger Allreduce,
-Allgather, Bcast, Reduce or Reduce_scatter_block (this one while a host's run of blocks fits the host arena's slot)
+Allgather, Bcast, Reduce or Reduce_scatter_block (this one by rails, its host steps in pieces that fit a host arena's slot)
 is composed where the cost model prices its steps one after another (each the cheapest algorithm for its
 communicator: ``predict``) below every algorithm for the whole communicator, or, since a composition puts only the
 fewest bytes on the links, below the other such algorithms and within PYCOLL_LINK_TOLERANCE of the cheapest.
@@ -53,7 +53,7 @@ SMP_BYTES = size_param(
     "Largest blocking Allreduce, Bcast, Reduce, Allgather, Reduce_scatter_block and Alltoall (and every Barrier) that a "
     "communicator spanning hosts, with several ranks on some host, runs as calls inside each host and one among the "
     "hosts' first ranks (the hosts' shared memory takes the compiled arena path); above it, an Allreduce, Allgather, "
-    "Bcast, Reduce or Reduce_scatter_block (by rails, while a host's run of blocks fits a host arena's slot) where "
+    "Bcast, Reduce or Reduce_scatter_block (by rails) where "
     "the cost model prices that composition below the flat algorithms. 0: never.")
 
 _KINDS = ("allreduce", "barrier", "broadcast", "reduce", "allgather", "reduce_scatter", "alltoall")
@@ -64,8 +64,8 @@ _BY_HOST = ("allgather", "reduce_scatter", "alltoall")  # blocks of whole hosts 
 _RESULT_TAG = 1  # the root's host: its leader sends the result of a composed Reduce to the root
 # Above PYCOLL_SMP_BYTES, where priced cheaper: each collective's steps as (collective, on the host or among the
 # leaders (one rank per host, as a rail), its share of the call's bytes: the whole call, one host's part of it, that
-# part once for each host, the other hosts' parts, or one rail's). Reduce_scatter_block only while one host's run of blocks fits the host
-# arena's slot (``_fits_slot``).
+# part once for each host, the other hosts' parts, or one rail's). A Reduce_scatter_block's host step goes in pieces
+# that fit a host arena's slot (``rail_piece_elements``).
 _WHOLE, _HOST_PART, _EACH_HOST_PART, _RAIL_PART = "whole", "host part", "each host's part", "rail part"
 _OTHER_HOSTS = "the other hosts' parts"
 _PRICED: dict[str, tuple[tuple[str, bool, str], ...]] = {
@@ -105,6 +105,17 @@ _SEGMENTED: dict[str, tuple[tuple[str, ...], str]] = {  # the host's steps of a 
     "broadcast": (("broadcast",), "broadcast"),
     "reduce": (("reduce",), "reduce"),
 }
+
+
+def rail_piece_elements(block: int, k: int, itemsize: int) -> int:
+    """Elements of each of a host's ``k`` blocks (``block`` elements each) that one host step of a Reduce_scatter_block
+    by rails takes: all of them while the host's run of blocks fits one slot of a host arena whose ranks share cores
+    (``shared_core_slot_bytes``, from the layout alone, so every rank answers alike), the compiled slots path's limit;
+    beyond, as many as fit, the run going in pieces. Whole, the staged path took a 2 MiB run in 1.3x the
+    hierarchical algorithm's time (4 ranks on 2 namespace hosts, 2 and 4 MiB calls); within a slot the composition
+    took 0.6-0.7x its time (2 MiB: 1.12-1.15 ms against 1.63-1.66; 1.59 against 2.58)."""
+    fit = shared_core_slot_bytes(k) // max(k * itemsize, 1)
+    return max(1, min(block, fit))
 
 
 def segments(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root: int = 0) -> tuple[int, float]:
@@ -182,6 +193,12 @@ def _whole(model: Any, coll: str, nbytes: int, lay: Layout, op: Any = None, root
         # every rail crosses the links at once: each has its share of a host's link
         if share == _RAIL_PART:
             time = _cheapest(model.sharing_links(rails), step, size, leaders, op, shared=False)
+        elif coll == "reduce_scatter":  # a host's run past the slot goes in pieces, each packed first (a copy of it)
+            block = size // rails
+            pieces = -(-block // rail_piece_elements(block, rails, 1)) if block else 1
+            time = pieces * _cheapest(model, step, size // pieces, host, op)
+            if pieces > 1:
+                time += model.copy_s(size, 2 * size)
         else:
             time = _cheapest(model, step, size, host if on_host else leaders, op)
         total += times * time
@@ -213,6 +230,7 @@ class HostComposition(SegmentedSteps):
         self._hosts_last_mine = [h for h in range(len(self.groups)) if h != self.host] + [self.host]
         self._scratch_buf = np.zeros(0, np.uint8)  # reused between calls: fresh pages cost a fault each
         self.by_rails = 0  # Reduce_scatter_block calls composed by rails (for tests and debugging)
+        self.rails_in_pieces = 0  # of those, the calls whose host steps went in pieces (likewise)
         self.in_segments = 0  # Allreduce, Bcast and Reduce calls composed in segments (likewise)
         self._token = np.zeros(len(self.groups[self.host]), np.uint8)  # a Barrier's arrivals (one per rank of the host)
         # the host's ranks take turns on shared cores: a rank whose post its leader waits for hands the core over
@@ -245,8 +263,7 @@ class HostComposition(SegmentedSteps):
         """Whether the composed call is the choice: priced below every algorithm for the whole communicator, or the
         cheapest of those that put the fewest bytes on the links (with the hierarchical one or the chain) and within
         PYCOLL_LINK_TOLERANCE of the cheapest (``registry.preferred``)."""
-        if (call.coll not in _PRICED and call.coll not in _SEGMENTED) or (
-                call.coll == "reduce_scatter" and not self._fits_slot(call.size_bytes // len(self.groups))):
+        if call.coll not in _PRICED and call.coll not in _SEGMENTED:
             return False
         model = cost_model.current()
         if self._priced_by is not model:
@@ -265,15 +282,6 @@ class HostComposition(SegmentedSteps):
             lean = LINK_MINIMAL[call.coll] | {"composed"}  # these put only the fewest bytes on the links
             known = self._priced[key] = preferred(priced, lean, tolerance)[1] == "composed"
         return known
-
-    def _fits_slot(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` fit one slot of the largest host's arena where its ranks share cores
-        (``shared_core_slot_bytes``: from the layout alone, so every rank answers alike whatever its machine): a
-        composed Reduce_scatter_block's host steps, one host's run of blocks each, then take the compiled slots path.
-        Beyond, the staged path served the host's step (whole-vector Reduce, as composed before the rails) in 1.3x
-        the hierarchical algorithm's time at 2 and 4 MiB, 4 ranks on 2 namespace hosts; by rails within a slot the
-        composition took 0.7x its time at 2 MiB (1.12-1.15 ms against 1.63-1.66)."""
-        return nbytes <= shared_core_slot_bytes(max(len(g) for g in self.groups))
 
     def _segments(self, call: Call) -> int:
         """How many segments a composed Allreduce, Bcast or Reduce runs in (``segments``; 1: whole): only above
@@ -534,14 +542,28 @@ class HostComposition(SegmentedSteps):
         two hosts, one frame each way: ``pycoll.paired``). The links carry the fewest bytes, as through the leaders,
         and no rank reduces or sends the whole host's vector alone."""
         self.by_rails += 1
-        hosts, region = len(self.groups), len(self.groups[0]) * block
-        scratch = self._scratch(send.dtype, (hosts + in_place) * block)
+        hosts, k = len(self.groups), len(self.groups[0])
+        region = k * block
+        width = rail_piece_elements(block, k, send.itemsize)
+        pieced = width < block
+        self.rails_in_pieces += pieced
+        scratch = self._scratch(send.dtype, (hosts + in_place) * block + (k * width if pieced else 0))
         partial = scratch[:hosts * block]
         host_rs = self.host_comm.Reduce_scatter_block
         for h in self._hosts_last_mine:
-            host_rs(send[h * region:(h + 1) * region], partial[h * block:(h + 1) * block], op)
+            run = send[h * region:(h + 1) * region]
+            if not pieced:
+                host_rs(run, partial[h * block:(h + 1) * block], op)
+                continue
+            # a run past the slot goes in pieces that fit it: piece j holds part j of each of the host's k blocks
+            packed, blocks = scratch[(hosts + in_place) * block:], run.reshape(k, block)
+            for lo in range(0, block, width):
+                hi = min(lo + width, block)
+                piece = packed[:k * (hi - lo)]
+                np.copyto(piece.reshape(k, hi - lo), blocks[:, lo:hi])
+                host_rs(piece, partial[h * block + lo:h * block + hi], op)
         # in place, the input is in recv until the rail's step is done
-        out = scratch[hosts * block:] if in_place else recv[:block]
+        out = scratch[hosts * block:(hosts + 1) * block] if in_place else recv[:block]
         self.column.Reduce_scatter_block(partial, out, op)
         if in_place:
             recv[:block] = out

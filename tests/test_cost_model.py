@@ -493,12 +493,11 @@ def test_segments_on_hosts_whose_ranks_share_cores_wait_for_the_sockets_copies(m
 
 @pytest.mark.parametrize("tolerance", ["0.1", "0"])
 def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper(tolerance, monkeypatch) -> None:
-    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather, Bcast or Reduce on two hosts of two ranks, and a
-    Reduce_scatter_block one host's run of whose blocks fits the host arena's slot (1 MiB here, so up to 2 MiB), runs
-    composed exactly where the host and leaders' steps are
-    priced below every algorithm for the whole communicator, or below the link-minimal ones and within
-    PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and the tolerance; a larger
-    Reduce_scatter_block and every Alltoall stay with the algorithms."""
+    """Above PYCOLL_SMP_BYTES an Allreduce, Allgather, Bcast, Reduce or Reduce_scatter_block (by rails, a host's run
+    past the host arena's slot in pieces) on two hosts of two ranks runs composed exactly where the host and leaders'
+    steps are priced below every algorithm for the whole communicator, or below the link-minimal ones and within
+    PYCOLL_LINK_TOLERANCE of the cheapest; the answer follows the model in force and the tolerance; every Alltoall
+    stays with the algorithms."""
     from types import SimpleNamespace
 
     from pycoll import composed
@@ -516,11 +515,7 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
             scatter = Call("reduce_scatter", F32, a, a[: counts[0]].copy(), ops.SUM, counts=counts)
             calls = [Call("allreduce", F32, a, a.copy(), ops.SUM), Call("broadcast", F32, recv=a),
                      Call("allgather", F32, a[: len(a) // 4], a.copy(), counts=[len(a) // 4] * 4),
-                     Call("reduce", F32, a, a.copy(), ops.SUM)]
-            if nbytes <= 2 << 20:
-                calls.append(scatter)
-            else:
-                assert not choice.takes(scatter)
+                     Call("reduce", F32, a, a.copy(), ops.SUM), scatter]
             for call in calls:
                 mine = composed.predict(model, call.coll, nbytes, lay, call.op)
                 flat = [(t, a.name) for t, a in ranked(call, lay, model)]
@@ -535,7 +530,7 @@ def test_large_calls_are_composed_where_the_model_prices_the_composition_cheaper
                     scattered.add(want)
             assert not choice.takes(Call("alltoall", F32, a, a.copy(), counts=counts))
     assert seen == {True, False}  # both answers occur over these sizes and models
-    assert True in scattered  # a Reduce_scatter_block within the slot is composed under some model
+    assert True in scattered  # a Reduce_scatter_block is composed under some model
 
 
 def test_ranks_short_of_cores_pay_a_hand_over_per_message_across_hosts_too() -> None:
@@ -574,7 +569,8 @@ def test_one_hop_of_messages_posted_at_once_hides_its_hand_overs_behind_a_busy_l
 def test_a_reduce_scatter_composed_by_rails_prices_its_rails_sharing_the_link() -> None:
     """By rails, a Reduce_scatter_block is one host step per host's run of blocks, then every rail's reduce-scatter
     across the hosts at once, each with its share of the host's link: at 1 Gbit/s the links then carry (H-1)/H of
-    the vector each way, and the model charges that, not one rail's bytes alone."""
+    the vector each way, and the model charges that, not one rail's bytes alone. A host's run past the host arena's
+    slot goes in pieces, each priced as a host step of its own."""
     from pycoll import composed
 
     lay, n = Layout((0, 0, 1, 1, 2, 2)), 3 << 20
@@ -584,6 +580,16 @@ def test_a_reduce_scatter_composed_by_rails_prices_its_rails_sharing_the_link() 
         rail = min(t for t, _ in ranked(Call("reduce_scatter", np.dtype(np.uint8), op=ops.SUM, counts=[n // 6] * 3,
                                              total=n // 2), Layout((0, 1, 2)), m.sharing_links(2)))
         assert composed.predict(m, "reduce_scatter", n, lay, ops.SUM) == pytest.approx(3 * host + rail)
+    # the rails share each host's cores as well as its link
+    assert CostModel(cores=1).sharing_links(2).over(Layout((0, 1, 2))) == 2.0
+    # a host's run past the host arena's slot (1 MiB at two ranks) goes in pieces that fit it, each packed first
+    m, n = CostModel(cores=1), 12 << 20
+    piece = min(t for t, _ in ranked(Call("reduce_scatter", np.dtype(np.uint8), op=ops.SUM, counts=[1 << 19] * 2,
+                                          total=1 << 20), Layout.flat(2), m))
+    rail = min(t for t, _ in ranked(Call("reduce_scatter", np.dtype(np.uint8), op=ops.SUM, counts=[n // 6] * 3,
+                                         total=n // 2), Layout((0, 1, 2)), m.sharing_links(2)))
+    assert composed.predict(m, "reduce_scatter", n, lay, ops.SUM) == pytest.approx(
+        3 * (4 * piece + m.copy_s(4 << 20, 8 << 20)) + rail)
     slow = dataclasses.replace(CostModel(cores=1), net_GBps=0.118)
     link_bound = (2 / 3) * n / (slow.net_GBps * 1e9)  # what each host's link carries each way, at the link's rate
     assert link_bound < composed.predict(slow, "reduce_scatter", n, lay, ops.SUM) < 1.25 * link_bound

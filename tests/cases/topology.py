@@ -302,7 +302,8 @@ def large_composed(ctx):
     them: a Reduce_scatter_block by rails (each host's run of blocks reduce-scattered in the host, then each rail's
     ranks across the hosts), an Allgather with the host's blocks gathered to all its ranks first. Ops x dtypes, odd
     block counts, in place and out of place, each plan three times with fresh arrays and buffer specs (from the
-    second call, the plan's closure): every result matches NumPy and the input is left as it was; records the
+    second call, the plan's closure), a host's run of blocks within a host arena's slot and past it (in pieces, the
+    last one shorter): every result matches NumPy and the input is left as it was; records the
     algorithm of each call and how many calls went by rails. Then Reduce above it, to each host's leader and to
     another rank, composed where the model prices it so: the same checks."""
     if ctx.impl != "pycoll":
@@ -317,7 +318,7 @@ def large_composed(ctx):
     chosen = []
     for op, dt, block in (("SUM", np.dtype(np.float32), 20011), ("MAX", np.dtype(np.int64), 16411),
                           ("PROD", np.dtype(np.float64), 16411), ("SUM", np.dtype(np.complex64), 9001),
-                          ("BXOR", np.dtype(np.int32), 70001)):
+                          ("BXOR", np.dtype(np.int32), 70001), ("SUM", np.dtype(np.float32), 150001)):
         if not ctx.supports(op, dt):
             continue
         for repeat in range(3):
@@ -341,6 +342,7 @@ def large_composed(ctx):
     composed = comm._x.composed
     scattered = composed.by_rails if composed is not None else 0
     ctx.record("by rails", scattered)
+    ctx.record("in pieces", composed.rails_in_pieces if composed is not None else 0)
     # Allgather likewise: blocks of odd counts from fresh arrays, in and out of place
     gathered = []
     for dt, block in ((np.dtype(np.float32), 20011), (np.dtype(np.int64), 16411), (np.dtype(np.complex64), 9001)):
