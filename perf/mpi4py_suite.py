@@ -26,7 +26,8 @@ import mpi4py_runner  # noqa: E402
 
 TARGET_FILES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_cco_obj", "test_p2p_buf",
                 "test_p2p_obj", "test_request", "test_status", "test_op"]
-EXTRA_FILES = ["test_comm", "test_comm_topo", "test_group", "test_msgspec", "test_datatype"]
+EXTRA_FILES = ["test_comm", "test_comm_topo", "test_group", "test_msgspec", "test_datatype", "test_cco_ngh_buf",
+               "test_cco_ngh_obj"]
 
 
 def _list(text: str) -> list[str]:

@@ -63,12 +63,25 @@ class _WSide:
 
 
 class _WriteBack:
-    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``derived_buffers.Packed``)."""
+    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``derived_buffers.Packed``).
+    ``_WriteBack.of(side)``: a receive side's blocks as views of where they land (the buffer itself, or a staging
+    copy that ``unpack`` then scatters; None where nothing needs it)."""
 
     __slots__ = ("raw", "blocks", "stage")
 
     def __init__(self, raw: np.ndarray, blocks: list[tuple[int, Any, int]], stage: np.ndarray) -> None:
         self.raw, self.blocks, self.stage = raw, blocks, stage
+
+    @staticmethod
+    def of(side: "_WSide") -> tuple[list[np.ndarray], Optional["_WriteBack"]]:
+        direct = side._direct()
+        if direct is not None:
+            raw, counts, displs = direct
+            return [raw[d:d + c] for c, d in zip(counts, displs)], None
+        counts = side.nbytes
+        back = _WriteBack(side.raw, side.blocks, np.empty(sum(counts), np.uint8))
+        starts = [int(x) for x in np.cumsum([0] + counts[:-1])]
+        return [back.stage[d:d + c] for c, d in zip(counts, starts)], back
 
     def unpack(self) -> None:
         off = 0
@@ -254,10 +267,11 @@ class CollectiveCalls:
         return self._x.start("Ialltoallv", self._alltoall_call, (sendbuf, recvbuf, True), stream)
 
     # ---- Alltoallw: per-peer datatypes and byte displacements, moved as bytes by the Alltoallv machinery ------
-    def _w_side(self, spec: Any, what: str, name: str, writable: bool) -> "_WSide":
+    def _w_side(self, spec: Any, what: str, name: str, writable: bool, blocks: Optional[int] = None) -> "_WSide":
         """Resolve ``[buf, counts, displs, datatypes]``, ``[buf, (counts, displs), datatypes]`` or
-        ``[buf, datatypes]`` (one element of each rank's datatype at byte 0): displacements in bytes."""
-        size = self._size
+        ``[buf, datatypes]`` (one element of each rank's datatype at byte 0): displacements in bytes. ``blocks``:
+        how many blocks the side holds where not one a rank (a neighborhood call's, one a neighbor)."""
+        size = self._size if blocks is None else blocks
         if not isinstance(spec, (list, tuple)) or not 2 <= len(spec) <= 4:
             raise InvalidArgumentError(
                 f"{what} must be [buf, counts, displs, datatypes], [buf, (counts, displs), datatypes] or [buf, datatypes]",

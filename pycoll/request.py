@@ -405,6 +405,34 @@ _new = object.__new__
 _PLAIN = (Request, _Done, _Pending)
 
 
+class GroupRequest(Request):
+    """Several point-to-point transfers of one operation as one request (a nonblocking neighborhood collective): done
+    once all are; ``then`` runs once they have all succeeded (a packed receive buffer's unpacking). As for any
+    collective, its status is empty."""
+
+    __slots__ = ("_then",)
+
+    @classmethod
+    def of(cls, comm: Any, requests: Sequence[Request], then: Optional[Callable[[], None]] = None) -> "GroupRequest":
+        parts = [p for r in requests for p in r._parts()]
+        req = cls(comm._engine, comm, p2p=parts[0] if parts else None)
+        req._more = tuple(parts[1:]) if len(parts) > 1 else None
+        req._then = then
+        return req
+
+    def _complete(self, status: Optional[Status]) -> Any:
+        self._completed, self._active = True, False
+        for p in (self._p2p,) + (self._more or ()):
+            if p is not None and p.error is not None:
+                raise p.error
+        then, self._then = self._then, None
+        if then is not None:
+            then()
+        if status is not None:
+            status._fill(Status())
+        return None
+
+
 class Prequest(Request):
     """A persistent request (``MPI.Prequest``, from ``Send_init``, ``Recv_init``, ...): each ``Start`` runs its
     operation again; once complete it is inactive (Wait returns at once), not null, until freed."""

@@ -10,10 +10,11 @@ import numpy as np
 from . import arrays, buffers
 from .buffers import IN_PLACE
 from .comm import Comm
+from .comm_collectives import _WriteBack
 from .comm_management import _child_ctx
 from .errors import InvalidArgumentError
-from .not_provided import refuse
 from .p2p_protocol import PROC_NULL
+from .request import GroupRequest
 
 
 # Comm.Get_topology() results (MPICH's values); a communicator without a topology answers UNDEFINED
@@ -100,6 +101,11 @@ class Topocomm(Comm):
     def _exchange(self, opname: str, sends: list[Any], recvs: list[Any]) -> None:
         """Send ``sends[j]`` to outgoing neighbor j and receive ``recvs[i]`` from incoming neighbor i, over a
         private communicator of the same ranks (its messages never meet the user's); PROC_NULL neighbors skip."""
+        for req in self._start_exchange(opname, sends, recvs):
+            req.Wait()
+
+    def _start_exchange(self, opname: str, sends: list[Any], recvs: list[Any]) -> list[Any]:
+        """``_exchange``'s transfers, started: their requests."""
         self._live(opname)
         private = self.__dict__.get("_neighbors_comm")
         if private is None:  # made on the first neighborhood call, alike on every rank (the context is fixed)
@@ -111,8 +117,7 @@ class Topocomm(Comm):
         rtags, stags = self._tags()
         pending = [private.Irecv(buf, source=src, tag=tag) for buf, src, tag in zip(recvs, inedges, rtags) if src != PROC_NULL]
         pending += [private.Isend(buf, dest=dst, tag=tag) for buf, dst, tag in zip(sends, outedges, stags) if dst != PROC_NULL]
-        for req in pending:
-            req.Wait()
+        return pending
 
     def _blocks(self, spec: Any, what: str, opname: str, count: int, vector: bool, writable: bool) -> Any:
         """``count`` blocks of a neighborhood buffer: even blocks, or ``[buf, counts, displs]`` with ``vector``."""
@@ -125,7 +130,8 @@ class Topocomm(Comm):
         each = b.count // count if count else 0
         return b, [b.array[i * each:(i + 1) * each] for i in range(count)]
 
-    def _neighbor_call(self, opname: str, sendbuf: Any, recvbuf: Any, alltoall: bool, vector: bool) -> None:
+    def _neighbor_call(self, opname: str, sendbuf: Any, recvbuf: Any, alltoall: bool, vector: bool,
+                       nonblocking: bool = False) -> Any:
         indegree, outdegree = self.degrees
         recv, rblocks = self._blocks(recvbuf, "recvbuf", opname, indegree, vector, writable=True)
         if alltoall:
@@ -138,9 +144,13 @@ class Topocomm(Comm):
                 raise InvalidArgumentError(f"recvbuf blocks hold {rblocks[0].size} elements, sendbuf {send.count}", op=opname, rank=self._rank)
         if send.dtype != recv.dtype:
             raise InvalidArgumentError(f"sendbuf holds {send.dtype.name} but recvbuf holds {recv.dtype.name}", op=opname, rank=self._rank)
+        if nonblocking:  # one request for every transfer; a packed receive buffer is unpacked once they are done
+            return GroupRequest.of(self, self._start_exchange(opname, sblocks, rblocks),
+                                   recv.finish if isinstance(recv, arrays.Buf) else None)
         self._exchange(opname, sblocks, rblocks)
         if isinstance(recv, arrays.Buf):
             recv.finish()
+        return None
 
     def Neighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         """Send sendbuf to every outgoing neighbor; block i of recvbuf comes from incoming neighbor i (left as it
@@ -156,6 +166,36 @@ class Topocomm(Comm):
 
     def Neighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
         self._neighbor_call("Neighbor_alltoallv", sendbuf, recvbuf, alltoall=True, vector=True)
+
+    def _neighbor_alltoallw(self, opname: str, sendbuf: Any, recvbuf: Any, nonblocking: bool) -> Any:
+        """Block j of ``sendbuf`` (bytes at its displacement, in its own datatype) goes to outgoing neighbor j; block
+        i of ``recvbuf`` comes from incoming neighbor i, written back through its datatype once it is in."""
+        self._live(opname)
+        indegree, outdegree = self.degrees
+        for spec, what in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")):
+            if spec is IN_PLACE:
+                raise InvalidArgumentError(f"MPI.IN_PLACE is not allowed as {what} of a neighborhood collective",
+                                           op=opname, rank=self._rank)
+        send = self._w_side(sendbuf, "sendbuf", opname, writable=False, blocks=outdegree)
+        recv = self._w_side(recvbuf, "recvbuf", opname, writable=True, blocks=indegree)
+        packed, counts, displs = send.gathered()
+        sblocks = [packed[d:d + c] for c, d in zip(counts, displs)]
+        rblocks, back = _WriteBack.of(recv)
+        if nonblocking:
+            return GroupRequest.of(self, self._start_exchange(opname, sblocks, rblocks),
+                                   back.unpack if back is not None else None)
+        self._exchange(opname, sblocks, rblocks)
+        if back is not None:
+            back.unpack()
+        return None
+
+    def Neighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> None:  # noqa: N802
+        """Neighbor_alltoall with a datatype and a byte displacement for each neighbor's block
+        (``[buf, counts, displs, datatypes]``; MPI.BOTTOM with absolute addresses)."""
+        self._neighbor_alltoallw("Neighbor_alltoallw", sendbuf, recvbuf, nonblocking=False)
+
+    def Ineighbor_alltoallw(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802
+        return self._neighbor_alltoallw("Ineighbor_alltoallw", sendbuf, recvbuf, nonblocking=True)
 
     def neighbor_allgather(self, sendobj: Any) -> list[Any]:
         """Objects: one from each incoming neighbor (None from a PROC_NULL one)."""
@@ -179,20 +219,18 @@ class Topocomm(Comm):
         self._exchange(opname, payloads, data)
         return [self._loads(d) if src != PROC_NULL else None for d, src in zip(data, inedges)]
 
-    def _nonblocking(self, name: str) -> Any:
-        refuse(f"nonblocking neighborhood collectives ({name}); the blocking ones are provided", name)
+    def Ineighbor_allgather(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802
+        """Nonblocking Neighbor_allgather: the request completes once every neighbor's block is in."""
+        return self._neighbor_call("Ineighbor_allgather", sendbuf, recvbuf, alltoall=False, vector=False, nonblocking=True)
 
-    def Ineighbor_allgather(self, *args: Any) -> Any:  # noqa: N802
-        self._nonblocking("Ineighbor_allgather")
+    def Ineighbor_allgatherv(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802
+        return self._neighbor_call("Ineighbor_allgatherv", sendbuf, recvbuf, alltoall=False, vector=True, nonblocking=True)
 
-    def Ineighbor_allgatherv(self, *args: Any) -> Any:  # noqa: N802
-        self._nonblocking("Ineighbor_allgatherv")
+    def Ineighbor_alltoall(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802
+        return self._neighbor_call("Ineighbor_alltoall", sendbuf, recvbuf, alltoall=True, vector=False, nonblocking=True)
 
-    def Ineighbor_alltoall(self, *args: Any) -> Any:  # noqa: N802
-        self._nonblocking("Ineighbor_alltoall")
-
-    def Ineighbor_alltoallv(self, *args: Any) -> Any:  # noqa: N802
-        self._nonblocking("Ineighbor_alltoallv")
+    def Ineighbor_alltoallv(self, sendbuf: Any, recvbuf: Any) -> Any:  # noqa: N802
+        return self._neighbor_call("Ineighbor_alltoallv", sendbuf, recvbuf, alltoall=True, vector=True, nonblocking=True)
 
 
 def agreed_layout(parent: Comm, op: str, check: Callable[[], Any]) -> Any:

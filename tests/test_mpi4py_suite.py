@@ -33,7 +33,7 @@ from pycoll.netns import unavailable
 
 BIG_FILES = ["test_cco_buf", "test_cco_nb_buf", "test_cco_vec", "test_cco_nb_vec", "test_p2p_buf"]
 SMALL_FILES = ["test_cco_obj", "test_p2p_obj", "test_request", "test_status", "test_op",
-               "test_comm", "test_comm_topo", "test_group", "test_info"]
+               "test_comm", "test_comm_topo", "test_group", "test_info", "test_cco_ngh_buf", "test_cco_ngh_obj"]
 RANKS_ENV = "PYCOLL_MPI4PY_RANKS"
 
 # mpi4py test id (module.Class.method) -> why it fails on pycoll today. "id@2,3": expected to fail at those rank
