@@ -45,43 +45,35 @@ class _WSide:
         counts = self.nbytes
         return packed, counts, [int(x) for x in np.cumsum([0] + counts[:-1])]
 
-    def target(self, fill: bool) -> tuple[np.ndarray, list[int], list[int]]:
-        """Where the blocks are received: the buffer itself where it can be, else a staging copy (holding the
-        blocks now if ``fill``: in place, they are sent from there too) that the call's ``Unpacking`` writes back
-        into the user's buffer when the call completes."""
+    def landing(self, fill: bool) -> tuple[np.ndarray, list[int], list[int], Optional["_WriteBack"]]:
+        """Where the blocks are received, with byte counts and displacements: the buffer itself where it can be
+        (no write-back), else a staging copy (holding the blocks now if ``fill``: in place, they are sent from there
+        too) and the ``_WriteBack`` that scatters it into the user's buffer once the blocks are in."""
         direct = self._direct()
         if direct is not None:
-            return direct
+            return (*direct, None)
         counts = self.nbytes
         stage = self.gathered()[0].copy() if fill else np.empty(sum(counts), np.uint8)
-        back = _WriteBack(self.raw, self.blocks, stage)
-        current = getattr(derived_buffers.collecting, "current", None)  # the executor's collector of packed receive buffers
-        if current is None:
-            raise InvalidArgumentError("recvbuf: derived datatypes with gaps need the executor's write-back")
-        current.packed.append(back)
-        return back.stage, counts, [int(x) for x in np.cumsum([0] + counts[:-1])]
+        return stage, counts, [int(x) for x in np.cumsum([0] + counts[:-1])], _WriteBack(self.raw, self.blocks, stage)
+
+    def target(self, fill: bool) -> tuple[np.ndarray, list[int], list[int]]:
+        """``landing``, its write-back left to the call's ``Unpacking`` when the call completes."""
+        stage, counts, displs, back = self.landing(fill)
+        if back is not None:
+            current = getattr(derived_buffers.collecting, "current", None)  # the executor's collector of packed receive buffers
+            if current is None:
+                raise InvalidArgumentError("recvbuf: derived datatypes with gaps need the executor's write-back")
+            current.packed.append(back)
+        return stage, counts, displs
 
 
 class _WriteBack:
-    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``derived_buffers.Packed``).
-    ``_WriteBack.of(side)``: a receive side's blocks as views of where they land (the buffer itself, or a staging
-    copy that ``unpack`` then scatters; None where nothing needs it)."""
+    """Alltoallw's staged receive blocks, scattered into the user's buffer by ``unpack`` (as ``derived_buffers.Packed``)."""
 
     __slots__ = ("raw", "blocks", "stage")
 
     def __init__(self, raw: np.ndarray, blocks: list[tuple[int, Any, int]], stage: np.ndarray) -> None:
         self.raw, self.blocks, self.stage = raw, blocks, stage
-
-    @staticmethod
-    def of(side: "_WSide") -> tuple[list[np.ndarray], Optional["_WriteBack"]]:
-        direct = side._direct()
-        if direct is not None:
-            raw, counts, displs = direct
-            return [raw[d:d + c] for c, d in zip(counts, displs)], None
-        counts = side.nbytes
-        back = _WriteBack(side.raw, side.blocks, np.empty(sum(counts), np.uint8))
-        starts = [int(x) for x in np.cumsum([0] + counts[:-1])]
-        return [back.stage[d:d + c] for c, d in zip(counts, starts)], back
 
     def unpack(self) -> None:
         off = 0

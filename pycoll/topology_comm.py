@@ -10,7 +10,6 @@ import numpy as np
 from . import arrays, buffers
 from .buffers import IN_PLACE
 from .comm import Comm
-from .comm_collectives import _WriteBack
 from .comm_management import _child_ctx
 from .errors import InvalidArgumentError
 from .p2p_protocol import PROC_NULL
@@ -119,10 +118,13 @@ class Topocomm(Comm):
         pending += [private.Isend(buf, dest=dst, tag=tag) for buf, dst, tag in zip(sends, outedges, stags) if dst != PROC_NULL]
         return pending
 
-    def _blocks(self, spec: Any, what: str, opname: str, count: int, vector: bool, writable: bool) -> Any:
-        """``count`` blocks of a neighborhood buffer: even blocks, or ``[buf, counts, displs]`` with ``vector``."""
+    def _not_in_place(self, spec: Any, what: str, opname: str) -> None:
         if spec is IN_PLACE:
             raise InvalidArgumentError(f"MPI.IN_PLACE is not allowed as {what} of a neighborhood collective", op=opname, rank=self._rank)
+
+    def _blocks(self, spec: Any, what: str, opname: str, count: int, vector: bool, writable: bool) -> Any:
+        """``count`` blocks of a neighborhood buffer: even blocks, or ``[buf, counts, displs]`` with ``vector``."""
+        self._not_in_place(spec, what, opname)
         if vector:
             v = buffers.parse_vector(spec, what, opname, count, writable=writable)
             return v, [v.part(i) for i in range(count)]
@@ -172,15 +174,14 @@ class Topocomm(Comm):
         i of ``recvbuf`` comes from incoming neighbor i, written back through its datatype once it is in."""
         self._live(opname)
         indegree, outdegree = self.degrees
-        for spec, what in ((sendbuf, "sendbuf"), (recvbuf, "recvbuf")):
-            if spec is IN_PLACE:
-                raise InvalidArgumentError(f"MPI.IN_PLACE is not allowed as {what} of a neighborhood collective",
-                                           op=opname, rank=self._rank)
+        self._not_in_place(sendbuf, "sendbuf", opname)
+        self._not_in_place(recvbuf, "recvbuf", opname)
         send = self._w_side(sendbuf, "sendbuf", opname, writable=False, blocks=outdegree)
         recv = self._w_side(recvbuf, "recvbuf", opname, writable=True, blocks=indegree)
         packed, counts, displs = send.gathered()
         sblocks = [packed[d:d + c] for c, d in zip(counts, displs)]
-        rblocks, back = _WriteBack.of(recv)
+        landing, rcounts, rdispls, back = recv.landing(fill=False)
+        rblocks = [landing[d:d + c] for c, d in zip(rcounts, rdispls)]
         if nonblocking:
             return GroupRequest.of(self, self._start_exchange(opname, sblocks, rblocks),
                                    back.unpack if back is not None else None)

@@ -26,7 +26,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -174,16 +174,24 @@ def measure_links(comm: Any, names: list[str], host_of: list[int], *, trips: int
                     return min(rate(lambda: _one_way(pair, root, out if pair.Get_rank() == root else into))
                                for root in (0, 1))
 
+                def both_ways_rate() -> float:
+                    return rate(lambda: _both_ways(pair, out, into))
+
+                def fastest(reading: float, doubtful: Callable[[float], bool], again: Callable[[], float]) -> float:
+                    """``reading``, timed ``again`` up to BOTH_WAYS_RETRIES times while the pair's first rank finds
+                    it ``doubtful``; the fastest kept (load only ever slows a reading)."""
+                    for _ in range(BOTH_WAYS_RETRIES):
+                        if not pair.bcast(doubtful(reading), root=0):
+                            break
+                        reading = max(reading, again())
+                    return reading
+
                 one_way = one_way_rate()
-                both = rate(lambda: _both_ways(pair, out, into))
-                for _ in range(BOTH_WAYS_RETRIES):  # each way at once faster than one way alone: a busy moment slowed
-                    if not pair.bcast(both > one_way, root=0):  # the one-way reading, so it is taken again
-                        break
-                    one_way = max(one_way, one_way_rate())
-                for _ in range(BOTH_WAYS_RETRIES):  # a reading that says the cores bound the link is taken again
-                    if not pair.bcast(cost_topology.tcp_rate(one_way / 1e9, both / 1e9) is not None, root=0):
-                        break
-                    both = max(both, rate(lambda: _both_ways(pair, out, into)))
+                both = both_ways_rate()
+                # each way at once faster than one way alone: a busy moment slowed the one-way reading
+                one_way = fastest(one_way, lambda r: both > r, one_way_rate)
+                # a reading that says the cores bound the link is taken again
+                both = fastest(both, lambda r: cost_topology.tcp_rate(one_way / 1e9, r / 1e9) is not None, both_ways_rate)
                 pair.Free()
                 if me == a:
                     found.append({"a": names[ha], "b": names[hb], "GBps": round(one_way / 1e9, 4),

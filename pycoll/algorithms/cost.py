@@ -208,9 +208,9 @@ class CostModel:
         cores (kept per ``flows``: a ranking asks for a few, and building a model costs 14 us). The rails of a
         Reduce_scatter_block composed on 2 hosts of 2 ranks, 1 core a host, 2 and 8 MiB on each rail: 1.08 and 5.96
         ms, priced 0.53 and 2.03 with a core to each rail, 1.37 and 5.26 with the cores shared."""
+        flows = max(flows, 1)
         model = self._sharing.get(flows)
         if model is None:
-            flows = max(flows, 1)
             model = self._sharing[flows] = dataclasses.replace(
                 self, net_GBps=self.net_GBps / flows, cores=(self.cores or machine_cores()) / flows)
         return model
